@@ -1,0 +1,135 @@
+"""Algorithm sections: the ``grpo:`` / ``ppo:`` step blocks and the ``loss_fn:`` / ``value_loss_fn:`` losses."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from sc_lightning.config.knobs import knob, section
+
+
+@section
+class GRPOAdvantage:
+    """GRPO group-relative advantage estimator."""
+
+    name: Literal["grpo"] = knob("grpo", "Advantage estimator; GRPO runs use the group baseline.")
+    normalize_rewards: bool = knob(True, "Divide each advantage by its group's reward std (where std > 0).")
+    use_leave_one_out_baseline: bool = knob(True, "Baseline of a sample = mean reward of the other samples.")
+
+
+@section
+class GAEAdvantage:
+    """Generalised advantage estimation over critic values (PPO)."""
+
+    name: Literal["gae"] = knob("gae", "Advantage estimator; PPO runs need GAE.")
+    gae_lambda: float = knob(0.95, "GAE lambda.", ge=0, le=1)
+    gae_gamma: float = knob(1.0, "Discount per token.", ge=0, le=1)
+    normalize_advantages: bool = knob(True, "Whiten advantages over the valid tokens of the step.")
+
+
+@section
+class RewardShaping:
+    """Reward shaping (overlong penalty); not supported on the Single-Controller path yet."""
+
+    enabled: bool = knob(False, "Turn reward shaping on (rejected until supported).")
+    overlong_buffer_length: int | None = knob(None, "Tokens before the length limit where the penalty ramps.", ge=0)
+    overlong_buffer_penalty: float | None = knob(None, "Penalty at the length limit.")
+    max_response_length: int | None = knob(None, "Length limit the penalty is measured against.", unit="tokens", ge=1)
+
+
+@section
+class RewardScaling:
+    """Linear reward rescaling; not supported on the Single-Controller path yet."""
+
+    enabled: bool = knob(False, "Turn reward scaling on (rejected until supported).")
+    source_min: float = knob(0.0, "Lower end of the raw reward range.")
+    source_max: float = knob(1.0, "Upper end of the raw reward range.")
+    target_min: float = knob(0.0, "Lower end of the scaled range.")
+    target_max: float = knob(1.0, "Upper end of the scaled range.")
+
+
+@section
+class AlgorithmConfig:
+    """Step settings shared by the ``grpo:`` and ``ppo:`` blocks (exactly one of which is present)."""
+
+    num_prompts_per_step: int = knob(32, "Prompt groups per RL step (= per optimizer step on GRPO).", unit="groups", ge=1)
+    num_generations_per_prompt: int = knob(16, "Completions generated per prompt (the group size).", ge=1)
+    max_num_epochs: int = knob(1, "Passes over the prompt dataset; must be positive.", unit="epochs")
+    max_num_steps: int = knob(1000, "RL steps to train; the run ends after this step.", unit="steps", ge=1)
+    seed: int = knob(42, "Seed for the prompt order and generation sampling.")
+    val_period: int = knob(0, "Validate every N steps (rejected until supported; keep 0).", unit="steps", ge=0)
+    val_at_start: bool = knob(False, "Validate before training (rejected until supported).")
+    val_at_end: bool = knob(False, "Validate after training (rejected until supported).")
+    reward_shaping: RewardShaping = knob(doc="Reward shaping block.", factory=RewardShaping)
+    reward_scaling: RewardScaling = knob(doc="Reward scaling block.", factory=RewardScaling)
+    use_dynamic_sampling: bool = knob(False, "DAPO dynamic sampling (rejected until supported).")
+    overlong_filtering: bool = knob(False, "Exclude truncated completions from the loss through sample_mask.")
+    seq_logprob_error_threshold: float | None = knob(
+        None, "Mask sequences whose generation-vs-trainer logprob error exceeds this (null = metrics only).", gt=0
+    )
+    skip_reference_policy_logprobs_calculation: bool = knob(
+        False, "Skip the reference-model logprob pass; requires loss_fn.reference_policy_kl_penalty: 0."
+    )
+    adv_estimator: GRPOAdvantage | GAEAdvantage = knob(doc="Advantage estimator.", factory=GRPOAdvantage)
+
+
+@section
+class GRPOConfig(AlgorithmConfig):
+    """The GRPO algorithm block (``grpo:``): one RL step is one optimizer step."""
+
+    async_grpo: dict[str, Any] | None = knob(None, "Legacy async block; must be null (configure async_rl instead).")
+
+
+@section
+class PPOConfig(AlgorithmConfig):
+    """The PPO algorithm block (``ppo:``): a policy trained with a Megatron critic and GAE."""
+
+    num_generations_per_prompt: int = knob(1, "Completions generated per prompt.", ge=1)
+    adv_estimator: GRPOAdvantage | GAEAdvantage = knob(doc="Advantage estimator; PPO needs gae.", factory=GAEAdvantage)
+    ppo_epochs: int = knob(1, "Policy updates per RL step over the step's batch.", ge=1)
+    critic_ppo_epochs: int | None = knob(None, "Critic updates per RL step (null = ppo.ppo_epochs).", ge=1)
+    policy_training_start_step: int = knob(
+        0, "Critic warm-up: before this step the policy is neither trained nor refit.", unit="steps", ge=0
+    )
+    warm_start_value_checkpoint: str | None = knob(
+        None, "Seed the critic from this checkpoint directory (fresh runs only; ignored on resume)."
+    )
+    async_ppo: dict[str, Any] | None = knob(None, "Legacy async block; must be null (configure async_rl instead).")
+
+    def critic_epochs(self) -> int:
+        """Critic updates per RL step, defaulting to ppo_epochs."""
+        return self.critic_ppo_epochs if self.critic_ppo_epochs is not None else self.ppo_epochs
+
+
+@section
+class LossConfig:
+    """The clipped policy-gradient loss (``loss_fn:``), with importance-sampling correction for async data."""
+
+    reference_policy_kl_penalty: float = knob(0.01, "KL(policy || reference) coefficient beta; 0 disables.", ge=0)
+    reference_policy_kl_type: Literal["k1", "k2", "k3"] = knob("k3", "KL estimator.")
+    kl_input_clamp_value: float | None = knob(20.0, "Clamp of the log-ratio fed to the KL estimator.", gt=0)
+    kl_output_clamp_value: float | None = knob(10.0, "Clamp of the per-token KL value.", gt=0)
+    ratio_clip_min: float = knob(0.2, "PPO ratio clip below 1: ratios under 1 - ratio_clip_min are clipped.", ge=0)
+    ratio_clip_max: float = knob(0.2, "PPO ratio clip above 1: ratios over 1 + ratio_clip_max are clipped.", ge=0)
+    ratio_clip_c: float | None = knob(None, "Dual-clip constant (> 1) for negative advantages; null disables.", gt=1)
+    use_on_policy_kl_approximation: bool = knob(False, "Weight the KL by pi/pi_gen instead of 1.")
+    use_importance_sampling_correction: bool = knob(
+        False, "Weight each token by pi_old/pi_gen; required whenever the sampler admits off-policy data."
+    )
+    truncated_importance_sampling_type: Literal["tis", "icepop", "seq-mask-tis"] | None = knob(
+        None, "Truncation of the IS weights (needs use_importance_sampling_correction)."
+    )
+    truncated_importance_sampling_ratio: float | None = knob(None, "Upper IS-weight bound for truncation.", gt=0)
+    truncated_importance_sampling_ratio_min: float | None = knob(
+        None, "Lower IS-weight bound (required by icepop and seq-mask-tis).", ge=0
+    )
+    token_level_loss: bool = knob(True, "Normalise by valid tokens of the step (false: by valid sequences).")
+    force_on_policy_ratio: bool = knob(False, "Use ratio = exp(logp - logp.detach()) (always 1, keeps gradient).")
+    sequence_level_importance_ratios: bool = knob(False, "GSPO: one importance ratio per sequence.")
+
+
+@section
+class ValueLossConfig:
+    """The clipped value (critic) loss (``value_loss_fn:``), PPO only."""
+
+    value_clip_epsilon: float | None = knob(0.2, "Clip of V around V_old; null disables clipping.", gt=0)
+    value_loss_coef: float = knob(1.0, "Scale of 0.5 * max((V - R)^2, (V_clip - R)^2).", gt=0)

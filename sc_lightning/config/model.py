@@ -1,0 +1,119 @@
+"""Model sections: the ``policy:`` (trainer + generation engine) and the PPO ``value:`` critic."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from sc_lightning.config.knobs import knob, section
+
+
+@section
+class MegatronConfig:
+    """megatron-core training settings of a model."""
+
+    enabled: bool = knob(True, "Train with megatron-core (the only supported trainer).")
+    tensor_model_parallel_size: int = knob(1, "Tensor-parallel ranks.", ge=1)
+    pipeline_model_parallel_size: int = knob(1, "Pipeline-parallel stages.", ge=1)
+    sequence_parallel: bool = knob(False, "Megatron sequence parallelism (needs tensor_model_parallel_size > 1).")
+    activation_checkpointing: bool = knob(False, "Recompute activations in the backward pass.")
+
+
+@section
+class OptimizerConfig:
+    """AdamW settings of a model."""
+
+    lr: float = knob(1e-6, "Peak learning rate.", gt=0)
+    min_lr: float = knob(0.0, "Learning rate at the end of the decay.", ge=0)
+    weight_decay: float = knob(0.01, "Decoupled weight decay.", ge=0)
+    adam_beta1: float = knob(0.9, "Adam beta1.", ge=0, le=1)
+    adam_beta2: float = knob(0.999, "Adam beta2.", ge=0, le=1)
+    adam_eps: float = knob(1e-8, "Adam epsilon.", gt=0)
+    clip_grad: float = knob(1.0, "Clip the global gradient norm to this value.", gt=0)
+    warmup_steps: int = knob(0, "Linear learning-rate warm-up.", unit="optimizer steps", ge=0)
+
+
+@section
+class VllmConfig:
+    """vLLM engine settings."""
+
+    async_engine: bool = knob(True, "Use vLLM's async engine; required (rollouts are driven per prompt group).")
+    tensor_parallel_size: int = knob(1, "vLLM tensor-parallel ranks per engine.", ge=1)
+    gpu_memory_utilization: float = knob(0.6, "Fraction of GPU memory vLLM may take.", gt=0, le=1)
+    max_model_len: int | None = knob(None, "vLLM context length (null = policy.max_total_sequence_length).", ge=1)
+
+
+@section
+class McoreGenerationConfig:
+    """Megatron generation engine settings."""
+
+    expose_http_server: bool = knob(False, "Serve an OpenAI-compatible endpoint (needed by agent/Gym rollouts).")
+
+
+@section
+class GenerationResources:
+    """Accelerators given to non-colocated generation; the rest train."""
+
+    num_nodes: int = knob(1, "Nodes running generation engines.", ge=1)
+    gpus_per_node: int | None = knob(None, "Inference GPUs per node (required for non-colocated GPU runs).", ge=0)
+
+
+@section
+class ColocatedConfig:
+    """Whether generation shares accelerators with training."""
+
+    enabled: bool = knob(False, "Generation and training share the accelerators (Megatron backend only).")
+    resources: GenerationResources = knob(doc="Accelerators for non-colocated generation.", factory=GenerationResources)
+
+
+@section
+class GenerationConfig:
+    """The generation engine of the policy."""
+
+    backend: Literal["megatron", "vllm"] = knob("megatron", "Inference engine.")
+    max_new_tokens: int = knob(512, "Longest completion.", unit="tokens", ge=1)
+    temperature: float = knob(1.0, "Sampling temperature.", gt=0)
+    top_p: float = knob(1.0, "Nucleus sampling mass.", gt=0, le=1)
+    top_k: int | None = knob(None, "Top-k sampling (null = off).", ge=1)
+    vllm_cfg: VllmConfig = knob(doc="vLLM settings.", factory=VllmConfig)
+    mcore_generation_config: McoreGenerationConfig = knob(
+        doc="Megatron generation settings.", factory=McoreGenerationConfig
+    )
+    colocated: ColocatedConfig = knob(doc="Colocation of generation and training.", factory=ColocatedConfig)
+
+
+@section
+class PolicyConfig:
+    """The policy model: how it is built, trained and served for generation."""
+
+    model_name: str = knob(
+        "builtin:tiny", 'Hugging Face id or local path to import, or "builtin:<name>" for a built-in random-init model.'
+    )
+    tokenizer_name: str | None = knob(None, "Tokenizer id or path (null = model_name).")
+    train_global_batch_size: int = knob(
+        512, "Sequences per optimizer step; must equal num_prompts_per_step * num_generations_per_prompt.", ge=1
+    )
+    train_micro_batch_size: int = knob(4, "Sequences per forward/backward micro-batch.", ge=1)
+    logprob_batch_size: int = knob(8, "Sequences per logprob-inference micro-batch.", ge=1)
+    max_total_sequence_length: int = knob(1024, "Prompt + completion length limit.", unit="tokens", ge=2)
+    precision: Literal["bf16", "fp32"] = knob("bf16", "Parameter and compute precision (fp32 on CPU).")
+    megatron_cfg: MegatronConfig = knob(doc="megatron-core settings.", factory=MegatronConfig)
+    optimizer: OptimizerConfig = knob(doc="Optimizer.", factory=OptimizerConfig)
+    generation: GenerationConfig = knob(doc="Generation engine.", factory=GenerationConfig)
+    offload_optimizer_for_logprob: bool = knob(
+        False, "Move optimizer state off the accelerator during logprob passes (PPO needs it for the critic)."
+    )
+    is_vlm: bool = knob(False, "Vision-language policy (not supported by sc_lightning yet).")
+
+
+@section
+class ValueConfig:
+    """The PPO critic: a megatron-core model with a scalar value head."""
+
+    model_name: str = knob("builtin:tiny", "Critic backbone: Hugging Face id, local path or builtin:<name>.")
+    train_global_batch_size: int = knob(
+        512, "Sequences per critic optimizer step; must equal num_prompts_per_step * num_generations_per_prompt.", ge=1
+    )
+    train_micro_batch_size: int = knob(4, "Sequences per critic micro-batch.", ge=1)
+    precision: Literal["bf16", "fp32"] = knob("bf16", "Parameter and compute precision (fp32 on CPU).")
+    megatron_cfg: MegatronConfig = knob(doc="megatron-core settings; the critic must be Megatron.", factory=MegatronConfig)
+    optimizer: OptimizerConfig = knob(doc="Critic optimizer.", factory=OptimizerConfig)
