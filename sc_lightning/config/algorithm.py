@@ -51,7 +51,9 @@ class RewardScaling:
 class AlgorithmConfig:
     """Step settings shared by the ``grpo:`` and ``ppo:`` blocks (exactly one of which is present)."""
 
-    num_prompts_per_step: int = knob(32, "Prompt groups per RL step (= per optimizer step on GRPO).", unit="groups", ge=1)
+    num_prompts_per_step: int = knob(
+        32, "Prompt groups per RL step (= per optimizer step on GRPO).", unit="groups", ge=1
+    )
     num_generations_per_prompt: int = knob(16, "Completions generated per prompt (the group size).", ge=1)
     max_num_epochs: int = knob(1, "Passes over the prompt dataset; must be positive.", unit="epochs")
     max_num_steps: int = knob(1000, "RL steps to train; the run ends after this step.", unit="steps", ge=1)
@@ -113,7 +115,7 @@ class LossConfig:
     ratio_clip_c: float | None = knob(None, "Dual-clip constant (> 1) for negative advantages; null disables.", gt=1)
     use_on_policy_kl_approximation: bool = knob(False, "Weight the KL by pi/pi_gen instead of 1.")
     use_importance_sampling_correction: bool = knob(
-        False, "Weight each token by pi_old/pi_gen; required whenever the sampler admits off-policy data."
+        True, "Weight each token by pi_old/pi_gen; required whenever the sampler admits off-policy data."
     )
     truncated_importance_sampling_type: Literal["tis", "icepop", "seq-mask-tis"] | None = knob(
         None, "Truncation of the IS weights (needs use_importance_sampling_correction)."

@@ -228,13 +228,16 @@ class _Builder:
             if number is None:
                 return self.mismatch(path, tp, value)
             value = number
-        elif tp is str:
-            if not isinstance(value, str):
-                return self.mismatch(path, tp, value)
+        elif tp is str and not isinstance(value, str):
+            return self.mismatch(path, tp, value)
         return self.bounded(value, path, meta)
 
     def bounded(self, value: Any, path: str, meta: Mapping[str, Any]) -> Any:
-        checks = (("ge", lambda b: value >= b, ">="), ("gt", lambda b: value > b, ">"), ("le", lambda b: value <= b, "<="))
+        checks = (
+            ("ge", lambda b: value >= b, ">="),
+            ("gt", lambda b: value > b, ">"),
+            ("le", lambda b: value <= b, "<="),
+        )
         for key, holds, sign in checks:
             bound = meta.get(key)
             if bound is not None and isinstance(value, int | float) and not holds(bound):

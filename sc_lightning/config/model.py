@@ -115,5 +115,7 @@ class ValueConfig:
     )
     train_micro_batch_size: int = knob(4, "Sequences per critic micro-batch.", ge=1)
     precision: Literal["bf16", "fp32"] = knob("bf16", "Parameter and compute precision (fp32 on CPU).")
-    megatron_cfg: MegatronConfig = knob(doc="megatron-core settings; the critic must be Megatron.", factory=MegatronConfig)
+    megatron_cfg: MegatronConfig = knob(
+        doc="megatron-core settings; the critic must be Megatron.", factory=MegatronConfig
+    )
     optimizer: OptimizerConfig = knob(doc="Critic optimizer.", factory=OptimizerConfig)

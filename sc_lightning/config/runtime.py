@@ -27,7 +27,9 @@ class RolloutFailureConfig:
     max_backoff_s: float = knob(30.0, "Cap of the exponential back-off; >= backoff_base_s.", unit="s", gt=0)
     max_skipped_prompts: int = knob(0, "Prompt groups that may be dropped after data failures (run total).", ge=0)
     max_consecutive_dropped_prompts: int = knob(0, "Consecutive groups that may be dropped after infra failures.", ge=0)
-    min_step_batch_fraction: float = knob(0.9, "A step shrunk by drops must keep at least this share of groups.", gt=0, le=1)
+    min_step_batch_fraction: float = knob(
+        0.9, "A step shrunk by drops must keep at least this share of groups.", gt=0, le=1
+    )
     on_dropped_prompt: Literal["shrink", "replace"] = knob("shrink", "Shrink the step or replace the dropped group.")
     max_replacement_attempts: int = knob(1, "Spare prompts tried per dropped slot (replace mode; >= 1).", ge=0)
     replacement_reserve_prompts: int = knob(0, "Spare prompts held for replacements (replace mode; >= 1).", ge=0)
@@ -50,7 +52,10 @@ class StallWatchdogConfig:
 
     interval_s: float = knob(30.0, "How often progress is checked and rollout metrics are published.", unit="s", gt=0)
     stall_timeout_s: float = knob(
-        1200.0, "No progress for this long is a stall; must exceed interval_s and every request deadline.", unit="s", gt=0
+        1200.0,
+        "No progress for this long is a stall; must exceed interval_s and every request deadline.",
+        unit="s",
+        gt=0,
     )
     stall_action: Literal["warn", "abort"] = knob("abort", "What a stall does: log a warning or end the run.")
 
@@ -68,8 +73,10 @@ class AsyncRLConfig:
         ge=1,
     )
     min_groups_for_streaming_train: int | None = knob(
-        None, "Ready groups the trainer waits for before training a chunk (null = num_prompts_per_step).",
-        unit="groups", ge=1,
+        None,
+        "Ready groups the trainer waits for before training a chunk (null = num_prompts_per_step).",
+        unit="groups",
+        ge=1,
     )
     max_inflight_prompts: int | None = knob(
         None, "Prompt groups generating at once (null = max_buffered_rollouts).", unit="groups", ge=1

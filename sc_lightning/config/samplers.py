@@ -2,9 +2,45 @@
 
 from __future__ import annotations
 
+import importlib
+from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
 from sc_lightning.config.knobs import field_types, knob, section
+
+
+@dataclass(frozen=True)
+class SamplerCapabilities:
+    """What a sampler declares it supports, read from class attributes without building it."""
+
+    buffer_checkpoint: bool
+    training_claims: bool
+
+
+BUILTIN_CAPABILITIES = SamplerCapabilities(buffer_checkpoint=True, training_claims=True)
+
+
+def import_sampler_class(target: str) -> type:
+    """Import the class named by ``"module:ClassName"``; ValueError says what is wrong with ``target``."""
+    module_name, sep, class_name = target.partition(":")
+    if not sep or not module_name or not class_name:
+        raise ValueError(f'must look like "package.module:ClassName", got {target!r}')
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ValueError(f"cannot import module {module_name!r}: {exc}") from exc
+    cls = getattr(module, class_name, None)
+    if not isinstance(cls, type):
+        raise ValueError(f"{class_name!r} in module {module_name!r} is not a class")
+    return cls
+
+
+def declared_capability(cls: type, attribute: str) -> bool:
+    """A capability flag a sampler class declares as a plain boolean class attribute (False when absent)."""
+    value = getattr(cls, attribute, False)
+    if not isinstance(value, bool):
+        raise ValueError(f"{cls.__name__}.{attribute} must be a boolean class attribute, got {value!r}")
+    return value
 
 
 class _SamplerMode:
@@ -20,6 +56,14 @@ class _SamplerMode:
         names = ", ".join(repr(field_types(m)["name"].__args__[0]) for m in SAMPLER_MODES if m.__name__ in owners)
         own = ", ".join(k for k in field_types(cls) if k != "name") or "none"
         return f"is a knob of the {names} sampler mode(s), not of {mode!r} (whose knobs are: {own})"
+
+    def capabilities(self) -> SamplerCapabilities:
+        """Built-in samplers support buffer checkpoints and training claims."""
+        return BUILTIN_CAPABILITIES
+
+    def never_stamps_target_steps(self) -> bool:
+        """True for built-ins whose batches carry no target step, so a dropped group cannot shrink its step."""
+        return isinstance(self, WeightFifoSampler | ReadyFirstSampler | WindowedSampler)
 
 
 @section
@@ -127,6 +171,14 @@ class CustomSampler(_SamplerMode):
     def is_off_policy(self) -> bool:
         """Unknown at config time; the class's is_on_policy is checked at setup."""
         return False
+
+    def capabilities(self) -> SamplerCapabilities:
+        """Read the class's supports_buffer_checkpoint / supports_training_claims flags (imports ``target``)."""
+        cls = import_sampler_class(self.target)
+        return SamplerCapabilities(
+            buffer_checkpoint=declared_capability(cls, "supports_buffer_checkpoint"),
+            training_claims=declared_capability(cls, "supports_training_claims"),
+        )
 
 
 SamplerConfig = InOrderSampler | WeightFifoSampler | ReadyFirstSampler | WindowedSampler | CustomSampler

@@ -48,6 +48,11 @@ class SCConfig:
     env: EnvConfig = knob(doc="Reward environment.", factory=EnvConfig)
 
     @property
+    def has_one_algorithm(self) -> bool:
+        """Whether exactly one of grpo / ppo is present (rules that read the block check this first)."""
+        return (self.grpo is None) != (self.ppo is None)
+
+    @property
     def algo(self) -> GRPOConfig | PPOConfig:
         """The algorithm block that is present (``grpo`` or ``ppo``)."""
         block = self.grpo if self.grpo is not None else self.ppo

@@ -1,0 +1,6 @@
+"""``python -m sc_lightning``: the command-line entry point."""
+
+from sc_lightning.cli import main
+
+if __name__ == "__main__":
+    raise SystemExit(main())

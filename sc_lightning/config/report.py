@@ -1,0 +1,25 @@
+"""The collector that validation rules record their errors and warnings in."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from sc_lightning.config.knobs import ConfigIssue
+
+
+@dataclass
+class Report:
+    """Errors and warnings collected by the rules."""
+
+    errors: list[ConfigIssue] = field(default_factory=list)
+    warnings: list[ConfigIssue] = field(default_factory=list)
+
+    def error(self, path: str, message: str) -> None:
+        """Record a problem that must be fixed before the run may start."""
+        issue = ConfigIssue(path, message)
+        if issue not in self.errors:  # several rules may trip over the same root cause
+            self.errors.append(issue)
+
+    def warn(self, path: str, message: str) -> None:
+        """Record a setting that is legal but probably not what the user wants."""
+        self.warnings.append(ConfigIssue(path, message))

@@ -1,0 +1,280 @@
+"""Validation rules for the algorithm blocks, batch sizes, models, generation engine, losses and PPO."""
+
+from __future__ import annotations
+
+from sc_lightning.config.algorithm import GAEAdvantage, GRPOAdvantage
+from sc_lightning.config.report import Report
+from sc_lightning.config.resolved import min_groups_for_streaming_train
+from sc_lightning.config.samplers import InOrderSampler, ReadyFirstSampler
+from sc_lightning.config.schema import SCConfig
+
+
+def one_algorithm_block(config: SCConfig, report: Report) -> None:
+    """Exactly one of grpo / ppo."""
+    if config.grpo is not None and config.ppo is not None:
+        report.error("grpo, ppo", "only one algorithm block may be present; delete the one you are not running")
+    elif config.grpo is None and config.ppo is None:
+        report.error("grpo", "a run needs a grpo: block (or a ppo: block for PPO)")
+
+
+def no_legacy_async_block(config: SCConfig, report: Report) -> None:
+    """A legacy grpo.async_grpo / ppo.async_ppo block is rejected with its async_rl translation."""
+    if not config.has_one_algorithm:
+        return
+    name = config.algo_name
+    legacy = config.grpo.async_grpo if config.grpo is not None else config.ppo.async_ppo
+    if legacy is None:
+        return
+    key = f"{name}.async_{name}"
+    age = legacy.get("max_trajectory_age_steps")
+    translation = f"async_rl.sampler: {{name: in_order, max_lookahead_versions: {age}}}"
+    hint = (
+        f"; its max_trajectory_age_steps: {age} becomes {translation}"
+        if age is not None
+        else "; sync semantics are async_rl.sampler.max_lookahead_versions: 0"
+    )
+    report.error(key, f"the Single-Controller path reads async knobs from async_rl; set {key}: null{hint}")
+
+
+def positive_epochs(config: SCConfig, report: Report) -> None:
+    """max_num_epochs must be positive (there is no -1 convention)."""
+    if config.has_one_algorithm and config.algo.max_num_epochs <= 0:
+        path = f"{config.algo_name}.max_num_epochs"
+        report.error(
+            path,
+            f"is {config.algo.max_num_epochs}, which trains zero steps (there is no -1 convention); "
+            f"set a positive number of epochs and bound the run with {config.algo_name}.max_num_steps",
+        )
+
+
+def unsupported_algorithm_features(config: SCConfig, report: Report) -> None:
+    """Validation, reward shaping/scaling and dynamic sampling are rejected until supported."""
+    if not config.has_one_algorithm:
+        return
+    algo, name = config.algo, config.algo_name
+    if algo.val_period > 0:
+        report.error(f"{name}.val_period", f"is {algo.val_period}; validation is not supported yet, set 0")
+    for flag in ("val_at_start", "val_at_end", "use_dynamic_sampling"):
+        if getattr(algo, flag):
+            report.error(f"{name}.{flag}", "is true but not supported on the Single-Controller path yet; set false")
+    for block in ("reward_shaping", "reward_scaling"):
+        if getattr(algo, block).enabled:
+            report.error(f"{name}.{block}.enabled", "is true but not supported yet (it would be skipped); set false")
+
+
+def estimator_matches_algorithm(config: SCConfig, report: Report) -> None:
+    """GRPO uses the group baseline; PPO uses GAE over critic values."""
+    if not config.has_one_algorithm:
+        return
+    estimator = config.algo.adv_estimator
+    if config.grpo is not None and isinstance(estimator, GAEAdvantage):
+        report.error("grpo.adv_estimator.name", "is 'gae', which needs a critic; use a ppo: block or name: grpo")
+    if config.ppo is not None and isinstance(estimator, GRPOAdvantage):
+        report.error("ppo.adv_estimator.name", "is 'grpo'; a PPO run needs the gae estimator (name: gae)")
+
+
+def critic_sections_match_algorithm(config: SCConfig, report: Report) -> None:
+    """value / value_loss_fn are required on PPO and forbidden on GRPO."""
+    if not config.has_one_algorithm:
+        return
+    for key in ("value", "value_loss_fn"):
+        present = getattr(config, key) is not None
+        if config.grpo is not None and present:
+            report.error(key, "belongs to PPO runs; delete it from this GRPO config (or switch grpo: to ppo:)")
+        if config.ppo is not None and not present:
+            report.error(key, "is required on a PPO run; add a value: and a value_loss_fn: block")
+
+
+def batch_matches_step(config: SCConfig, report: Report) -> None:
+    """One RL step is exactly one training batch: N prompts x G generations."""
+    if not config.has_one_algorithm:
+        return
+    name, algo = config.algo_name, config.algo
+    per_step = algo.num_prompts_per_step * algo.num_generations_per_prompt
+    models = [("policy", config.policy.train_global_batch_size)]
+    if config.value is not None and config.ppo is not None:
+        models.append(("value", config.value.train_global_batch_size))
+    for model, size in models:
+        if size != per_step:
+            report.error(
+                f"{model}.train_global_batch_size",
+                f"is {size} but {name}.num_prompts_per_step x {name}.num_generations_per_prompt = "
+                f"{algo.num_prompts_per_step} x {algo.num_generations_per_prompt} = {per_step}; one RL step must be "
+                f"one batch, so set {model}.train_global_batch_size: {per_step}",
+            )
+
+
+def streaming_threshold_within_step(config: SCConfig, report: Report) -> None:
+    """min_groups_for_streaming_train <= num_prompts_per_step."""
+    if not config.has_one_algorithm:
+        return
+    n, threshold = config.algo.num_prompts_per_step, min_groups_for_streaming_train(config)
+    if threshold > n:
+        report.error(
+            "async_rl.min_groups_for_streaming_train",
+            f"is {threshold} but a step has only {config.algo_name}.num_prompts_per_step = {n} groups; set <= {n}",
+        )
+
+
+def generation_engine(config: SCConfig, report: Report) -> None:
+    """Backend/colocation/async-engine rules of the generation engine."""
+    gen = config.policy.generation
+    if gen.colocated.enabled and gen.backend != "megatron":
+        report.error(
+            "policy.generation.colocated.enabled",
+            f"is true with backend {gen.backend!r}; only the megatron backend can be colocated, set it to false",
+        )
+    if gen.colocated.enabled and gen.backend == "megatron" and config.has_one_algorithm:
+        n, threshold = config.algo.num_prompts_per_step, min_groups_for_streaming_train(config)
+        if threshold != n:
+            report.error(
+                "async_rl.min_groups_for_streaming_train",
+                f"is {threshold}; colocated generation stands down for the whole train step, so it must equal "
+                f"{config.algo_name}.num_prompts_per_step ({n})",
+            )
+    if gen.backend == "vllm" and not gen.vllm_cfg.async_engine:
+        report.error(
+            "policy.generation.vllm_cfg.async_engine",
+            "is false; rollouts are driven per prompt group, which needs the async engine: set it to true",
+        )
+
+
+def megatron_models(config: SCConfig, report: Report) -> None:
+    """megatron-core is the only trainer (and Megatron generation needs it); VLM is not supported yet."""
+    if not config.policy.megatron_cfg.enabled:
+        report.error("policy.megatron_cfg.enabled", "is false; megatron-core is the only trainer, set it to true")
+    if config.value is not None and not config.value.megatron_cfg.enabled:
+        report.error("value.megatron_cfg.enabled", "is false; the PPO critic must be a Megatron model, set true")
+    for model in ("policy", "value"):
+        section = getattr(config, model)
+        if section is None:
+            continue
+        mcfg = section.megatron_cfg
+        if mcfg.sequence_parallel and mcfg.tensor_model_parallel_size < 2:
+            report.error(
+                f"{model}.megatron_cfg.sequence_parallel",
+                "is true with tensor_model_parallel_size 1; raise the TP size or set it to false",
+            )
+    if config.policy.is_vlm:
+        report.error("policy.is_vlm", "is true but vision-language policies are not supported yet; set false")
+
+
+def importance_sampling(config: SCConfig, report: Report) -> None:
+    """Off-policy samplers need IS correction; ready_first also needs real prev_logprobs."""
+    sampler, loss = config.async_rl.sampler, config.loss_fn
+    if sampler.is_off_policy() and not loss.use_importance_sampling_correction:
+        knob = f"async_rl.sampler.{sampler.gate_knob}" if sampler.gate_knob else "async_rl.sampler.name"
+        report.error(
+            "loss_fn.use_importance_sampling_correction",
+            f"is false but the {sampler.name} sampler ({knob}) admits off-policy data; set it to true",
+        )
+    if isinstance(sampler, ReadyFirstSampler) and loss.force_on_policy_ratio:
+        report.error(
+            "loss_fn.force_on_policy_ratio",
+            "is true; ready_first trains on stale groups and needs the real prev_logprobs ratio, set it to false",
+        )
+
+
+def truncated_importance_sampling(config: SCConfig, report: Report) -> None:
+    """Truncated-IS variants need IS correction, their bounds, and no sequence-level ratios for seq-mask-tis."""
+    loss = config.loss_fn
+    kind, high, low = (
+        loss.truncated_importance_sampling_type,
+        loss.truncated_importance_sampling_ratio,
+        loss.truncated_importance_sampling_ratio_min,
+    )
+    prefix = "loss_fn.truncated_importance_sampling"
+    if kind is None:
+        if high is not None or low is not None:
+            report.error(f"{prefix}_type", "is null but truncation bounds are set; name the variant or drop the bounds")
+        return
+    if not loss.use_importance_sampling_correction:
+        report.error(f"{prefix}_type", f"is {kind!r} without loss_fn.use_importance_sampling_correction: true")
+    if high is None:
+        report.error(f"{prefix}_ratio", f"is required by truncated_importance_sampling_type {kind!r}")
+    if kind in ("icepop", "seq-mask-tis") and low is None:
+        report.error(f"{prefix}_ratio_min", f"is required by truncated_importance_sampling_type {kind!r}")
+    if high is not None and low is not None and low > high:
+        report.error(f"{prefix}_ratio_min", f"({low}) exceeds truncated_importance_sampling_ratio ({high})")
+    if kind == "seq-mask-tis" and loss.sequence_level_importance_ratios:
+        report.error(f"{prefix}_type", "seq-mask-tis cannot be combined with sequence_level_importance_ratios")
+
+
+def loss_consistency(config: SCConfig, report: Report) -> None:
+    """KL needs reference logprobs; sequence-level ratios need a sequence-level loss."""
+    loss = config.loss_fn
+    skips_reference = config.has_one_algorithm and config.algo.skip_reference_policy_logprobs_calculation
+    if loss.reference_policy_kl_penalty != 0 and skips_reference:
+        report.error(
+            "loss_fn.reference_policy_kl_penalty",
+            f"is {loss.reference_policy_kl_penalty} but "
+            f"{config.algo_name}.skip_reference_policy_logprobs_calculation is true; set the penalty to 0 "
+            "or compute reference logprobs",
+        )
+    if loss.sequence_level_importance_ratios and loss.token_level_loss:
+        report.error(
+            "loss_fn.sequence_level_importance_ratios",
+            "is true (GSPO) with token_level_loss: true; set loss_fn.token_level_loss: false",
+        )
+
+
+def ppo_rules(config: SCConfig, report: Report) -> None:
+    """PPO: in_order only, no drop budgets, whole-step chunks, offloaded optimizer, warm-up knobs coherent."""
+    sampler = config.async_rl.sampler
+    warmup = sampler.warmup_lookahead_versions if isinstance(sampler, InOrderSampler) else None
+    if config.ppo is None:
+        if warmup is not None:
+            report.error(
+                "async_rl.sampler.warmup_lookahead_versions",
+                "is a PPO critic-warm-up knob; delete it from this GRPO config",
+            )
+        return
+    if not isinstance(sampler, InOrderSampler):
+        report.error("async_rl.sampler.name", f"is {sampler.name!r}; PPO runs support only in_order for now")
+    failure = config.async_rl.rollout_failure
+    for budget in ("max_skipped_prompts", "max_consecutive_dropped_prompts"):
+        if getattr(failure, budget) != 0:
+            report.error(
+                f"async_rl.rollout_failure.{budget}",
+                f"is {getattr(failure, budget)}; a drop would shorten the critic's batch, PPO needs 0",
+            )
+    n, threshold = config.ppo.num_prompts_per_step, min_groups_for_streaming_train(config)
+    if threshold != n:
+        report.error(
+            "async_rl.min_groups_for_streaming_train",
+            f"is {threshold}; a PPO step is one chunk, set it to ppo.num_prompts_per_step ({n})",
+        )
+    if not config.policy.offload_optimizer_for_logprob:
+        report.error(
+            "policy.offload_optimizer_for_logprob",
+            "is false; PPO keeps the policy optimizer off the accelerator while the critic runs, set it to true",
+        )
+    if warmup is not None:
+        if config.ppo.policy_training_start_step == 0:
+            report.error(
+                "async_rl.sampler.warmup_lookahead_versions",
+                "is set but ppo.policy_training_start_step is 0 (no warm-up); set the start step or drop the knob",
+            )
+        if warmup < sampler.max_lookahead_versions:
+            report.error(
+                "async_rl.sampler.warmup_lookahead_versions",
+                f"({warmup}) is below max_lookahead_versions ({sampler.max_lookahead_versions}); raise it",
+            )
+
+
+ALGORITHM_RULES = (
+    one_algorithm_block,
+    no_legacy_async_block,
+    positive_epochs,
+    unsupported_algorithm_features,
+    estimator_matches_algorithm,
+    critic_sections_match_algorithm,
+    batch_matches_step,
+    streaming_threshold_within_step,
+    generation_engine,
+    megatron_models,
+    importance_sampling,
+    truncated_importance_sampling,
+    loss_consistency,
+    ppo_rules,
+)

@@ -1,0 +1,219 @@
+"""Validation rules for the async runtime: data plane, capacity, failures, watchdog, checkpoints, recovery."""
+
+from __future__ import annotations
+
+import math
+
+from sc_lightning.config.report import Report
+from sc_lightning.config.resolved import required_buffer_capacity
+from sc_lightning.config.samplers import CustomSampler, InOrderSampler, SamplerCapabilities
+from sc_lightning.config.schema import SCConfig
+
+
+def data_plane_enabled(config: SCConfig, report: Report) -> None:
+    """All rollout data moves through the data plane."""
+    if not config.data_plane.enabled:
+        report.error("data_plane.enabled", "is false; the Single-Controller path requires the data plane, set true")
+
+
+def buffer_capacity(config: SCConfig, report: Report) -> None:
+    """max_buffered_rollouts must hold the sampler's window, or the rollout pump deadlocks."""
+    chosen = config.async_rl.max_buffered_rollouts
+    if chosen is None or not config.has_one_algorithm:
+        return
+    required = required_buffer_capacity(config)
+    if required is not None and chosen < required:
+        sampler = config.async_rl.sampler
+        report.error(
+            "async_rl.max_buffered_rollouts",
+            f"({chosen}) is below the {sampler.name} sampler's required capacity ({required} = "
+            f"{_capacity_formula(config)}); the rollout pump would deadlock, set it to at least {required}",
+        )
+
+
+def _capacity_formula(config: SCConfig) -> str:
+    sampler, name = config.async_rl.sampler, config.algo_name
+    window = sampler.gate_window()
+    if window is None:
+        return "async_rl.min_groups_for_streaming_train"
+    knob = "warmup_lookahead_versions" if window != getattr(sampler, sampler.gate_knob) else sampler.gate_knob
+    return f"{name}.num_prompts_per_step x (async_rl.sampler.{knob} + 1)"
+
+
+def custom_sampler_importable(config: SCConfig, report: Report) -> None:
+    """A custom sampler's target must import and declare its capabilities as plain booleans."""
+    if isinstance(config.async_rl.sampler, CustomSampler):
+        _capabilities(config, report)
+
+
+def _capabilities(config: SCConfig, report: Report) -> SamplerCapabilities | None:
+    try:
+        return config.async_rl.sampler.capabilities()
+    except ValueError as exc:
+        report.error("async_rl.sampler.target", str(exc))
+        return None
+
+
+def failure_budgets(config: SCConfig, report: Report) -> None:
+    """Back-off, replacement and drop-budget rules of async_rl.rollout_failure."""
+    failure, sampler = config.async_rl.rollout_failure, config.async_rl.sampler
+    prefix = "async_rl.rollout_failure"
+    if failure.max_backoff_s < failure.backoff_base_s:
+        report.error(
+            f"{prefix}.max_backoff_s",
+            f"({failure.max_backoff_s}) is below backoff_base_s ({failure.backoff_base_s}); raise it",
+        )
+    if failure.on_dropped_prompt == "replace":
+        for knob in ("max_replacement_attempts", "replacement_reserve_prompts"):
+            if getattr(failure, knob) < 1:
+                report.error(f"{prefix}.{knob}", "is 0 with on_dropped_prompt: replace (0 means shrink); set >= 1")
+    budget = failure.max_skipped_prompts + failure.max_consecutive_dropped_prompts
+    if budget > 0 and sampler.never_stamps_target_steps():
+        report.error(
+            f"{prefix}.max_skipped_prompts, {prefix}.max_consecutive_dropped_prompts",
+            f"allow drops but the {sampler.name} sampler stamps no target step, so a dropped group cannot shrink "
+            "its step; set both to 0 or use in_order",
+        )
+    _drop_warnings(config, report, budget)
+
+
+def _drop_warnings(config: SCConfig, report: Report, budget: int) -> None:
+    failure, sampler = config.async_rl.rollout_failure, config.async_rl.sampler
+    prefix = "async_rl.rollout_failure"
+    if not config.has_one_algorithm:
+        return
+    n = config.algo.num_prompts_per_step
+    floor = math.ceil(n * failure.min_step_batch_fraction)
+    if isinstance(sampler, InOrderSampler) and budget > 0 and failure.on_dropped_prompt == "shrink" and floor >= n:
+        report.warn(
+            f"{prefix}.min_step_batch_fraction",
+            f"ceil({n} x {failure.min_step_batch_fraction}) = {floor} leaves no room to shrink; the first drop "
+            "fails the run (lower the fraction or use on_dropped_prompt: replace)",
+        )
+    if failure.on_dropped_prompt == "replace" and sampler.never_stamps_target_steps():
+        report.warn(f"{prefix}.on_dropped_prompt", f"replace does nothing with the {sampler.name} sampler")
+    if failure.on_dropped_prompt == "replace" and failure.replacement_reserve_prompts > n:
+        report.warn(
+            f"{prefix}.replacement_reserve_prompts",
+            f"({failure.replacement_reserve_prompts}) exceeds a step's {n} prompts; several batches are diverted "
+            "before the first admit",
+        )
+
+
+def watchdog_deadlines(config: SCConfig, report: Report) -> None:
+    """The stall timeout must outlast the check interval and every request deadline."""
+    watchdog, failure = config.async_rl.stall_watchdog, config.async_rl.rollout_failure
+    path = "async_rl.stall_watchdog.stall_timeout_s"
+    if watchdog.stall_timeout_s <= watchdog.interval_s:
+        report.error(path, f"({watchdog.stall_timeout_s}) must exceed interval_s ({watchdog.interval_s})")
+    for deadline in ("generation_timeout_s", "env_timeout_s", "rollout_timeout_s"):
+        value = getattr(failure, deadline)
+        if value is not None and watchdog.stall_timeout_s <= value:
+            report.error(
+                path,
+                f"({watchdog.stall_timeout_s}) must exceed async_rl.rollout_failure.{deadline} ({value}), or a "
+                "slow but healthy request is reported as a stall",
+            )
+
+
+def data_plane_checkpoints(config: SCConfig, report: Report) -> None:
+    """save_data_plane: required with checkpoint-capable samplers, only on simple, only with checkpointing."""
+    ckpt, backend = config.checkpointing, config.data_plane.backend
+    if ckpt.save_data_plane and not ckpt.enabled:
+        report.error("checkpointing.save_data_plane", "is true but checkpointing.enabled is false; enable both")
+    if ckpt.save_data_plane and backend != "simple":
+        report.error(
+            "checkpointing.save_data_plane",
+            f"needs the native TransferQueue snapshot; data_plane.backend is {backend!r}, set it to 'simple'",
+        )
+    if not ckpt.enabled or ckpt.save_data_plane:
+        return
+    if isinstance(config.async_rl.sampler, CustomSampler):
+        capabilities = _capabilities(config, report)
+        if capabilities is None:
+            return
+        if not capabilities.buffer_checkpoint:
+            report.warn(
+                "async_rl.sampler.target",
+                "does not declare supports_buffer_checkpoint = True; buffered groups are not restored on resume",
+            )
+            return
+    report.error(
+        "checkpointing.save_data_plane",
+        "is false with checkpointing enabled; completed, unconsumed rollout groups would be lost on restart, "
+        "set it to true (with data_plane.backend: simple)",
+    )
+
+
+def checkpoint_ranking(config: SCConfig, report: Report) -> None:
+    """metric_name must be a train metric (there is no validation loop); keep_top_k needs it."""
+    ckpt = config.checkpointing
+    if ckpt.metric_name is not None and not ckpt.metric_name.startswith("train:"):
+        report.error(
+            "checkpointing.metric_name",
+            f"is {ckpt.metric_name!r}; only train metrics exist, use 'train:<metric>' (e.g. 'train:reward')",
+        )
+    if ckpt.keep_top_k is not None and ckpt.metric_name is None:
+        report.error("checkpointing.keep_top_k", "ranks bundles by checkpointing.metric_name; set it too")
+
+
+def periodic_snapshots(config: SCConfig, report: Report) -> None:
+    """Periodic rollout snapshots need data-plane checkpoints, token capture and a claim-capable sampler."""
+    snap = config.rollout_checkpointing
+    for i, path in enumerate(snap.extra_fingerprint_excluded_paths):
+        problem = _excluded_path_problem(path)
+        if problem:
+            report.error(f"rollout_checkpointing.extra_fingerprint_excluded_paths[{i}]", f"{path!r} {problem}")
+    if snap.snapshot_attempt_interval_s is None:
+        return
+    needs = {
+        "checkpointing.enabled": config.checkpointing.enabled,
+        "checkpointing.save_data_plane": config.checkpointing.save_data_plane,
+        "token_capture.enabled": config.token_capture.enabled,
+    }
+    for knob, ok in needs.items():
+        if not ok:
+            report.error(
+                knob, "must be true for periodic rollout snapshots (rollout_checkpointing.snapshot_attempt_interval_s)"
+            )
+    if config.data_plane.backend != "simple":
+        report.error("data_plane.backend", "must be 'simple' for periodic rollout snapshots (native TQ save/load)")
+    capabilities = _capabilities(config, report)
+    if capabilities is not None and not (capabilities.buffer_checkpoint and capabilities.training_claims):
+        report.error(
+            "async_rl.sampler.target",
+            "must declare supports_buffer_checkpoint = True and supports_training_claims = True for periodic snapshots",
+        )
+
+
+def _excluded_path_problem(path: str) -> str | None:
+    if not path or path != path.strip():
+        return "must be a non-empty dotpath without surrounding spaces"
+    if path in ("*", "**"):
+        return "would exclude the whole config; name a specific dotpath"
+    if any(segment == "" for segment in path.split(".")):
+        return "has an empty segment"
+    return None
+
+
+def recovery_granularity(config: SCConfig, report: Report) -> None:
+    """A non-default redispatch granularity needs token capture."""
+    if config.rollout_recovery.overrides_default() and not config.token_capture.enabled:
+        report.error(
+            "rollout_recovery",
+            "sets a non-default granularity (prompt_group or overrides) but token_capture.enabled is false; "
+            "enable token capture or keep default_granularity: sibling without overrides",
+        )
+
+
+RUNTIME_RULES = (
+    data_plane_enabled,
+    buffer_capacity,
+    custom_sampler_importable,
+    failure_budgets,
+    watchdog_deadlines,
+    data_plane_checkpoints,
+    checkpoint_ranking,
+    periodic_snapshots,
+    recovery_granularity,
+)
