@@ -280,7 +280,7 @@ def build_section(
 
 def to_plain(value: Any) -> Any:
     """A section (or any nested value) as plain YAML-ready data, defaults included."""
-    if is_section(value) and not isinstance(value, type):
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return {f.name: to_plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
     if isinstance(value, tuple | list):
         return [to_plain(v) for v in value]

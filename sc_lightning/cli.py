@@ -1,0 +1,188 @@
+"""``python -m sc_lightning fit --config x.yaml``: the composition root of a run.
+
+One YAML holds the spec's sections at top level (``grpo:``, ``policy:``, ``async_rl:`` …) and Lightning's
+``trainer:`` / ``seed_everything:``. Several ``--config`` files are deep-merged in order, then ``--a.b.c value``
+overrides apply, then ``${…}`` interpolations resolve. The spec sections are loaded and validated first (cheap,
+no Lightning import), then LightningCLI parses the Lightning side; any problem ends the command with exit code 2
+and a list of every error, before any model, engine, Ray or data plane starts.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import yaml
+
+from sc_lightning.config import (
+    ConfigError,
+    SCConfig,
+    config_to_dict,
+    load_config,
+    resolve,
+    validate_single_controller_config,
+)
+from sc_lightning.config.yaml_io import load_yaml_layers
+
+LIGHTNING_KEYS = ("trainer", "seed_everything")
+EXIT_INVALID_CONFIG = 2
+
+_USAGE = """\
+python -m sc_lightning fit --config CONFIG.yaml [--config MORE.yaml] [--a.b.c VALUE ...]
+                           [--print_config] [--dry_run [true|false]]
+
+  fit             train (validates the whole config first)
+  --config        YAML file(s), deep-merged in order; spec sections at top level, Lightning's under trainer:
+  --a.b.c VALUE   override one knob, e.g. --grpo.max_num_steps 5 or --trainer.accelerator=cpu
+  --print_config  print the fully resolved config (defaults included) and exit
+  --dry_run       validate everything (spec sections and trainer:) and exit 0 without starting anything
+"""
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line; returns the process exit code."""
+    try:
+        request = _parse_command_line(list(sys.argv[1:] if argv is None else argv))
+    except _UsageError as exc:
+        print(f"{_USAGE}\nerror: {exc}", file=sys.stderr)
+        return EXIT_INVALID_CONFIG
+    if request is None:
+        print(_USAGE)
+        return 0
+    started = time.monotonic()
+    try:
+        config, lightning = load_and_check(request.configs, request.overrides)
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_INVALID_CONFIG
+    if request.print_config:
+        print(render_config(config, lightning), end="")
+        return 0
+    if request.dry_run:
+        print(_dry_run_summary(config, time.monotonic() - started))
+        return 0
+    return fit(config, lightning)
+
+
+def fit(config: SCConfig, lightning: dict[str, Any]) -> int:
+    """Train; the Lightning loop, engines and data plane are not wired into the CLI yet."""
+    print(
+        "sc_lightning: the config is valid, but training is not wired into the CLI yet "
+        "(the train loop, engines and data plane land in later releases). Nothing was started.",
+        file=sys.stderr,
+    )
+    return 0
+
+
+class _UsageError(ValueError):
+    """The command line itself is malformed."""
+
+
+class _Request:
+    """What the command line asked for."""
+
+    def __init__(self) -> None:
+        self.configs: list[str] = []
+        self.overrides: list[str] = []
+        self.print_config = False
+        self.dry_run = False
+
+
+def _parse_command_line(argv: list[str]) -> _Request | None:
+    if not argv or argv[0] in ("-h", "--help"):
+        return None
+    if argv[0] != "fit":
+        raise _UsageError(f"unknown subcommand {argv[0]!r}; the subcommand is fit")
+    request, rest = _Request(), argv[1:]
+    while rest:
+        arg = rest.pop(0)
+        key, eq, value = arg.partition("=")
+        if key in ("-h", "--help"):
+            return None
+        if not key.startswith("--"):
+            raise _UsageError(f"unexpected argument {arg!r}; options look like --key value")
+        if key == "--print_config":
+            request.print_config = True
+        elif key == "--dry_run":
+            request.dry_run = _flag_value(value if eq else _optional_value(rest))
+        elif key in ("--config", "-c"):
+            request.configs.append(value if eq else _required_value(arg, rest))
+        else:
+            request.overrides.append(f"{key[2:]}={value if eq else _required_value(arg, rest)}")
+    if not request.configs and not request.overrides:
+        raise _UsageError("give a config: fit --config configs/grpo_tiny.yaml")
+    return request
+
+
+def _required_value(option: str, rest: list[str]) -> str:
+    if not rest:
+        raise _UsageError(f"{option} needs a value")
+    return rest.pop(0)
+
+
+def _optional_value(rest: list[str]) -> str:
+    return rest.pop(0) if rest and not rest[0].startswith("--") else "true"
+
+
+def _flag_value(text: str) -> bool:
+    lowered = text.lower()
+    if lowered not in ("true", "false", "1", "0", "yes", "no"):
+        raise _UsageError(f"--dry_run takes true or false, got {text!r}")
+    return lowered in ("true", "1", "yes")
+
+
+def load_and_check(configs: Sequence[str], overrides: Sequence[str] = ()) -> tuple[SCConfig, dict[str, Any]]:
+    """Load, validate and type-check a whole config (spec sections and ``trainer:``) without starting anything.
+
+    Returns the typed spec config and the resolved Lightning keys; raises one ConfigError listing every problem.
+    Spec-section problems are found first and without importing Lightning, so a bad config fails in moments.
+    """
+    raw = load_yaml_layers(configs, overrides)
+    try:
+        config = load_config(raw, extra_top_level=LIGHTNING_KEYS)
+    except ConfigError as spec_error:
+        raise ConfigError(spec_error.issues + _trainer_issues(raw)) from None
+    issues = []
+    for check in (validate_single_controller_config, lambda c: parse_lightning_side(raw, c)):
+        try:
+            result = check(config)
+        except ConfigError as error:
+            issues.extend(error.issues)
+    if issues:
+        raise ConfigError(issues)
+    return config, result
+
+
+def _trainer_issues(raw: dict[str, Any]) -> list[Any]:
+    from sc_lightning.lightning.cli_parser import trainer_key_issues
+
+    return trainer_key_issues(raw.get("trainer") or {})
+
+
+def parse_lightning_side(raw: dict[str, Any], config: SCConfig) -> dict[str, Any]:
+    """Check ``trainer:`` / ``seed_everything:`` through LightningCLI's own parser; returns them resolved."""
+    from sc_lightning.lightning.cli_parser import parse_trainer_arguments
+
+    lightning = {key: raw[key] for key in LIGHTNING_KEYS if key in raw}
+    lightning.setdefault("seed_everything", config.algo.seed)
+    return parse_trainer_arguments(lightning, config)
+
+
+def render_config(config: SCConfig, lightning: dict[str, Any]) -> str:
+    """The whole resolved config as YAML: Lightning's keys first, then every spec section."""
+    data = {**lightning, **config_to_dict(config)}
+    return yaml.safe_dump(data, sort_keys=False, default_flow_style=False)
+
+
+def _dry_run_summary(config: SCConfig, seconds: float) -> str:
+    resolved = resolve(config)
+    sampler = config.async_rl.sampler
+    return (
+        f"config is valid ({seconds:.1f}s; nothing was started): {config.algo_name} with the {sampler.name} "
+        f"sampler, {resolved.groups_per_step} groups x {config.algo.num_generations_per_prompt} generations per "
+        f"step, buffer {resolved.max_buffered_rollouts} groups, streaming threshold "
+        f"{resolved.min_groups_for_streaming_train}, {config.policy.generation.backend} generation, "
+        f"data plane {config.data_plane.backend}"
+    )

@@ -1,0 +1,95 @@
+"""The ``trainer:`` side of a config, parsed by LightningCLI itself so every Trainer argument is type-checked."""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+import warnings
+from typing import Any
+
+import yaml
+from lightning.pytorch import LightningModule, Trainer
+from lightning.pytorch.cli import LightningCLI
+
+from sc_lightning.config import ConfigError, ConfigIssue, SCConfig
+from sc_lightning.config.knobs import closest
+
+
+class _ParseOnlyModule(LightningModule):
+    """Stands in for the module while only the trainer arguments are parsed; never instantiated."""
+
+
+class SCLightningCLI(LightningCLI):
+    """LightningCLI over the Lightning keys of a config (``trainer:``, ``seed_everything:``).
+
+    The spec sections are loaded by :func:`sc_lightning.config.load_config`; this CLI parses and type-checks the
+    rest with Lightning's own parser. With ``instantiate=False`` it parses only and builds nothing.
+    """
+
+    def __init__(self, lightning_args: dict[str, Any], *, instantiate: bool = False) -> None:
+        self._instantiate = instantiate
+        super().__init__(
+            model_class=_ParseOnlyModule,
+            run=False,
+            args=lightning_args,
+            auto_configure_optimizers=False,
+            save_config_callback=None,
+            parser_kwargs={"exit_on_error": False},
+        )
+
+    def _set_seed(self) -> None:
+        """Seed only when the run is built; parsing a config must not touch global RNG state."""
+        if self._instantiate:
+            super()._set_seed()
+
+    def instantiate_classes(self) -> None:
+        """Build the Trainer only when asked to; a parse-only CLI starts nothing."""
+        if self._instantiate:
+            super().instantiate_classes()
+
+
+def parse_trainer_arguments(lightning: dict[str, Any], config: SCConfig) -> dict[str, Any]:
+    """Type-check the Lightning keys; returns them fully resolved. Raises ConfigError naming every problem."""
+    issues = trainer_key_issues(lightning.get("trainer") or {}) + _step_budget_issues(lightning, config)
+    if issues:
+        raise ConfigError(issues)
+    try:
+        with warnings.catch_warnings():
+            # We hand LightningCLI the merged config as `args` while sys.argv also holds our own options.
+            warnings.filterwarnings("ignore", message="LightningCLI's args parameter")
+            cli = SCLightningCLI(lightning)
+    except argparse.ArgumentError as exc:
+        raise ConfigError([ConfigIssue("trainer", " ".join(str(exc).split()))]) from None
+    dumped = yaml.safe_load(cli.parser.dump(cli.config, skip_none=False))
+    return {key: dumped[key] for key in ("seed_everything", "trainer") if key in dumped}
+
+
+def trainer_key_issues(trainer: Any) -> list[ConfigIssue]:
+    """Unknown Trainer arguments, each with the closest real one."""
+    if not isinstance(trainer, dict):
+        return [ConfigIssue("trainer", f"expected a mapping of Lightning Trainer arguments, got {trainer!r}")]
+    known = list(inspect.signature(Trainer.__init__).parameters)[1:]
+    issues = []
+    for key in trainer:
+        if key not in known:
+            guess = closest(str(key), known)
+            hint = f"; did you mean trainer.{guess}?" if guess else "; see lightning.pytorch.Trainer's arguments"
+            issues.append(ConfigIssue(f"trainer.{key}", f"unknown Trainer argument{hint}"))
+    return issues
+
+
+def _step_budget_issues(lightning: dict[str, Any], config: SCConfig) -> list[ConfigIssue]:
+    trainer = lightning.get("trainer") or {}
+    if not isinstance(trainer, dict):
+        return []
+    max_steps = trainer.get("max_steps")
+    budget = config.algo.max_num_steps
+    if max_steps not in (None, -1, budget):
+        return [
+            ConfigIssue(
+                "trainer.max_steps",
+                f"is {max_steps} but {config.algo_name}.max_num_steps is {budget}; the RL step budget is set by "
+                f"{config.algo_name}.max_num_steps, delete trainer.max_steps",
+            )
+        ]
+    return []
