@@ -144,15 +144,18 @@ def load_and_check(configs: Sequence[str], overrides: Sequence[str] = ()) -> tup
         config = load_config(raw, extra_top_level=LIGHTNING_KEYS)
     except ConfigError as spec_error:
         raise ConfigError(spec_error.issues + _trainer_issues(raw)) from None
-    issues = []
-    for check in (validate_single_controller_config, lambda c: parse_lightning_side(raw, c)):
-        try:
-            result = check(config)
-        except ConfigError as error:
-            issues.extend(error.issues)
+    issues, lightning = [], {}
+    try:
+        validate_single_controller_config(config)
+    except ConfigError as error:
+        issues.extend(error.issues)
+    try:
+        lightning = parse_lightning_side(raw, config)
+    except ConfigError as error:
+        issues.extend(error.issues)
     if issues:
         raise ConfigError(issues)
-    return config, result
+    return config, lightning
 
 
 def _trainer_issues(raw: dict[str, Any]) -> list[Any]:

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import copy
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -12,18 +13,59 @@ from sc_lightning.config.knobs import ConfigError, ConfigIssue
 
 
 def load_yaml_layers(paths: Sequence[str | Path], overrides: Sequence[str] = ()) -> dict[str, Any]:
-    """Merge the YAML files in order, apply ``a.b.c=value`` overrides, resolve interpolations; plain dict out."""
+    """Merge the YAML files in order, apply ``a.b.c=value`` overrides, resolve ``${…}``; a plain dict out.
+
+    Mappings merge key by key, except that a mapping whose ``name`` changes (a sampler mode, an advantage
+    estimator) is replaced whole: the old mode's knobs would be errors under the new one.
+    """
     from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException
 
-    layers = [OmegaConf.create(read_yaml_file(path)) for path in paths]
+    merged: dict[str, Any] = {}
+    for path in paths:
+        merge_into(merged, read_yaml_file(path))
+    for override in overrides:
+        apply_override(merged, override)
     try:
-        layers.append(OmegaConf.from_dotlist(list(overrides)))
-        merged = OmegaConf.merge(*layers) if layers else OmegaConf.create({})
-        data = OmegaConf.to_container(merged, resolve=True)
+        data = OmegaConf.to_container(OmegaConf.create(merged), resolve=True)
     except OmegaConfBaseException as exc:
         raise ConfigError([ConfigIssue(_omegaconf_path(exc), _first_line(exc))]) from None
     return data if isinstance(data, dict) else {}
+
+
+def merge_into(base: dict[str, Any], layer: Mapping[str, Any]) -> None:
+    """Deep-merge ``layer`` into ``base`` in place (a mapping whose ``name`` changes is replaced whole)."""
+    for key, value in layer.items():
+        old = base.get(key)
+        if isinstance(old, dict) and isinstance(value, Mapping) and not _switches_variant(old, value):
+            merge_into(old, value)
+        else:
+            base[key] = copy.deepcopy(value)
+
+
+def apply_override(base: dict[str, Any], override: str) -> None:
+    """Set one ``a.b.c=value`` override (value read as YAML); setting a new ``name`` resets that mapping."""
+    dotpath, sep, text = override.partition("=")
+    keys = dotpath.split(".")
+    if not sep or not all(keys):
+        raise ConfigError([ConfigIssue(dotpath, f"override {override!r} must look like --a.b.c=value")])
+    try:
+        value = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError([ConfigIssue(dotpath, f"override value {text!r} is not valid YAML: {exc}")]) from None
+    *parents, leaf = keys
+    node = base
+    for key in parents:
+        if not isinstance(node.get(key), dict):
+            node[key] = {}
+        node = node[key]
+    if leaf == "name" and node.get("name") != value:
+        node.clear()
+    node[leaf] = value
+
+
+def _switches_variant(old: Mapping[str, Any], new: Mapping[str, Any]) -> bool:
+    return "name" in new and old.get("name") != new["name"]
 
 
 def read_yaml_file(path: str | Path) -> dict[str, Any]:
