@@ -117,9 +117,11 @@ class _Builder:
         self.index = index or {}
 
     def fail(self, path: str, message: str) -> None:
+        """Record one issue."""
         self.issues.append(ConfigIssue(path, message))
 
     def section(self, cls: type, raw: Any, path: str) -> Any:
+        """Build section ``cls`` from a raw mapping, or None when any field is bad."""
         if raw is None:
             raw = {}
         if not isinstance(raw, Mapping):
@@ -146,6 +148,7 @@ class _Builder:
         return cls(**values) if ok else None
 
     def unknown_key(self, cls: type, key: str, path: str) -> None:
+        """Report a key the section does not have, pointing at the key most likely meant."""
         hint = getattr(cls, "unknown_key_hint", None)
         special = hint(key) if hint else None
         if special:
@@ -165,6 +168,7 @@ class _Builder:
         self.fail(_join(path, key), f"unknown key{suffix}")
 
     def value(self, tp: Any, value: Any, path: str, meta: Mapping[str, Any]) -> Any:
+        """Convert one value to type ``tp``, or record why it cannot be."""
         choices = discriminated_choices(tp)
         if choices is not None:
             return self.tagged(choices, value, path)
@@ -203,6 +207,7 @@ class _Builder:
         return self.scalar(tp, value, path, meta)
 
     def tagged(self, choices: dict[str, type], value: Any, path: str) -> Any:
+        """Build the variant of a union that the mapping's ``name`` selects."""
         if not isinstance(value, Mapping):
             return self.mismatch(path, dict, value)
         name = value.get("name")
@@ -216,6 +221,7 @@ class _Builder:
         return _INVALID if built is None else built
 
     def scalar(self, tp: Any, value: Any, path: str, meta: Mapping[str, Any]) -> Any:
+        """Check a bool / int / float / str value and its bounds."""
         if tp is Any:
             return value
         if tp is bool:
@@ -233,6 +239,7 @@ class _Builder:
         return self.bounded(value, path, meta)
 
     def bounded(self, value: Any, path: str, meta: Mapping[str, Any]) -> Any:
+        """Check the ge / gt / le bounds declared on the knob."""
         checks = (
             ("ge", lambda b: value >= b, ">="),
             ("gt", lambda b: value > b, ">"),
@@ -246,6 +253,7 @@ class _Builder:
         return value
 
     def mismatch(self, path: str, tp: Any, value: Any) -> Any:
+        """Record a type mismatch."""
         self.fail(path, f"expected {_type_name(tp)}, got {type(value).__name__} {value!r}")
         return _INVALID
 

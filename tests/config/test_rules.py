@@ -547,7 +547,12 @@ CASES: list[tuple[str, dict[str, Any], dict[str, Any], str, str]] = [
     (
         "stall beyond deadlines",
         variant(
-            {"async_rl": {"rollout_failure": {"generation_timeout_s": None}, "stall_watchdog": {"stall_timeout_s": 121}}}
+            {
+                "async_rl": {
+                    "rollout_failure": {"generation_timeout_s": None},
+                    "stall_watchdog": {"stall_timeout_s": 121},
+                }
+            }
         ),
         variant(
             {"async_rl": {"rollout_failure": {"generation_timeout_s": 600}, "stall_watchdog": {"stall_timeout_s": 600}}}

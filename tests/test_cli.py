@@ -1,0 +1,120 @@
+"""The command line, run as users run it: ``python -m sc_lightning fit --config ...`` in a subprocess."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+import pytest
+import yaml
+
+from sc_lightning.cli import main
+from tests.conftest import REPO
+
+TINY = "configs/grpo_tiny.yaml"
+
+
+def run(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "sc_lightning", *args], cwd=REPO, capture_output=True, text=True, timeout=120
+    )
+
+
+def test_dry_run_validates_and_starts_nothing() -> None:
+    result = run("fit", "--config", TINY, "--dry_run", "true")
+    assert result.returncode == 0, result.stderr
+    assert "config is valid" in result.stdout and "nothing was started" in result.stdout
+    assert "grpo with the in_order sampler, 4 groups x 4 generations per step" in result.stdout
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        ["configs/grpo_tiny.yaml"],
+        ["configs/grpo_math_1B_megatron.yaml"],
+        ["configs/ppo_math_1B_megatron.yaml"],
+        *[
+            ["configs/grpo_tiny.yaml", f"configs/samplers/{m}.yaml"]
+            for m in ("in_order", "weight_fifo", "ready_first", "windowed")
+        ],
+    ],
+    ids=lambda c: c[-1].split("/")[-1],
+)
+def test_every_shipped_config_passes_a_dry_run(config: list[str]) -> None:
+    args = [a for path in config for a in ("--config", path)]
+    result = run("fit", *args, "--dry_run")
+    assert result.returncode == 0, result.stderr
+
+
+def test_invalid_config_fails_fast_with_every_error_and_no_traceback() -> None:
+    started = time.monotonic()
+    result = run(
+        "fit",
+        "--config",
+        TINY,
+        "--grpo.max_num_epochs",
+        "0",
+        "--async_rl.max_bufered_rollouts=3",
+        "--trainer.max_step",
+        "4",
+    )
+    elapsed = time.monotonic() - started
+    assert result.returncode == 2
+    assert elapsed < 15
+    assert "Traceback" not in result.stderr
+    assert "async_rl.max_bufered_rollouts: unknown key; did you mean async_rl.max_buffered_rollouts?" in result.stderr
+    assert "trainer.max_step: unknown Trainer argument; did you mean trainer.max_steps?" in result.stderr
+
+
+def test_cross_field_errors_and_trainer_errors_come_together() -> None:
+    result = run("fit", "--config", TINY, "--policy.train_global_batch_size", "15", "--trainer.max_steps", "4")
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert "policy.train_global_batch_size: is 15" in result.stderr
+    assert "trainer.max_steps: is 4 but grpo.max_num_steps is 30" in result.stderr
+
+
+def test_trainer_types_are_checked_by_lightning() -> None:
+    result = run("fit", "--config", TINY, "--trainer.max_epochs", "many", "--dry_run")
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert "trainer.max_epochs" in result.stderr
+
+
+def test_print_config_prints_the_resolved_config_which_loads_back(tmp_path) -> None:
+    result = run("fit", "--config", TINY, "--grpo.max_num_steps", "7", "--print_config")
+    assert result.returncode == 0, result.stderr
+    printed = yaml.safe_load(result.stdout)
+    assert printed["grpo"]["max_num_steps"] == 7
+    assert printed["async_rl"]["rollout_failure"]["max_infra_attempts_per_prompt"] == 5  # a default, made explicit
+    assert printed["trainer"]["accelerator"] == "cpu" and printed["seed_everything"] == 7
+    saved = tmp_path / "printed.yaml"
+    saved.write_text(result.stdout)
+    again = run("fit", "--config", str(saved), "--print_config")
+    assert again.returncode == 0 and yaml.safe_load(again.stdout) == printed
+
+
+def test_fit_says_training_is_not_wired_yet() -> None:
+    result = run("fit", "--config", TINY)
+    assert result.returncode == 0
+    assert "training is not wired into the CLI yet" in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["train", "--config", TINY], "unknown subcommand 'train'"),
+        (["fit"], "give a config"),
+        (["fit", "--config"], "--config needs a value"),
+        (["fit", "--config", TINY, "--dry_run", "maybe"], "--dry_run takes true or false"),
+        (["fit", "stray"], "unexpected argument 'stray'"),
+        (["fit", "--config", "configs/nope.yaml"], "does not exist"),
+    ],
+)
+def test_usage_errors(argv: list[str], message: str, capsys) -> None:
+    assert main(argv) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_help(capsys) -> None:
+    assert main(["--help"]) == 0
+    assert "--dry_run" in capsys.readouterr().out
