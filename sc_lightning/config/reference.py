@@ -1,0 +1,124 @@
+"""Render ``docs/config-reference.md`` from the schema, so the reference can never drift from the code.
+
+Run ``python -m sc_lightning.config.reference > docs/config-reference.md``; a test fails when the file is stale.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from typing import Any
+
+from sc_lightning.config.knobs import discriminated_choices, field_types, is_section
+from sc_lightning.config.rules_algo import ALGORITHM_RULES
+from sc_lightning.config.rules_runtime import RUNTIME_RULES
+from sc_lightning.config.schema import SCConfig
+
+_HEADER = """\
+# Config reference
+
+Every knob of an sc_lightning config, by dotpath. Generated from `sc_lightning/config/` by
+`python -m sc_lightning.config.reference > docs/config-reference.md`; do not edit by hand.
+
+A config is one YAML file (or several, merged in order) with these top-level sections plus Lightning's
+`trainer:` and `seed_everything:`. Unknown keys are errors that name the closest known key. `null` knobs
+take the derived default their meaning states. Cross-field rules are listed at the end; every violated rule
+is reported at once, naming the dotpaths, values and fix.
+"""
+
+
+def render_reference() -> str:
+    """The whole reference as Markdown."""
+    parts = [_HEADER]
+    for fld in dataclasses.fields(SCConfig):
+        parts.append(_render_section(fld.name, field_types(SCConfig)[fld.name], fld.metadata.get("doc", "")))
+    parts.append(_render_rules())
+    return "\n".join(parts)
+
+
+def _render_section(path: str, tp: Any, doc: str) -> str:
+    lines = [f"## `{path}`\n", f"{doc}\n"]
+    for variant_name, cls in _section_classes(tp):
+        if variant_name:
+            lines.append(f"### `{path}` with `name: {variant_name}`\n\n{(cls.__doc__ or '').strip()}\n")
+        lines.extend(_table(path, cls))
+    return "\n".join(lines)
+
+
+def _section_classes(tp: Any) -> list[tuple[str | None, type]]:
+    choices = discriminated_choices(tp)
+    if choices:
+        return list(choices.items())
+    members = [a for a in typing.get_args(tp) if a is not type(None)] or [tp]
+    return [(None, m) for m in members if is_section(m)]
+
+
+def _table(path: str, cls: type) -> list[str]:
+    rows = ["| knob | type | default | unit | meaning |", "|---|---|---|---|---|"]
+    nested = []
+    for fld in dataclasses.fields(cls):
+        tp = field_types(cls)[fld.name]
+        dotpath = f"{path}.{fld.name}"
+        if _section_classes(tp) and not _is_scalar_union(tp):
+            nested.append(_render_section(dotpath, tp, fld.metadata.get("doc", "")))
+            continue
+        rows.append(
+            f"| `{dotpath}` | {_type_text(tp)} | {_default_text(fld)} | {fld.metadata.get('unit') or ''} | "
+            f"{_meaning(fld)} |"
+        )
+    return [*rows, "", *nested]
+
+
+def _is_scalar_union(tp: Any) -> bool:
+    return not any(is_section(a) for a in typing.get_args(tp)) and not is_section(tp)
+
+
+def _meaning(fld: dataclasses.Field) -> str:
+    bounds = [
+        f"{sign} {fld.metadata[k]:g}"
+        for k, sign in (("ge", ">="), ("gt", ">"), ("le", "<="))
+        if fld.metadata.get(k) is not None
+    ]
+    suffix = f" ({', '.join(bounds)})" if bounds else ""
+    return f"{fld.metadata.get('doc', '')}{suffix}".replace("|", "\\|")
+
+
+def _type_text(tp: Any) -> str:
+    origin = typing.get_origin(tp)
+    if origin is typing.Literal:
+        return " \\| ".join(f"`{a}`" for a in typing.get_args(tp))
+    if origin in (typing.Union, types.UnionType):
+        return " \\| ".join(_type_text(a) for a in typing.get_args(tp))
+    if tp is type(None):
+        return "null"
+    if origin in (list, tuple):
+        return f"list of {_type_text(typing.get_args(tp)[0])}"
+    if origin is dict:
+        return f"map to {_type_text(typing.get_args(tp)[1])}"
+    return getattr(tp, "__name__", str(tp))
+
+
+def _default_text(fld: dataclasses.Field) -> str:
+    if fld.default is not dataclasses.MISSING:
+        value = fld.default
+    elif fld.default_factory is not dataclasses.MISSING:
+        value = fld.default_factory()
+    else:
+        return "required"
+    if value is None:
+        return "`null`"
+    if isinstance(value, tuple | list | dict) and not value:
+        return "`[]`" if not isinstance(value, dict) else "`{}`"
+    return f"`{str(value).lower() if isinstance(value, bool) else value}`"
+
+
+def _render_rules() -> str:
+    lines = ["## Cross-field rules\n", "Checked by `validate_single_controller_config` before anything starts:\n"]
+    for rule in (*ALGORITHM_RULES, *RUNTIME_RULES):
+        lines.append(f"- **{rule.__name__}**: {(rule.__doc__ or '').strip()}")
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    print(render_reference(), end="")

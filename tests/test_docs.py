@@ -1,0 +1,26 @@
+"""Docs match the code: the generated config reference is current and the README shows the real commands."""
+
+from __future__ import annotations
+
+from sc_lightning.config import SECTION_NAMES
+from sc_lightning.config.reference import render_reference
+from tests.conftest import REPO
+
+
+def test_config_reference_is_current() -> None:
+    current = (REPO / "docs" / "config-reference.md").read_text()
+    assert current == render_reference(), "regenerate: python -m sc_lightning.config.reference > docs/config-reference.md"
+
+
+def test_readme_quickstart_commands_exist_and_ci_runs_the_test_one() -> None:
+    readme = (REPO / "README.md").read_text()
+    for command in ("./scripts/run_tiny.sh", "./scripts/test.sh"):
+        assert command in readme
+        assert (REPO / command).is_file()
+    assert "./scripts/test.sh" in (REPO / ".ci" / "run").read_text()
+
+
+def test_readme_config_map_names_every_section() -> None:
+    readme = (REPO / "README.md").read_text()
+    missing = [name for name in SECTION_NAMES if f"`{name}`" not in readme]
+    assert not missing, missing
