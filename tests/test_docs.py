@@ -9,7 +9,9 @@ from tests.conftest import REPO
 
 def test_config_reference_is_current() -> None:
     current = (REPO / "docs" / "config-reference.md").read_text()
-    assert current == render_reference(), "regenerate: python -m sc_lightning.config.reference > docs/config-reference.md"
+    assert current == render_reference(), (
+        "regenerate: python -m sc_lightning.config.reference > docs/config-reference.md"
+    )
 
 
 def test_readme_quickstart_commands_exist_and_ci_runs_the_test_one() -> None:

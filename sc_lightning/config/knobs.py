@@ -92,18 +92,19 @@ def _join(path: str, key: str) -> str:
     return f"{path}.{key}" if path else key
 
 
-def _type_name(tp: Any) -> str:
+def type_name(tp: Any) -> str:
+    """A type as users read it: 'a' | 'b', int | null, list of str, mapping of float."""
     origin = typing.get_origin(tp)
     if origin is Literal:
         return " | ".join(repr(a) for a in typing.get_args(tp))
     if origin in (Union, types.UnionType):
-        return " | ".join(_type_name(a) for a in typing.get_args(tp))
+        return " | ".join(type_name(a) for a in typing.get_args(tp))
     if tp is type(None):
         return "null"
     if origin in (list, tuple):
-        return f"list of {_type_name(typing.get_args(tp)[0])}"
+        return f"list of {type_name(typing.get_args(tp)[0])}"
     if origin is dict:
-        return f"mapping of {_type_name(typing.get_args(tp)[1])}"
+        return f"mapping of {type_name(typing.get_args(tp)[1])}"
     if is_section(tp):
         return "mapping"
     return getattr(tp, "__name__", repr(tp))
@@ -254,7 +255,7 @@ class _Builder:
 
     def mismatch(self, path: str, tp: Any, value: Any) -> Any:
         """Record a type mismatch."""
-        self.fail(path, f"expected {_type_name(tp)}, got {type(value).__name__} {value!r}")
+        self.fail(path, f"expected {type_name(tp)}, got {type(value).__name__} {value!r}")
         return _INVALID
 
 

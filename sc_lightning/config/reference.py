@@ -6,11 +6,10 @@ Run ``python -m sc_lightning.config.reference > docs/config-reference.md``; a te
 from __future__ import annotations
 
 import dataclasses
-import types
 import typing
 from typing import Any
 
-from sc_lightning.config.knobs import discriminated_choices, field_types, is_section
+from sc_lightning.config.knobs import discriminated_choices, field_types, is_section, type_name
 from sc_lightning.config.rules_algo import ALGORITHM_RULES
 from sc_lightning.config.rules_runtime import RUNTIME_RULES
 from sc_lightning.config.schema import SCConfig
@@ -64,7 +63,7 @@ def _table(path: str, cls: type) -> list[str]:
             nested.append(_render_section(dotpath, tp, fld.metadata.get("doc", "")))
             continue
         rows.append(
-            f"| `{dotpath}` | {_type_text(tp)} | {_default_text(fld)} | {fld.metadata.get('unit') or ''} | "
+            f"| `{dotpath}` | {_escape(type_name(tp))} | {_default_text(fld)} | {fld.metadata.get('unit') or ''} | "
             f"{_meaning(fld)} |"
         )
     return [*rows, "", *nested]
@@ -81,22 +80,11 @@ def _meaning(fld: dataclasses.Field) -> str:
         if fld.metadata.get(k) is not None
     ]
     suffix = f" ({', '.join(bounds)})" if bounds else ""
-    return f"{fld.metadata.get('doc', '')}{suffix}".replace("|", "\\|")
+    return _escape(f"{fld.metadata.get('doc', '')}{suffix}")
 
 
-def _type_text(tp: Any) -> str:
-    origin = typing.get_origin(tp)
-    if origin is typing.Literal:
-        return " \\| ".join(f"`{a}`" for a in typing.get_args(tp))
-    if origin in (typing.Union, types.UnionType):
-        return " \\| ".join(_type_text(a) for a in typing.get_args(tp))
-    if tp is type(None):
-        return "null"
-    if origin in (list, tuple):
-        return f"list of {_type_text(typing.get_args(tp)[0])}"
-    if origin is dict:
-        return f"map to {_type_text(typing.get_args(tp)[1])}"
-    return getattr(tp, "__name__", str(tp))
+def _escape(text: str) -> str:
+    return text.replace("|", "\\|")
 
 
 def _default_text(fld: dataclasses.Field) -> str:
