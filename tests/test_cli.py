@@ -14,6 +14,9 @@ from tests.conftest import REPO
 
 TINY = "configs/grpo_tiny.yaml"
 
+# Each test starts a Python process that imports Lightning (a few seconds each).
+pytestmark = pytest.mark.slow
+
 
 def run(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run(
