@@ -26,3 +26,15 @@ def test_readme_config_map_names_every_section() -> None:
     readme = (REPO / "README.md").read_text()
     missing = [name for name in SECTION_NAMES if f"`{name}`" not in readme]
     assert not missing, missing
+
+
+def test_every_rule_declares_the_knobs_it_ties_and_they_exist() -> None:
+    from sc_lightning.config.knobs import key_index
+    from sc_lightning.config.reference import RULES, rule_ties
+    from sc_lightning.config.schema import SCConfig
+
+    valid = {path for paths in key_index(SCConfig).values() for path in paths}
+    for rule in RULES:
+        ties = rule_ties(rule)
+        assert ties, f"{rule.__name__} declares no @ties(...)"
+        assert set(ties) <= valid, f"{rule.__name__} ties unknown dotpaths {set(ties) - valid}"

@@ -54,7 +54,7 @@ def _section_classes(tp: Any) -> list[tuple[str | None, type]]:
 
 
 def _table(path: str, cls: type) -> list[str]:
-    rows = ["| knob | type | default | unit | meaning |", "|---|---|---|---|---|"]
+    rows = ["| knob | type | default | unit | meaning | rules |", "|---|---|---|---|---|---|"]
     nested = []
     for fld in dataclasses.fields(cls):
         tp = field_types(cls)[fld.name]
@@ -64,7 +64,7 @@ def _table(path: str, cls: type) -> list[str]:
             continue
         rows.append(
             f"| `{dotpath}` | {_escape(type_name(tp))} | {_default_text(fld)} | {fld.metadata.get('unit') or ''} | "
-            f"{_meaning(fld)} |"
+            f"{_meaning(fld)} | {_rules_tying(dotpath)} |"
         )
     return [*rows, "", *nested]
 
@@ -101,10 +101,30 @@ def _default_text(fld: dataclasses.Field) -> str:
     return f"`{str(value).lower() if isinstance(value, bool) else value}`"
 
 
+RULES = (*ALGORITHM_RULES, *RUNTIME_RULES)
+
+
+def rule_ties(rule: object) -> list[str]:
+    """The dotpaths a rule ties together, with ``{algo}`` expanded to both algorithm blocks."""
+    paths = []
+    for path in getattr(rule, "ties", ()):
+        paths.extend([path.format(algo="grpo"), path.format(algo="ppo")] if "{algo}" in path else [path])
+    return paths
+
+
+def _rules_tying(dotpath: str) -> str:
+    names = [rule.__name__ for rule in RULES if dotpath in rule_ties(rule)]
+    return ", ".join(f"[{name}](#{name})" for name in names)
+
+
 def _render_rules() -> str:
-    lines = ["## Cross-field rules\n", "Checked by `validate_single_controller_config` before anything starts:\n"]
-    for rule in (*ALGORITHM_RULES, *RUNTIME_RULES):
-        lines.append(f"- **{rule.__name__}**: {(rule.__doc__ or '').strip()}")
+    lines = [
+        "## Cross-field rules\n",
+        "Checked by `validate_single_controller_config` before anything starts (`{algo}` is grpo or ppo).\n",
+    ]
+    for rule in RULES:
+        knobs = ", ".join(f"`{p}`" for p in getattr(rule, "ties", ()))
+        lines.append(f"### {rule.__name__}\n\n{(rule.__doc__ or '').strip()} Ties: {knobs}.\n")
     return "\n".join(lines) + "\n"
 
 

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from sc_lightning.config.knobs import ConfigIssue
 
@@ -23,3 +25,16 @@ class Report:
     def warn(self, path: str, message: str) -> None:
         """Record a setting that is legal but probably not what the user wants."""
         self.warnings.append(ConfigIssue(path, message))
+
+
+RuleFn = TypeVar("RuleFn", bound=Callable)
+
+
+def ties(*dotpaths: str) -> Callable[[RuleFn], RuleFn]:
+    """Declare the knobs a rule ties together (``{algo}`` = grpo or ppo), for the generated config reference."""
+
+    def mark(rule: RuleFn) -> RuleFn:
+        rule.ties = dotpaths
+        return rule
+
+    return mark

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 from sc_lightning.config.algorithm import GAEAdvantage, GRPOAdvantage
-from sc_lightning.config.report import Report
+from sc_lightning.config.report import Report, ties
 from sc_lightning.config.resolved import min_groups_for_streaming_train
 from sc_lightning.config.samplers import InOrderSampler, ReadyFirstSampler
 from sc_lightning.config.schema import SCConfig
 
 
+@ties("grpo", "ppo")
 def one_algorithm_block(config: SCConfig, report: Report) -> None:
     """Exactly one of grpo / ppo."""
     if config.grpo is not None and config.ppo is not None:
@@ -17,6 +18,7 @@ def one_algorithm_block(config: SCConfig, report: Report) -> None:
         report.error("grpo", "a run needs a grpo: block (or a ppo: block for PPO)")
 
 
+@ties("grpo.async_grpo", "ppo.async_ppo")
 def no_legacy_async_block(config: SCConfig, report: Report) -> None:
     """A legacy grpo.async_grpo / ppo.async_ppo block is rejected with its async_rl translation."""
     if not config.has_one_algorithm:
@@ -36,6 +38,7 @@ def no_legacy_async_block(config: SCConfig, report: Report) -> None:
     report.error(key, f"the Single-Controller path reads async knobs from async_rl; set {key}: null{hint}")
 
 
+@ties("{algo}.max_num_epochs", "{algo}.max_num_steps")
 def positive_epochs(config: SCConfig, report: Report) -> None:
     """max_num_epochs must be positive (there is no -1 convention)."""
     if config.has_one_algorithm and config.algo.max_num_epochs <= 0:
@@ -47,6 +50,14 @@ def positive_epochs(config: SCConfig, report: Report) -> None:
         )
 
 
+@ties(
+    "{algo}.val_period",
+    "{algo}.val_at_start",
+    "{algo}.val_at_end",
+    "{algo}.use_dynamic_sampling",
+    "{algo}.reward_shaping.enabled",
+    "{algo}.reward_scaling.enabled",
+)
 def unsupported_algorithm_features(config: SCConfig, report: Report) -> None:
     """Validation, reward shaping/scaling and dynamic sampling are rejected until supported."""
     if not config.has_one_algorithm:
@@ -62,6 +73,7 @@ def unsupported_algorithm_features(config: SCConfig, report: Report) -> None:
             report.error(f"{name}.{block}.enabled", "is true but not supported yet (it would be skipped); set false")
 
 
+@ties("{algo}.adv_estimator.name")
 def estimator_matches_algorithm(config: SCConfig, report: Report) -> None:
     """GRPO uses the group baseline; PPO uses GAE over critic values."""
     if not config.has_one_algorithm:
@@ -73,6 +85,7 @@ def estimator_matches_algorithm(config: SCConfig, report: Report) -> None:
         report.error("ppo.adv_estimator.name", "is 'grpo'; a PPO run needs the gae estimator (name: gae)")
 
 
+@ties("value", "value_loss_fn")
 def critic_sections_match_algorithm(config: SCConfig, report: Report) -> None:
     """value / value_loss_fn are required on PPO and forbidden on GRPO."""
     if not config.has_one_algorithm:
@@ -85,6 +98,12 @@ def critic_sections_match_algorithm(config: SCConfig, report: Report) -> None:
             report.error(key, "is required on a PPO run; add a value: and a value_loss_fn: block")
 
 
+@ties(
+    "{algo}.num_prompts_per_step",
+    "{algo}.num_generations_per_prompt",
+    "policy.train_global_batch_size",
+    "value.train_global_batch_size",
+)
 def batch_matches_step(config: SCConfig, report: Report) -> None:
     """One RL step is exactly one training batch: N prompts x G generations."""
     if not config.has_one_algorithm:
@@ -104,6 +123,7 @@ def batch_matches_step(config: SCConfig, report: Report) -> None:
             )
 
 
+@ties("async_rl.min_groups_for_streaming_train", "{algo}.num_prompts_per_step")
 def streaming_threshold_within_step(config: SCConfig, report: Report) -> None:
     """min_groups_for_streaming_train <= num_prompts_per_step."""
     if not config.has_one_algorithm:
@@ -116,6 +136,12 @@ def streaming_threshold_within_step(config: SCConfig, report: Report) -> None:
         )
 
 
+@ties(
+    "policy.generation.backend",
+    "policy.generation.colocated.enabled",
+    "policy.generation.vllm_cfg.async_engine",
+    "async_rl.min_groups_for_streaming_train",
+)
 def generation_engine(config: SCConfig, report: Report) -> None:
     """Backend/colocation/async-engine rules of the generation engine."""
     gen = config.policy.generation
@@ -139,6 +165,15 @@ def generation_engine(config: SCConfig, report: Report) -> None:
         )
 
 
+@ties(
+    "policy.megatron_cfg.enabled",
+    "value.megatron_cfg.enabled",
+    "policy.megatron_cfg.sequence_parallel",
+    "policy.megatron_cfg.tensor_model_parallel_size",
+    "value.megatron_cfg.sequence_parallel",
+    "value.megatron_cfg.tensor_model_parallel_size",
+    "policy.is_vlm",
+)
 def megatron_models(config: SCConfig, report: Report) -> None:
     """megatron-core is the only trainer (and Megatron generation needs it); VLM is not supported yet."""
     if not config.policy.megatron_cfg.enabled:
@@ -159,6 +194,14 @@ def megatron_models(config: SCConfig, report: Report) -> None:
         report.error("policy.is_vlm", "is true but vision-language policies are not supported yet; set false")
 
 
+@ties(
+    "loss_fn.use_importance_sampling_correction",
+    "loss_fn.force_on_policy_ratio",
+    "async_rl.sampler.name",
+    "async_rl.sampler.max_lookahead_versions",
+    "async_rl.sampler.warmup_lookahead_versions",
+    "async_rl.sampler.max_staleness_versions",
+)
 def importance_sampling(config: SCConfig, report: Report) -> None:
     """Off-policy samplers need IS correction; ready_first also needs real prev_logprobs."""
     sampler, loss = config.async_rl.sampler, config.loss_fn
@@ -175,6 +218,13 @@ def importance_sampling(config: SCConfig, report: Report) -> None:
         )
 
 
+@ties(
+    "loss_fn.truncated_importance_sampling_type",
+    "loss_fn.truncated_importance_sampling_ratio",
+    "loss_fn.truncated_importance_sampling_ratio_min",
+    "loss_fn.use_importance_sampling_correction",
+    "loss_fn.sequence_level_importance_ratios",
+)
 def truncated_importance_sampling(config: SCConfig, report: Report) -> None:
     """Truncated-IS variants need IS correction, their bounds, and no sequence-level ratios for seq-mask-tis."""
     loss = config.loss_fn
@@ -200,6 +250,12 @@ def truncated_importance_sampling(config: SCConfig, report: Report) -> None:
         report.error(f"{prefix}_type", "seq-mask-tis cannot be combined with sequence_level_importance_ratios")
 
 
+@ties(
+    "loss_fn.reference_policy_kl_penalty",
+    "{algo}.skip_reference_policy_logprobs_calculation",
+    "loss_fn.sequence_level_importance_ratios",
+    "loss_fn.token_level_loss",
+)
 def loss_consistency(config: SCConfig, report: Report) -> None:
     """KL needs reference logprobs; sequence-level ratios need a sequence-level loss."""
     loss = config.loss_fn
@@ -218,6 +274,15 @@ def loss_consistency(config: SCConfig, report: Report) -> None:
         )
 
 
+@ties(
+    "async_rl.sampler.name",
+    "async_rl.rollout_failure.max_skipped_prompts",
+    "async_rl.rollout_failure.max_consecutive_dropped_prompts",
+    "async_rl.min_groups_for_streaming_train",
+    "policy.offload_optimizer_for_logprob",
+    "async_rl.sampler.warmup_lookahead_versions",
+    "ppo.policy_training_start_step",
+)
 def ppo_rules(config: SCConfig, report: Report) -> None:
     """PPO: in_order only, no drop budgets, whole-step chunks, offloaded optimizer, warm-up knobs coherent."""
     sampler = config.async_rl.sampler

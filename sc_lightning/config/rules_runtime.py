@@ -4,18 +4,27 @@ from __future__ import annotations
 
 import math
 
-from sc_lightning.config.report import Report
+from sc_lightning.config.report import Report, ties
 from sc_lightning.config.resolved import required_buffer_capacity
 from sc_lightning.config.samplers import CustomSampler, InOrderSampler, SamplerCapabilities
 from sc_lightning.config.schema import SCConfig
 
 
+@ties("data_plane.enabled")
 def data_plane_enabled(config: SCConfig, report: Report) -> None:
     """All rollout data moves through the data plane."""
     if not config.data_plane.enabled:
         report.error("data_plane.enabled", "is false; the Single-Controller path requires the data plane, set true")
 
 
+@ties(
+    "async_rl.max_buffered_rollouts",
+    "{algo}.num_prompts_per_step",
+    "async_rl.sampler.max_lookahead_versions",
+    "async_rl.sampler.warmup_lookahead_versions",
+    "async_rl.sampler.max_staleness_versions",
+    "async_rl.min_groups_for_streaming_train",
+)
 def buffer_capacity(config: SCConfig, report: Report) -> None:
     """max_buffered_rollouts must hold the sampler's window, or the rollout pump deadlocks."""
     chosen = config.async_rl.max_buffered_rollouts
@@ -40,6 +49,7 @@ def _capacity_formula(config: SCConfig) -> str:
     return f"{name}.num_prompts_per_step x (async_rl.sampler.{knob} + 1)"
 
 
+@ties("async_rl.sampler.target")
 def custom_sampler_importable(config: SCConfig, report: Report) -> None:
     """A custom sampler's target must import and declare its capabilities as plain booleans."""
     if isinstance(config.async_rl.sampler, CustomSampler):
@@ -54,6 +64,17 @@ def _capabilities(config: SCConfig, report: Report) -> SamplerCapabilities | Non
         return None
 
 
+@ties(
+    "async_rl.rollout_failure.max_backoff_s",
+    "async_rl.rollout_failure.backoff_base_s",
+    "async_rl.rollout_failure.on_dropped_prompt",
+    "async_rl.rollout_failure.max_replacement_attempts",
+    "async_rl.rollout_failure.replacement_reserve_prompts",
+    "async_rl.rollout_failure.max_skipped_prompts",
+    "async_rl.rollout_failure.max_consecutive_dropped_prompts",
+    "async_rl.rollout_failure.min_step_batch_fraction",
+    "async_rl.sampler.name",
+)
 def failure_budgets(config: SCConfig, report: Report) -> None:
     """Back-off, replacement and drop-budget rules of async_rl.rollout_failure."""
     failure, sampler = config.async_rl.rollout_failure, config.async_rl.sampler
@@ -100,6 +121,13 @@ def _drop_warnings(config: SCConfig, report: Report, budget: int) -> None:
         )
 
 
+@ties(
+    "async_rl.stall_watchdog.stall_timeout_s",
+    "async_rl.stall_watchdog.interval_s",
+    "async_rl.rollout_failure.generation_timeout_s",
+    "async_rl.rollout_failure.env_timeout_s",
+    "async_rl.rollout_failure.rollout_timeout_s",
+)
 def watchdog_deadlines(config: SCConfig, report: Report) -> None:
     """The stall timeout must outlast the check interval and every request deadline."""
     watchdog, failure = config.async_rl.stall_watchdog, config.async_rl.rollout_failure
@@ -116,6 +144,7 @@ def watchdog_deadlines(config: SCConfig, report: Report) -> None:
             )
 
 
+@ties("checkpointing.enabled", "checkpointing.save_data_plane", "data_plane.backend", "async_rl.sampler.target")
 def data_plane_checkpoints(config: SCConfig, report: Report) -> None:
     """save_data_plane: required with checkpoint-capable samplers, only on simple, only with checkpointing."""
     ckpt, backend = config.checkpointing, config.data_plane.backend
@@ -145,6 +174,7 @@ def data_plane_checkpoints(config: SCConfig, report: Report) -> None:
     )
 
 
+@ties("checkpointing.metric_name", "checkpointing.keep_top_k")
 def checkpoint_ranking(config: SCConfig, report: Report) -> None:
     """metric_name must be a train metric (there is no validation loop); keep_top_k needs it."""
     ckpt = config.checkpointing
@@ -157,6 +187,15 @@ def checkpoint_ranking(config: SCConfig, report: Report) -> None:
         report.error("checkpointing.keep_top_k", "ranks bundles by checkpointing.metric_name; set it too")
 
 
+@ties(
+    "rollout_checkpointing.snapshot_attempt_interval_s",
+    "rollout_checkpointing.extra_fingerprint_excluded_paths",
+    "checkpointing.enabled",
+    "checkpointing.save_data_plane",
+    "token_capture.enabled",
+    "data_plane.backend",
+    "async_rl.sampler.target",
+)
 def periodic_snapshots(config: SCConfig, report: Report) -> None:
     """Periodic rollout snapshots need data-plane checkpoints, token capture and a claim-capable sampler."""
     snap = config.rollout_checkpointing
@@ -196,6 +235,12 @@ def _excluded_path_problem(path: str) -> str | None:
     return None
 
 
+@ties(
+    "rollout_recovery.default_granularity",
+    "rollout_recovery.task_source_granularity_overrides",
+    "rollout_recovery.agent_granularity_overrides",
+    "token_capture.enabled",
+)
 def recovery_granularity(config: SCConfig, report: Report) -> None:
     """A non-default redispatch granularity needs token capture."""
     if config.rollout_recovery.overrides_default() and not config.token_capture.enabled:
