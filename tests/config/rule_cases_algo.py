@@ -1,0 +1,388 @@
+"""Rule cases for the algorithm, model, generation and loss rules: (rule, passing, failing, dotpath, text)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tests.config.helpers import PPO_COMPANION
+from tests.config.rule_builders import NON_COLOCATED, async_rl, ppo, sampler
+from tests.conftest import variant
+
+ALGORITHM_CASES: list[tuple[str, dict[str, Any], dict[str, Any], str, str]] = [
+    ("one block: both", ppo(), variant({"ppo": PPO_COMPANION["ppo"]}), "ppo", "only one algorithm block"),
+    ("one block: none", variant(), variant({"grpo": None}), "grpo", "needs a grpo: block"),
+    (
+        "legacy async_grpo",
+        variant({"grpo": {"async_grpo": None}}),
+        variant({"grpo": {"async_grpo": {"enabled": True, "max_trajectory_age_steps": 2}}}),
+        "grpo.async_grpo",
+        "max_lookahead_versions: 2",
+    ),
+    (
+        "legacy async_ppo",
+        ppo(),
+        ppo({"ppo": {"async_ppo": {"enabled": True}}}),
+        "ppo.async_ppo",
+        "set ppo.async_ppo: null",
+    ),
+    ("epochs zero", variant(), variant({"grpo": {"max_num_epochs": 0}}), "grpo.max_num_epochs", "trains zero steps"),
+    ("epochs -1", variant(), variant({"grpo": {"max_num_epochs": -1}}), "grpo.max_num_epochs", "no -1 convention"),
+    (
+        "val_period",
+        variant({"grpo": {"val_period": 0}}),
+        variant({"grpo": {"val_period": 5}}),
+        "grpo.val_period",
+        "not supported",
+    ),
+    ("val_at_start", variant(), variant({"grpo": {"val_at_start": True}}), "grpo.val_at_start", "not supported"),
+    ("val_at_end", variant(), variant({"grpo": {"val_at_end": True}}), "grpo.val_at_end", "not supported"),
+    (
+        "dynamic sampling",
+        variant(),
+        variant({"grpo": {"use_dynamic_sampling": True}}),
+        "grpo.use_dynamic_sampling",
+        "not supported",
+    ),
+    (
+        "reward shaping",
+        variant({"grpo": {"reward_shaping": {"enabled": False, "overlong_buffer_length": 8}}}),
+        variant({"grpo": {"reward_shaping": {"enabled": True}}}),
+        "grpo.reward_shaping.enabled",
+        "not supported",
+    ),
+    (
+        "reward scaling",
+        variant(),
+        variant({"grpo": {"reward_scaling": {"enabled": True}}}),
+        "grpo.reward_scaling.enabled",
+        "not supported",
+    ),
+    (
+        "GRPO with gae",
+        variant(),
+        variant({"grpo": {"adv_estimator": {"name": "gae"}}}),
+        "grpo.adv_estimator.name",
+        "needs a critic",
+    ),
+    (
+        "PPO with grpo estimator",
+        ppo(),
+        ppo({"ppo": {"adv_estimator": {"name": "grpo"}}}),
+        "ppo.adv_estimator.name",
+        "gae",
+    ),
+    ("GRPO with value", variant(), variant({"value": {}}), "value", "belongs to PPO runs"),
+    ("GRPO with value_loss_fn", variant(), variant({"value_loss_fn": {}}), "value_loss_fn", "belongs to PPO runs"),
+    ("PPO without value", ppo(), ppo({"value": None}), "value", "required on a PPO run"),
+    ("PPO without value_loss_fn", ppo(), ppo({"value_loss_fn": None}), "value_loss_fn", "required on a PPO run"),
+    (
+        "policy batch",
+        variant(),
+        variant({"policy": {"train_global_batch_size": 15}}),
+        "policy.train_global_batch_size",
+        "4 x 4 = 16",
+    ),
+    ("value batch", ppo(), ppo({"value": {"train_global_batch_size": 8}}), "value.train_global_batch_size", "= 16"),
+    (
+        "threshold within step",
+        variant(NON_COLOCATED, async_rl(min_groups_for_streaming_train=2)),
+        variant(NON_COLOCATED, async_rl(min_groups_for_streaming_train=5)),
+        "async_rl.min_groups_for_streaming_train",
+        "set <= 4",
+    ),
+    (
+        "colocated only megatron",
+        variant({"policy": {"generation": {"backend": "vllm", "colocated": {"enabled": False}}}}),
+        variant({"policy": {"generation": {"backend": "vllm"}}}),
+        "policy.generation.colocated.enabled",
+        "only the megatron backend",
+    ),
+    (
+        "colocated whole-step chunks",
+        variant(async_rl(min_groups_for_streaming_train=4)),
+        variant(async_rl(min_groups_for_streaming_train=2)),
+        "async_rl.min_groups_for_streaming_train",
+        "colocated generation",
+    ),
+    (
+        "vllm async engine",
+        variant({"policy": {"generation": {"backend": "vllm", "colocated": {"enabled": False}}}}),
+        variant(
+            {
+                "policy": {
+                    "generation": {
+                        "backend": "vllm",
+                        "colocated": {"enabled": False},
+                        "vllm_cfg": {"async_engine": False},
+                    }
+                }
+            }
+        ),
+        "policy.generation.vllm_cfg.async_engine",
+        "async engine",
+    ),
+    (
+        "megatron trainer",
+        variant(),
+        variant({"policy": {"megatron_cfg": {"enabled": False}}}),
+        "policy.megatron_cfg.enabled",
+        "only trainer",
+    ),
+    (
+        "megatron critic",
+        ppo(),
+        ppo({"value": {"megatron_cfg": {"enabled": False}}}),
+        "value.megatron_cfg.enabled",
+        "Megatron",
+    ),
+    (
+        "sequence parallel needs TP",
+        variant({"policy": {"megatron_cfg": {"sequence_parallel": True, "tensor_model_parallel_size": 2}}}),
+        variant({"policy": {"megatron_cfg": {"sequence_parallel": True}}}),
+        "policy.megatron_cfg.sequence_parallel",
+        "tensor_model_parallel_size 1",
+    ),
+    ("vlm", variant(), variant({"policy": {"is_vlm": True}}), "policy.is_vlm", "not supported"),
+    (
+        "IS for in_order lookahead",
+        variant(sampler(max_lookahead_versions=0), {"loss_fn": {"use_importance_sampling_correction": False}}),
+        variant(
+            sampler(max_lookahead_versions=1),
+            async_rl(max_buffered_rollouts=8),
+            {"loss_fn": {"use_importance_sampling_correction": False}},
+        ),
+        "loss_fn.use_importance_sampling_correction",
+        "max_lookahead_versions",
+    ),
+    (
+        "IS for weight_fifo",
+        variant(
+            sampler(name="weight_fifo", max_staleness_versions=0),
+            {"loss_fn": {"use_importance_sampling_correction": False}},
+        ),
+        variant(
+            sampler(name="weight_fifo"),
+            async_rl(max_buffered_rollouts=8),
+            {"loss_fn": {"use_importance_sampling_correction": False}},
+        ),
+        "loss_fn.use_importance_sampling_correction",
+        "weight_fifo sampler",
+    ),
+    (
+        "IS for windowed",
+        variant(
+            sampler(name="windowed", max_staleness_versions=0),
+            {"loss_fn": {"use_importance_sampling_correction": False}},
+        ),
+        variant(sampler(name="windowed"), {"loss_fn": {"use_importance_sampling_correction": False}}),
+        "loss_fn.use_importance_sampling_correction",
+        "windowed sampler",
+    ),
+    (
+        "IS for ready_first",
+        variant(sampler(name="ready_first", max_staleness_versions=0)),
+        variant(
+            sampler(name="ready_first", max_staleness_versions=0),
+            {"loss_fn": {"use_importance_sampling_correction": False}},
+        ),
+        "loss_fn.use_importance_sampling_correction",
+        "ready_first sampler",
+    ),
+    (
+        "ready_first ratio",
+        variant(sampler(name="ready_first", max_staleness_versions=0)),
+        variant(sampler(name="ready_first", max_staleness_versions=0), {"loss_fn": {"force_on_policy_ratio": True}}),
+        "loss_fn.force_on_policy_ratio",
+        "prev_logprobs",
+    ),
+    (
+        "TIS needs its ratio",
+        variant({"loss_fn": {"truncated_importance_sampling_type": "tis", "truncated_importance_sampling_ratio": 2.0}}),
+        variant({"loss_fn": {"truncated_importance_sampling_type": "tis"}}),
+        "loss_fn.truncated_importance_sampling_ratio",
+        "required",
+    ),
+    (
+        "TIS needs IS",
+        variant({"loss_fn": {"truncated_importance_sampling_type": "tis", "truncated_importance_sampling_ratio": 2.0}}),
+        variant(
+            sampler(max_lookahead_versions=0),
+            {
+                "loss_fn": {
+                    "use_importance_sampling_correction": False,
+                    "truncated_importance_sampling_type": "tis",
+                    "truncated_importance_sampling_ratio": 2.0,
+                }
+            },
+        ),
+        "loss_fn.truncated_importance_sampling_type",
+        "use_importance_sampling_correction: true",
+    ),
+    (
+        "icepop needs min",
+        variant(
+            {
+                "loss_fn": {
+                    "truncated_importance_sampling_type": "icepop",
+                    "truncated_importance_sampling_ratio": 2.0,
+                    "truncated_importance_sampling_ratio_min": 0.5,
+                }
+            }
+        ),
+        variant(
+            {"loss_fn": {"truncated_importance_sampling_type": "icepop", "truncated_importance_sampling_ratio": 2.0}}
+        ),
+        "loss_fn.truncated_importance_sampling_ratio_min",
+        "required",
+    ),
+    (
+        "TIS min <= max",
+        variant(
+            {
+                "loss_fn": {
+                    "truncated_importance_sampling_type": "icepop",
+                    "truncated_importance_sampling_ratio": 2.0,
+                    "truncated_importance_sampling_ratio_min": 0.5,
+                }
+            }
+        ),
+        variant(
+            {
+                "loss_fn": {
+                    "truncated_importance_sampling_type": "icepop",
+                    "truncated_importance_sampling_ratio": 2.0,
+                    "truncated_importance_sampling_ratio_min": 3.0,
+                }
+            }
+        ),
+        "loss_fn.truncated_importance_sampling_ratio_min",
+        "exceeds",
+    ),
+    (
+        "seq-mask-tis without GSPO",
+        variant(
+            {
+                "loss_fn": {
+                    "truncated_importance_sampling_type": "seq-mask-tis",
+                    "truncated_importance_sampling_ratio": 2.0,
+                    "truncated_importance_sampling_ratio_min": 0.5,
+                }
+            }
+        ),
+        variant(
+            {
+                "loss_fn": {
+                    "truncated_importance_sampling_type": "seq-mask-tis",
+                    "truncated_importance_sampling_ratio": 2.0,
+                    "truncated_importance_sampling_ratio_min": 0.5,
+                    "sequence_level_importance_ratios": True,
+                    "token_level_loss": False,
+                }
+            }
+        ),
+        "loss_fn.truncated_importance_sampling_type",
+        "sequence_level_importance_ratios",
+    ),
+    (
+        "TIS bounds need a type",
+        variant(),
+        variant({"loss_fn": {"truncated_importance_sampling_ratio": 2.0}}),
+        "loss_fn.truncated_importance_sampling_type",
+        "bounds are set",
+    ),
+    (
+        "KL needs reference logprobs",
+        variant({"grpo": {"skip_reference_policy_logprobs_calculation": True}}),
+        variant(
+            {
+                "grpo": {"skip_reference_policy_logprobs_calculation": True},
+                "loss_fn": {"reference_policy_kl_penalty": 0.01},
+            }
+        ),
+        "loss_fn.reference_policy_kl_penalty",
+        "skip_reference_policy_logprobs_calculation is true",
+    ),
+    (
+        "GSPO needs sequence-level loss",
+        variant({"loss_fn": {"sequence_level_importance_ratios": True, "token_level_loss": False}}),
+        variant({"loss_fn": {"sequence_level_importance_ratios": True}}),
+        "loss_fn.sequence_level_importance_ratios",
+        "token_level_loss: false",
+    ),
+    ("PPO in_order only", ppo(), ppo(sampler(name="windowed")), "async_rl.sampler.name", "only in_order"),
+    (
+        "PPO skip budget",
+        ppo(),
+        ppo({"async_rl": {"rollout_failure": {"max_skipped_prompts": 1}}}),
+        "async_rl.rollout_failure.max_skipped_prompts",
+        "PPO needs 0",
+    ),
+    (
+        "PPO drop budget",
+        ppo(),
+        ppo({"async_rl": {"rollout_failure": {"max_consecutive_dropped_prompts": 1}}}),
+        "async_rl.rollout_failure.max_consecutive_dropped_prompts",
+        "PPO needs 0",
+    ),
+    (
+        "PPO whole-step chunks",
+        ppo(NON_COLOCATED),
+        ppo(NON_COLOCATED, async_rl(min_groups_for_streaming_train=2)),
+        "async_rl.min_groups_for_streaming_train",
+        "a PPO step is one chunk",
+    ),
+    (
+        "PPO offload",
+        ppo(),
+        ppo({"policy": {"offload_optimizer_for_logprob": False}}),
+        "policy.offload_optimizer_for_logprob",
+        "critic runs",
+    ),
+    (
+        "PPO epochs >= 1",
+        ppo({"ppo": {"ppo_epochs": 2}}),
+        ppo({"ppo": {"ppo_epochs": 0}}),
+        "ppo.ppo_epochs",
+        "must be >= 1",
+    ),
+    (
+        "PPO critic epochs >= 1",
+        ppo({"ppo": {"critic_ppo_epochs": 3}}),
+        ppo({"ppo": {"critic_ppo_epochs": 0}}),
+        "ppo.critic_ppo_epochs",
+        "must be >= 1",
+    ),
+    (
+        "warm-up needs a warm-up",
+        ppo(
+            {"ppo": {"policy_training_start_step": 5}},
+            sampler(max_lookahead_versions=0, warmup_lookahead_versions=1),
+            async_rl(max_buffered_rollouts=8),
+        ),
+        ppo(sampler(max_lookahead_versions=0, warmup_lookahead_versions=1), async_rl(max_buffered_rollouts=8)),
+        "async_rl.sampler.warmup_lookahead_versions",
+        "policy_training_start_step is 0",
+    ),
+    (
+        "warm-up >= lookahead",
+        ppo(
+            {"ppo": {"policy_training_start_step": 5}},
+            sampler(max_lookahead_versions=1, warmup_lookahead_versions=1),
+            async_rl(max_buffered_rollouts=8),
+        ),
+        ppo(
+            {"ppo": {"policy_training_start_step": 5}},
+            sampler(max_lookahead_versions=1, warmup_lookahead_versions=0),
+            async_rl(max_buffered_rollouts=8),
+        ),
+        "async_rl.sampler.warmup_lookahead_versions",
+        "below max_lookahead_versions",
+    ),
+    (
+        "warm-up is a PPO knob",
+        variant(),
+        variant(sampler(warmup_lookahead_versions=1), async_rl(max_buffered_rollouts=8)),
+        "async_rl.sampler.warmup_lookahead_versions",
+        "PPO critic-warm-up knob",
+    ),
+]
