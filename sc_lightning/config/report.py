@@ -34,6 +34,7 @@ def ties(*dotpaths: str) -> Callable[[RuleFn], RuleFn]:
     """Declare the knobs a rule ties together (``{algo}`` = grpo or ppo), for the generated config reference."""
 
     def mark(rule: RuleFn) -> RuleFn:
+        """Attach the dotpaths to the rule function."""
         rule.ties = dotpaths
         return rule
 
