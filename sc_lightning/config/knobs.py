@@ -131,7 +131,11 @@ class _Builder:
         hints = field_types(cls)
         values: dict[str, Any] = {}
         ok = True
+        extras_field = getattr(cls, "extra_keys_field", None)
+        extras = {k: v for k, v in raw.items() if k not in hints} if extras_field else {}
         for key, value in raw.items():
+            if key in extras:
+                continue
             if key not in hints:
                 self.unknown_key(cls, str(key), path)
                 ok = False
@@ -146,6 +150,8 @@ class _Builder:
             if fld.name not in values and fld.default is MISSING and fld.default_factory is MISSING:
                 self.fail(_join(path, fld.name), "is required; set it in the config")
                 ok = False
+        if extras:
+            values[extras_field] = {**values.get(extras_field, {}), **extras}
         return cls(**values) if ok else None
 
     def unknown_key(self, cls: type, key: str, path: str) -> None:

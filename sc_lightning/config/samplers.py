@@ -160,9 +160,13 @@ class CustomSampler(_SamplerMode):
 
     name: Literal["custom"] = knob("custom", "Sampler mode.")
     target: str = knob(doc='Import path of the sampler class, "module:ClassName".')
-    init_args: dict[str, Any] = knob(doc="Keyword arguments passed to the class after the buffer.", factory=dict)
+    init_args: dict[str, Any] = knob(
+        doc="Keyword arguments for the class (after the buffer); other keys of this mapping are added to them.",
+        factory=dict,
+    )
 
     gate_knob: ClassVar[str | None] = None
+    extra_keys_field: ClassVar[str] = "init_args"
 
     def gate_window(self) -> None:
         """Unknown until the class is built; its required_buffer_capacity is checked at setup."""

@@ -159,3 +159,9 @@ def test_gated_capacity_is_rejected_exactly_below_n_times_window_plus_one(n, win
     )
     capacity_errors = [e for e in errors_of(raw) if e.startswith("async_rl.max_buffered_rollouts")]
     assert bool(capacity_errors) == (buffered < required)
+
+
+def test_custom_sampler_extra_keys_become_constructor_kwargs() -> None:
+    raw = variant({"async_rl": {"sampler": {"name": "custom", "target": "m:C", "window": 3, "init_args": {"x": 1}}}})
+    sampler = load_config(raw, extra_top_level=LIGHTNING_KEYS).async_rl.sampler
+    assert sampler.init_args == {"x": 1, "window": 3}
