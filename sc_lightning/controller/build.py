@@ -1,0 +1,70 @@
+"""Assemble a SingleController from a validated config and its parts (data plane, engine, environment, data)."""
+
+from __future__ import annotations
+
+from sc_lightning.config import SCConfig, resolve
+from sc_lightning.controller.buffer import TQReplayBuffer
+from sc_lightning.controller.controller import SingleController
+from sc_lightning.controller.samplers import SamplerError, create_sampler
+from sc_lightning.data_plane.base import DataPlane
+from sc_lightning.engines.base import GenerationEngine
+from sc_lightning.rollout.datasets import PromptDataset
+from sc_lightning.rollout.envs.base import Environment
+from sc_lightning.rollout.manager import RolloutManager, RolloutSettings
+from sc_lightning.rollout.prompts import PromptStream
+from sc_lightning.tokenizer import Tokenizer
+from sc_lightning.types import SamplingParams
+
+
+def rollout_settings(config: SCConfig) -> RolloutSettings:
+    """Sampling and deadlines of each prompt group, from the policy's generation block and async_rl."""
+    generation, failure = config.policy.generation, config.async_rl.rollout_failure
+    return RolloutSettings(
+        generations_per_prompt=config.algo.num_generations_per_prompt,
+        sampling=SamplingParams(
+            max_new_tokens=generation.max_new_tokens,
+            temperature=generation.temperature,
+            top_p=generation.top_p,
+            top_k=generation.top_k,
+        ),
+        generation_timeout_s=failure.generation_timeout_s,
+        env_timeout_s=failure.env_timeout_s,
+    )
+
+
+def build_controller(
+    config: SCConfig,
+    *,
+    data_plane: DataPlane,
+    engine: GenerationEngine,
+    environment: Environment,
+    tokenizer: Tokenizer,
+    dataset: PromptDataset,
+    weight_version: int = 0,
+) -> SingleController:
+    """A ready-to-start controller for ``config``; the sampler's capacity need is checked on the instance."""
+    resolved = resolve(config)
+    buffer = TQReplayBuffer(data_plane)
+    sampler = create_sampler(buffer, config.async_rl.sampler)
+    required = sampler.required_buffer_capacity(resolved.groups_per_step)
+    if required is not None and resolved.max_buffered_rollouts < required:
+        raise SamplerError(
+            f"async_rl.max_buffered_rollouts ({resolved.max_buffered_rollouts}) is below the sampler's required "
+            f"capacity ({required}); the rollout pump would deadlock"
+        )
+    manager = RolloutManager(engine, environment, tokenizer, buffer, rollout_settings(config), weight_version)
+    prompts = PromptStream(
+        dataset,
+        resolved.groups_per_step,
+        shuffle=config.data.shuffle,
+        seed=config.algo.seed,
+        max_epochs=config.algo.max_num_epochs,
+    )
+    return SingleController(
+        buffer=buffer,
+        sampler=sampler,
+        manager=manager,
+        prompts=prompts,
+        max_buffered_rollouts=resolved.max_buffered_rollouts,
+        max_inflight_prompts=resolved.max_inflight_prompts,
+    )

@@ -1,0 +1,252 @@
+"""SingleController: the rollout pump plus the train-side API the Lightning loop calls, on one event loop.
+
+    rollout pump:  for batch in prompts:
+                       wait until sampler.can_admit(trainer_version); target = sampler.admit()
+                       for prompt in batch:
+                           take a buffer permit (max_buffered_rollouts) and an in-flight permit
+                           (max_inflight_prompts); wait while a refit is running
+                           spawn generate_and_push(prompt, target)   # reserve → generate → score → commit
+    train side:    evict(v)              drop groups that can never be trained (frees their permits)
+                   select(v, min, max)   wait for and take ready groups (frees their permits); metadata only
+                   clear(groups)         delete trained rows from the data plane
+                   begin_refit(v + 1)    close dispatch, abort rollouts the sampler says are doomed
+                   finish_refit(v + 1)   stamp the engine's new version, reopen dispatch
+
+A buffer permit is held by every dispatched group until it is selected or evicted, or its rollout fails, is
+cancelled, or never starts; an in-flight permit only while its rollout runs. The controller never imports
+Lightning, so the same object runs in a Ray actor or on a background thread (see ``runners.py``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from sc_lightning.controller.buffer import GroupMeta, TQReplayBuffer
+from sc_lightning.controller.permits import Permits
+from sc_lightning.controller.samplers import PromptGroupSampler
+from sc_lightning.rollout.manager import RolloutManager
+from sc_lightning.rollout.prompts import PromptStream
+from sc_lightning.types import Prompt
+
+
+class RolloutPumpError(RuntimeError):
+    """The rollout pump stopped on a failure; the message names the prompt and group that failed."""
+
+
+class SelectTimeout(TimeoutError):
+    """The trainer waited longer than its deadline for enough ready groups."""
+
+
+@dataclass(frozen=True)
+class ControllerStats:
+    """Counters and gauges of the controller, for logging and tests."""
+
+    trainer_version: int
+    dispatch_index: int
+    dispatched: int
+    committed: int
+    selected: int
+    evicted: int
+    aborted: int
+    inflight: int
+    buffered: int
+    ready: int
+    buffer_permits_held: int
+    exhausted: bool
+    idle_s: float
+
+
+class SingleController:
+    """Owns the buffer, sampler, rollout manager and prompt stream; runs the rollout pump; serves the trainer."""
+
+    def __init__(
+        self,
+        *,
+        buffer: TQReplayBuffer,
+        sampler: PromptGroupSampler,
+        manager: RolloutManager,
+        prompts: PromptStream,
+        max_buffered_rollouts: int,
+        max_inflight_prompts: int,
+    ) -> None:
+        self.buffer, self.sampler, self.manager, self.prompts = buffer, sampler, manager, prompts
+        self.buffer_permits = Permits(max_buffered_rollouts, "async_rl.max_buffered_rollouts")
+        self.inflight_permits = Permits(max_inflight_prompts, "async_rl.max_inflight_prompts")
+        self.trainer_version = manager.weight_version
+        self._changed = asyncio.Condition()
+        self._dispatch_open = asyncio.Event()
+        self._dispatch_open.set()
+        self._pump: asyncio.Task | None = None
+        self._failure: BaseException | None = None
+        self._exhausted = False
+        self._counts = {"dispatched": 0, "committed": 0, "selected": 0, "evicted": 0, "aborted": 0}
+        self._last_progress = time.monotonic()
+
+    # ------------------------------------------------------------------------------------------ rollout pump
+
+    async def start(self) -> None:
+        """Start the rollout pump in the background."""
+        if self._pump is None:
+            self._pump = asyncio.create_task(self._rollout_pump(), name="rollout-pump")
+            self._pump.add_done_callback(self._on_pump_done)
+
+    async def _rollout_pump(self) -> None:
+        async with asyncio.TaskGroup() as group:
+            for batch in self.prompts:
+                async with self._changed:
+                    await self._changed.wait_for(lambda: self.sampler.can_admit(self.trainer_version))
+                target = self.sampler.admit()
+                for prompt in batch:
+                    await self._launch(group, prompt, target)
+        async with self._changed:
+            self._exhausted = True
+            self._changed.notify_all()
+
+    async def _launch(self, group: asyncio.TaskGroup, prompt: Prompt, target: int | None) -> None:
+        await self.buffer_permits.acquire()
+        try:
+            await self.inflight_permits.acquire()
+        except BaseException:
+            self.buffer_permits.release()
+            raise
+        try:
+            await self._dispatch_open.wait()
+        except BaseException:
+            self._release_both()
+            raise
+        started = asyncio.Event()
+        task = group.create_task(self._dispatch_one(prompt, target, started), name=f"rollout {prompt.prompt_id}")
+        task.add_done_callback(lambda t: None if started.is_set() else self._release_both())
+        self._counts["dispatched"] += 1
+
+    def _release_both(self) -> None:
+        self.buffer_permits.release()
+        self.inflight_permits.release()
+
+    async def _dispatch_one(self, prompt: Prompt, target: int | None, started: asyncio.Event) -> None:
+        started.set()
+        committed = False
+        try:
+            await self.manager.generate_and_push(prompt, target_step=target)
+            committed = True  # the buffer permit now belongs to the group until it is selected or evicted
+            self._counts["committed"] += 1
+        finally:
+            self.inflight_permits.release()
+            if not committed:
+                self.buffer_permits.release()
+            await self._notify()
+
+    def _on_pump_done(self, task: asyncio.Task) -> None:
+        if not task.cancelled() and task.exception() is not None:
+            self._failure = task.exception()
+        asyncio.ensure_future(self._notify())
+
+    async def _notify(self) -> None:
+        self._last_progress = time.monotonic()
+        async with self._changed:
+            self._changed.notify_all()
+
+    def raise_if_failed(self) -> None:
+        """Raise the rollout pump's failure, naming the prompt and group that failed."""
+        if self._failure is None:
+            return
+        failure = self._failure
+        causes = failure.exceptions if isinstance(failure, BaseExceptionGroup) else (failure,)
+        details = "; ".join(str(cause) for cause in causes)
+        raise RolloutPumpError(f"rollout pump failed: {details}") from causes[0]
+
+    # ------------------------------------------------------------------------------------------ train side
+
+    async def evict(self, trainer_version: int) -> list[GroupMeta]:
+        """Drop groups the sampler can no longer train at ``trainer_version``; their permits are freed."""
+        self.raise_if_failed()
+        evicted = await self.sampler.evict(trainer_version=trainer_version)
+        self._account_removed(evicted, "evicted")
+        return evicted
+
+    async def select(
+        self, trainer_version: int, min_groups: int, max_groups: int, *, timeout_s: float | None = None
+    ) -> list[GroupMeta] | None:
+        """Wait for and take ``min_groups``..``max_groups`` trainable groups; None once rollouts are exhausted."""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        async with self._changed:
+            while True:
+                self.raise_if_failed()
+                await self.evict(trainer_version)
+                chosen = await self.sampler.select(
+                    trainer_version=trainer_version, min_groups=min_groups, max_groups=max_groups
+                )
+                if chosen:
+                    self._account_removed(chosen, "selected")
+                    return chosen
+                if self._exhausted and not self.manager.inflight:
+                    return None
+                await self._wait(deadline, trainer_version, min_groups)
+
+    async def _wait(self, deadline: float | None, trainer_version: int, min_groups: int) -> None:
+        remaining = None if deadline is None else deadline - time.monotonic()
+        try:
+            await asyncio.wait_for(self._changed.wait(), remaining)
+        except TimeoutError:
+            stats = self.stats()
+            raise SelectTimeout(
+                f"step {trainer_version}: waited past the deadline for {min_groups} trainable group(s); "
+                f"{stats.ready} ready, {stats.inflight} in flight, {stats.buffered} buffered"
+            ) from None
+
+    def _account_removed(self, groups: Sequence[GroupMeta], counter: str) -> None:
+        if groups:
+            self.buffer_permits.release(len(groups))
+            self._counts[counter] += len(groups)
+
+    async def clear(self, groups: Sequence[GroupMeta]) -> None:
+        """Delete trained groups' rows from the data plane."""
+        keys = [key for group in groups for key in group.keys]
+        if keys:
+            await asyncio.to_thread(self.buffer.data_plane.clear, keys)
+
+    async def begin_refit(self, next_version: int) -> int:
+        """Close dispatch for a weight update; abort in-flight rollouts the sampler rules doomed (returns how many)."""
+        self._dispatch_open.clear()
+        self.trainer_version = next_version
+        doomed = [
+            group.task
+            for group in list(self.manager.inflight.values())
+            if group.task is not None
+            and self.sampler.should_abort_inflight(start_weight=group.start_weight, trainer_version=next_version)
+        ]
+        for task in doomed:
+            task.cancel()
+        await asyncio.gather(*doomed, return_exceptions=True)
+        self._counts["aborted"] += len(doomed)
+        return len(doomed)
+
+    async def finish_refit(self, version: int) -> None:
+        """The engines now hold ``version``: stamp it on new rollouts and reopen dispatch."""
+        self.trainer_version = version
+        self.manager.weight_version = version
+        self._dispatch_open.set()
+        await self._notify()
+
+    def stats(self) -> ControllerStats:
+        """A snapshot of the counters."""
+        return ControllerStats(
+            trainer_version=self.trainer_version,
+            dispatch_index=self.sampler.dispatch_index,
+            inflight=len(self.manager.inflight),
+            buffered=len(self.buffer),
+            ready=len(self.buffer.ready_metas()),
+            buffer_permits_held=self.buffer_permits.held,
+            exhausted=self._exhausted,
+            idle_s=time.monotonic() - self._last_progress,
+            **self._counts,
+        )
+
+    async def shutdown(self) -> None:
+        """Stop the pump; in-flight rollouts are cancelled and their slots removed."""
+        if self._pump is not None and not self._pump.done():
+            self._pump.cancel()
+            await asyncio.gather(self._pump, return_exceptions=True)

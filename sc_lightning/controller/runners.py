@@ -1,0 +1,209 @@
+"""Where a SingleController runs: on a background event-loop thread in this process, or in a Ray actor.
+
+Both runners take a zero-argument ``build`` function that constructs the controller *inside* its home (the
+thread or the actor), and expose the same blocking train-side API, so the Lightning loop (and the tests) can
+swap one for the other. Every blocking call has a deadline.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Callable, Coroutine, Sequence
+from concurrent.futures import Future
+from typing import Any, Protocol, TypeVar
+
+from sc_lightning.controller.buffer import GroupMeta
+from sc_lightning.controller.controller import ControllerStats, SingleController
+
+T = TypeVar("T")
+ControllerFactory = Callable[[], SingleController]
+DEFAULT_CALL_TIMEOUT_S = 600.0
+
+
+class ControllerClient(Protocol):
+    """The blocking train-side API of a running controller."""
+
+    def evict(self, trainer_version: int) -> list[GroupMeta]:
+        """Drop groups that can never be trained at ``trainer_version``."""
+
+    def select(
+        self, trainer_version: int, min_groups: int, max_groups: int, *, timeout_s: float | None = None
+    ) -> list[GroupMeta] | None:
+        """Wait for and take trainable groups; None once rollouts are exhausted."""
+
+    def clear(self, groups: Sequence[GroupMeta]) -> None:
+        """Delete trained rows."""
+
+    def begin_refit(self, next_version: int) -> int:
+        """Close dispatch and abort doomed rollouts."""
+
+    def finish_refit(self, version: int) -> None:
+        """Stamp the new version and reopen dispatch."""
+
+    def stats(self) -> ControllerStats:
+        """Counters of the controller."""
+
+    def shutdown(self) -> None:
+        """Stop the controller and release its home (thread or actor)."""
+
+
+class LocalController:
+    """Runs a SingleController on a private event loop in a daemon thread of this process."""
+
+    def __init__(self, build: ControllerFactory, *, call_timeout_s: float = DEFAULT_CALL_TIMEOUT_S) -> None:
+        self.call_timeout_s = call_timeout_s
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="sc-controller", daemon=True)
+        self._thread.start()
+        self.controller: SingleController = self._call(_build_and_start(build))
+
+    def _call(self, coroutine: Coroutine[Any, Any, T], timeout_s: float | None = None) -> T:
+        future: Future[T] = asyncio.run_coroutine_threadsafe(coroutine, self._loop)
+        return future.result(timeout=timeout_s if timeout_s is not None else self.call_timeout_s)
+
+    def evict(self, trainer_version: int) -> list[GroupMeta]:
+        """Drop groups that can never be trained at ``trainer_version``."""
+        return self._call(self.controller.evict(trainer_version))
+
+    def select(
+        self, trainer_version: int, min_groups: int, max_groups: int, *, timeout_s: float | None = None
+    ) -> list[GroupMeta] | None:
+        """Wait for and take trainable groups; None once rollouts are exhausted."""
+        call = self.controller.select(trainer_version, min_groups, max_groups, timeout_s=timeout_s)
+        return self._call(call, None if timeout_s is None else timeout_s + 5)
+
+    def clear(self, groups: Sequence[GroupMeta]) -> None:
+        """Delete trained rows."""
+        self._call(self.controller.clear(groups))
+
+    def begin_refit(self, next_version: int) -> int:
+        """Close dispatch and abort doomed rollouts."""
+        return self._call(self.controller.begin_refit(next_version))
+
+    def finish_refit(self, version: int) -> None:
+        """Stamp the new version and reopen dispatch."""
+        self._call(self.controller.finish_refit(version))
+
+    def stats(self) -> ControllerStats:
+        """Counters of the controller."""
+        return self._call(_stats(self.controller))
+
+    def shutdown(self) -> None:
+        """Stop the pump, then the loop and its thread."""
+        if not self._loop.is_running():
+            return
+        self._call(self.controller.shutdown())
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout=self.call_timeout_s)
+        self._loop.close()
+
+
+class RayController:
+    """Runs a SingleController inside a CPU-only Ray actor; the handle's calls block with a deadline."""
+
+    def __init__(self, build: ControllerFactory, *, call_timeout_s: float = DEFAULT_CALL_TIMEOUT_S) -> None:
+        import ray
+
+        self._ray = ray
+        self.call_timeout_s = call_timeout_s
+        actor_class = ray.remote(num_cpus=0, num_gpus=0, max_concurrency=64)(SingleControllerActor)
+        self.actor = actor_class.remote(build)
+        self._get(self.actor.ready.remote())
+
+    def _get(self, ref: Any, timeout_s: float | None = None) -> Any:
+        return self._ray.get(ref, timeout=timeout_s if timeout_s is not None else self.call_timeout_s)
+
+    def evict(self, trainer_version: int) -> list[GroupMeta]:
+        """Drop groups that can never be trained at ``trainer_version``."""
+        return self._get(self.actor.evict.remote(trainer_version))
+
+    def select(
+        self, trainer_version: int, min_groups: int, max_groups: int, *, timeout_s: float | None = None
+    ) -> list[GroupMeta] | None:
+        """Wait for and take trainable groups; None once rollouts are exhausted."""
+        ref = self.actor.select.remote(trainer_version, min_groups, max_groups, timeout_s=timeout_s)
+        return self._get(ref, None if timeout_s is None else timeout_s + 30)
+
+    def clear(self, groups: Sequence[GroupMeta]) -> None:
+        """Delete trained rows."""
+        self._get(self.actor.clear.remote(list(groups)))
+
+    def begin_refit(self, next_version: int) -> int:
+        """Close dispatch and abort doomed rollouts."""
+        return self._get(self.actor.begin_refit.remote(next_version))
+
+    def finish_refit(self, version: int) -> None:
+        """Stamp the new version and reopen dispatch."""
+        self._get(self.actor.finish_refit.remote(version))
+
+    def stats(self) -> ControllerStats:
+        """Counters of the controller."""
+        return self._get(self.actor.stats.remote())
+
+    def shutdown(self) -> None:
+        """Stop the pump and kill the actor, so no Ray actor outlives the run."""
+        try:
+            self._get(self.actor.shutdown.remote(), timeout_s=60)
+        finally:
+            self._ray.kill(self.actor)
+
+
+class SingleControllerActor:
+    """The Ray actor body: builds the controller inside the actor and forwards the async train-side API."""
+
+    def __init__(self, build: ControllerFactory) -> None:
+        self._build = build
+        self.controller: SingleController | None = None
+
+    async def ready(self) -> bool:
+        """Build the controller and start its pump on the actor's event loop."""
+        self.controller = await _build_and_start(self._build)
+        return True
+
+    async def evict(self, trainer_version: int) -> list[GroupMeta]:
+        """See SingleController.evict."""
+        return await self._controller.evict(trainer_version)
+
+    async def select(
+        self, trainer_version: int, min_groups: int, max_groups: int, *, timeout_s: float | None = None
+    ) -> list[GroupMeta] | None:
+        """See SingleController.select."""
+        return await self._controller.select(trainer_version, min_groups, max_groups, timeout_s=timeout_s)
+
+    async def clear(self, groups: list[GroupMeta]) -> None:
+        """See SingleController.clear."""
+        await self._controller.clear(groups)
+
+    async def begin_refit(self, next_version: int) -> int:
+        """See SingleController.begin_refit."""
+        return await self._controller.begin_refit(next_version)
+
+    async def finish_refit(self, version: int) -> None:
+        """See SingleController.finish_refit."""
+        await self._controller.finish_refit(version)
+
+    async def stats(self) -> ControllerStats:
+        """See SingleController.stats."""
+        return self._controller.stats()
+
+    async def shutdown(self) -> None:
+        """See SingleController.shutdown."""
+        if self.controller is not None:
+            await self.controller.shutdown()
+
+    @property
+    def _controller(self) -> SingleController:
+        if self.controller is None:
+            raise RuntimeError("the controller actor was not started (call ready() first)")
+        return self.controller
+
+
+async def _build_and_start(build: ControllerFactory) -> SingleController:
+    controller = build()
+    await controller.start()
+    return controller
+
+
+async def _stats(controller: SingleController) -> ControllerStats:
+    return controller.stats()

@@ -1,0 +1,66 @@
+"""The data-plane contract: rows of tensors stored by key, read back strictly, cleared, and snapshotted.
+
+A data plane holds one partition of rows. Each row has a string key, any number of named fields (one tensor per
+row and field; per-token fields are 1-D and jagged across rows) and a dict of primitive tags. The rollout pump
+writes a group's rows once; later stages add fields to the same keys (column write-back); the trainer reads
+them by key with an explicit field list; consumed rows are cleared. Every backend behaves identically; the
+contract tests in ``tests/data_plane`` run against all of them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+
+import torch
+
+Columns = Mapping[str, Sequence[torch.Tensor]]
+"""Field name -> one tensor per row, in key order."""
+
+
+class DataPlaneError(RuntimeError):
+    """A data-plane operation failed; the message names the keys and fields involved."""
+
+
+class MissingRowsError(DataPlaneError, KeyError):
+    """A read named keys that are not stored, or fields that some requested rows do not have."""
+
+    def __str__(self) -> str:  # KeyError would repr() the message
+        return str(self.args[0]) if self.args else ""
+
+
+@runtime_checkable
+class DataPlane(Protocol):
+    """Rows of tensors by key: put, strict get, tags, clear, snapshot save/load."""
+
+    partition_id: str
+
+    def put(
+        self,
+        keys: Sequence[str],
+        fields: Columns | None = None,
+        tags: Sequence[Mapping[str, Any]] | None = None,
+    ) -> None:
+        """Create or update rows: write each field (copied) and merge each row's tags; all-or-nothing."""
+
+    def get(self, keys: Sequence[str], fields: Sequence[str]) -> dict[str, list[torch.Tensor]]:
+        """Read ``fields`` of ``keys`` (copies, in key order); MissingRowsError on any unknown key or field."""
+
+    def tags(self, keys: Sequence[str]) -> list[dict[str, Any]]:
+        """The merged tags of each key, in key order; MissingRowsError on unknown keys."""
+
+    def keys(self) -> list[str]:
+        """Every stored key."""
+
+    def clear(self, keys: Sequence[str]) -> None:
+        """Delete rows; unknown keys are ignored, so clearing twice is harmless."""
+
+    def save(self, directory: str | Path) -> None:
+        """Write a snapshot of every row (fields and tags) into ``directory``."""
+
+    def load(self, directory: str | Path) -> None:
+        """Replace the contents with a snapshot written by ``save``."""
+
+    def close(self) -> None:
+        """Release the backend's resources; idempotent."""

@@ -1,0 +1,135 @@
+"""RolloutManager.generate_and_push: one prompt group from dispatch to committed training rows.
+
+Per call: reserve a buffer slot stamped with the engine's current weight version, sample N completions of the
+prompt concurrently (each under ``generation_timeout_s``), score them with the environment (in a worker thread,
+under ``env_timeout_s``), and commit the group with the versions seen at start and end. Any failure or
+cancellation removes the slot, so the buffer never holds a group that will not commit. Retries and drop budgets
+(``async_rl.rollout_failure``) plug in around ``run_rollout`` in the resiliency layer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from sc_lightning.engines.base import GenerationEngine
+from sc_lightning.rollout.envs.base import Environment
+from sc_lightning.tokenizer import Tokenizer
+from sc_lightning.types import Generation, Prompt, SamplingParams, ScoredGroup
+
+
+class RolloutError(RuntimeError):
+    """A prompt group failed to roll out; names the prompt, the group and the engine."""
+
+    def __init__(self, message: str, *, prompt_id: str, group_id: str, engine: str) -> None:
+        super().__init__(f"prompt {prompt_id} (group {group_id}, engine {engine}): {message}")
+        self.prompt_id = prompt_id
+        self.group_id = group_id
+        self.engine = engine
+
+
+class RolloutTimeout(RolloutError):
+    """A generation request or an environment step outlived its deadline."""
+
+
+class GroupSink(Protocol):
+    """Where rollouts go: the replay buffer's reserve/commit/discard."""
+
+    def reserve(self, *, prompt_id: str, weight_version: int, target_step: int | None) -> str:
+        """Append an unready slot; returns the group id."""
+
+    async def commit(self, group_id: str, group: ScoredGroup, *, start_weight: int, end_weight: int) -> Any:
+        """Write the group's rows and flip its slot ready."""
+
+    def discard_if_present(self, group_id: str) -> Any:
+        """Drop a slot that will not commit."""
+
+
+@dataclass
+class RolloutSettings:
+    """How each prompt group is generated and scored."""
+
+    generations_per_prompt: int
+    sampling: SamplingParams
+    generation_timeout_s: float | None
+    env_timeout_s: float | None
+
+
+@dataclass
+class InflightGroup:
+    """A group being generated: the task doing it and the weight version it started on."""
+
+    task: asyncio.Task | None
+    start_weight: int
+    prompt_id: str
+
+
+@dataclass
+class RolloutManager:
+    """Turns prompts into committed prompt groups; tracks the groups in flight and the engine's weight version."""
+
+    engine: GenerationEngine
+    environment: Environment
+    tokenizer: Tokenizer
+    sink: GroupSink
+    settings: RolloutSettings
+    weight_version: int = 0
+    inflight: dict[str, InflightGroup] = field(default_factory=dict)
+
+    async def generate_and_push(self, prompt: Prompt, *, target_step: int | None = None) -> Any:
+        """Reserve, roll out and commit one prompt group; returns what the sink's commit returns."""
+        start = self.weight_version
+        group_id = self.sink.reserve(prompt_id=prompt.prompt_id, weight_version=start, target_step=target_step)
+        self.inflight[group_id] = InflightGroup(asyncio.current_task(), start, prompt.prompt_id)
+        try:
+            try:
+                group = await self.run_rollout(prompt, group_id)
+            finally:
+                self.inflight.pop(group_id, None)  # before commit, so an abort cannot interrupt the commit
+            return await self.sink.commit(group_id, group, start_weight=start, end_weight=self.weight_version)
+        except BaseException as exc:
+            self.sink.discard_if_present(group_id)
+            if isinstance(exc, RolloutError) or not isinstance(exc, Exception):
+                raise
+            raise self._error(f"{type(exc).__name__}: {exc}", prompt, group_id) from exc
+
+    async def run_rollout(self, prompt: Prompt, group_id: str) -> ScoredGroup:
+        """Generate N completions concurrently (the first failure cancels the rest) and score them."""
+        try:
+            async with asyncio.TaskGroup() as group:
+                tasks = [
+                    group.create_task(self._generate(prompt, group_id))
+                    for _ in range(self.settings.generations_per_prompt)
+                ]
+        except ExceptionGroup as failures:  # the first failure cancelled its siblings; report that one
+            raise failures.exceptions[0] from None
+        generations = [task.result() for task in tasks]
+        rewards = await self._score(prompt, group_id, [self.tokenizer.decode(g.token_ids) for g in generations])
+        return ScoredGroup(prompt, tuple(generations), tuple(rewards))
+
+    async def _generate(self, prompt: Prompt, group_id: str) -> Generation:
+        request = self.engine.generate(prompt.token_ids, self.settings.sampling)
+        try:
+            return await asyncio.wait_for(request, self.settings.generation_timeout_s)
+        except TimeoutError:
+            limit = self.settings.generation_timeout_s
+            raise self._error(
+                f"generation exceeded generation_timeout_s={limit}", prompt, group_id, RolloutTimeout
+            ) from None
+
+    async def _score(self, prompt: Prompt, group_id: str, texts: Sequence[str]) -> list[float]:
+        scoring = asyncio.to_thread(lambda: [float(self.environment.score(prompt, text)) for text in texts])
+        try:
+            return await asyncio.wait_for(scoring, self.settings.env_timeout_s)
+        except TimeoutError:
+            limit = self.settings.env_timeout_s
+            raise self._error(
+                f"environment {self.environment.name} exceeded env_timeout_s={limit}", prompt, group_id, RolloutTimeout
+            ) from None
+
+    def _error(
+        self, message: str, prompt: Prompt, group_id: str, kind: type[RolloutError] = RolloutError
+    ) -> RolloutError:
+        return kind(message, prompt_id=prompt.prompt_id, group_id=group_id, engine=self.engine.name)

@@ -1,0 +1,67 @@
+"""Records shared across the package: prompts, sampling settings, generations and scored groups.
+
+Plain frozen dataclasses (stdlib only), so they pickle cheaply across Ray and never pull in a framework.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+FinishReason = Literal["stop", "length", "abort"]
+
+
+@dataclass(frozen=True)
+class Prompt:
+    """One dataset prompt: its token ids and what the environment needs to score a completion of it."""
+
+    prompt_id: str
+    token_ids: tuple[int, ...]
+    text: str = ""
+    answer: str | None = None
+    task: str = ""
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How an engine samples one completion."""
+
+    max_new_tokens: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int | None = None
+    seed: int | None = None
+
+
+@dataclass(frozen=True)
+class Generation:
+    """One completion from an engine: its tokens, their log-probabilities under the engine, and why it ended."""
+
+    token_ids: tuple[int, ...]
+    logprobs: tuple[float, ...]
+    finish_reason: FinishReason
+    weight_version: int
+
+    def __post_init__(self) -> None:
+        if len(self.token_ids) != len(self.logprobs):
+            raise ValueError(
+                f"a generation needs one logprob per token, got {len(self.token_ids)} tokens "
+                f"and {len(self.logprobs)} logprobs"
+            )
+
+
+@dataclass(frozen=True)
+class ScoredGroup:
+    """The finished rollout of one prompt: N generations of it and the environment's reward for each."""
+
+    prompt: Prompt
+    generations: tuple[Generation, ...]
+    rewards: tuple[float, ...]
+
+    def __post_init__(self) -> None:
+        if len(self.generations) != len(self.rewards):
+            raise ValueError(
+                f"prompt {self.prompt.prompt_id}: {len(self.generations)} generations but {len(self.rewards)} rewards"
+            )
