@@ -109,11 +109,12 @@ class TQReplayBuffer:
 
     def take(self, indices: Iterable[int]) -> list[GroupMeta]:
         """Remove ready slots at ``indices`` (their rows stay in the data plane) and return their metadata."""
-        chosen = self._checked(indices)
-        metas = [self.slots[i].meta for i in chosen]
+        order = list(dict.fromkeys(indices))  # the caller's preference order, without repeats
+        self._checked(order)
+        metas = [self.slots[i].meta for i in order]
         if any(meta is None for meta in metas):
             raise BufferError("only committed groups can be taken for training")
-        self._delete(chosen)
+        self._delete(sorted(order))
         return [meta for meta in metas if meta is not None]
 
     async def evict(self, indices: Iterable[int]) -> list[GroupMeta]:

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from sc_lightning.controller.buffer import GroupMeta, TQReplayBuffer
@@ -121,6 +121,7 @@ class SingleController:
         task = group.create_task(self._dispatch_one(prompt, target, started), name=f"rollout {prompt.prompt_id}")
         task.add_done_callback(lambda t: None if started.is_set() else self._release_both())
         self._counts["dispatched"] += 1
+        await self._notify()
 
     def _release_both(self) -> None:
         self.buffer_permits.release()
@@ -148,6 +149,11 @@ class SingleController:
         self._last_progress = time.monotonic()
         async with self._changed:
             self._changed.notify_all()
+
+    async def wait_until(self, predicate: Callable[[], bool], timeout_s: float) -> None:
+        """Wait until ``predicate()`` holds, re-checking whenever the controller's state changes."""
+        async with self._changed:
+            await asyncio.wait_for(self._changed.wait_for(predicate), timeout_s)
 
     def raise_if_failed(self) -> None:
         """Raise the rollout pump's failure, naming the prompt and group that failed."""

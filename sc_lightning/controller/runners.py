@@ -142,11 +142,15 @@ class RayController:
         return self._get(self.actor.stats.remote())
 
     def shutdown(self) -> None:
-        """Stop the pump and kill the actor, so no Ray actor outlives the run."""
+        """Stop the pump and end the actor (in order after its pending calls), so no Ray actor outlives the run."""
         try:
             self._get(self.actor.shutdown.remote(), timeout_s=60)
+            try:
+                self._get(self.actor.__ray_terminate__.remote(), timeout_s=60)
+            except self._ray.exceptions.RayActorError:
+                pass  # the actor exited while answering: what we asked for
         finally:
-            self._ray.kill(self.actor)
+            self._ray.kill(self.actor)  # a no-op once it has exited; the last resort when it is stuck
 
 
 class SingleControllerActor:

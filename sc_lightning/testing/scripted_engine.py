@@ -36,7 +36,8 @@ class ScriptedEngine:
         self.updates: list[int] = []
         self._version = 0
         self._gates: dict[tuple[int, ...], asyncio.Event] = {}
-        self.waiting: dict[tuple[int, ...], int] = {}
+        self.waiting = 0
+        self._arrivals: asyncio.Condition | None = None
 
     @property
     def weight_version(self) -> int:
@@ -45,6 +46,16 @@ class ScriptedEngine:
 
     def _gate(self, prompt: tuple[int, ...]) -> asyncio.Event:
         return self._gates.setdefault(prompt, asyncio.Event())
+
+    def _arrival_condition(self) -> asyncio.Condition:
+        if self._arrivals is None:
+            self._arrivals = asyncio.Condition()
+        return self._arrivals
+
+    async def wait_for_requests(self, count: int, timeout_s: float) -> None:
+        """Wait until ``count`` requests are parked at their gates (gated mode)."""
+        async with self._arrival_condition():
+            await asyncio.wait_for(self._arrival_condition().wait_for(lambda: self.waiting >= count), timeout_s)
 
     def release(self, prompt: tuple[int, ...]) -> None:
         """Let every request of ``prompt`` finish (gated mode); call on the engine's event loop."""
@@ -57,7 +68,9 @@ class ScriptedEngine:
         if self.fail_on is not None and call == self.fail_on:
             raise EngineError(f"{self.name}: scripted failure on request {call}")
         if self.gated:
-            self.waiting[prompt_token_ids] = self.waiting.get(prompt_token_ids, 0) + 1
+            async with self._arrival_condition():
+                self.waiting += 1
+                self._arrival_condition().notify_all()
             await self._gate(prompt_token_ids).wait()
         tokens = tuple(self.respond(prompt_token_ids, call))[: sampling.max_new_tokens]
         finish = "length" if len(tokens) == sampling.max_new_tokens else "stop"

@@ -1,0 +1,1 @@
+"""The rollout side: prompt datasets and streams, and the environments that score completions."""

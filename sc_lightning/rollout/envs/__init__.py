@@ -1,0 +1,36 @@
+"""Environments (reward functions) and ``build_environment``, which picks one by ``env.name``."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from sc_lightning.rollout.envs.arithmetic import ArithmeticEnvironment
+from sc_lightning.rollout.envs.base import Environment, RewardError
+from sc_lightning.rollout.envs.math import MathEnvironment
+
+if TYPE_CHECKING:
+    from sc_lightning.config.runtime import EnvConfig
+
+ENVIRONMENTS: dict[str, Callable[[], Environment]] = {
+    "arithmetic": ArithmeticEnvironment,
+    "math": MathEnvironment,
+}
+
+
+def build_environment(cfg: EnvConfig) -> Environment:
+    """The built-in environment named ``cfg.name``; RewardError listing the known names for any other."""
+    factory = ENVIRONMENTS.get(cfg.name)
+    if factory is None:
+        raise RewardError(f"unknown environment {cfg.name!r} (env.name); known: {', '.join(sorted(ENVIRONMENTS))}")
+    return factory()
+
+
+__all__ = [
+    "ENVIRONMENTS",
+    "ArithmeticEnvironment",
+    "Environment",
+    "MathEnvironment",
+    "RewardError",
+    "build_environment",
+]

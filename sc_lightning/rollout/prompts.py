@@ -1,0 +1,120 @@
+"""``PromptStream``: fixed-size batches of prompts over epochs, reshuffled per epoch, resumable from a state dict."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator
+from typing import Any
+
+from sc_lightning.rollout.datasets import PromptDataset
+from sc_lightning.types import Prompt
+
+_STATE_VERSION = 1
+
+
+class PromptStream:
+    """Yields batches of exactly ``batch_size`` prompts for ``max_epochs`` epochs, then stops.
+
+    Each epoch visits the dataset in an order that depends only on ``(seed, epoch)`` (the identity order when
+    ``shuffle`` is false) and drops its last partial batch. The stream is its own iterator: ``epoch`` and
+    ``position`` always name the *next* batch, so ``state_dict()`` taken after any batch and loaded into a fresh
+    stream over the same dataset continues with exactly the batches an uninterrupted run would have yielded.
+    """
+
+    def __init__(self, dataset: PromptDataset, batch_size: int, *, shuffle: bool, seed: int, max_epochs: int) -> None:
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        if max_epochs < 1:
+            raise ValueError(f"max_epochs must be >= 1, got {max_epochs}")
+        if len(dataset) < batch_size:
+            raise ValueError(f"the dataset has {len(dataset)} prompts, fewer than one batch of {batch_size}")
+        self.dataset = dataset
+        self.batch_size = batch_size
+        self.shuffle = shuffle
+        self.seed = seed
+        self.max_epochs = max_epochs
+        self._epoch = 0
+        self._position = 0
+        self._order_epoch = -1
+        self._order: list[int] = []
+
+    def __len__(self) -> int:
+        """Batches per epoch (the last partial batch is dropped)."""
+        return len(self.dataset) // self.batch_size
+
+    @property
+    def epoch(self) -> int:
+        """Epoch of the next batch (0-based); equals ``max_epochs`` once the stream is exhausted."""
+        return self._epoch
+
+    @property
+    def position(self) -> int:
+        """Index of the next batch within its epoch."""
+        return self._position
+
+    @property
+    def exhausted(self) -> bool:
+        """Whether all ``max_epochs`` epochs have been yielded."""
+        return self._epoch >= self.max_epochs
+
+    @property
+    def batches_yielded(self) -> int:
+        """Batches yielded since the start of the run (resumed runs included)."""
+        return self._epoch * len(self) + self._position
+
+    def epoch_order(self, epoch: int) -> list[int]:
+        """Dataset indices in the order epoch ``epoch`` visits them (a deterministic function of seed and epoch)."""
+        order = list(range(len(self.dataset)))
+        if self.shuffle:
+            random.Random(f"prompt-stream:{self.seed}:{epoch}").shuffle(order)
+        return order
+
+    def __iter__(self) -> Iterator[list[Prompt]]:
+        return self
+
+    def __next__(self) -> list[Prompt]:
+        if self.exhausted:
+            raise StopIteration
+        if self._order_epoch != self._epoch:
+            self._order = self.epoch_order(self._epoch)
+            self._order_epoch = self._epoch
+        start = self._position * self.batch_size
+        batch = [self.dataset[i] for i in self._order[start : start + self.batch_size]]
+        self._position += 1
+        if self._position >= len(self):
+            self._epoch += 1
+            self._position = 0
+        return batch
+
+    def state_dict(self) -> dict[str, Any]:
+        """Where the stream stands (the next batch) and the settings a resume must match; plain JSON-able data."""
+        return {
+            "version": _STATE_VERSION,
+            "epoch": self._epoch,
+            "position": self._position,
+            "seed": self.seed,
+            "shuffle": self.shuffle,
+            "batch_size": self.batch_size,
+            "dataset_size": len(self.dataset),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from ``state``; ValueError when it was written with another seed, shuffle, batch or dataset size."""
+        if state.get("version") != _STATE_VERSION:
+            raise ValueError(f"unsupported PromptStream state version {state.get('version')!r}")
+        mine = {"seed": self.seed, "shuffle": self.shuffle, "batch_size": self.batch_size}
+        mine["dataset_size"] = len(self.dataset)
+        changed = {k: (state.get(k), v) for k, v in mine.items() if state.get(k) != v}
+        if changed:
+            detail = ", ".join(f"{k}: saved {old!r}, now {new!r}" for k, (old, new) in changed.items())
+            raise ValueError(f"cannot resume the prompt stream with different settings ({detail})")
+        epoch, position = int(state["epoch"]), int(state["position"])
+        if epoch < 0 or not 0 <= position < len(self):
+            raise ValueError(f"invalid prompt stream position: epoch {epoch}, batch {position} of {len(self)}")
+        self._epoch, self._position = epoch, position
+
+    def __repr__(self) -> str:
+        return (
+            f"PromptStream(batch_size={self.batch_size}, shuffle={self.shuffle}, seed={self.seed}, "
+            f"max_epochs={self.max_epochs}, epoch={self._epoch}, position={self._position})"
+        )

@@ -1,0 +1,183 @@
+"""Tokenizers: the small contract the rollout side needs, a built-in character tokenizer and a Hugging Face adapter.
+
+``load_tokenizer("builtin:char")`` (or ``"builtin:tiny"``, the tiny model's name) gives the deterministic
+:class:`CharTokenizer`; any other name is loaded with ``transformers.AutoTokenizer`` from local files or the
+Hugging Face cache only (never the network).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Protocol, runtime_checkable
+
+BUILTIN_TOKENIZER_NAMES = ("builtin:char", "builtin:tiny")
+
+
+@runtime_checkable
+class Tokenizer(Protocol):
+    """Turns text into token ids and back; exposes the special ids and the vocabulary size."""
+
+    @property
+    def eos_token_id(self) -> int:
+        """Id that ends a completion."""
+
+    @property
+    def pad_token_id(self) -> int:
+        """Id used to pad batches (may equal ``eos_token_id``)."""
+
+    @property
+    def bos_token_id(self) -> int | None:
+        """Id that starts a sequence, or None when the tokenizer has none."""
+
+    @property
+    def vocab_size(self) -> int:
+        """Number of ids the tokenizer can produce (every id is in ``range(vocab_size)``)."""
+
+    def encode(self, text: str) -> list[int]:
+        """Token ids of ``text``, without any special tokens."""
+
+    def decode(self, ids: Sequence[int]) -> str:
+        """Text of ``ids``, with special tokens left out."""
+
+
+class TokenizerLoadError(OSError):
+    """A tokenizer could not be loaded; the message names the model or path that was asked for."""
+
+
+class CharTokenizer:
+    """A tiny deterministic character tokenizer for the built-in arithmetic tasks.
+
+    Ids: 0 = pad, 1 = eos, 2 = bos, then one id per character of ``"0123456789+-*= "`` (ids 3..17);
+    ``vocab_size`` is 18. ``decode`` skips the special ids and renders any id outside the vocabulary as
+    U+FFFD (a model whose embedding table is padded past 18 rows can sample such ids).
+    """
+
+    PAD = 0
+    EOS = 1
+    BOS = 2
+    CHARS = "0123456789+-*= "
+    UNKNOWN = "\ufffd"
+
+    def __init__(self) -> None:
+        self._first = 3
+        self._to_id = {ch: self._first + i for i, ch in enumerate(self.CHARS)}
+
+    @property
+    def eos_token_id(self) -> int:
+        """Id that ends a completion (1)."""
+        return self.EOS
+
+    @property
+    def pad_token_id(self) -> int:
+        """Padding id (0)."""
+        return self.PAD
+
+    @property
+    def bos_token_id(self) -> int:
+        """Start-of-sequence id (2)."""
+        return self.BOS
+
+    @property
+    def vocab_size(self) -> int:
+        """Number of ids: three special ids plus one per character (18)."""
+        return self._first + len(self.CHARS)
+
+    def encode(self, text: str) -> list[int]:
+        """Ids of the characters of ``text``; a character outside the alphabet is a ValueError."""
+        try:
+            return [self._to_id[ch] for ch in text]
+        except KeyError as err:
+            raise ValueError(
+                f"CharTokenizer cannot encode {err.args[0]!r} in {text!r}; its alphabet is {self.CHARS!r}"
+            ) from None
+
+    def decode(self, ids: Sequence[int]) -> str:
+        """Text of ``ids``: special ids are skipped, ids outside the vocabulary become U+FFFD."""
+        out = []
+        for raw in ids:
+            i = int(raw)
+            if i in (self.PAD, self.EOS, self.BOS):
+                continue
+            j = i - self._first
+            out.append(self.CHARS[j] if 0 <= j < len(self.CHARS) else self.UNKNOWN)
+        return "".join(out)
+
+    def __repr__(self) -> str:
+        return "CharTokenizer()"
+
+
+class HuggingFaceTokenizer:
+    """Adapter from a ``transformers`` tokenizer to :class:`Tokenizer`.
+
+    ``encode`` adds no special tokens (datasets add the bos themselves); ``decode`` skips special tokens.
+    When the tokenizer has no pad token, the eos id is used for padding.
+    """
+
+    def __init__(self, hf_tokenizer: Any, name: str = "") -> None:
+        self._tok = hf_tokenizer
+        self.name = name or str(getattr(hf_tokenizer, "name_or_path", ""))
+        eos = hf_tokenizer.eos_token_id
+        if eos is None:
+            raise TokenizerLoadError(f"tokenizer of {self.name!r} has no eos token; a completion could never end")
+        self._eos = int(eos)
+        pad = hf_tokenizer.pad_token_id
+        self._pad = int(pad) if pad is not None else self._eos
+        bos = hf_tokenizer.bos_token_id
+        self._bos = int(bos) if bos is not None else None
+
+    @classmethod
+    def from_pretrained(cls, name: str) -> HuggingFaceTokenizer:
+        """Load ``name`` (a Hugging Face id or a local path) from local files or the HF cache, never the network."""
+        try:
+            from transformers import AutoTokenizer
+        except ImportError as err:  # pragma: no cover - transformers is a dependency
+            raise TokenizerLoadError(f"loading tokenizer {name!r} needs transformers: {err}") from err
+        try:
+            tok = AutoTokenizer.from_pretrained(name, local_files_only=True)
+        except Exception as err:
+            raise TokenizerLoadError(
+                f"could not load the tokenizer of model {name!r} from local files or the Hugging Face cache "
+                f"(no network is used at runtime; download it beforehand or give a local path): "
+                f"{type(err).__name__}: {err}"
+            ) from err
+        return cls(tok, name)
+
+    @property
+    def eos_token_id(self) -> int:
+        """The tokenizer's eos id."""
+        return self._eos
+
+    @property
+    def pad_token_id(self) -> int:
+        """The tokenizer's pad id, or its eos id when it has none."""
+        return self._pad
+
+    @property
+    def bos_token_id(self) -> int | None:
+        """The tokenizer's bos id, or None."""
+        return self._bos
+
+    @property
+    def vocab_size(self) -> int:
+        """Number of ids including added tokens (``len(tokenizer)``)."""
+        return len(self._tok)
+
+    def encode(self, text: str) -> list[int]:
+        """Token ids of ``text`` without special tokens."""
+        return list(self._tok.encode(text, add_special_tokens=False))
+
+    def decode(self, ids: Sequence[int]) -> str:
+        """Text of ``ids`` with special tokens skipped."""
+        return str(self._tok.decode([int(i) for i in ids], skip_special_tokens=True))
+
+    def __repr__(self) -> str:
+        return f"HuggingFaceTokenizer({self.name!r})"
+
+
+def load_tokenizer(name: str) -> Tokenizer:
+    """The tokenizer called ``name``: ``builtin:char``/``builtin:tiny`` give CharTokenizer, others load from HF."""
+    if name in BUILTIN_TOKENIZER_NAMES:
+        return CharTokenizer()
+    if name.startswith("builtin:"):
+        raise TokenizerLoadError(f"unknown built-in tokenizer {name!r}; known: {', '.join(BUILTIN_TOKENIZER_NAMES)}")
+    return HuggingFaceTokenizer.from_pretrained(name)

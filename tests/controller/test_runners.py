@@ -1,0 +1,73 @@
+"""The same scenario through both homes of the controller: a background thread and a Ray actor."""
+
+from __future__ import annotations
+
+import pytest
+
+from sc_lightning.controller.runners import ControllerClient, LocalController, RayController
+from sc_lightning.data_plane.memory import MemoryDataPlane
+from sc_lightning.rollout.datasets import ArithmeticDataset
+from sc_lightning.rollout.envs.arithmetic import ArithmeticEnvironment
+from sc_lightning.testing.scripted_engine import ScriptedEngine
+from tests.conftest import REPO
+from tests.controller.test_controller import TOKENIZER, answer_correctly, config
+
+
+def build():
+    """Runs inside the controller's home: everything, the in-process data plane included, is built there."""
+    from sc_lightning.controller.build import build_controller
+
+    return build_controller(
+        config({"name": "in_order", "max_lookahead_versions": 1}, buffered=4),
+        data_plane=MemoryDataPlane(),
+        engine=ScriptedEngine(answer_correctly),
+        environment=ArithmeticEnvironment(),
+        tokenizer=TOKENIZER,
+        dataset=ArithmeticDataset(8, 0, TOKENIZER),
+    )
+
+
+def scenario(client: ControllerClient) -> list[tuple[str, int | None, int]]:
+    """Four steps of two groups each, then exhaustion; returns (prompt, target, start weight) per trained group."""
+    trained = []
+    try:
+        for version in range(4):
+            chunk = client.select(version, 2, 2, timeout_s=60)
+            assert chunk is not None
+            client.clear(chunk)
+            trained += [(g.prompt_id, g.target_step, g.start_weight) for g in chunk]
+            client.begin_refit(version + 1)
+            client.finish_refit(version + 1)
+        assert client.select(4, 2, 2, timeout_s=60) is None
+        stats = client.stats()
+        assert (stats.committed, stats.selected, stats.buffer_permits_held) == (8, 8, 0)
+    finally:
+        client.shutdown()
+    return trained
+
+
+@pytest.fixture(scope="module")
+def ray_cluster():
+    import ray
+
+    # the actor unpickles build() by reference: its worker must import this repository's modules
+    ray.init(
+        num_cpus=2,
+        include_dashboard=False,
+        log_to_driver=False,
+        runtime_env={"env_vars": {"PYTHONPATH": str(REPO)}},
+    )
+    yield ray
+    ray.shutdown()
+
+
+@pytest.mark.slow
+def test_thread_and_ray_actor_run_the_same_scenario_identically(ray_cluster) -> None:
+    local = scenario(LocalController(build))
+    ray_client = RayController(build)
+    remote = scenario(ray_client)
+    targets = [target for _, target, _ in local]
+    assert targets == [0, 0, 1, 1, 2, 2, 3, 3]
+    assert local == remote  # same seeds, same prompts, same stamps, same weights
+    with pytest.raises(ray_cluster.exceptions.RayActorError):  # shutdown left no actor behind
+        ray_cluster.get(ray_client.actor.stats.remote(), timeout=30)

@@ -1,0 +1,200 @@
+"""The samplers: admit gating, select and evict per knob, out-of-order completion, cursor resume, capacity."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from sc_lightning.config import samplers as cfg
+from sc_lightning.controller.samplers import (
+    InOrderSampler,
+    ReadyFirstSampler,
+    SamplerError,
+    WeightFifoSampler,
+    WindowedSampler,
+    create_sampler,
+)
+from tests.controller.helpers import add, names, new_buffer
+
+
+def select(sampler, version: int, min_groups: int = 1, max_groups: int = 8):
+    return asyncio.run(sampler.select(trainer_version=version, min_groups=min_groups, max_groups=max_groups))
+
+
+def evict(sampler, version: int):
+    return asyncio.run(sampler.evict(trainer_version=version))
+
+
+def spec_picture_buffer():
+    """The spec's picture, written out: one buffer at trainer weight 2, num_prompts_per_step = 2.
+
+        dispatch order ─►   B2     C1        C2     D1     D2     E1
+        start_weight         0      1         1      1      1      2
+        target_step          1      2         2      3      3      4
+        state              ready  running   ready  ready  ready  ready
+
+    B2 is a straggler of step 1's batch that finished late; C1 (step 2's other group) is still generating.
+    """
+    buffer = new_buffer()
+    add(buffer, "B2", start=0, target=1)
+    add(buffer, "C1", start=1, target=2, ready=False)
+    add(buffer, "C2", start=1, target=2)
+    add(buffer, "D1", start=1, target=3)
+    add(buffer, "D2", start=1, target=3)
+    add(buffer, "E1", start=2, target=4)
+    return buffer
+
+
+@pytest.mark.parametrize(
+    ("make", "evicted", "chosen"),
+    [
+        # in_order trains only step 2's groups: C2 now (C1 when it finishes); the late B2 is evicted (target 1 < 2)
+        (lambda b: InOrderSampler(b, gate_window=2), ["B2"], ["C2"]),
+        # weight_fifo drains the oldest in-window start_weight first: the straggler B2 (weight 0)
+        (lambda b: WeightFifoSampler(b, gate_window=2), [], ["B2"]),
+        # ready_first takes any ready group no newer than the trainer, in dispatch order, stragglers included
+        (lambda b: ReadyFirstSampler(b, gate_window=2), [], ["B2", "C2"]),
+        # windowed [0, 2] takes in-window groups in dispatch order ...
+        (lambda b: WindowedSampler(b, max_staleness_versions=2, sample_freshest_first=False), [], ["B2", "C2"]),
+        # ... or the freshest first (E1 at lag 0, then the lag-1 groups in dispatch order)
+        (lambda b: WindowedSampler(b, max_staleness_versions=2, sample_freshest_first=True), [], ["E1", "C2"]),
+        # a narrower window [1, 2] evicts the straggler instead
+        (lambda b: WindowedSampler(b, max_staleness_versions=1, sample_freshest_first=False), ["B2"], ["C2", "D1"]),
+    ],
+    ids=["in_order", "weight_fifo", "ready_first", "windowed", "windowed_freshest", "windowed_S1"],
+)
+def test_same_buffer_four_different_training_batches(make, evicted, chosen) -> None:
+    buffer = spec_picture_buffer()
+    sampler = make(buffer)
+    assert names(evict(sampler, 2)) == evicted
+    assert names(select(sampler, 2, min_groups=1, max_groups=2)) == chosen
+    assert not set(chosen) & {s.prompt_id for s in buffer.slots}, "selected groups leave the buffer"
+
+
+@pytest.mark.parametrize("window", [0, 1, 3])
+@pytest.mark.parametrize("kind", [InOrderSampler, WeightFifoSampler, ReadyFirstSampler])
+def test_gated_admission_leads_by_the_window(kind, window) -> None:
+    sampler = kind(new_buffer(), gate_window=window)
+    admitted = 0
+    while sampler.can_admit(0):
+        stamp = sampler.admit()
+        assert stamp == (admitted if kind is InOrderSampler else None)
+        admitted += 1
+    assert admitted == window + 1  # batches for versions 0..window
+    assert sampler.can_admit(1) and sampler.dispatch_index == window
+    assert sampler.required_buffer_capacity(4) == 4 * (window + 1)
+
+
+def test_windowed_admission_is_ungated() -> None:
+    sampler = WindowedSampler(new_buffer(), max_staleness_versions=1, sample_freshest_first=False)
+    for _ in range(50):
+        assert sampler.can_admit(0)
+        assert sampler.admit() is None
+    assert sampler.required_buffer_capacity(4) is None
+
+
+def test_dispatch_cursor_resumes_exactly() -> None:
+    sampler = InOrderSampler(new_buffer(), gate_window=1)
+    sampler.restore_dispatch_index(4)  # batches 0..4 were admitted before the restart
+    assert not sampler.can_admit(3) and sampler.can_admit(4)
+    assert sampler.admit() == 5
+    with pytest.raises(SamplerError, match=">= -1"):
+        sampler.restore_dispatch_index(-2)
+
+
+def test_in_order_never_selects_another_step_and_evicts_on_target() -> None:
+    buffer = new_buffer()
+    sampler = InOrderSampler(buffer, gate_window=1)
+    add(buffer, "old", start=0, target=0)
+    add(buffer, "now", start=0, target=1)  # an old weight but this step's stamp: kept and trained
+    add(buffer, "late", start=1, target=0, ready=False)  # unready: never evicted under a running commit
+    add(buffer, "next", start=1, target=2)
+    assert names(evict(sampler, 1)) == ["old"]
+    assert names(select(sampler, 1)) == ["now"]
+    assert select(sampler, 1) is None
+    assert [s.prompt_id for s in buffer.slots] == ["late", "next"]
+
+
+def test_weight_fifo_waits_for_the_oldest_weight_instead_of_skipping_ahead() -> None:
+    buffer = new_buffer()
+    sampler = WeightFifoSampler(buffer, gate_window=1)
+    add(buffer, "w0-running", start=0, ready=False)
+    add(buffer, "w0-done", start=0)
+    add(buffer, "w1-done", start=1)
+    assert names(select(sampler, 1, min_groups=2, max_groups=2)) == []  # None: weight 0's batch is not full
+    assert names(select(sampler, 1, min_groups=1, max_groups=2)) == ["w0-done"]  # never w1 while w0 is open
+    assert names(evict(sampler, 2)) == []  # w1 is in [1, 2]; w0-running is unready
+    assert names(evict(sampler, 3)) == ["w1-done"]
+
+
+def test_ready_first_never_evicts_and_never_takes_a_newer_weight() -> None:
+    buffer = new_buffer()
+    sampler = ReadyFirstSampler(buffer, gate_window=1)
+    add(buffer, "ancient", start=0)
+    add(buffer, "future", start=5)
+    assert evict(sampler, 4) == []
+    assert names(select(sampler, 4)) == ["ancient"]
+    assert not sampler.is_on_policy
+
+
+def test_windowed_evicts_outside_the_window_and_aborts_doomed_inflight() -> None:
+    buffer = new_buffer()
+    sampler = WindowedSampler(buffer, max_staleness_versions=1, sample_freshest_first=False)
+    add(buffer, "w0", start=0)
+    add(buffer, "w1", start=1)
+    add(buffer, "w2", start=2)
+    assert names(evict(sampler, 2)) == ["w0"]
+    assert names(select(sampler, 2)) == ["w1", "w2"]
+    assert sampler.should_abort_inflight(start_weight=0, trainer_version=2)
+    assert not sampler.should_abort_inflight(start_weight=1, trainer_version=2)
+    assert not InOrderSampler(new_buffer(), gate_window=0).should_abort_inflight(start_weight=0, trainer_version=9)
+
+
+def test_freshest_first_breaks_ties_in_dispatch_order() -> None:
+    buffer = new_buffer()
+    sampler = WindowedSampler(buffer, max_staleness_versions=3, sample_freshest_first=True)
+    for name, start in [("a1", 1), ("b3", 3), ("c2", 2), ("d3", 3), ("e1", 1)]:
+        add(buffer, name, start=start)
+    assert names(select(sampler, 3, max_groups=5)) == ["b3", "d3", "c2", "a1", "e1"]
+
+
+def test_min_and_max_groups() -> None:
+    buffer = new_buffer()
+    sampler = ReadyFirstSampler(buffer, gate_window=0)
+    for i in range(5):
+        add(buffer, f"g{i}", start=0)
+    assert select(sampler, 0, min_groups=6, max_groups=8) is None  # greedy but never below min
+    assert names(select(sampler, 0, min_groups=2, max_groups=3)) == ["g0", "g1", "g2"]
+    assert names(select(sampler, 0, min_groups=1, max_groups=8)) == ["g3", "g4"]
+    with pytest.raises(SamplerError, match="min_groups must be >= 1"):
+        select(sampler, 0, min_groups=0)
+    with pytest.raises(SamplerError, match=r"max_groups \(1\) must be >= min_groups \(2\)"):
+        select(sampler, 0, min_groups=2, max_groups=1)
+
+
+def test_on_policy_flags() -> None:
+    assert InOrderSampler(new_buffer(), gate_window=0).is_on_policy
+    assert not InOrderSampler(new_buffer(), gate_window=1).is_on_policy
+    assert WindowedSampler(new_buffer(), max_staleness_versions=0, sample_freshest_first=False).is_on_policy
+
+
+def test_create_sampler_from_config() -> None:
+    buffer = new_buffer()
+    sampler = create_sampler(buffer, cfg.InOrderSampler(max_lookahead_versions=0, warmup_lookahead_versions=2))
+    assert isinstance(sampler, InOrderSampler) and sampler.required_buffer_capacity(4) == 12
+    windowed = create_sampler(buffer, cfg.WindowedSampler(max_staleness_versions=2, sample_freshest_first=True))
+    assert isinstance(windowed, WindowedSampler) and windowed.sample_freshest_first
+
+
+def test_custom_sampler_gets_kwargs_and_is_type_checked() -> None:
+    buffer = new_buffer()
+    custom = cfg.CustomSampler(target="tests.controller.custom:LatestOnly", init_args={"keep": 3})
+    sampler = create_sampler(buffer, custom)
+    assert sampler.keep == 3 and sampler.buffer is buffer
+    broken = cfg.CustomSampler(target="tests.config.custom_samplers:CapableSampler")
+    with pytest.raises(SamplerError, match="cannot build it"):
+        create_sampler(buffer, broken)
+    incomplete = cfg.CustomSampler(target="tests.controller.custom:Incomplete")
+    with pytest.raises(SamplerError, match="lacks .*can_admit, admit, select, evict"):
+        create_sampler(buffer, incomplete)
