@@ -1,0 +1,372 @@
+"""Hugging Face (Llama / Qwen2) <-> megatron-core ``GPTModel`` weights, in both directions, tensor- and pipeline-aware.
+
+Layout of the megatron side (local layer spec), per TP rank ``r`` of ``tp``:
+
+- ``embedding.word_embeddings.weight`` / ``output_layer.weight``: the vocabulary, zero-padded to
+  ``spec.padded_vocab_size(tp)`` rows, split in ``tp`` contiguous row blocks. Tied embeddings have no
+  ``output_layer`` (except on a last pipeline stage that is not also the first, which holds a copy).
+- ``self_attention.linear_qkv``: q, k, v interleaved per KV group, ``[g0: q_0..q_{h/g-1} k v | g1: ... ]``,
+  split in row blocks of whole groups (weights ``[rows, hidden]`` and Qwen2 biases ``[rows]``).
+- ``mlp.linear_fc1``: ``[gate_r; up_r]`` where ``gate_r``/``up_r`` are this rank's row blocks of gate/up.
+- ``self_attention.linear_proj`` / ``mlp.linear_fc2``: column blocks. Norms are replicated.
+- Pipeline stage ``p`` of ``pp`` numbers its layers from 0; global layer = ``p * num_layers // pp + local``.
+
+``_extra_state`` entries (Transformer Engine metadata) are ignored, and both norm spellings (local spec
+``input_layernorm``/``pre_mlp_layernorm`` and TE's fused ``layer_norm_weight``) are read on export.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+from torch import Tensor
+
+from sc_lightning.models.spec import ModelSpec
+
+Kind = Literal["vocab", "norm", "qkv", "row", "fc1"]
+_TE_NORM_SPELLINGS = {
+    "input_layernorm.weight": "self_attention.linear_qkv.layer_norm_weight",
+    "pre_mlp_layernorm.weight": "mlp.linear_fc1.layer_norm_weight",
+}
+_IGNORED_HF_SUFFIXES = ("rotary_emb.inv_freq",)
+
+
+@dataclass(frozen=True)
+class ParamMapping:
+    """One megatron parameter and the Hugging Face tensors it is made of."""
+
+    mcore: str
+    hf: tuple[str, ...]
+    kind: Kind
+
+
+def mcore_spec_from_hf_config(hf_config: Any) -> ModelSpec:
+    """The :class:`ModelSpec` of a Llama/Qwen2 ``transformers`` config (object, or its ``config.json`` dict)."""
+    cfg = hf_config if not isinstance(hf_config, Mapping) else _config_from_dict(hf_config)
+    model_type = getattr(cfg, "model_type", None)
+    if model_type not in ("llama", "qwen2"):
+        raise NotImplementedError(f"unsupported model_type {model_type!r}; sc_lightning converts llama and qwen2")
+    if getattr(cfg, "hidden_act", "silu") != "silu":
+        raise NotImplementedError(f"unsupported hidden_act {cfg.hidden_act!r}; only SwiGLU (silu) models convert")
+    if getattr(cfg, "mlp_bias", False) or (model_type == "llama" and getattr(cfg, "attention_bias", False)):
+        raise NotImplementedError("Llama with attention_bias/mlp_bias has o_proj/MLP biases megatron cannot hold")
+    if model_type == "qwen2" and getattr(cfg, "use_sliding_window", False):
+        raise NotImplementedError("Qwen2 sliding-window attention is not supported")
+    theta, scaling = _rope_settings(cfg)
+    heads = cfg.num_attention_heads
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
+    return ModelSpec(
+        vocab_size=cfg.vocab_size,
+        hidden_size=cfg.hidden_size,
+        num_layers=cfg.num_hidden_layers,
+        num_attention_heads=heads,
+        num_query_groups=getattr(cfg, "num_key_value_heads", None) or heads,
+        ffn_hidden_size=cfg.intermediate_size,
+        max_position_embeddings=cfg.max_position_embeddings,
+        rope_theta=theta,
+        qkv_bias=model_type == "qwen2",
+        tie_word_embeddings=bool(getattr(cfg, "tie_word_embeddings", False)),
+        norm_eps=cfg.rms_norm_eps,
+        head_dim=head_dim if head_dim != cfg.hidden_size // heads else None,
+        rope_scaling_factor=scaling,
+        arch=model_type,
+    )
+
+
+def _config_from_dict(raw: Mapping[str, Any]) -> Any:
+    """A ``transformers`` config object for a ``config.json`` dict (fills the architecture's defaults)."""
+    from transformers import AutoConfig
+
+    fields = dict(raw)
+    return AutoConfig.for_model(fields.pop("model_type"), **fields)
+
+
+def _rope_settings(cfg: Any) -> tuple[float, float | None]:
+    """``(rope_theta, llama3 scaling factor or None)`` from a transformers 4.x or 5.x config."""
+    params = dict(getattr(cfg, "rope_parameters", None) or getattr(cfg, "rope_scaling", None) or {})
+    theta = float(params.get("rope_theta", getattr(cfg, "rope_theta", 10000.0)))
+    rope_type = params.get("rope_type", params.get("type", "default"))
+    if rope_type == "default":
+        return theta, None
+    expected = {"low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
+    if rope_type != "llama3" or any(float(params.get(k, -1)) != v for k, v in expected.items()):
+        raise NotImplementedError(f"unsupported RoPE scaling {params}; only llama3 with {expected} is supported")
+    return theta, float(params["factor"])
+
+
+def hf_config_dict(spec: ModelSpec, **extra: Any) -> dict[str, Any]:
+    """A ``config.json`` dict describing ``spec`` for ``transformers`` (``extra`` adds or overrides keys)."""
+    rope: dict[str, Any] = {"rope_type": "default", "rope_theta": spec.rope_theta}
+    if spec.rope_scaling_factor is not None:
+        rope = {
+            "rope_type": "llama3",
+            "rope_theta": spec.rope_theta,
+            "factor": spec.rope_scaling_factor,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 8192,
+        }
+    cfg: dict[str, Any] = {
+        "architectures": ["Qwen2ForCausalLM" if spec.arch == "qwen2" else "LlamaForCausalLM"],
+        "model_type": spec.arch,
+        "vocab_size": spec.vocab_size,
+        "hidden_size": spec.hidden_size,
+        "intermediate_size": spec.ffn_hidden_size,
+        "num_hidden_layers": spec.num_layers,
+        "num_attention_heads": spec.num_attention_heads,
+        "num_key_value_heads": spec.num_query_groups,
+        "head_dim": spec.kv_channels,
+        "hidden_act": "silu",
+        "max_position_embeddings": spec.max_position_embeddings,
+        "rms_norm_eps": spec.norm_eps,
+        "tie_word_embeddings": spec.tie_word_embeddings,
+        "rope_parameters": rope,  # transformers >= 5 spelling of rope_theta / rope_scaling
+    }
+    if spec.arch == "llama":
+        cfg.update(attention_bias=False, mlp_bias=False)
+    elif spec.qkv_bias is False:
+        raise ValueError("a qwen2 ModelSpec must have qkv_bias=True (Qwen2 always has q/k/v biases)")
+    cfg.update(extra)
+    return cfg
+
+
+def hf_param_shapes(spec: ModelSpec) -> dict[str, tuple[int, ...]]:
+    """Every Hugging Face parameter of ``spec`` and its shape, in export order (``lm_head`` last, even if tied)."""
+    h, d, f = spec.hidden_size, spec.kv_channels, spec.ffn_hidden_size
+    q_rows, kv_rows = spec.num_attention_heads * d, spec.num_query_groups * d
+    shapes: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (spec.vocab_size, h)}
+    for i in range(spec.num_layers):
+        p = f"model.layers.{i}."
+        shapes[p + "input_layernorm.weight"] = (h,)
+        projections = (("q_proj", q_rows), ("k_proj", kv_rows), ("v_proj", kv_rows))
+        shapes.update({f"{p}self_attn.{name}.weight": (rows, h) for name, rows in projections})
+        if spec.qkv_bias:
+            shapes.update({f"{p}self_attn.{name}.bias": (rows,) for name, rows in projections})
+        shapes[p + "self_attn.o_proj.weight"] = (h, q_rows)
+        shapes[p + "post_attention_layernorm.weight"] = (h,)
+        shapes[p + "mlp.gate_proj.weight"] = (f, h)
+        shapes[p + "mlp.up_proj.weight"] = (f, h)
+        shapes[p + "mlp.down_proj.weight"] = (h, f)
+    shapes["model.norm.weight"] = (h,)
+    shapes["lm_head.weight"] = (spec.vocab_size, h)
+    return shapes
+
+
+def random_hf_state(spec: ModelSpec, seed: int, dtype: torch.dtype = torch.float32) -> dict[str, Tensor]:
+    """Seeded random weights of ``spec`` in Hugging Face naming (normal(0, 0.02); scaled for o/down projections).
+
+    Uses its own generator (the global RNG is untouched), so the same seed gives the same function at any TP size.
+    Norms start at 1, biases at 0; tied models get one table for both ends.
+    """
+    gen = torch.Generator().manual_seed(seed)
+    std, out_std = 0.02, 0.02 / (2.0 * spec.num_layers) ** 0.5
+    state: dict[str, Tensor] = {}
+    for name, shape in hf_param_shapes(spec).items():
+        if name == "lm_head.weight" and spec.tie_word_embeddings:
+            continue
+        if name.endswith("norm.weight"):
+            state[name] = torch.ones(shape, dtype=dtype)
+        elif name.endswith(".bias"):
+            state[name] = torch.zeros(shape, dtype=dtype)
+        else:
+            scale = out_std if name.endswith(("o_proj.weight", "down_proj.weight")) else std
+            state[name] = (torch.randn(shape, generator=gen) * scale).to(dtype)
+    return state
+
+
+def parameter_mappings(spec: ModelSpec, *, pp_rank: int = 0, pp_size: int = 1) -> list[ParamMapping]:
+    """The megatron parameters of pipeline stage ``pp_rank`` (local layer numbers) and their HF sources."""
+    spec.check_parallel(1, pp_size)
+    per_stage = spec.num_layers // pp_size
+    first, last = pp_rank == 0, pp_rank == pp_size - 1
+    out = [ParamMapping("embedding.word_embeddings.weight", ("model.embed_tokens.weight",), "vocab")] if first else []
+    for local in range(per_stage):
+        m, p = f"decoder.layers.{local}.", f"model.layers.{pp_rank * per_stage + local}."
+        qkv = tuple(f"{p}self_attn.{n}_proj.weight" for n in "qkv")
+        out += [
+            ParamMapping(m + "input_layernorm.weight", (p + "input_layernorm.weight",), "norm"),
+            ParamMapping(m + "self_attention.linear_qkv.weight", qkv, "qkv"),
+        ]
+        if spec.qkv_bias:
+            bias = tuple(name.replace(".weight", ".bias") for name in qkv)
+            out.append(ParamMapping(m + "self_attention.linear_qkv.bias", bias, "qkv"))
+        out += [
+            ParamMapping(m + "self_attention.linear_proj.weight", (p + "self_attn.o_proj.weight",), "row"),
+            ParamMapping(m + "pre_mlp_layernorm.weight", (p + "post_attention_layernorm.weight",), "norm"),
+            ParamMapping(m + "mlp.linear_fc1.weight", (p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"), "fc1"),
+            ParamMapping(m + "mlp.linear_fc2.weight", (p + "mlp.down_proj.weight",), "row"),
+        ]
+    if last:
+        out.append(ParamMapping("decoder.final_layernorm.weight", ("model.norm.weight",), "norm"))
+        if not spec.tie_word_embeddings:
+            out.append(ParamMapping("output_layer.weight", ("lm_head.weight",), "vocab"))
+        elif not first:  # the last stage keeps its own copy of the tied embedding
+            out.append(ParamMapping("output_layer.weight", ("model.embed_tokens.weight",), "vocab"))
+    return out
+
+
+def _merge_qkv(spec: ModelSpec, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+    """Interleave q, k, v per KV group: ``[g0: q.. k v | g1: ...]`` (weights ``[rows, hidden]`` or biases)."""
+    g, d = spec.num_query_groups, spec.kv_channels
+    hpg, tail = spec.num_attention_heads // g, q.shape[1:]
+    parts = (q.reshape(g, hpg * d, *tail), k.reshape(g, d, *tail), v.reshape(g, d, *tail))
+    return torch.cat(parts, dim=1).reshape(-1, *tail)
+
+
+def _split_qkv(spec: ModelSpec, qkv: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """Inverse of :func:`_merge_qkv` on the full (all-rank) tensor."""
+    g, d = spec.num_query_groups, spec.kv_channels
+    hpg, tail = spec.num_attention_heads // g, qkv.shape[1:]
+    q, k, v = torch.split(qkv.reshape(g, (hpg + 2) * d, *tail), [hpg * d, d, d], dim=1)
+    return q.reshape(-1, *tail), k.reshape(-1, *tail), v.reshape(-1, *tail)
+
+
+def _shard(spec: ModelSpec, kind: Kind, hf: Sequence[Tensor], rank: int, tp: int) -> Tensor:
+    """This TP rank's megatron tensor built from the full HF tensors ``hf``."""
+    if kind == "norm":
+        return hf[0]
+    if kind == "row":
+        return torch.chunk(hf[0], tp, dim=1)[rank]
+    if kind == "fc1":
+        return torch.cat([torch.chunk(hf[0], tp, dim=0)[rank], torch.chunk(hf[1], tp, dim=0)[rank]], dim=0)
+    if kind == "qkv":
+        return torch.chunk(_merge_qkv(spec, *hf), tp, dim=0)[rank]
+    table = hf[0]  # vocab
+    pad = spec.padded_vocab_size(tp) - table.shape[0]
+    if pad:
+        table = torch.cat([table, table.new_zeros(pad, *table.shape[1:])], dim=0)
+    return torch.chunk(table, tp, dim=0)[rank]
+
+
+def _unshard(spec: ModelSpec, kind: Kind, shards: Sequence[Tensor]) -> tuple[Tensor, ...]:
+    """The full HF tensors of one megatron parameter, from its shards in TP-rank order."""
+    if kind == "norm":
+        return (shards[0],)
+    if kind == "row":
+        return (torch.cat(list(shards), dim=1),)
+    if kind == "fc1":
+        halves = [torch.chunk(s, 2, dim=0) for s in shards]
+        return torch.cat([h[0] for h in halves], dim=0), torch.cat([h[1] for h in halves], dim=0)
+    if kind == "qkv":
+        return _split_qkv(spec, torch.cat(list(shards), dim=0))
+    return (torch.cat(list(shards), dim=0)[: spec.vocab_size],)  # vocab: drop the padding rows
+
+
+def hf_to_megatron_state(
+    hf_state: Mapping[str, Tensor],
+    spec: ModelSpec,
+    *,
+    tp_rank: int = 0,
+    tp_size: int = 1,
+    pp_rank: int = 0,
+    pp_size: int = 1,
+) -> dict[str, Tensor]:
+    """This (TP, PP) rank's megatron state dict from a full Hugging Face state dict.
+
+    Raises KeyError naming a missing HF tensor, and (for ``pp_size == 1``) ValueError listing HF tensors that
+    nothing consumed, so a wrong architecture never loads silently.
+    """
+    spec.check_parallel(tp_size, pp_size)
+    state, used = {}, set()
+    for m in parameter_mappings(spec, pp_rank=pp_rank, pp_size=pp_size):
+        missing = [name for name in m.hf if name not in hf_state]
+        if missing:
+            raise KeyError(f"Hugging Face weights lack {missing[0]!r} (needed for megatron {m.mcore!r})")
+        used.update(m.hf)
+        state[m.mcore] = _shard(spec, m.kind, [hf_state[n] for n in m.hf], tp_rank, tp_size).contiguous()
+    if pp_size == 1:
+        ignorable = {"lm_head.weight"} if spec.tie_word_embeddings else set()
+        unused = [n for n in hf_state if n not in used and n not in ignorable and not n.endswith(_IGNORED_HF_SUFFIXES)]
+        if unused:
+            raise ValueError(f"Hugging Face weights not used by the {spec.arch} converter: {sorted(unused)[:8]}")
+    return state
+
+
+def _norm_lookup(state: Mapping[str, Tensor], name: str) -> Tensor:
+    """``state[name]``, also trying Transformer Engine's fused spelling of layer norms."""
+    if name in state:
+        return state[name]
+    for local, fused in _TE_NORM_SPELLINGS.items():
+        if name.endswith(local):
+            alt = name[: -len(local)] + fused
+            if alt in state:
+                return state[alt]
+    raise KeyError(f"megatron state lacks {name!r}")
+
+
+def megatron_to_hf_state(
+    tp_states: Mapping[str, Tensor] | Sequence[Mapping[str, Tensor]], spec: ModelSpec
+) -> dict[str, Tensor]:
+    """The full Hugging Face state dict from one megatron state (TP=1) or all TP ranks' states in rank order.
+
+    Tied embeddings also produce ``lm_head.weight`` (the same tensor as ``model.embed_tokens.weight``).
+    """
+    shards = [tp_states] if isinstance(tp_states, Mapping) else list(tp_states)
+    out: dict[str, Tensor] = {}
+    for m in parameter_mappings(spec):
+        for name, tensor in zip(m.hf, _unshard(spec, m.kind, [_norm_lookup(s, m.mcore) for s in shards]), strict=True):
+            out[name] = tensor
+    if spec.tie_word_embeddings:
+        out["lm_head.weight"] = out["model.embed_tokens.weight"]
+    return out
+
+
+def export_hf_weights(
+    model: torch.nn.Module, spec: ModelSpec, *, dtype: torch.dtype | None = None
+) -> Iterator[tuple[str, Tensor]]:
+    """Stream ``(hf_name, tensor)`` for every HF parameter of a (TP-sharded, single pipeline stage) megatron model.
+
+    At TP > 1 every rank of the tensor-parallel group must iterate together (each parameter is all-gathered) and
+    every rank receives full tensors. Tensors may share memory with the live parameters: copy them if they must
+    outlive the next optimizer step. ``dtype`` casts them (None keeps the model's dtype).
+    """
+    from megatron.core import parallel_state
+
+    if parallel_state.get_pipeline_model_parallel_world_size() > 1:
+        raise NotImplementedError("export_hf_weights needs pipeline_model_parallel_size == 1")
+    tp = parallel_state.get_tensor_model_parallel_world_size()
+    group = parallel_state.get_tensor_model_parallel_group() if tp > 1 else None
+    local = {_unwrapped(name): t for name, t in model.state_dict(keep_vars=True).items()}
+    embedding: Tensor | None = None
+    for m in parameter_mappings(spec):
+        tensor = _norm_lookup(local, m.mcore).detach()
+        shards = [tensor]
+        if tp > 1 and m.kind != "norm":
+            shards = [torch.empty_like(tensor) for _ in range(tp)]
+            torch.distributed.all_gather(shards, tensor.contiguous(), group=group)
+        for name, full in zip(m.hf, _unshard(spec, m.kind, shards), strict=True):
+            out = full if dtype is None else full.to(dtype)
+            embedding = out if name == "model.embed_tokens.weight" else embedding
+            yield name, out
+    if spec.tie_word_embeddings and embedding is not None:
+        yield "lm_head.weight", embedding
+
+
+def _unwrapped(name: str) -> str:
+    """A state-dict key without the ``module.`` prefixes of wrappers (Float16Module, DDP)."""
+    while name.startswith("module."):
+        name = name[len("module.") :]
+    return name
+
+
+def read_hf_safetensors(path: str | Path) -> dict[str, Tensor]:
+    """All tensors of a Hugging Face model directory (``model.safetensors`` or a sharded ``*.index.json``)."""
+    from safetensors.torch import load_file
+
+    root = Path(path)
+    index = root / "model.safetensors.index.json"
+    if index.is_file():
+        files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+    elif (root / "model.safetensors").is_file():
+        files = ["model.safetensors"]
+    else:
+        raise FileNotFoundError(f"{root} has neither model.safetensors nor model.safetensors.index.json")
+    state: dict[str, Tensor] = {}
+    for name in files:
+        state.update(load_file(str(root / name)))
+    return state

@@ -1,0 +1,275 @@
+"""Build megatron-core ``GPTModel`` policies (Llama/Qwen2 family) and set up the process groups they need.
+
+- :func:`init_model_parallel` starts ``torch.distributed`` (gloo without CUDA, nccl with it) for a lone process
+  when nothing did, then megatron's ``parallel_state``; idempotent.
+- :func:`build_gpt_model` turns a :class:`ModelSpec` into a ``GPTModel`` (local layer spec + SDPA attention) with
+  seeded weights that do not depend on the tensor-parallel size.
+- :func:`load_policy` does the same for ``"builtin:<name>"`` or a Hugging Face model directory/id, and returns
+  the tokenizer too.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from megatron.core import parallel_state, tensor_parallel
+from megatron.core.models.gpt import GPTModel
+from megatron.core.transformer.transformer_config import TransformerConfig
+from torch import Tensor
+
+from sc_lightning.models.attention import gpt_layer_spec_sdpa
+from sc_lightning.models.convert import (
+    hf_to_megatron_state,
+    mcore_spec_from_hf_config,
+    random_hf_state,
+    read_hf_safetensors,
+)
+from sc_lightning.models.cpu_compat import apply_cpu_compat, seed_cpu_rng_tracker
+from sc_lightning.models.logprobs import REAL_VOCAB_ATTR
+from sc_lightning.models.spec import ModelSpec, builtin_spec
+from sc_lightning.tokenizer import Tokenizer, load_tokenizer
+
+_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+
+
+def _free_port() -> int:
+    """A TCP port nobody listens on right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _init_process_group(backend: str | None) -> None:
+    """Start ``torch.distributed``: from torchrun's env when present, else as a world of one on localhost."""
+    if torch.cuda.is_available():
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
+    if "WORLD_SIZE" in os.environ and "RANK" in os.environ:
+        torch.distributed.init_process_group(backend=backend)
+        return
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", str(_free_port()))
+    torch.distributed.init_process_group(backend=backend, rank=0, world_size=1)
+
+
+def init_model_parallel(
+    tensor_parallel_size: int = 1, pipeline_parallel_size: int = 1, *, seed: int = 0, backend: str | None = None
+) -> None:
+    """Make this process ready to build megatron models with the given TP/PP sizes (idempotent).
+
+    Installs the CPU patches when there is no CUDA, starts ``torch.distributed`` if needed (torchrun env, or a
+    single process on a free localhost port), initialises megatron's ``parallel_state`` and seeds megatron's
+    model-parallel RNG tracker with ``seed`` (first call only). Calling it again with the same sizes does nothing;
+    other sizes while initialised are a ValueError (``parallel_state`` is process-global: use a new process).
+    """
+    apply_cpu_compat()
+    if not torch.distributed.is_initialized():
+        _init_process_group(backend)
+    if parallel_state.model_parallel_is_initialized():
+        have = (
+            parallel_state.get_tensor_model_parallel_world_size(),
+            parallel_state.get_pipeline_model_parallel_world_size(),
+        )
+        if have != (tensor_parallel_size, pipeline_parallel_size):
+            raise ValueError(
+                f"megatron parallel state is already initialised with (TP, PP) = {have}; cannot switch to "
+                f"{(tensor_parallel_size, pipeline_parallel_size)} in the same process"
+            )
+        return
+    parallel_state.initialize_model_parallel(
+        tensor_model_parallel_size=tensor_parallel_size, pipeline_model_parallel_size=pipeline_parallel_size
+    )
+    if torch.cuda.is_available():
+        tensor_parallel.model_parallel_cuda_manual_seed(seed)
+    else:
+        seed_cpu_rng_tracker(seed, parallel_state.get_tensor_model_parallel_rank())
+
+
+def transformer_config(
+    spec: ModelSpec,
+    *,
+    precision: str = "fp32",
+    tensor_parallel_size: int = 1,
+    pipeline_parallel_size: int = 1,
+    activation_checkpointing: bool = False,
+) -> TransformerConfig:
+    """The megatron ``TransformerConfig`` of ``spec``: RMSNorm, SwiGLU, no dropout, no fused kernels."""
+    dtype = _DTYPES[precision]
+    recompute = {"recompute_granularity": "full", "recompute_method": "uniform", "recompute_num_layers": 1}
+    return TransformerConfig(
+        num_layers=spec.num_layers,
+        hidden_size=spec.hidden_size,
+        num_attention_heads=spec.num_attention_heads,
+        num_query_groups=spec.num_query_groups,
+        kv_channels=spec.kv_channels,
+        ffn_hidden_size=spec.ffn_hidden_size,
+        normalization="RMSNorm",
+        layernorm_epsilon=spec.norm_eps,
+        gated_linear_unit=True,
+        activation_func=F.silu,
+        add_bias_linear=False,
+        add_qkv_bias=spec.qkv_bias,
+        hidden_dropout=0.0,
+        attention_dropout=0.0,
+        tensor_model_parallel_size=tensor_parallel_size,
+        pipeline_model_parallel_size=pipeline_parallel_size,
+        pipeline_dtype=dtype,
+        params_dtype=dtype,
+        bf16=precision == "bf16",
+        use_cpu_initialization=True,
+        perform_initialization=False,  # weights come from hf_to_megatron_state (seeded random or a checkpoint)
+        bias_activation_fusion=False,
+        bias_dropout_fusion=False,
+        masked_softmax_fusion=False,
+        apply_rope_fusion=False,
+        persist_layer_norm=False,
+        gradient_accumulation_fusion=False,
+        **(recompute if activation_checkpointing else {}),
+    )
+
+
+def load_megatron_state(model: torch.nn.Module, state: dict[str, Tensor]) -> None:
+    """Copy ``state`` (megatron names, this rank's shards) into ``model``; every real parameter must be covered."""
+    result = model.load_state_dict(state, strict=False)
+    missing = [key for key in result.missing_keys if not key.endswith("_extra_state")]
+    if missing or result.unexpected_keys:
+        raise KeyError(f"state does not fit the model: missing {missing[:8]}, unexpected {result.unexpected_keys[:8]}")
+
+
+def load_hf_weights(model: torch.nn.Module, spec: ModelSpec, hf_state: dict[str, Tensor]) -> None:
+    """Load a full Hugging Face state dict into this rank's shard of ``model`` (TP/PP ranks from parallel_state)."""
+    shard = hf_to_megatron_state(
+        hf_state,
+        spec,
+        tp_rank=parallel_state.get_tensor_model_parallel_rank(),
+        tp_size=parallel_state.get_tensor_model_parallel_world_size(),
+        pp_rank=parallel_state.get_pipeline_model_parallel_rank(),
+        pp_size=parallel_state.get_pipeline_model_parallel_world_size(),
+    )
+    load_megatron_state(model, shard)
+
+
+@contextlib.contextmanager
+def _quiet_megatron() -> Iterator[None]:
+    """Silence megatron-core's construction-time deprecation chatter (nothing a user of this module can act on)."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", category=DeprecationWarning, module=r"megatron\.")
+        warnings.filterwarnings("ignore", message=".*(scope is deprecated|Apex is not installed).*")
+        yield
+
+
+def _gpt_model(spec: ModelSpec, config: TransformerConfig, tensor_parallel_size: int) -> GPTModel:
+    """The (uninitialised) ``GPTModel`` of ``spec`` for this pipeline stage: local spec + SDPA, RoPE."""
+    return GPTModel(
+        config=config,
+        transformer_layer_spec=gpt_layer_spec_sdpa(),
+        vocab_size=spec.padded_vocab_size(tensor_parallel_size),
+        max_sequence_length=spec.max_position_embeddings,
+        pre_process=parallel_state.is_pipeline_first_stage(),
+        post_process=parallel_state.is_pipeline_last_stage(),
+        parallel_output=True,
+        share_embeddings_and_output_weights=spec.tie_word_embeddings,
+        position_embedding_type="rope",
+        rotary_base=spec.rope_theta,
+        rope_scaling=spec.rope_scaling_factor is not None,
+        rope_scaling_factor=spec.rope_scaling_factor or 8.0,
+    )
+
+
+def build_gpt_model(
+    spec: ModelSpec,
+    *,
+    precision: str = "fp32",
+    seed: int = 0,
+    tensor_parallel_size: int = 1,
+    pipeline_parallel_size: int = 1,
+    sequence_parallel: bool = False,
+    activation_checkpointing: bool = False,
+    hf_state: dict[str, Tensor] | None = None,
+    device: str | torch.device | None = None,
+) -> GPTModel:
+    """A megatron-core ``GPTModel`` of ``spec`` for this rank, with ``hf_state`` weights or seeded random ones.
+
+    Initialises the parallel state if needed (:func:`init_model_parallel`). ``precision`` is ``"fp32"`` or
+    ``"bf16"`` (parameters and compute). ``device`` defaults to the current CUDA device, else CPU. Output logits are
+    vocab-parallel ``(B, T, padded_vocab / TP)``; see :mod:`sc_lightning.models.logprobs`.
+    """
+    if precision not in _DTYPES:
+        raise ValueError(f"precision must be one of {sorted(_DTYPES)}, got {precision!r}")
+    if sequence_parallel:
+        raise NotImplementedError("sequence_parallel needs Transformer Engine norms; the local layer spec lacks it")
+    spec.check_parallel(tensor_parallel_size, pipeline_parallel_size)
+    init_model_parallel(tensor_parallel_size, pipeline_parallel_size, seed=seed)
+    with _quiet_megatron():
+        config = transformer_config(
+            spec,
+            precision=precision,
+            tensor_parallel_size=tensor_parallel_size,
+            pipeline_parallel_size=pipeline_parallel_size,
+            activation_checkpointing=activation_checkpointing,
+        )
+        model = _gpt_model(spec, config, tensor_parallel_size)
+    weights = hf_state if hf_state is not None else random_hf_state(spec, seed)
+    load_hf_weights(model, spec, {name: t.to(config.params_dtype) for name, t in weights.items()})
+    setattr(model, REAL_VOCAB_ATTR, spec.vocab_size)  # token_logprobs masks the TP padding rows with it
+    target = device if device is not None else (torch.cuda.current_device() if torch.cuda.is_available() else "cpu")
+    return model.to(device=target, dtype=config.params_dtype)  # torch norms are created in fp32: cast them too
+
+
+def resolve_model_dir(model_name: str) -> Path:
+    """The local directory of a Hugging Face model: ``model_name`` itself, or its snapshot in the local HF cache."""
+    path = Path(model_name).expanduser()
+    if path.is_dir():
+        return path
+    try:
+        from huggingface_hub import snapshot_download
+
+        return Path(snapshot_download(model_name, local_files_only=True))
+    except Exception as err:
+        raise FileNotFoundError(
+            f"model {model_name!r} is neither a local directory nor in the local Hugging Face cache "
+            f"(nothing is downloaded at run time): {type(err).__name__}: {err}"
+        ) from err
+
+
+def load_policy(
+    model_name: str,
+    *,
+    precision: str = "fp32",
+    seed: int = 0,
+    tp: int = 1,
+    pp: int = 1,
+    activation_checkpointing: bool = False,
+    tokenizer_name: str | None = None,
+) -> tuple[GPTModel, ModelSpec, Tokenizer]:
+    """Build the policy ``model_name`` names: ``"builtin:<name>"`` (seeded random) or an HF directory/id (its weights).
+
+    Returns ``(model, spec, tokenizer)``; the tokenizer comes from ``tokenizer_name`` or else ``model_name``.
+    """
+    if model_name.startswith("builtin:"):
+        spec, hf_state = builtin_spec(model_name), None
+        tokenizer = load_tokenizer(tokenizer_name or model_name)
+    else:
+        from transformers import AutoConfig
+
+        root = resolve_model_dir(model_name)
+        spec = mcore_spec_from_hf_config(AutoConfig.from_pretrained(str(root), local_files_only=True))
+        hf_state = read_hf_safetensors(root)
+        tokenizer = load_tokenizer(tokenizer_name or str(root))
+    model = build_gpt_model(
+        spec,
+        precision=precision,
+        seed=seed,
+        tensor_parallel_size=tp,
+        pipeline_parallel_size=pp,
+        activation_checkpointing=activation_checkpointing,
+        hf_state=hf_state,
+    )
+    return model, spec, tokenizer

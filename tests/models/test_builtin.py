@@ -1,0 +1,79 @@
+"""builtin:tiny builds fast, trains (forward/backward), is seeded, and the process-global parallel state is guarded."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+
+from sc_lightning.models.logprobs import token_logprobs
+from sc_lightning.models.megatron import build_gpt_model, init_model_parallel, load_policy
+from sc_lightning.models.spec import BUILTIN_SPECS, ModelSpec, builtin_spec
+from sc_lightning.tokenizer import CharTokenizer
+from tests.models.conftest import random_ids
+
+pytestmark = pytest.mark.usefixtures("model_parallel")
+
+
+def test_builtin_tiny_forward_backward_is_fast() -> None:
+    start = time.perf_counter()
+    model, spec, tokenizer = load_policy("builtin:tiny", precision="fp32", seed=0)
+    built = time.perf_counter() - start
+    assert isinstance(tokenizer, CharTokenizer) and spec.vocab_size == tokenizer.vocab_size == 18
+    ids = random_ids(16, 32, seed=0)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    start = time.perf_counter()
+    for _ in range(3):
+        optimizer.zero_grad()
+        loss = -token_logprobs(model, ids).mean()
+        loss.backward()
+        optimizer.step()
+    step = (time.perf_counter() - start) / 3
+    assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in model.parameters())
+    assert built < 5.0 and step < 1.0, f"build {built:.2f}s, step {step:.3f}s"
+
+
+def test_seed_fixes_the_weights() -> None:
+    spec = builtin_spec("builtin:tiny")
+    a, b = build_gpt_model(spec, seed=1), build_gpt_model(spec, seed=1)
+    c = build_gpt_model(spec, seed=2)
+    state_a, state_b, state_c = a.state_dict(), b.state_dict(), c.state_dict()
+    weights = [k for k in state_a if not k.endswith("_extra_state")]
+    assert all(torch.equal(state_a[k], state_b[k]) for k in weights)
+    assert not torch.equal(state_a["output_layer.weight"], state_c["output_layer.weight"])
+
+
+def test_bf16_and_activation_checkpointing_build_and_run() -> None:
+    spec = builtin_spec("builtin:tiny")
+    ids = random_ids(2, 16, seed=3)
+    bf16 = build_gpt_model(spec, precision="bf16", seed=0)
+    assert all(p.dtype == torch.bfloat16 for p in bf16.parameters())
+    assert token_logprobs(bf16, ids).dtype == torch.float32
+
+    plain = build_gpt_model(spec, seed=0)
+    ckpt = build_gpt_model(spec, seed=0, activation_checkpointing=True)
+    assert ckpt.config.recompute_granularity == "full"
+    grads = []
+    for model in (plain, ckpt):
+        model.train()
+        token_logprobs(model, ids).sum().backward()
+        grads.append([p.grad for p in model.parameters()])
+    assert all(torch.allclose(g1, g2, atol=1e-6) for g1, g2 in zip(*grads, strict=True))
+
+
+def test_parallel_state_is_process_global_and_guarded() -> None:
+    init_model_parallel(1)  # idempotent
+    with pytest.raises(ValueError, match="already initialised"):
+        init_model_parallel(2)
+
+
+def test_unknown_builtin_and_bad_settings_are_clear_errors() -> None:
+    with pytest.raises(KeyError, match="builtin:tiny"):
+        load_policy("builtin:huge")
+    with pytest.raises(ValueError, match="precision"):
+        build_gpt_model(BUILTIN_SPECS["builtin:tiny"], precision="fp16")
+    with pytest.raises(FileNotFoundError, match="local"):
+        load_policy("sc-lightning-test/definitely-not-a-model")
+    with pytest.raises(ValueError, match="num_query_groups"):
+        ModelSpec(18, 64, 2, 4, 3, 128, 64)
