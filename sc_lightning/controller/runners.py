@@ -8,6 +8,7 @@ swap one for the other. Every blocking call has a deadline.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 from collections.abc import Callable, Coroutine, Sequence
 from concurrent.futures import Future
@@ -145,10 +146,8 @@ class RayController:
         """Stop the pump and end the actor (in order after its pending calls), so no Ray actor outlives the run."""
         try:
             self._get(self.actor.shutdown.remote(), timeout_s=60)
-            try:
+            with contextlib.suppress(self._ray.exceptions.RayActorError):  # it exited while answering: as asked
                 self._get(self.actor.__ray_terminate__.remote(), timeout_s=60)
-            except self._ray.exceptions.RayActorError:
-                pass  # the actor exited while answering: what we asked for
         finally:
             self._ray.kill(self.actor)  # a no-op once it has exited; the last resort when it is stuck
 
