@@ -1,0 +1,396 @@
+"""Column form <-> packed buffers <-> TransferQueue's wire form, argument checks, and padding helpers.
+
+Column form (what callers put and get): field name -> one tensor per row. A row of a field is either a 0-d tensor
+(a per-row scalar) or a tensor of one or more dims whose first dim may differ between rows (jagged, e.g. tokens);
+all rows of a field share dtype and trailing dims. Packed form (``PackedRows``): the rows of one field copied into
+one contiguous buffer, concatenated along dim 0 (stacked for scalars), plus the row lengths. Wire form (what
+TransferQueue's KV API takes and returns): a TensorDict whose scalar fields are dense ``(N,)`` tensors and whose
+other fields are ``torch.nested`` jagged tensors. TransferQueue returns every field of one or more dims per row as
+jagged, even uniform ones; ``from_wire`` turns any of these back into column form.
+"""
+
+from __future__ import annotations
+
+import bisect
+import itertools
+import math
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from sc_lightning.data_plane.base import Columns, DataPlaneError
+
+if TYPE_CHECKING:
+    from tensordict import TensorDict
+
+_SERIAL_CAT_ELEMENTS = 32_768
+"""ATen's GRAIN_SIZE: a CPU ``torch.cat`` whose output is smaller takes the serial memcpy kernel. Above it, cat
+builds one TensorIterator per input, which costs about 0.5 us per row; ``concat`` batches rows under the limit."""
+
+TAG_TYPES = (str, int, float, bool, type(None))
+"""Types a tag value may have: primitives that survive every backend unchanged."""
+
+
+@dataclass(frozen=True)
+class PackedRows:
+    """The rows of one field in one buffer: ``values`` concatenated along dim 0, or stacked ``(N,)`` for scalars."""
+
+    values: torch.Tensor
+    lengths: list[int] | None
+    """First-dim length of each row; None when the rows are per-row scalars (0-d)."""
+
+    @property
+    def num_rows(self) -> int:
+        """Number of rows packed."""
+        return self.values.shape[0] if self.lengths is None else len(self.lengths)
+
+    def offsets(self) -> list[int]:
+        """Start of each row in ``values`` along dim 0, plus the end: ``num_rows + 1`` entries."""
+        if self.lengths is None:
+            return list(range(self.values.shape[0] + 1))
+        return list(itertools.accumulate(self.lengths, initial=0))
+
+    def rows(self) -> list[torch.Tensor]:
+        """The rows as views of ``values`` (0-d views for scalars)."""
+        return unpack(self.values, self.lengths)
+
+
+POOL_MIN_BYTES = 64 * 1024
+"""Smaller buffers are left to the allocator: recycling them saves nothing measurable."""
+
+
+def _size_class(nbytes: int, *, up: bool) -> int:
+    """Round to a size class: 16 classes per power of two, so recycled buffers waste at most 1/16."""
+    shift = max(nbytes.bit_length() - 5, 0)
+    if up:
+        nbytes += (1 << shift) - 1
+    return (nbytes >> shift) << shift
+
+
+class BufferPool:
+    """Buffers of dropped blocks, kept for later puts of a similar size (up to ``max_bytes`` in all).
+
+    Fresh memory costs a page fault per page on first touch, which on this project's VMs is many times the cost
+    of copying into it (about 0.7 ms per MiB against 0.02 ms to copy a cached MiB); a steady put/clear cycle
+    therefore packs into recycled, already-mapped buffers. Thread-safe.
+    """
+
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = max_bytes
+        self._free: dict[int, list[torch.Tensor]] = {}  # size class -> uint8 buffers of at least that size
+        self._bytes = 0
+        self._lock = threading.RLock()  # re-entrant: a block's __del__ may recycle from inside a locked section
+
+    def allocate(self, dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
+        """An uninitialised contiguous tensor, backed by a recycled buffer when one of the right size is free."""
+        nbytes = math.prod(shape) * dtype.itemsize
+        if nbytes < POOL_MIN_BYTES or self.max_bytes <= 0:
+            return torch.empty(shape, dtype=dtype)
+        size = _size_class(nbytes, up=True)
+        buffer = None
+        with self._lock:
+            free = self._free.get(size)
+            if free:
+                buffer = free.pop()
+                self._bytes -= buffer.nbytes
+        if buffer is None:
+            buffer = torch.empty(size, dtype=torch.uint8)
+        return buffer[:nbytes].view(dtype).view(shape).detach()  # detached: later splits of it stay cheap
+
+    def clear(self) -> None:
+        """Drop every kept buffer (back to the allocator)."""
+        with self._lock:
+            self._free.clear()
+            self._bytes = 0
+
+    def recycle(self, values: torch.Tensor) -> None:
+        """Keep the storage behind ``values`` (no longer used by anyone) for a later ``allocate``."""
+        storage = values.untyped_storage()
+        nbytes = storage.nbytes()
+        if nbytes < POOL_MIN_BYTES or values.device.type != "cpu":
+            return
+        with self._lock:
+            if self._bytes + nbytes > self.max_bytes:
+                return
+            buffer = torch.empty(0, dtype=torch.uint8).set_(storage)
+            self._free.setdefault(_size_class(nbytes, up=False), []).append(buffer)
+            self._bytes += nbytes
+
+
+def unpack(values: torch.Tensor, lengths: list[int] | None) -> list[torch.Tensor]:
+    """Rows of a packed buffer as views: split along dim 0 by ``lengths``, or 0-d views when ``lengths`` is None."""
+    return list(values.unbind(0)) if lengths is None else list(values.split(lengths))
+
+
+def concat(tensors: Sequence[torch.Tensor], out: torch.Tensor | None = None) -> torch.Tensor:
+    """``torch.cat`` along dim 0 into a new buffer (or ``out``); with several threads, in serial-sized batches.
+
+    With more than one intra-op thread, a CPU cat whose output exceeds ATen's GRAIN_SIZE copies input by input
+    through a parallel TensorIterator (about 0.5 us per input, and stalls when the other cores are busy);
+    batches of inputs whose output stays under GRAIN_SIZE take the serial memcpy kernel instead.
+    """
+    if len(tensors) == 1:
+        if out is None:
+            return tensors[0].clone(memory_format=torch.contiguous_format)
+        return out.copy_(tensors[0])
+    first = tensors[0]
+    if first.device.type != "cpu" or torch.get_num_threads() == 1:
+        return torch.cat(tensors, out=out) if out is not None else torch.cat(tensors)
+    ends = list(itertools.accumulate(t.numel() for t in tensors))  # element offset after each input
+    if ends[-1] < _SERIAL_CAT_ELEMENTS:
+        return torch.cat(tensors, out=out) if out is not None else torch.cat(tensors)
+    row_elements = math.prod(first.shape[1:])  # > 0 here, since the inputs hold elements
+    if out is None:
+        out = first.new_empty((ends[-1] // row_elements, *first.shape[1:]))
+    start = position = 0
+    while start < len(tensors):
+        limit = (ends[start - 1] if start else 0) + _SERIAL_CAT_ELEMENTS
+        stop = max(bisect.bisect_left(ends, limit, lo=start), start + 1)  # inputs [start, stop) fit under it
+        chunk = tensors[start:stop]
+        rows = (ends[stop - 1] - (ends[start - 1] if start else 0)) // row_elements
+        torch.cat(chunk, out=out[position : position + rows])
+        start, position = stop, position + rows
+    return out
+
+
+Allocate = Callable[[torch.dtype, tuple[int, ...]], torch.Tensor]
+"""Returns an uninitialised contiguous CPU tensor of the given dtype and shape (e.g. from a buffer pool)."""
+
+
+def pack_rows(
+    field: str,
+    rows: Sequence[torch.Tensor] | torch.Tensor,
+    num_rows: int | None = None,
+    allocate: Allocate | None = None,
+) -> PackedRows:
+    """Check one field's rows (tensors, one dtype, same trailing dims) and copy them into one CPU buffer.
+
+    ``rows`` may also be a tensor whose dim 0 indexes rows: a dense ``(N, ...)`` tensor or a jagged nested tensor.
+    ``allocate`` supplies the buffer of a jagged field (default: a new tensor). Raises DataPlaneError naming
+    ``field`` on any violation, or when there are not ``num_rows`` rows.
+    """
+    if isinstance(rows, torch.Tensor):
+        return _pack_tensor(field, rows, num_rows, allocate)
+    if isinstance(rows, str | bytes) or not isinstance(rows, Sequence):
+        raise DataPlaneError(
+            f"field {field!r}: expected a sequence of tensors (one per row), got {type(rows).__name__}"
+        )
+    count = len(rows)
+    if num_rows is not None and count != num_rows:
+        raise DataPlaneError(f"field {field!r} has {count} rows but {num_rows} keys were given")
+    if count == 0:
+        raise DataPlaneError(f"field {field!r} has no rows, so its dtype and shape are unknown")
+    first = rows[0]
+    dtype = first.dtype if isinstance(first, torch.Tensor) else None
+    if not all(isinstance(row, torch.Tensor) and row.dtype is dtype for row in rows):
+        _raise_bad_row(field, rows)
+    if first.is_nested or first.layout is not torch.strided:
+        raise DataPlaneError(f"field {field!r}: rows must be plain dense tensors, got layout {first.layout}")
+    ndim = first.dim()
+    try:
+        with torch.no_grad():
+            if ndim == 0:
+                if any(row.dim() for row in rows):
+                    _raise_shape(field, [row.shape for row in rows], "0-d (per-row scalars)")
+                return PackedRows(_to_cpu(torch.stack(list(rows))), None)
+            lengths = [row.shape[0] for row in rows]  # IndexError for a 0-d row
+            if ndim > 1:  # torch.cat skips 1-D empty inputs, so check trailing dims here; it checks the rest
+                tail = first.shape[1:]
+                if any(row.dim() != ndim or row.shape[1:] != tail for row in rows):
+                    _raise_shape(field, [row.shape for row in rows], f"(*, {', '.join(map(str, tail))})")
+            out = None
+            if allocate is not None and first.device.type == "cpu":
+                out = allocate(dtype, (sum(lengths), *first.shape[1:]))
+            values = concat(rows, out)
+            if values.dim() != ndim:  # 1-D empty rows next to a row of more dims: cat skipped them
+                raise RuntimeError("rows of different dims")
+    except (RuntimeError, IndexError) as exc:  # a row of other dims, or rows on different devices
+        if isinstance(exc, DataPlaneError):
+            raise
+        shapes = [row.shape for row in rows]
+        _raise_shape(field, shapes, "1-D" if ndim == 1 else f"(*, {', '.join(map(str, first.shape[1:]))})")
+        raise DataPlaneError(f"field {field!r}: cannot pack rows: {exc}") from exc
+    return PackedRows(_to_cpu(values), lengths)
+
+
+def _pack_tensor(field: str, column: torch.Tensor, num_rows: int | None, allocate: Allocate | None) -> PackedRows:
+    """A packed column (dense ``(N, ...)`` or jagged nested): one bulk copy, no per-row checks."""
+    lengths: list[int] | None
+    with torch.no_grad():
+        if column.is_nested:
+            if column.layout is not torch.jagged or column.lengths() is not None or column._ragged_idx != 1:
+                return pack_rows(field, list(column.unbind()), num_rows, allocate)
+            bounds = column.offsets().tolist()
+            values = column.values().detach()[bounds[0] : bounds[-1]]
+            lengths = [end - start for start, end in itertools.pairwise(bounds)]
+        elif column.dim() == 0:
+            raise DataPlaneError(f"field {field!r}: a 0-d tensor is not a column; give one tensor per row")
+        else:
+            values = column.detach()
+            lengths = None if column.dim() == 1 else [column.shape[1]] * column.shape[0]
+            values = values if lengths is None else values.flatten(0, 1)
+        count = values.shape[0] if lengths is None else len(lengths)
+        if num_rows is not None and count != num_rows:
+            raise DataPlaneError(f"field {field!r} has {count} rows but {num_rows} keys were given")
+        out = allocate(values.dtype, tuple(values.shape)) if allocate is not None else None
+        if out is None or values.device.type != "cpu":
+            return PackedRows(_to_cpu(values.clone(memory_format=torch.contiguous_format)), lengths)
+        return PackedRows(out.copy_(values), lengths)
+
+
+def _to_cpu(values: torch.Tensor) -> torch.Tensor:
+    return values if values.device.type == "cpu" else values.cpu()
+
+
+def _raise_bad_row(field: str, rows: Sequence[Any]) -> None:
+    dtype = rows[0].dtype if isinstance(rows[0], torch.Tensor) else None
+    for index, row in enumerate(rows):
+        if not isinstance(row, torch.Tensor):
+            raise DataPlaneError(
+                f"field {field!r}: row {index} is a {type(row).__name__}, not a tensor; "
+                "the data plane stores tensors only (put strings and other objects in tags)"
+            )
+        if row.dtype is not dtype:
+            raise DataPlaneError(f"field {field!r}: row {index} has dtype {row.dtype} but row 0 has {dtype}")
+
+
+def _raise_shape(field: str, shapes: Sequence[torch.Size], expected: str) -> None:
+    ndim, tail = len(shapes[0]), shapes[0][1:]
+    for index, shape in enumerate(shapes):
+        if len(shape) != ndim or shape[1:] != tail:
+            raise DataPlaneError(
+                f"field {field!r}: row {index} has shape {tuple(shape)} but row 0 has {tuple(shapes[0])}; "
+                f"rows of a field must all be {expected} (only the first dim may differ)"
+            )
+
+
+def to_wire(columns: Columns, num_rows: int, allocate: Allocate | None = None) -> TensorDict:
+    """Columns -> TransferQueue's wire TensorDict: scalar fields dense ``(N,)``, others jagged nested tensors."""
+    from tensordict import TensorDict
+
+    wire: dict[str, torch.Tensor] = {}
+    for field, rows in columns.items():
+        if not isinstance(field, str):
+            raise DataPlaneError(f"field names must be strings, got {field!r}")
+        packed = pack_rows(field, rows, num_rows, allocate)
+        wire[field] = packed_to_wire(packed)
+    return TensorDict(wire, batch_size=[num_rows])
+
+
+def packed_to_wire(packed: PackedRows) -> torch.Tensor:
+    """One packed field as a wire tensor: the ``(N,)`` values for scalars, else a jagged nested tensor."""
+    if packed.lengths is None:
+        return packed.values
+    offsets = torch.tensor(packed.offsets(), dtype=torch.int64)
+    return torch.nested.nested_tensor_from_jagged(packed.values, offsets=offsets)
+
+
+def from_wire(wire: Mapping[str, Any], fields: Sequence[str] | None = None) -> dict[str, list[torch.Tensor]]:
+    """Wire TensorDict (as TransferQueue returns it) -> columns; rows are views of the returned buffers."""
+    names = list(wire.keys()) if fields is None else list(fields)
+    return {field: wire_to_rows(field, wire[field]) for field in names}
+
+
+def wire_to_rows(field: str, value: Any) -> list[torch.Tensor]:
+    """One wire field as per-row tensors: jagged nested -> its components, dense ``(N, ...)`` -> its rows."""
+    if not isinstance(value, torch.Tensor):
+        raise DataPlaneError(f"field {field!r} came back as a {type(value).__name__}, not a tensor")
+    if not value.is_nested:
+        return list(value.unbind(0))
+    if value.layout is torch.jagged and value.lengths() is None:
+        bounds = value.offsets().tolist()
+        values = value.values().detach()  # splitting the view values() returns costs 3x more per row
+        if bounds[0] != 0 or bounds[-1] != values.shape[0]:
+            values = values[bounds[0] : bounds[-1]]
+        return list(values.split([end - start for start, end in itertools.pairwise(bounds)]))
+    return list(value.unbind())
+
+
+def pad_rows(rows: Sequence[torch.Tensor], pad_value: float | int | bool = 0) -> torch.Tensor:
+    """Jagged rows -> one ``(B, T_max, *trailing)`` tensor, ``pad_value`` after each row's end; scalars -> ``(B,)``."""
+    packed = pack_rows("rows", rows)
+    if packed.lengths is None:
+        return packed.values
+    lengths = torch.tensor(packed.lengths, dtype=torch.int64)
+    longest = max(packed.lengths)
+    out = packed.values.new_full((len(packed.lengths), longest, *packed.values.shape[1:]), pad_value)
+    mask = torch.arange(longest) < lengths[:, None]  # (B, T_max): True where a row has a value
+    out[mask] = packed.values
+    return out
+
+
+def row_lengths(rows: Sequence[torch.Tensor]) -> torch.Tensor:
+    """First-dim length of each row as an int64 ``(B,)`` tensor; DataPlaneError for 0-d rows or non-tensors."""
+    lengths = []
+    for index, row in enumerate(rows):
+        if not isinstance(row, torch.Tensor) or row.dim() == 0:
+            what = type(row).__name__ if not isinstance(row, torch.Tensor) else "0-d tensor"
+            raise DataPlaneError(f"row {index} is a {what}; row_lengths needs tensors of one or more dims")
+        lengths.append(row.shape[0])
+    return torch.tensor(lengths, dtype=torch.int64)
+
+
+def check_keys(keys: Sequence[str], *, unique: bool = True) -> list[str]:
+    """Keys as a list of strings; DataPlaneError for a bare string, non-string keys or (if ``unique``) repeats."""
+    if isinstance(keys, str | bytes) or not isinstance(keys, Sequence):
+        raise DataPlaneError(f"keys must be a sequence of strings, got {type(keys).__name__}")
+    keys = list(keys)
+    if set(map(type, keys)) - {str}:
+        bad = next(key for key in keys if not isinstance(key, str))
+        raise DataPlaneError(f"keys must be strings, got {bad!r} ({type(bad).__name__})")
+    if unique and len(set(keys)) != len(keys):
+        seen: set[str] = set()
+        repeated = [key for key in keys if key in seen or seen.add(key)]
+        raise DataPlaneError(f"keys must be unique within one call; repeated: {name_list(repeated)}")
+    return keys
+
+
+def check_fields(fields: Sequence[str]) -> list[str]:
+    """Field names as a list of strings without repeats (order kept); DataPlaneError for a bare string."""
+    if isinstance(fields, str | bytes) or not isinstance(fields, Sequence):
+        raise DataPlaneError(f"fields must be a sequence of field names, got {type(fields).__name__}")
+    if not all(isinstance(field, str) for field in fields):
+        raise DataPlaneError(f"field names must be strings, got {list(fields)!r}")
+    return list(dict.fromkeys(fields))
+
+
+def check_tags(tags: Sequence[Mapping[str, Any]] | None, num_rows: int) -> list[dict[str, Any]] | None:
+    """Copies of the per-row tag dicts; DataPlaneError unless there is one mapping of primitives per row."""
+    if tags is None:
+        return None
+    if isinstance(tags, Mapping) or not isinstance(tags, Sequence):
+        raise DataPlaneError(f"tags must be a sequence with one dict per row, got {type(tags).__name__}")
+    if len(tags) != num_rows:
+        raise DataPlaneError(f"{len(tags)} tag dicts given for {num_rows} keys")
+    copies = []
+    for index, tag in enumerate(tags):
+        if not isinstance(tag, Mapping):
+            raise DataPlaneError(f"tags of row {index} must be a dict, got {type(tag).__name__}")
+        for name, value in tag.items():
+            if not isinstance(name, str) or not isinstance(value, TAG_TYPES):
+                raise DataPlaneError(
+                    f"tag {name!r} of row {index} is {value!r} ({type(value).__name__}); "
+                    "tag names are strings and values are str, int, float, bool or None"
+                )
+        copies.append(dict(tag))
+    return copies
+
+
+def name_list(names: Sequence[str], limit: int = 8) -> str:
+    """``['a', 'b', ...]`` with at most ``limit`` names, then how many more there are."""
+    shown = ", ".join(repr(name) for name in names[:limit])
+    more = len(names) - limit
+    return f"[{shown}{f', ... ({more} more)' if more > 0 else ''}]"
+
+
+def missing_message(partition_id: str, unknown: Sequence[str], missing_fields: Mapping[str, Sequence[str]]) -> str:
+    """The MissingRowsError message: unknown keys, then each field and the requested rows that lack it."""
+    parts = []
+    if unknown:
+        parts.append(f"{len(unknown)} key(s) not stored: {name_list(unknown)}")
+    for field, keys in missing_fields.items():
+        parts.append(f"field {field!r} missing on {len(keys)} row(s): {name_list(keys)}")
+    return f"data plane partition {partition_id!r}: " + "; ".join(parts)

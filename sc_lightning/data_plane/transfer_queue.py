@@ -1,0 +1,512 @@
+"""TransferQueueDataPlane: the data plane over TransferQueue 0.1.11's KV API with SimpleStorage, on Ray.
+
+The process that builds it first starts (or joins) Ray and starts TransferQueue: a controller actor and
+``num_storage_units`` storage actors, each holding one Ray CPU. Any other process attaches to the running
+TransferQueue: pickle the object and hand it over (to a Ray actor, say); the copy attaches lazily on first use.
+TransferQueue keeps one client per process in module globals, so every instance in a process shares it.
+
+What this wrapper adds to TransferQueue (see notes/transferqueue.md, section 4):
+
+- start-up that cannot hang: explicit Ray CPU counts, a check of free CPUs before ``tq.init`` (which otherwise
+  waits forever for its actors), and a deadline on ``tq.init`` (``ray.init`` has time-outs of its own);
+- ``TQ_NUM_THREADS`` set to the core count before TransferQueue is imported (also for actors of a Ray we start);
+- strict reads: TransferQueue drops unknown keys and returns nothing for a field some rows lack; we raise
+  MissingRowsError naming them;
+- a failed put removes the rows it registered but could not fill, so no orphan rows remain;
+- rows come back in our column form (same dtypes and jagged lengths, per-row scalars as 0-d tensors).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from types import ModuleType
+from typing import Any, NoReturn, TypeVar
+
+import torch
+
+from sc_lightning.data_plane.base import Columns, DataPlaneError, MissingRowsError
+from sc_lightning.data_plane.codec import (
+    BufferPool,
+    PackedRows,
+    check_fields,
+    check_keys,
+    check_tags,
+    from_wire,
+    missing_message,
+    packed_to_wire,
+    to_wire,
+)
+from sc_lightning.data_plane.memory import read_manifest, read_rows_snapshot, write_manifest
+
+log = logging.getLogger(__name__)
+
+CONTROLLER_ACTOR = "TransferQueueController"
+"""Name of TransferQueue's controller actor (in Ray namespace ``transfer_queue``); its presence means TQ runs."""
+CONTROLLER_NAMESPACE = "transfer_queue"
+NATIVE_DIR = "transfer_queue"
+"""Sub-directory of a snapshot directory that holds TransferQueue's own checkpoint."""
+
+WIRE_POOL_BYTES = 256 * 2**20
+"""Memory kept per process for packing puts into TransferQueue's wire form (buffers are reused, not re-faulted)."""
+
+_T = TypeVar("_T")
+
+
+def cpu_cores() -> int:
+    """CPU cores this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+def tq_thread_env() -> dict[str, str]:
+    """Set ``TQ_NUM_THREADS`` to the core count unless already set (TQ reads it at import); returns it as env."""
+    os.environ.setdefault("TQ_NUM_THREADS", str(cpu_cores()))
+    return {"TQ_NUM_THREADS": os.environ["TQ_NUM_THREADS"]}
+
+
+def check_ray_cpus(available: Mapping[str, float], needed: int) -> None:
+    """DataPlaneError unless ``available`` Ray resources hold ``needed`` CPUs (otherwise ``tq.init`` hangs)."""
+    free = available.get("CPU", 0.0)
+    if free < needed:
+        raise DataPlaneError(
+            f"TransferQueue needs {needed} free Ray CPUs (1 controller + {needed - 1} storage unit(s)) but the Ray "
+            f"cluster has {free:g} free; start Ray with more logical CPUs (ray.init(num_cpus=...)), lower "
+            "data_plane.num_storage_units, or build the data plane before other actors take the CPUs"
+        )
+
+
+class TransferQueueDataPlane:
+    """Data plane over TransferQueue (SimpleStorage on Ray); picklable, the copy attaches to the running TQ."""
+
+    def __init__(
+        self,
+        partition_id: str = "rollout_data",
+        *,
+        storage_capacity: int | None = 100_000,
+        num_storage_units: int = 1,
+        start_timeout_s: float = 120.0,
+        ray_num_cpus: int | None = None,
+    ) -> None:
+        """Start or join Ray and TransferQueue now.
+
+        Args:
+            partition_id: TransferQueue partition that holds this data plane's rows.
+            storage_capacity: Rows all storage units hold together (None = unlimited); used only when this call
+                starts TransferQueue (an attaching process gets the running one's settings).
+            num_storage_units: Storage actors to start (one Ray CPU each).
+            start_timeout_s: Deadline for starting or joining Ray and TransferQueue.
+            ray_num_cpus: Logical CPUs of a local Ray this call starts (default: cores + 1 + num_storage_units, so
+                TransferQueue's mostly idle actors do not take the CPUs the rest of the program schedules on).
+        """
+        if num_storage_units < 1:
+            raise DataPlaneError(f"num_storage_units must be at least 1, got {num_storage_units}")
+        if storage_capacity is not None and storage_capacity < 1:
+            raise DataPlaneError(f"storage_capacity must be at least 1 row, got {storage_capacity}")
+        self.partition_id = partition_id
+        self.storage_capacity = storage_capacity
+        self.num_storage_units = num_storage_units
+        self.start_timeout_s = start_timeout_s
+        self.ray_num_cpus = ray_num_cpus
+        self._reset_process_state()
+        self._start()
+
+    def _reset_process_state(self) -> None:
+        self._pool = BufferPool(WIRE_POOL_BYTES)  # wire buffers, reused put after put
+        self._tq: ModuleType | None = None
+        self._owns_tq = False
+        self._owns_ray = False
+        self._closed = False
+        self._attach_lock = threading.Lock()
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {
+            "partition_id": self.partition_id,
+            "storage_capacity": self.storage_capacity,
+            "num_storage_units": self.num_storage_units,
+            "start_timeout_s": self.start_timeout_s,
+            "ray_num_cpus": self.ray_num_cpus,
+        }
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._reset_process_state()
+
+    def __repr__(self) -> str:
+        role = "owner" if self._owns_tq else "attached" if self._tq is not None else "detached"
+        return f"TransferQueueDataPlane(partition_id={self.partition_id!r}, {role})"
+
+    @property
+    def owns_transfer_queue(self) -> bool:
+        """Whether this object started TransferQueue (its ``close`` then shuts TransferQueue down)."""
+        return self._owns_tq
+
+    # ---- data operations -------------------------------------------------------------------------------------
+
+    def put(
+        self,
+        keys: Sequence[str],
+        fields: Columns | None = None,
+        tags: Sequence[Mapping[str, Any]] | None = None,
+    ) -> None:
+        """Create or update rows: write each field (copied) and merge each row's tags; all-or-nothing."""
+        keys = check_keys(keys)
+        count = len(keys)
+        tag_copies = check_tags(tags, count)
+        if count == 0:
+            for field, rows in (fields or {}).items():
+                if len(rows) != 0:
+                    raise DataPlaneError(f"field {field!r} has {len(rows)} rows but 0 keys were given")
+            return
+        wire = to_wire(fields, count, self._pool.allocate) if fields else None
+        if wire is None and tag_copies is None:
+            tag_copies = [{} for _ in keys]  # a put of bare keys still creates the rows
+        tq = self._ensure()
+        try:
+            tq.kv_batch_put(keys=keys, partition_id=self.partition_id, fields=wire, tags=tag_copies)
+        except Exception as exc:
+            raise DataPlaneError(
+                f"put of {count} rows into partition {self.partition_id!r} failed: {exc}; "
+                f"{self._remove_quietly(tq, self._empty_rows(tq, keys))}"
+            ) from exc
+        if wire is not None:  # the storage units hold their own copies now
+            for value in wire.values():
+                self._pool.recycle(value.values() if value.is_nested else value)
+
+    def get(self, keys: Sequence[str], fields: Sequence[str]) -> dict[str, list[torch.Tensor]]:
+        """Read ``fields`` of ``keys`` (copies, in key order); MissingRowsError on any unknown key or field."""
+        keys = check_keys(keys)
+        fields = check_fields(fields)
+        tq = self._ensure()
+        if not keys:
+            return {field: [] for field in fields}
+        if not fields:
+            if self._existing_keys(tq, keys) != set(keys):
+                self._raise_missing(tq, keys, fields)
+            return {}
+        try:
+            wire = tq.kv_batch_get(keys=keys, partition_id=self.partition_id, select_fields=fields)
+        except ValueError:  # "keys or partition were not found" / "Some fields are not ready"
+            wire = None
+        except Exception as exc:
+            raise self._failed(f"get of {len(keys)} rows", exc) from exc
+        if wire is None or wire.batch_size[0] != len(keys) or not set(fields) <= set(wire.keys()):
+            self._raise_missing(tq, keys, fields)
+        return from_wire(wire, fields)
+
+    def tags(self, keys: Sequence[str]) -> list[dict[str, Any]]:
+        """The merged tags of each key, in key order; MissingRowsError on unknown keys."""
+        keys = check_keys(keys)
+        tq = self._ensure()
+        if not keys:
+            return []
+        try:
+            meta = tq.get_client().kv_retrieve_meta(keys=keys, partition_id=self.partition_id, create=False)
+        except Exception as exc:
+            raise self._failed(f"tags of {len(keys)} rows", exc) from exc
+        if meta.size != len(keys):
+            self._raise_missing(tq, keys, [])
+        return [dict(tag) for tag in meta.custom_meta]
+
+    def keys(self) -> list[str]:
+        """Every stored key."""
+        tq = self._ensure()
+        try:
+            return list(tq.kv_list(partition_id=self.partition_id).get(self.partition_id, {}))
+        except Exception as exc:
+            raise self._failed("listing keys", exc) from exc
+
+    def clear(self, keys: Sequence[str]) -> None:
+        """Delete rows; unknown keys are ignored, so clearing twice is harmless."""
+        keys = list(dict.fromkeys(check_keys(keys, unique=False)))
+        tq = self._ensure()
+        if keys:
+            try:
+                tq.kv_clear(keys=keys, partition_id=self.partition_id)
+            except Exception as exc:
+                raise self._failed(f"clear of {len(keys)} rows", exc) from exc
+
+    # ---- snapshots -------------------------------------------------------------------------------------------
+
+    def save(self, directory: str | Path) -> None:
+        """Write TransferQueue's native checkpoint (every partition) into ``directory/transfer_queue``.
+
+        Call it only when no put or clear is in flight (TransferQueue saves the controller, then the storage).
+        """
+        tq = self._ensure()
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        rows = len(self.keys())
+        try:
+            tq.save_checkpoint(directory / NATIVE_DIR, metadata={"partition_id": self.partition_id, "rows": rows})
+        except Exception as exc:
+            raise self._failed(f"saving a snapshot into {directory}", exc) from exc
+        write_manifest(directory, backend="simple", partition_id=self.partition_id, rows=rows)
+
+    def load(self, directory: str | Path) -> None:
+        """Replace the contents with a snapshot: TransferQueue's native one, or a memory backend's neutral one.
+
+        A native load replaces every partition of the running TransferQueue (it restores the whole controller
+        and storage) and needs the same number of storage units. A neutral snapshot is re-put into this
+        partition after its current rows are cleared; if that fails midway the partition is left empty.
+        """
+        tq = self._ensure()
+        directory = Path(directory)
+        manifest = read_manifest(directory, self.partition_id)
+        if manifest["backend"] == "simple":
+            try:
+                tq.load_checkpoint(directory / NATIVE_DIR)
+            except (ValueError, FileNotFoundError, RuntimeError) as exc:
+                raise DataPlaneError(f"could not load the TransferQueue checkpoint in {directory}: {exc}") from exc
+            return
+        self._load_neutral(tq, directory)
+
+    def _load_neutral(self, tq: ModuleType, directory: Path) -> None:
+        from tensordict import TensorDict
+
+        state = read_rows_snapshot(directory, self.partition_id)
+        self.clear(self.keys())
+        keys = state["keys"]
+        try:
+            if keys:
+                tq.kv_batch_put(keys=keys, partition_id=self.partition_id, tags=[dict(t) for t in state["tags"]])
+            for field, data in state["fields"].items():
+                lengths = None if data["lengths"] is None else data["lengths"].tolist()
+                field_keys = [keys[row] for row in data["rows"].tolist()]
+                wire = TensorDict(
+                    {field: packed_to_wire(PackedRows(data["values"], lengths))}, batch_size=[len(field_keys)]
+                )
+                tq.kv_batch_put(keys=field_keys, partition_id=self.partition_id, fields=wire)
+        except Exception as exc:
+            raise DataPlaneError(
+                f"loading the snapshot in {directory} failed: {exc}; {self._remove_quietly(tq, keys)}"
+            ) from exc
+
+    # ---- lifecycle -------------------------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Shut TransferQueue (and a Ray it started) down if this object started them; idempotent.
+
+        In any other process (or a second instance in the starting one) this only stops using TransferQueue:
+        the process-global TransferQueue client stays attached until the process exits.
+        """
+        if self._closed:
+            return
+        self._closed = True
+        self._pool.clear()
+        tq, self._tq = self._tq, None
+        if self._owns_tq and tq is not None:
+            try:
+                tq.close()
+            except Exception as exc:  # closing must not mask the error that led here
+                log.warning("TransferQueue did not shut down cleanly: %s", exc)
+        if self._owns_ray:
+            import ray
+
+            ray.shutdown()
+
+    def _start(self) -> None:
+        """Start or join Ray, then start or attach to TransferQueue (within ``start_timeout_s``)."""
+        env = tq_thread_env()
+        import ray
+
+        if not ray.is_initialized():
+            self._init_ray(ray, env)
+        try:
+            tq = _import_tq()
+            if _controller_exists(ray):
+                self._deadline(tq.init, "attaching to the running TransferQueue")
+            else:
+                check_ray_cpus(ray.available_resources(), 1 + self.num_storage_units)
+                try:
+                    self._deadline(lambda: tq.init(self._tq_config()), "starting TransferQueue")
+                except DataPlaneError:
+                    _kill_controller(ray)
+                    raise
+                self._owns_tq = True
+            self._tq = tq
+        except BaseException:
+            if self._owns_ray:
+                ray.shutdown()
+            raise
+
+    def _init_ray(self, ray: ModuleType, env: dict[str, str]) -> None:
+        # ray.init runs in this thread, not under run_with_deadline: Ray ties the processes it spawns to the
+        # spawning thread's life (parent-death signal), and it has start-up timeouts of its own.
+        address = os.environ.get("RAY_ADDRESS")
+        if address:
+            ray.init(address=address, runtime_env={"env_vars": env})
+            return
+        num_cpus = self.ray_num_cpus or cpu_cores() + 1 + self.num_storage_units
+        ray.init(num_cpus=num_cpus, include_dashboard=False, runtime_env={"env_vars": env})
+        self._owns_ray = True
+
+    def _tq_config(self) -> dict[str, Any]:
+        return {
+            "controller": {"polling_mode": True},  # never block the controller's only thread waiting for rows
+            "backend": {
+                "storage_backend": "SimpleStorage",
+                "SimpleStorage": {
+                    "num_data_storage_units": self.num_storage_units,
+                    "total_storage_size": self.storage_capacity,
+                },
+            },
+        }
+
+    def _ensure(self) -> ModuleType:
+        """The attached ``transfer_queue`` module; an unpickled copy attaches here on first use."""
+        if self._closed:
+            raise DataPlaneError(f"data plane partition {self.partition_id!r} is closed")
+        if self._tq is None:
+            with self._attach_lock:
+                if self._tq is None:
+                    self._attach()
+        assert self._tq is not None
+        return self._tq
+
+    def _attach(self) -> None:
+        env = tq_thread_env()
+        import ray
+
+        if not ray.is_initialized():  # a plain process (Ray actors are connected already)
+            ray.init(address=os.environ.get("RAY_ADDRESS", "auto"), runtime_env={"env_vars": env})
+        if not _controller_exists(ray):
+            raise DataPlaneError(
+                "TransferQueue is not running in this Ray cluster (no TransferQueueController actor); build the "
+                "data plane in the driver first and hand this process a pickled copy"
+            )
+        tq = _import_tq()
+        self._deadline(tq.init, "attaching to the running TransferQueue")
+        self._tq = tq
+
+    def _deadline(self, fn: Callable[[], _T], what: str) -> _T:
+        return run_with_deadline(fn, self.start_timeout_s, what)
+
+    # ---- strictness helpers ----------------------------------------------------------------------------------
+
+    def _existing_keys(self, tq: ModuleType, keys: list[str]) -> set[str]:
+        """Which of ``keys`` are stored (one controller round trip; two when only some are; TQ logs the rest)."""
+        client = tq.get_client()
+        meta = client.kv_retrieve_meta(keys=keys, partition_id=self.partition_id, create=False)
+        if meta.size == len(keys):
+            return set(keys)
+        if meta.size == 0:
+            return set()
+        return set(client.kv_retrieve_keys(global_indexes=list(meta.global_indexes), partition_id=self.partition_id))
+
+    def _raise_missing(self, tq: ModuleType, keys: list[str], fields: list[str]) -> NoReturn:
+        """MissingRowsError naming the unknown keys and, per field, the known rows that lack it."""
+        stored = tq.kv_list(partition_id=self.partition_id).get(self.partition_id, {})
+        unknown = [key for key in keys if key not in stored]
+        known = [key for key in keys if key in stored]
+        missing: dict[str, list[str]] = {}
+        if known and fields:
+            client = tq.get_client()
+            meta = client.kv_retrieve_meta(keys=known, partition_id=self.partition_id, create=False)
+            indexes = list(meta.global_indexes)  # aligned with ``known``
+            for field in fields:
+                produced = _produced(client, field, self.partition_id)
+                absent = [key for key, index in zip(known, indexes, strict=True) if index not in produced]
+                if absent:
+                    missing[field] = absent
+        if not unknown and not missing:
+            raise DataPlaneError(
+                f"TransferQueue returned an incomplete result for {len(keys)} keys and fields {fields} of partition "
+                f"{self.partition_id!r}, although all of them are stored"
+            )
+        raise MissingRowsError(missing_message(self.partition_id, unknown, missing))
+
+    def _empty_rows(self, tq: ModuleType, keys: list[str]) -> list[str]:
+        """Keys among ``keys`` whose rows hold no field and no tag: the rows a failed put registered.
+
+        TransferQueue registers every key of a put before writing to storage, so after a failure the new keys
+        exist with nothing produced. Asked key by key (this runs only after a failure): a query for missing keys
+        would make the controller log a warning on every put. A row that existed before with neither fields nor
+        tags (a bare ``put(keys)``) looks the same and is removed too.
+        """
+        client = tq.get_client()
+        empty = []
+        for key in keys:
+            try:
+                meta = client.kv_retrieve_meta(keys=[key], partition_id=self.partition_id, create=False)
+            except Exception:  # the controller itself is failing; leave the key alone
+                continue
+            if meta.size == 1 and not meta.field_names and not meta.custom_meta[0]:
+                empty.append(key)
+        return empty
+
+    def _failed(self, what: str, exc: Exception) -> DataPlaneError:
+        return DataPlaneError(f"{what} in TransferQueue partition {self.partition_id!r} failed: {exc}")
+
+    def _remove_quietly(self, tq: ModuleType, keys: list[str]) -> str:
+        """Clear ``keys`` after a failed write; returns what happened, for the error message."""
+        if not keys:
+            return "no row was left empty, so none was removed"
+        try:
+            tq.kv_clear(keys=keys, partition_id=self.partition_id)
+        except Exception as exc:
+            return f"removing the {len(keys)} rows it left empty also failed ({exc}); they may remain as orphans"
+        return f"the {len(keys)} rows it left empty were removed"
+
+
+def run_with_deadline(fn: Callable[[], _T], timeout_s: float, what: str) -> _T:
+    """Run ``fn`` in a daemon thread; DataPlaneError if it has not returned within ``timeout_s``."""
+    outcome: dict[str, Any] = {}
+
+    def _target() -> None:
+        try:
+            outcome["value"] = fn()
+        except BaseException as exc:  # re-raised in the caller's thread
+            outcome["error"] = exc
+
+    thread = threading.Thread(target=_target, name=f"data-plane: {what}", daemon=True)
+    thread.start()
+    thread.join(timeout_s)
+    if thread.is_alive():
+        raise DataPlaneError(
+            f"{what} did not finish within {timeout_s:g} s; check that Ray has free CPUs for TransferQueue's "
+            "actors (ray.available_resources()) and that the Ray cluster is reachable"
+        )
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["value"]
+
+
+def _import_tq() -> ModuleType:
+    tq_thread_env()
+    import transfer_queue
+
+    return transfer_queue
+
+
+def _controller_exists(ray: ModuleType) -> bool:
+    try:
+        ray.get_actor(CONTROLLER_ACTOR, namespace=CONTROLLER_NAMESPACE)
+    except ValueError:
+        return False
+    return True
+
+
+def _kill_controller(ray: ModuleType) -> None:
+    """Best effort: remove a controller left behind by a start that timed out."""
+    try:
+        ray.kill(ray.get_actor(CONTROLLER_ACTOR, namespace=CONTROLLER_NAMESPACE))
+    except Exception as exc:
+        log.warning("could not remove the TransferQueue controller of a failed start: %s", exc)
+
+
+def _produced(client: Any, field: str, partition_id: str) -> set[int]:
+    """Global indexes of the partition's rows that hold ``field`` (empty if the field was never written)."""
+    try:
+        indexes, status = client.get_production_status(data_fields=[field], partition_id=partition_id)
+    except Exception:  # TQ raises for a field it has never seen
+        return set()
+    if indexes is None or status is None:
+        return set()
+    ready = status.reshape(len(indexes), -1)[:, 0] == 1
+    return set(indexes[ready].tolist())

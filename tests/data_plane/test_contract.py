@@ -1,0 +1,642 @@
+"""The data-plane contract (notes/transferqueue.md section 7.2), run against every backend, plus the codec.
+
+``memory`` runs in-process. ``simple`` is real TransferQueue on a real local Ray: started once per module by the
+``tq_owner`` fixture (about 10 s), each test on its own partition, everything shut down at the end.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import pickle
+import random
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sc_lightning.config.runtime import DataPlaneConfig
+from sc_lightning.data_plane import DataPlane, DataPlaneError, MissingRowsError, build_data_plane
+from sc_lightning.data_plane.codec import from_wire, pack_rows, pad_rows, row_lengths, to_wire
+from sc_lightning.data_plane.memory import MemoryDataPlane
+from tests.conftest import REPO
+
+TQ_CAPACITY = 256
+"""Rows the shared TransferQueue holds (all partitions together); the overflow tests fill it."""
+
+BACKENDS = ["memory", pytest.param("simple", marks=pytest.mark.slow)]
+_partitions = itertools.count()
+
+
+# ---- fixtures --------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tq_owner() -> Iterator[DataPlane]:
+    """TransferQueue on a local Ray, started once for the module and shut down (Ray too) at its end."""
+    import ray
+
+    from sc_lightning.data_plane.transfer_queue import TransferQueueDataPlane
+
+    ray_was_running = ray.is_initialized()  # another module's fixture may hold a Ray; then TQ joins it
+    owner = TransferQueueDataPlane("contract-owner", storage_capacity=TQ_CAPACITY, num_storage_units=1)
+    assert owner.owns_transfer_queue
+    yield owner
+    owner.close()
+    if not ray_was_running:  # we started Ray: close() stopped it, and its processes are gone
+        assert not ray.is_initialized()
+        assert_no_child_processes()
+
+
+def assert_no_child_processes(timeout_s: float = 20.0) -> None:
+    """Ray's GCS, raylet and workers (our children) are gone shortly after ``ray.shutdown``."""
+    import psutil
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        alive = [p for p in psutil.Process().children(recursive=True) if p.status() != psutil.STATUS_ZOMBIE]
+        if not alive or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    assert not alive, [" ".join(p.cmdline()[:2]) for p in alive]
+
+
+@pytest.fixture(params=BACKENDS)
+def backend(request: pytest.FixtureRequest) -> str:
+    return request.param
+
+
+@pytest.fixture
+def make_plane(request: pytest.FixtureRequest, backend: str) -> Iterator[Callable[..., DataPlane]]:
+    """Factory of empty data planes on fresh partitions of the backend under test; cleans them up."""
+    made: list[DataPlane] = []
+
+    def make(capacity: int | None = None) -> DataPlane:
+        partition = f"contract-{next(_partitions)}"
+        if backend == "memory":
+            plane: DataPlane = MemoryDataPlane(partition, capacity=capacity)
+        else:
+            request.getfixturevalue("tq_owner")
+            from sc_lightning.data_plane.transfer_queue import TransferQueueDataPlane
+
+            plane = TransferQueueDataPlane(partition)  # attaches to the module's TransferQueue
+            assert not plane.owns_transfer_queue
+        made.append(plane)
+        return plane
+
+    yield make
+    for plane in made:
+        with contextlib.suppress(DataPlaneError):  # closed by the test
+            plane.clear(plane.keys())
+        plane.close()
+
+
+@pytest.fixture
+def plane(make_plane: Callable[..., DataPlane]) -> DataPlane:
+    return make_plane()
+
+
+def capacity_of(backend: str) -> int:
+    return 6 if backend == "memory" else TQ_CAPACITY
+
+
+# ---- helpers ---------------------------------------------------------------------------------------------------
+
+DTYPES = [torch.int32, torch.float32, torch.bfloat16, torch.int8, torch.bool]
+
+
+def rand_rows(dtype: torch.dtype, lengths: list[int], trailing: tuple[int, ...] = (), seed: int = 0) -> list[Any]:
+    """Rows of random values; ``lengths`` entries of -1 make 0-d rows."""
+    gen = torch.Generator().manual_seed(seed)
+    rows = []
+    for length in lengths:
+        shape = () if length < 0 else (length, *trailing)
+        values = torch.randint(-100, 100, shape, generator=gen)
+        rows.append((values > 0) if dtype is torch.bool else values.to(dtype))
+    return rows
+
+
+def sample_columns(n: int, seed: int = 0) -> dict[str, list[torch.Tensor]]:
+    """A rollout-like row set: jagged per-token fields of several dtypes (including empty rows) and scalars."""
+    lengths = [(seed * 7 + 5 * i) % 9 for i in range(n)]  # includes 0
+    return {
+        "input_ids": rand_rows(torch.int32, lengths, seed=seed),
+        "logprobs": rand_rows(torch.float32, lengths, seed=seed + 1),
+        "hidden": rand_rows(torch.bfloat16, lengths, (3,), seed=seed + 2),
+        "token_mask": rand_rows(torch.int8, lengths, seed=seed + 3),
+        "keep": rand_rows(torch.bool, lengths, seed=seed + 4),
+        "reward": rand_rows(torch.float32, [-1] * n, seed=seed + 5),
+        "length": [torch.tensor(length, dtype=torch.int32) for length in lengths],
+        "truncated": rand_rows(torch.bool, [-1] * n, seed=seed + 6),
+    }
+
+
+def assert_rows_equal(got: list[torch.Tensor], want: list[torch.Tensor], field: str = "") -> None:
+    assert len(got) == len(want), field
+    for index, (g, w) in enumerate(zip(got, want, strict=True)):
+        assert isinstance(g, torch.Tensor), (field, index)
+        assert g.dtype == w.dtype, (field, index, g.dtype, w.dtype)
+        assert g.shape == w.shape, (field, index, g.shape, w.shape)
+        assert torch.equal(g, w), (field, index)
+
+
+def assert_columns_equal(got: dict[str, list[torch.Tensor]], want: dict[str, list[torch.Tensor]]) -> None:
+    assert list(got) == list(want)
+    for field in want:
+        assert_rows_equal(got[field], want[field], field)
+
+
+def pick(columns: dict[str, list[torch.Tensor]], indexes: list[int]) -> dict[str, list[torch.Tensor]]:
+    return {field: [rows[i] for i in indexes] for field, rows in columns.items()}
+
+
+# ---- reads and writes ------------------------------------------------------------------------------------------
+
+
+def test_round_trip_keeps_key_order_dtypes_and_jagged_lengths(plane: DataPlane) -> None:
+    keys = [f"row{i}" for i in range(10)]
+    columns = sample_columns(10)
+    plane.put(keys, columns)
+    assert sorted(plane.keys()) == sorted(keys)
+
+    order = [7, 2, 9, 0, 4]
+    got = plane.get([keys[i] for i in order], list(columns))
+    assert_columns_equal(got, pick(columns, order))
+    for row in got["reward"] + got["length"] + got["truncated"]:
+        assert row.dim() == 0  # per-row scalars come back 0-d
+
+
+def test_rows_from_several_puts_come_back_in_key_order(plane: DataPlane) -> None:
+    first, second = sample_columns(4, seed=1), sample_columns(3, seed=2)
+    plane.put(["a0", "a1", "a2", "a3"], first)
+    plane.put(["b0", "b1", "b2"], second)
+    got = plane.get(["b2", "a1", "a2", "b0", "a0"], ["input_ids", "reward"])
+    want = {
+        "input_ids": [second["input_ids"][2], *first["input_ids"][1:3], second["input_ids"][0], first["input_ids"][0]],
+        "reward": [second["reward"][2], *first["reward"][1:3], second["reward"][0], first["reward"][0]],
+    }
+    assert_columns_equal(got, want)
+
+
+def test_column_write_back_adds_and_replaces_only_the_written_field(plane: DataPlane) -> None:
+    keys = ["g/0", "g/1", "g/2"]
+    columns = sample_columns(3)
+    plane.put(keys, {"input_ids": columns["input_ids"], "reward": columns["reward"]})
+    advantages = [torch.full((len(row),), float(i)) for i, row in enumerate(columns["input_ids"])]
+    plane.put(keys[::-1], {"advantages": advantages[::-1]})  # another order, another field
+    new_reward = [torch.tensor(9.0), torch.tensor(8.0)]
+    plane.put(keys[:2], {"reward": new_reward})
+
+    got = plane.get(keys, ["input_ids", "advantages", "reward"])
+    assert_rows_equal(got["input_ids"], columns["input_ids"])
+    assert_rows_equal(got["advantages"], advantages)
+    assert_rows_equal(got["reward"], [*new_reward, columns["reward"][2]])
+
+
+def test_unknown_keys_raise_naming_them(plane: DataPlane) -> None:
+    plane.put(["k0", "k1"], {"x": [torch.ones(2), torch.ones(3)]})
+    with pytest.raises(MissingRowsError, match="nope") as info:
+        plane.get(["k0", "nope", "k1"], ["x"])
+    assert "k0" not in str(info.value)
+    assert isinstance(info.value, KeyError) and isinstance(info.value, DataPlaneError)
+    with pytest.raises(MissingRowsError, match=r"2 key\(s\) not stored.*'gone1', 'gone2'"):
+        plane.get(["gone1", "gone2"], ["x"])
+    with pytest.raises(MissingRowsError, match="nope"):
+        plane.tags(["k0", "nope"])
+
+
+def test_field_missing_on_some_rows_raises_naming_field_and_rows(plane: DataPlane) -> None:
+    plane.put(["k0", "k1", "k2"], {"x": [torch.ones(1)] * 3})
+    plane.put(["k1"], {"y": [torch.zeros(2)]})
+    with pytest.raises(MissingRowsError, match=r"field 'y' missing on 2 row\(s\): \['k0', 'k2'\]") as info:
+        plane.get(["k0", "k1", "k2"], ["x", "y"])
+    assert "'k1'" not in str(info.value)
+    with pytest.raises(MissingRowsError, match="field 'never_written'"):
+        plane.get(["k1"], ["never_written"])
+    assert_rows_equal(plane.get(["k1"], ["y"])["y"], [torch.zeros(2)])
+
+
+def test_get_without_fields_still_checks_keys(plane: DataPlane) -> None:
+    plane.put(["k0"], {"x": [torch.ones(1)]})
+    assert plane.get(["k0"], []) == {}
+    with pytest.raises(MissingRowsError, match="ghost"):
+        plane.get(["k0", "ghost"], [])
+
+
+def test_empty_key_lists(plane: DataPlane) -> None:
+    plane.put([], {"x": []})
+    plane.put([])
+    assert plane.get([], ["x", "y"]) == {"x": [], "y": []}
+    assert plane.tags([]) == []
+    plane.clear([])
+    assert plane.keys() == []
+
+
+def test_bare_put_creates_rows_without_fields(plane: DataPlane) -> None:
+    plane.put(["k0", "k1"])
+    assert sorted(plane.keys()) == ["k0", "k1"]
+    assert plane.tags(["k0", "k1"]) == [{}, {}]
+    with pytest.raises(MissingRowsError, match="field 'x'"):
+        plane.get(["k0"], ["x"])
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_dtypes_and_shapes_survive(plane: DataPlane, dtype: torch.dtype) -> None:
+    columns = {
+        "jagged": rand_rows(dtype, [3, 0, 5, 1]),
+        "wide": rand_rows(dtype, [2, 4, 1, 3], (2, 3)),
+        "uniform": rand_rows(dtype, [4, 4, 4, 4]),
+        "scalar": rand_rows(dtype, [-1, -1, -1, -1]),
+    }
+    keys = ["a", "b", "c", "d"]
+    plane.put(keys, columns)
+    assert_columns_equal(plane.get(keys, list(columns)), columns)
+
+
+def test_packed_columns_are_accepted(plane: DataPlane) -> None:
+    ids = rand_rows(torch.int32, [3, 0, 2])
+    dense = torch.arange(12, dtype=torch.int8).reshape(3, 4)
+    nested = torch.nested.as_nested_tensor(ids, layout=torch.jagged)
+    plane.put(["a", "b", "c"], {"ids": nested, "mask": dense, "reward": torch.tensor([1.0, 2.0, 3.0])})
+    got = plane.get(["c", "a"], ["ids", "mask", "reward"])
+    assert_rows_equal(got["ids"], [ids[2], ids[0]])
+    assert_rows_equal(got["mask"], [dense[2], dense[0]])
+    assert_rows_equal(got["reward"], [torch.tensor(3.0), torch.tensor(1.0)])
+    dense.fill_(0)  # copied on put
+    assert_rows_equal(plane.get(["b"], ["mask"])["mask"], [torch.arange(4, 8, dtype=torch.int8)])
+
+
+def test_values_are_isolated_from_callers(plane: DataPlane) -> None:
+    rows = [torch.arange(4, dtype=torch.int32), torch.arange(3, dtype=torch.int32)]
+    scalars = [torch.tensor(1.0), torch.tensor(2.0)]
+    plane.put(["a", "b"], {"ids": rows, "s": scalars})
+    rows[0].fill_(-1)
+    scalars[1].fill_(-1)
+    got = plane.get(["a", "b"], ["ids", "s"])
+    assert_rows_equal(got["ids"], [torch.arange(4, dtype=torch.int32), torch.arange(3, dtype=torch.int32)])
+    got["ids"][1].fill_(7)
+    got["s"][0].fill_(7)
+    again = plane.get(["a", "b"], ["ids", "s"])
+    assert_rows_equal(again["ids"], [torch.arange(4, dtype=torch.int32), torch.arange(3, dtype=torch.int32)])
+    assert_rows_equal(again["s"], [torch.tensor(1.0), torch.tensor(2.0)])
+
+
+# ---- tags and clear --------------------------------------------------------------------------------------------
+
+
+def test_tags_merge_per_key_and_clear_removes_them(plane: DataPlane) -> None:
+    keys = ["k0", "k1"]
+    plane.put(keys, {"x": [torch.ones(1), torch.ones(2)]}, tags=[{"group": "g", "i": 0}, {"group": "g", "i": 1}])
+    plane.put(keys, tags=[{"score": 0.5}, {}])  # tags only
+    plane.put(["k1"], {"y": [torch.zeros(1)]}, tags=[{"i": 10, "done": True, "note": None}])
+    assert plane.tags(keys) == [
+        {"group": "g", "i": 0, "score": 0.5},
+        {"group": "g", "i": 10, "done": True, "note": None},
+    ]
+    returned = plane.tags(["k0"])
+    returned[0]["group"] = "changed"
+    assert plane.tags(["k0"])[0]["group"] == "g"
+
+    plane.clear(["k0"])
+    assert plane.keys() == ["k1"]
+    plane.put(["k0"], {"x": [torch.ones(3)]})
+    assert plane.tags(["k0"]) == [{}]
+
+
+def test_clear_is_idempotent_and_cleared_keys_raise(plane: DataPlane) -> None:
+    plane.put(["k0", "k1", "k2"], {"x": [torch.ones(1)] * 3})
+    plane.clear(["k0", "k2", "never"])
+    plane.clear(["k0", "k2"])
+    plane.clear(["k0", "k0"])
+    assert plane.keys() == ["k1"]
+    with pytest.raises(MissingRowsError, match="'k0'"):
+        plane.get(["k0", "k1"], ["x"])
+    assert_rows_equal(plane.get(["k1"], ["x"])["x"], [torch.ones(1)])
+    plane.clear(plane.keys())
+    assert plane.keys() == []
+
+
+# ---- failures leave no trace -----------------------------------------------------------------------------------
+
+
+def test_capacity_overflow_leaves_no_trace(make_plane: Callable[..., DataPlane], backend: str) -> None:
+    capacity = capacity_of(backend)
+    plane = make_plane(capacity=capacity)
+    plane.put(["old0", "old1"], {"x": [torch.ones(1), torch.ones(2)]}, tags=[{"t": 0}, {"t": 1}])
+    new = [f"new{i}" for i in range(capacity - 1)]
+    keys = ["old1", *new]  # one existing key + capacity - 1 new ones: one row too many
+    with pytest.raises(DataPlaneError) as info:
+        plane.put(keys, {"x": [torch.zeros(1)] * len(keys)}, tags=[{"t": 9}] * len(keys))
+    assert "capacity" in str(info.value)
+    assert sorted(plane.keys()) == ["old0", "old1"]  # no orphan rows
+    assert plane.tags(["old0", "old1"]) == [{"t": 0}, {"t": 1}]
+    assert_rows_equal(plane.get(["old0", "old1"], ["x"])["x"], [torch.ones(1), torch.ones(2)])
+    plane.put(new[:2], {"x": [torch.zeros(1)] * 2})  # and the store still works
+    assert sorted(plane.keys()) == ["new0", "new1", "old0", "old1"]
+
+
+@pytest.mark.parametrize(
+    ("fields", "tags", "match"),
+    [
+        ({"x": [torch.ones(2), [1, 2]]}, None, r"field 'x': row 1 is a list, not a tensor"),
+        ({"x": [torch.ones(2), "text"]}, None, r"field 'x': row 1 is a str"),
+        ({"x": [torch.ones(2), torch.ones(2, dtype=torch.float64)]}, None, r"field 'x': row 1 has dtype"),
+        ({"x": [torch.ones(2, 3), torch.ones(2, 4)]}, None, r"field 'x': row 1 has shape \(2, 4\)"),
+        ({"x": [torch.ones(2), torch.tensor(1.0)]}, None, r"field 'x': row 1 has shape \(\)"),
+        ({"x": [torch.tensor(1.0), torch.ones(1)]}, None, r"field 'x': row 1 has shape \(1,\)"),
+        ({"x": [torch.ones(2)]}, None, r"field 'x' has 1 rows but 2 keys"),
+        ({"x": "ab"}, None, r"field 'x': expected a sequence of tensors"),
+        ({"x": [torch.ones(1)] * 2}, [{"t": [1]}, {}], r"tag 't' of row 0"),
+        ({"x": [torch.ones(1)] * 2}, [{}], r"1 tag dicts given for 2 keys"),
+    ],
+)
+def test_invalid_puts_are_rejected_before_anything_is_written(
+    plane: DataPlane, fields: dict[str, Any], tags: list[dict[str, Any]] | None, match: str
+) -> None:
+    with pytest.raises(DataPlaneError, match=match):
+        plane.put(["k0", "k1"], {"ok": [torch.ones(1), torch.ones(1)], **fields}, tags=tags)
+    assert plane.keys() == []
+
+
+def test_bad_key_lists_are_rejected(plane: DataPlane) -> None:
+    with pytest.raises(DataPlaneError, match="repeated: \\['k0'\\]"):
+        plane.put(["k0", "k1", "k0"], {"x": [torch.ones(1)] * 3})
+    with pytest.raises(DataPlaneError, match="sequence of strings"):
+        plane.get("k0", ["x"])
+    with pytest.raises(DataPlaneError, match="sequence of field names"):
+        plane.get(["k0"], "x")
+    with pytest.raises(DataPlaneError, match="must be strings"):
+        plane.put([1, 2], {"x": [torch.ones(1)] * 2})
+    assert plane.keys() == []
+
+
+# ---- snapshots -------------------------------------------------------------------------------------------------
+
+
+def test_save_load_round_trip_replaces_contents(plane: DataPlane, tmp_path: Path) -> None:
+    keys = [f"r{i}" for i in range(6)]
+    columns = sample_columns(6, seed=3)
+    plane.put(keys, columns, tags=[{"i": i, "group": f"g{i // 3}"} for i in range(6)])
+    plane.put(keys[:2], {"advantages": [torch.ones(3), torch.ones(1)]})  # a field only some rows have
+    plane.put(["bare"])
+    plane.save(tmp_path / "snap")
+
+    plane.clear(keys[3:])
+    plane.put(["extra"], {"x": [torch.ones(1)]}, tags=[{"extra": True}])
+    plane.put(keys[:1], tags=[{"i": 99}])
+    plane.load(tmp_path / "snap")
+
+    assert sorted(plane.keys()) == sorted([*keys, "bare"])
+    assert plane.tags([*keys, "bare"]) == [*({"i": i, "group": f"g{i // 3}"} for i in range(6)), {}]
+    assert_columns_equal(plane.get(keys, list(columns)), columns)
+    assert_rows_equal(plane.get(keys[:2], ["advantages"])["advantages"], [torch.ones(3), torch.ones(1)])
+    with pytest.raises(MissingRowsError, match="advantages"):
+        plane.get(keys, ["advantages"])
+    plane.put(["after"], {"x": [torch.ones(2)]})  # the loaded store keeps working
+    assert_rows_equal(plane.get(["after"], ["x"])["x"], [torch.ones(2)])
+
+
+def test_load_into_a_fresh_memory_plane(tmp_path: Path) -> None:
+    source = MemoryDataPlane("p")
+    columns = sample_columns(5, seed=4)
+    source.put([f"k{i}" for i in range(5)], columns, tags=[{"i": i} for i in range(5)])
+    source.save(tmp_path)
+    fresh = MemoryDataPlane("p")
+    fresh.load(tmp_path)
+    assert fresh.keys() == source.keys()
+    assert fresh.tags(fresh.keys()) == source.tags(source.keys())
+    assert_columns_equal(fresh.get(fresh.keys(), list(columns)), columns)
+    assert (tmp_path / "manifest.json").exists()
+
+
+def test_load_refuses_another_partition_and_missing_snapshots(plane: DataPlane, tmp_path: Path) -> None:
+    other = MemoryDataPlane("some-other-partition")
+    other.put(["k"], {"x": [torch.ones(1)]})
+    other.save(tmp_path / "other")
+    with pytest.raises(DataPlaneError, match="some-other-partition"):
+        plane.load(tmp_path / "other")
+    with pytest.raises(DataPlaneError, match="no data-plane snapshot"):
+        plane.load(tmp_path / "nothing-here")
+
+
+def test_memory_load_over_capacity_keeps_contents(tmp_path: Path) -> None:
+    big = MemoryDataPlane("p")
+    big.put([f"k{i}" for i in range(5)], {"x": [torch.ones(1)] * 5})
+    big.save(tmp_path)
+    small = MemoryDataPlane("p", capacity=3)
+    small.put(["mine"], {"x": [torch.zeros(1)]})
+    with pytest.raises(DataPlaneError, match="capacity 3"):
+        small.load(tmp_path)
+    assert small.keys() == ["mine"]
+
+
+# ---- concurrency -----------------------------------------------------------------------------------------------
+
+
+def test_concurrent_writers_readers_and_clears_do_not_corrupt(plane: DataPlane) -> None:
+    errors: list[BaseException] = []
+
+    def worker(worker_id: int) -> None:
+        rng = random.Random(worker_id)
+        try:
+            for step in range(8):
+                keys = [f"w{worker_id}/s{step}/{i}" for i in range(4)]
+                rows = [torch.full((rng.randint(1, 6),), worker_id * 100 + step, dtype=torch.int32) for _ in keys]
+                plane.put(keys, {"x": rows}, tags=[{"w": worker_id}] * 4)
+                got = plane.get(keys[::-1], ["x"])["x"]
+                assert_rows_equal(got, rows[::-1])
+                assert plane.tags(keys) == [{"w": worker_id}] * 4
+                plane.clear(keys[:2])
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=120)
+    assert not errors, errors[0]
+    assert len(plane.keys()) == 4 * 8 * 2
+
+
+# ---- backend specifics -----------------------------------------------------------------------------------------
+
+
+def test_memory_plane_refuses_pickling() -> None:
+    with pytest.raises(TypeError, match="lives in one process.*backend='simple'"):
+        pickle.dumps(MemoryDataPlane())
+
+
+def test_closed_plane_refuses_use(make_plane: Callable[..., DataPlane]) -> None:
+    plane = make_plane()
+    plane.close()
+    plane.close()
+    with pytest.raises(DataPlaneError, match="closed"):
+        plane.put(["k"], {"x": [torch.ones(1)]})
+
+
+def test_build_data_plane_picks_the_backend() -> None:
+    plane = build_data_plane(DataPlaneConfig(backend="memory", partition_id="p", storage_capacity=7))
+    assert isinstance(plane, MemoryDataPlane) and isinstance(plane, DataPlane)
+    assert (plane.partition_id, plane.capacity) == ("p", 7)
+    with pytest.raises(DataPlaneError, match="enabled is false"):
+        build_data_plane(DataPlaneConfig(enabled=False, backend="memory"))
+
+
+def test_importing_the_package_does_not_import_ray_or_transfer_queue() -> None:
+    code = (
+        "import sys, sc_lightning.data_plane, sc_lightning.data_plane.memory, sc_lightning.data_plane.transfer_queue;"
+        "print(sorted(m for m in ('ray', 'transfer_queue', 'tensordict') if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+
+
+def test_check_ray_cpus_explains_the_shortage() -> None:
+    from sc_lightning.data_plane.transfer_queue import check_ray_cpus
+
+    check_ray_cpus({"CPU": 2.0}, 2)
+    with pytest.raises(DataPlaneError, match=r"needs 3 free Ray CPUs .*has 1 free.*num_cpus"):
+        check_ray_cpus({"CPU": 1.0}, 3)
+
+
+@pytest.mark.slow
+def test_tq_plane_is_picklable_and_attaches_inside_a_ray_actor(tq_owner: DataPlane) -> None:
+    import ray
+
+    from sc_lightning.data_plane.transfer_queue import TransferQueueDataPlane
+
+    plane = TransferQueueDataPlane("contract-actor")
+    keys = ["a", "b"]
+    plane.put(keys, {"ids": [torch.arange(3, dtype=torch.int32), torch.arange(5, dtype=torch.int32)]})
+
+    @ray.remote(num_cpus=0)
+    def write_back(remote_plane: TransferQueueDataPlane) -> list[int]:
+        ids = remote_plane.get(["a", "b"], ["ids"])["ids"]
+        remote_plane.put(["b", "a"], {"doubled": [ids[1] * 2, ids[0] * 2]}, tags=[{"by": "actor"}] * 2)
+        remote_plane.close()  # not the owner: leaves TransferQueue running
+        return [len(row) for row in ids]
+
+    assert ray.get(write_back.remote(plane), timeout=120) == [3, 5]
+    got = plane.get(keys, ["doubled"])["doubled"]
+    assert_rows_equal(got, [torch.arange(3, dtype=torch.int32) * 2, torch.arange(5, dtype=torch.int32) * 2])
+    assert plane.tags(keys) == [{"by": "actor"}] * 2
+    plane.clear(keys)
+    plane.close()
+
+
+@pytest.mark.slow
+def test_tq_started_with_polling_mode_and_thread_count(tq_owner: DataPlane) -> None:
+    import os
+
+    import ray
+
+    from sc_lightning.data_plane.transfer_queue import CONTROLLER_ACTOR, CONTROLLER_NAMESPACE, cpu_cores
+
+    controller = ray.get_actor(CONTROLLER_ACTOR, namespace=CONTROLLER_NAMESPACE)
+    config = ray.get(controller.get_config.remote(), timeout=60)
+    assert config.controller.polling_mode is True
+    assert config.backend.SimpleStorage.total_storage_size == TQ_CAPACITY
+    assert os.environ["TQ_NUM_THREADS"] == str(cpu_cores())
+
+
+@pytest.mark.slow
+def test_memory_snapshot_loads_into_transfer_queue(tq_owner: DataPlane, tmp_path: Path) -> None:
+    from sc_lightning.data_plane.transfer_queue import TransferQueueDataPlane
+
+    source = MemoryDataPlane("contract-neutral")
+    columns = sample_columns(4, seed=5)
+    source.put(["k0", "k1", "k2", "k3"], columns, tags=[{"i": i} for i in range(4)])
+    source.put(["k1"], {"extra": [torch.ones(2, dtype=torch.int8)]})
+    source.save(tmp_path)
+    plane = TransferQueueDataPlane("contract-neutral")
+    plane.put(["stale"], {"x": [torch.ones(1)]})
+    plane.load(tmp_path)
+    assert sorted(plane.keys()) == ["k0", "k1", "k2", "k3"]
+    assert plane.tags(["k0", "k3"]) == [{"i": 0}, {"i": 3}]
+    assert_columns_equal(plane.get(["k0", "k1", "k2", "k3"], list(columns)), columns)
+    assert_rows_equal(plane.get(["k1"], ["extra"])["extra"], [torch.ones(2, dtype=torch.int8)])
+    plane.clear(plane.keys())
+    plane.close()
+
+
+# ---- codec -----------------------------------------------------------------------------------------------------
+
+
+def test_wire_form_is_dense_for_scalars_and_jagged_otherwise() -> None:
+    columns = {"ids": rand_rows(torch.int32, [2, 0, 3]), "s": rand_rows(torch.float32, [-1, -1, -1])}
+    wire = to_wire(columns, 3)
+    assert wire.batch_size == torch.Size([3])
+    assert not wire["s"].is_nested and wire["s"].shape == (3,)
+    assert wire["ids"].is_nested and wire["ids"].layout is torch.jagged
+    assert wire["ids"].offsets().tolist() == [0, 2, 2, 5]
+    assert_columns_equal(from_wire(wire), columns)
+
+
+def test_from_wire_accepts_dense_uniform_columns() -> None:
+    dense = {"x": torch.arange(6).reshape(3, 2), "s": torch.tensor([1.0, 2.0, 3.0])}
+    got = from_wire(dense, ["x", "s"])
+    assert_rows_equal(got["x"], [torch.tensor([0, 1]), torch.tensor([2, 3]), torch.tensor([4, 5])])
+    assert [row.dim() for row in got["s"]] == [0, 0, 0]
+
+
+def test_pack_rows_accepts_dense_and_nested_columns() -> None:
+    dense = torch.arange(6, dtype=torch.int32).reshape(2, 3)
+    assert_rows_equal(pack_rows("d", dense, 2).rows(), list(dense.unbind(0)))
+    rows = rand_rows(torch.float32, [2, 5])
+    nested = torch.nested.as_nested_tensor(rows, layout=torch.jagged)
+    assert_rows_equal(pack_rows("n", nested, 2).rows(), rows)
+    with pytest.raises(DataPlaneError, match="'d' has 2 rows but 3 keys"):
+        pack_rows("d", dense, 3)
+
+
+def test_pad_rows_and_row_lengths() -> None:
+    rows = [torch.tensor([1, 2, 3]), torch.tensor([4]), torch.tensor([], dtype=torch.int64)]
+    assert torch.equal(pad_rows(rows, pad_value=-1), torch.tensor([[1, 2, 3], [4, -1, -1], [-1, -1, -1]]))
+    assert torch.equal(row_lengths(rows), torch.tensor([3, 1, 0]))
+    wide = [torch.ones(2, 2), torch.ones(1, 2)]
+    assert pad_rows(wide).shape == (2, 2, 2) and pad_rows(wide)[1, 1].tolist() == [0.0, 0.0]
+    assert torch.equal(pad_rows([torch.tensor(1.0), torch.tensor(2.0)]), torch.tensor([1.0, 2.0]))
+    with pytest.raises(DataPlaneError, match="row 1 is a 0-d tensor"):
+        row_lengths([torch.ones(1), torch.tensor(1.0)])
+
+
+HYPOTHESIS_DTYPES = [torch.int32, torch.int64, torch.float32, torch.float16, torch.bfloat16, torch.int8, torch.bool]
+
+
+@st.composite
+def jagged_columns(draw: st.DrawFn) -> tuple[int, dict[str, list[torch.Tensor]]]:
+    num_rows = draw(st.integers(1, 6))
+    columns = {}
+    for index in range(draw(st.integers(1, 4))):
+        dtype = draw(st.sampled_from(HYPOTHESIS_DTYPES))
+        scalar = draw(st.booleans())
+        trailing = draw(st.sampled_from([(), (1,), (2,), (2, 3)]))
+        lengths = [-1] * num_rows if scalar else draw(st.lists(st.integers(0, 7), min_size=num_rows, max_size=num_rows))
+        columns[f"f{index}"] = rand_rows(dtype, lengths, trailing, seed=draw(st.integers(0, 2**16)))
+    return num_rows, columns
+
+
+@settings(max_examples=150, deadline=None)
+@given(jagged_columns())
+def test_codec_round_trip_property(case: tuple[int, dict[str, list[torch.Tensor]]]) -> None:
+    num_rows, columns = case
+    assert_columns_equal(from_wire(to_wire(columns, num_rows)), columns)
+    for field, rows in columns.items():
+        assert_rows_equal(pack_rows(field, rows, num_rows).rows(), rows, field)
+        padded = pad_rows(rows, pad_value=0)
+        if rows[0].dim() == 0:
+            assert torch.equal(padded, torch.stack(rows))
+            continue
+        assert row_lengths(rows).tolist() == [len(row) for row in rows]
+        for index, row in enumerate(rows):
+            assert torch.equal(padded[index, : len(row)], row)
+            assert not padded[index, len(row) :].any()
