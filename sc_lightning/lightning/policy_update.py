@@ -1,0 +1,147 @@
+"""One RL step = one optimizer step, streamed over chunks: ``begin`` → ``train_chunk`` × k → ``finish``.
+
+Chunks arrive while the step is assembled, before the step's valid-token count is known. So every micro-batch
+backpropagates the loss as a raw sum (normaliser 1) and gradients accumulate; ``finish`` divides the gradients
+(and the summed metrics) once by the step's global count, clips, and steps the optimizer. The result does not
+depend on how the step was chunked or micro-batched: grad_norm and the new weights are the same for 1 chunk or 4.
+
+On GRPO the policy does not change inside a step, so the trainer's old logprobs equal the current ones: prev =
+logprobs.detach() (ratio 1 with a gradient), and the importance weight exp(prev − gen) corrects for the engine.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+from sc_lightning.algorithms import METRIC_REDUCTIONS, ClippedPGLoss, loss_mask, valid_counts
+from sc_lightning.lightning.step_data import TrainChunk
+from sc_lightning.models.logprobs import token_logprobs
+
+
+class EmptyStepError(RuntimeError):
+    """Every completion of a step was filtered out, so there is nothing to train on."""
+
+
+@dataclass
+class _StepTotals:
+    tokens: float = 0.0
+    seqs: float = 0.0
+    rows: int = 0
+    sums: dict[str, float] = field(default_factory=dict)
+    extremes: dict[str, float] = field(default_factory=dict)
+
+    def add(self, metrics: dict[str, torch.Tensor]) -> None:
+        """Fold one micro-batch's metrics in, each by its reduction (sum, min or max)."""
+        for name, value in metrics.items():
+            reduction, x = METRIC_REDUCTIONS[name], float(value)
+            if reduction == "sum":
+                self.sums[name] = self.sums.get(name, 0.0) + x
+            else:
+                pick = min if reduction == "min" else max
+                self.extremes[name] = pick(self.extremes.get(name, x), x)
+
+
+class PolicyUpdate:
+    """Accumulates one RL step's gradients over chunks of rows and applies a single optimizer step."""
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        loss_fn: ClippedPGLoss,
+        *,
+        micro_batch_size: int,
+        clip_grad: float,
+        backward: Callable[[torch.Tensor], None] | None = None,
+        scheduler: torch.optim.lr_scheduler.LRScheduler | None = None,
+        vocab_size: int | None = None,
+        reference_model: torch.nn.Module | None = None,
+    ) -> None:
+        if loss_fn.reference_policy_kl_penalty > 0 and reference_model is None:
+            raise ValueError("loss_fn.reference_policy_kl_penalty > 0 needs a reference model for the KL term")
+        self.model, self.optimizer, self.loss_fn = model, optimizer, loss_fn
+        self.reference_model = reference_model
+        self.micro_batch_size, self.clip_grad, self.scheduler = micro_batch_size, clip_grad, scheduler
+        self.backward = backward or (lambda loss: loss.backward())
+        self.vocab_size = vocab_size
+        self._totals: _StepTotals | None = None
+
+    def begin(self) -> None:
+        """Open a step: zero the gradients and the counters."""
+        if self._totals is not None:
+            raise RuntimeError("begin() called twice without finish(): a train step is already open")
+        self.model.train()
+        self.optimizer.zero_grad(set_to_none=True)
+        self._totals = _StepTotals()
+
+    def train_chunk(self, chunk: TrainChunk) -> None:
+        """Forward/backward every micro-batch of ``chunk``; gradients accumulate as raw sums."""
+        totals = self._open_step()
+        totals.rows += len(chunk)
+        for batch in chunk.microbatches(self.micro_batch_size):
+            mask = loss_mask(batch.token_mask, batch.sample_mask)
+            tokens, seqs = valid_counts(mask)
+            if tokens == 0:
+                continue  # every row filtered: consumed, not trained
+            logprobs = token_logprobs(self.model, batch.input_ids, vocab_size=self.vocab_size)
+            loss, metrics = self.loss_fn(
+                logprobs,
+                prev_logprobs=logprobs.detach(),
+                generation_logprobs=batch.generation_logprobs,
+                advantages=batch.advantages,
+                mask=mask,
+                num_valid_tokens=1.0,
+                num_valid_seqs=1.0,
+                reference_logprobs=self._reference_logprobs(batch),
+            )
+            self.backward(loss)
+            totals.tokens += float(tokens)
+            totals.seqs += float(seqs)
+            totals.add(metrics)
+
+    def _reference_logprobs(self, batch: TrainChunk) -> torch.Tensor | None:
+        if self.reference_model is None:
+            return None
+        with torch.no_grad():
+            return token_logprobs(self.reference_model, batch.input_ids, vocab_size=self.vocab_size)
+
+    def finish(self) -> dict[str, float]:
+        """Normalise once by the step's valid count, clip, step; returns the step's metrics."""
+        totals = self._open_step()
+        self._totals = None
+        if totals.tokens == 0:
+            raise EmptyStepError(f"all {totals.rows} completions of the step were filtered out; nothing to train on")
+        normaliser = totals.tokens if self.loss_fn.token_level_loss else totals.seqs
+        params = [p for p in self.model.parameters() if p.grad is not None]
+        for param in params:
+            param.grad.div_(normaliser)
+        grad_norm = torch.nn.utils.clip_grad_norm_(params, self.clip_grad)
+        lr = self.optimizer.param_groups[0]["lr"]
+        self.optimizer.step()
+        if self.scheduler is not None:
+            self.scheduler.step()
+        metrics = {name: value / self._denominator(name, totals) for name, value in totals.sums.items()}
+        metrics.update(totals.extremes)
+        metrics.update(
+            grad_norm=float(grad_norm), lr=lr, global_valid_toks=totals.tokens, global_valid_seqs=totals.seqs
+        )
+        return metrics
+
+    def _denominator(self, name: str, totals: _StepTotals) -> float:
+        loss_fn = self.loss_fn
+        if name in ("loss", "kl_penalty"):
+            return totals.tokens if loss_fn.token_level_loss else totals.seqs
+        if name == "is_oob_ratio":
+            per_seq = loss_fn.truncated_importance_sampling_type == "seq-mask-tis"
+            return totals.seqs if per_seq or loss_fn.sequence_level_importance_ratios else totals.tokens
+        if name == "num_valid_samples":
+            return 1.0
+        return totals.tokens
+
+    def _open_step(self) -> _StepTotals:
+        if self._totals is None:
+            raise RuntimeError("no train step is open: call begin() first")
+        return self._totals

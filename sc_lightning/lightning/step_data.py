@@ -1,0 +1,83 @@
+"""From selected groups to trainable tensors: read the rows, pad them, mask them, and attach GRPO advantages.
+
+A chunk holds whole prompt groups (the sampler never splits a group), so each group's baseline is computed
+inside its chunk and chunking a step never changes an advantage.
+
+    shapes: B = rows in the chunk (groups x generations), T = longest row in the chunk
+    input_ids            (B, T) long     prompt + completion, right-padded with the tokenizer's pad id
+    token_mask           (B, T) float    1 on completion tokens
+    generation_logprobs  (B, T) float    the engine's logprob of each completion token
+    sample_mask          (B,)   float    0 for rows excluded from the loss (overlong filtering)
+    advantages           (B, T) float    the row's GRPO advantage on its completion tokens
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field, fields
+
+import torch
+
+from sc_lightning.algorithms import expand_to_tokens, grpo_advantages_by_group
+from sc_lightning.controller.buffer import GroupMeta
+from sc_lightning.data_plane.base import DataPlane
+from sc_lightning.data_plane.codec import pad_rows
+
+READ_FIELDS = ("input_ids", "token_mask", "generation_logprobs", "total_reward", "sample_mask", "truncated")
+
+
+@dataclass
+class TrainChunk:
+    """Padded tensors of whole prompt groups, ready for the loss."""
+
+    input_ids: torch.Tensor
+    token_mask: torch.Tensor
+    generation_logprobs: torch.Tensor
+    sample_mask: torch.Tensor
+    advantages: torch.Tensor
+    rewards: torch.Tensor
+    group_ids: list[str] = field(default_factory=list)
+    start_weights: list[int] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return self.input_ids.shape[0]
+
+    def rows(self, index: slice) -> TrainChunk:
+        """A view of some rows (micro-batching); group ids and weights follow the rows."""
+        return TrainChunk(**{f.name: getattr(self, f.name)[index] for f in fields(self)})
+
+    def microbatches(self, size: int) -> Iterator[TrainChunk]:
+        """Consecutive slices of at most ``size`` rows."""
+        for start in range(0, len(self), size):
+            yield self.rows(slice(start, start + size))
+
+
+def load_chunk(
+    data_plane: DataPlane,
+    groups: Sequence[GroupMeta],
+    *,
+    pad_token_id: int,
+    overlong_filtering: bool,
+    leave_one_out: bool,
+    normalize_rewards: bool,
+) -> TrainChunk:
+    """Read the rows of ``groups`` and build their padded tensors and GRPO advantages."""
+    keys = [key for group in groups for key in group.keys]
+    rows = data_plane.get(keys, list(READ_FIELDS))
+    group_ids = [group.group_id for group in groups for _ in group.keys]
+    rewards = torch.stack(rows["total_reward"]).float()
+    sample_mask = torch.stack(rows["sample_mask"]).float()
+    if overlong_filtering:
+        sample_mask = sample_mask * (~torch.stack(rows["truncated"]).bool()).float()
+    token_mask = pad_rows(rows["token_mask"], pad_value=0).float()
+    per_row = grpo_advantages_by_group(rewards, group_ids, leave_one_out=leave_one_out, normalize=normalize_rewards)
+    return TrainChunk(
+        input_ids=pad_rows(rows["input_ids"], pad_value=pad_token_id).long(),
+        token_mask=token_mask,
+        generation_logprobs=pad_rows(rows["generation_logprobs"], pad_value=0).float(),
+        sample_mask=sample_mask,
+        advantages=expand_to_tokens(per_row, token_mask),
+        rewards=rewards,
+        group_ids=group_ids,
+        start_weights=[group.start_weight for group in groups for _ in group.keys],
+    )
