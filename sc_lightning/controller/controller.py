@@ -10,6 +10,7 @@
                    select(v, min, max)   wait for and take ready groups (frees their permits); metadata only
                    clear(groups)         delete trained rows from the data plane
                    begin_refit(v + 1)    close dispatch, abort rollouts the sampler says are doomed
+                   push_weights(w, v+1)  load the trainer's new weights into the engine
                    finish_refit(v + 1)   stamp the engine's new version, reopen dispatch
 
 A buffer permit is held by every dispatched group until it is selected or evicted, or its rollout fails, is
@@ -23,6 +24,8 @@ import asyncio
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+
+import torch
 
 from sc_lightning.controller.buffer import GroupMeta, TQReplayBuffer
 from sc_lightning.controller.permits import Permits
@@ -229,6 +232,10 @@ class SingleController:
         await asyncio.gather(*doomed, return_exceptions=True)
         self._counts["aborted"] += len(doomed)
         return len(doomed)
+
+    async def push_weights(self, named_tensors: list[tuple[str, torch.Tensor]], version: int) -> None:
+        """Load new weights into the generation engine (between begin_refit and finish_refit)."""
+        await self.manager.engine.update_weights(named_tensors, version)
 
     async def finish_refit(self, version: int) -> None:
         """The engines now hold ``version``: stamp it on new rollouts and reopen dispatch."""

@@ -14,6 +14,8 @@ from collections.abc import Callable, Coroutine, Sequence
 from concurrent.futures import Future
 from typing import Any, Protocol, TypeVar
 
+import torch
+
 from sc_lightning.controller.buffer import GroupMeta
 from sc_lightning.controller.controller import ControllerStats, SingleController
 
@@ -38,6 +40,9 @@ class ControllerClient(Protocol):
 
     def begin_refit(self, next_version: int) -> int:
         """Close dispatch and abort doomed rollouts."""
+
+    def push_weights(self, named_tensors: list[tuple[str, torch.Tensor]], version: int) -> None:
+        """Load new weights into the generation engine."""
 
     def finish_refit(self, version: int) -> None:
         """Stamp the new version and reopen dispatch."""
@@ -81,6 +86,10 @@ class LocalController:
     def begin_refit(self, next_version: int) -> int:
         """Close dispatch and abort doomed rollouts."""
         return self._call(self.controller.begin_refit(next_version))
+
+    def push_weights(self, named_tensors: list[tuple[str, torch.Tensor]], version: int) -> None:
+        """Load new weights into the generation engine."""
+        self._call(self.controller.push_weights(named_tensors, version))
 
     def finish_refit(self, version: int) -> None:
         """Stamp the new version and reopen dispatch."""
@@ -134,6 +143,10 @@ class RayController:
         """Close dispatch and abort doomed rollouts."""
         return self._get(self.actor.begin_refit.remote(next_version))
 
+    def push_weights(self, named_tensors: list[tuple[str, torch.Tensor]], version: int) -> None:
+        """Load new weights into the generation engine (tensors travel by value)."""
+        self._get(self.actor.push_weights.remote(named_tensors, version))
+
     def finish_refit(self, version: int) -> None:
         """Stamp the new version and reopen dispatch."""
         self._get(self.actor.finish_refit.remote(version))
@@ -181,6 +194,10 @@ class SingleControllerActor:
     async def begin_refit(self, next_version: int) -> int:
         """See SingleController.begin_refit."""
         return await self._controller.begin_refit(next_version)
+
+    async def push_weights(self, named_tensors: list[tuple[str, torch.Tensor]], version: int) -> None:
+        """See SingleController.push_weights."""
+        await self._controller.push_weights(named_tensors, version)
 
     async def finish_refit(self, version: int) -> None:
         """See SingleController.finish_refit."""

@@ -1,0 +1,36 @@
+"""RefitCallback: after every RL step, push the policy's new weights to the generation engine.
+
+on_train_batch_end (the optimizer step is done, global_step = v):
+    begin_refit(v)     close dispatch; abort in-flight rollouts the sampler says can never be trained
+    push_weights(v)    export the policy under HF names and load it into the engine
+    finish_refit(v)    new rollouts are stamped with version v; dispatch reopens
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from lightning.pytorch import Callback, LightningModule, Trainer
+
+
+class RefitCallback(Callback):
+    """Syncs weights to the engine after each RL step and logs ``timing/train/weight_sync``."""
+
+    def on_train_batch_end(
+        self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        """Refit the engine to the weights the step just produced."""
+        from sc_lightning.models import export_hf_weights
+
+        controller = trainer.strategy.controller
+        version = trainer.global_step
+        started = time.monotonic()
+        aborted = controller.begin_refit(version)
+        weights = [
+            (name, tensor.detach().clone()) for name, tensor in export_hf_weights(pl_module.policy, pl_module.spec)
+        ]
+        controller.push_weights(weights, version)
+        controller.finish_refit(version)
+        pl_module.log("timing/train/weight_sync", time.monotonic() - started, on_step=True, batch_size=1)
+        pl_module.log("train/aborted_stale_inflight_groups", float(aborted), on_step=True, batch_size=1)

@@ -1,0 +1,110 @@
+"""GRPOModule: the policy as a LightningModule with manual optimization — one training_step is one RL step.
+
+training_step(step):
+    begin: zero grads
+    for chunk in step.chunks():          # whole prompt groups, streamed as the controller releases them
+        forward/backward its micro-batches (raw sums)
+    finish: normalise by the step's valid tokens, clip, one optimizer step, one scheduler step
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any, Protocol
+
+import torch
+from lightning.pytorch import LightningModule
+
+from sc_lightning.algorithms import ClippedPGLoss
+from sc_lightning.config import SCConfig
+from sc_lightning.lightning.policy_update import PolicyUpdate
+from sc_lightning.lightning.step_data import TrainChunk
+
+
+class RLStep(Protocol):
+    """What the loop hands to training_step: the step's chunks, produced lazily as groups become ready."""
+
+    version: int
+
+    def chunks(self) -> Iterable[TrainChunk]:
+        """The step's chunks of whole prompt groups."""
+
+
+class GRPOModule(LightningModule):
+    """A megatron-core GPT policy trained by GRPO: manual optimization, one optimizer step per RL step."""
+
+    def __init__(self, config: SCConfig) -> None:
+        super().__init__()
+        self.automatic_optimization = False
+        self.config = config
+        self.policy: torch.nn.Module | None = None
+        self.reference: torch.nn.Module | None = None
+        self.spec: Any = None
+        self.tokenizer: Any = None
+        self.loss_fn = ClippedPGLoss.from_config(config.loss_fn)
+
+    def configure_model(self) -> None:
+        """Build (or import) the policy, and a frozen reference copy when the loss has a KL term."""
+        if self.policy is not None:
+            return
+        from sc_lightning.models import load_policy
+
+        policy_cfg = self.config.policy
+        tp = policy_cfg.megatron_cfg.tensor_model_parallel_size
+
+        def load() -> tuple[Any, Any, Any]:
+            return load_policy(policy_cfg.model_name, precision=policy_cfg.precision, seed=self.config.algo.seed, tp=tp)
+
+        self.policy, self.spec, self.tokenizer = load()
+        if self.loss_fn.reference_policy_kl_penalty > 0:
+            self.reference = load()[0].requires_grad_(False).eval()
+
+    def configure_optimizers(self) -> Any:
+        """AdamW with linear warm-up (stepped once per RL step by finish_train_step)."""
+        opt_cfg = self.config.policy.optimizer
+        optimizer = torch.optim.AdamW(
+            self.policy.parameters(),
+            lr=opt_cfg.lr,
+            betas=(opt_cfg.adam_beta1, opt_cfg.adam_beta2),
+            eps=opt_cfg.adam_eps,
+            weight_decay=opt_cfg.weight_decay,
+        )
+        warmup = max(1, opt_cfg.warmup_steps)
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / warmup))
+        return {"optimizer": optimizer, "lr_scheduler": scheduler}
+
+    def policy_update(self) -> PolicyUpdate:
+        """The split train API over this module's optimizer, scheduler and backward."""
+        scheduler = self.lr_schedulers()
+        return PolicyUpdate(
+            self.policy,
+            self.optimizers(),
+            self.loss_fn,
+            micro_batch_size=self.config.policy.train_micro_batch_size,
+            clip_grad=self.config.policy.optimizer.clip_grad,
+            backward=self.manual_backward,
+            scheduler=scheduler if scheduler is not None else None,
+            vocab_size=self.spec.vocab_size,
+            reference_model=self.reference,
+        )
+
+    def train_dataloader(self) -> Any:
+        """One item per RL step, from the Single-Controller strategy's running controller."""
+        return self.trainer.strategy.rl_steps()
+
+    def training_step(self, step: RLStep, batch_idx: int) -> dict[str, torch.Tensor]:
+        """One RL step: accumulate every chunk of the step, then one optimizer step; logs train/* metrics."""
+        update = self.policy_update()
+        update.begin()
+        rewards, staleness = [], []
+        for chunk in step.chunks():
+            update.train_chunk(chunk)
+            rewards.append(chunk.rewards)
+            staleness += [step.version - w for w in chunk.start_weights]
+        metrics = update.finish()
+        metrics["reward"] = float(torch.cat(rewards).mean())
+        metrics["staleness_mean"] = sum(staleness) / len(staleness)
+        metrics["staleness_max"] = float(max(staleness))
+        self.log_dict({f"train/{k}": v for k, v in metrics.items()}, on_step=True, batch_size=len(staleness))
+        self.log("reward", metrics["reward"], prog_bar=True, logger=False, batch_size=len(staleness))
+        return {name: torch.tensor(value) for name, value in metrics.items()}

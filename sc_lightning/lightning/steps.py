@@ -1,0 +1,124 @@
+"""The stream of RL steps that Lightning iterates like a dataloader: one item = one RL step.
+
+The stream is sized (``max_num_steps``), so Lightning never prefetches a step: the next step is requested only
+after the previous one has trained and refit. Requesting a step waits for its first chunk (so an exhausted
+dataset ends training cleanly); the step's other chunks are selected lazily, inside ``training_step``, as the
+controller releases them — that is what lets a streamed step start training before all its groups are ready.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+from sc_lightning.config import SCConfig, resolve
+from sc_lightning.controller.buffer import GroupMeta
+from sc_lightning.controller.runners import ControllerClient
+from sc_lightning.data_plane.base import DataPlane
+from sc_lightning.lightning.step_data import TrainChunk, load_chunk
+
+
+class RolloutsExhausted(RuntimeError):
+    """Rollouts ran out in the middle of a step, so the step cannot be assembled."""
+
+
+@dataclass
+class StepSettings:
+    """How a step is assembled from the controller."""
+
+    groups_per_step: int
+    min_groups: int
+    select_timeout_s: float
+    pad_token_id: int
+    overlong_filtering: bool
+    leave_one_out: bool
+    normalize_rewards: bool
+
+    @classmethod
+    def from_config(cls, config: SCConfig, *, pad_token_id: int) -> StepSettings:
+        """The step settings a config implies."""
+        resolved = resolve(config)
+        estimator = config.algo.adv_estimator
+        return cls(
+            groups_per_step=resolved.groups_per_step,
+            min_groups=resolved.min_groups_for_streaming_train,
+            select_timeout_s=config.async_rl.stall_watchdog.stall_timeout_s,
+            pad_token_id=pad_token_id,
+            overlong_filtering=config.algo.overlong_filtering,
+            leave_one_out=getattr(estimator, "use_leave_one_out_baseline", True),
+            normalize_rewards=getattr(estimator, "normalize_rewards", True),
+        )
+
+
+class RLStepBatch:
+    """One RL step as a lazily assembled sequence of chunks (whole prompt groups)."""
+
+    def __init__(
+        self,
+        client: ControllerClient,
+        data_plane: DataPlane,
+        settings: StepSettings,
+        version: int,
+        first: list[GroupMeta],
+    ) -> None:
+        self.client, self.data_plane, self.settings, self.version = client, data_plane, settings, version
+        self._first = first
+        self.groups = 0
+
+    def chunks(self) -> Iterator[TrainChunk]:
+        """Yield chunks until the step holds ``groups_per_step`` groups; trained rows are cleared after each."""
+        groups: list[GroupMeta] | None = self._first
+        need = self.settings.groups_per_step
+        while groups:
+            yield self._load(groups)
+            self.client.clear(groups)  # the chunk's gradients are accumulated: its rows are no longer needed
+            self.groups += len(groups)
+            if self.groups >= need:
+                return
+            left = need - self.groups
+            groups = self.client.select(
+                self.version, min(self.settings.min_groups, left), left, timeout_s=self.settings.select_timeout_s
+            )
+        raise RolloutsExhausted(f"step {self.version}: rollouts ran out with {self.groups} of {need} groups assembled")
+
+    def _load(self, groups: list[GroupMeta]) -> TrainChunk:
+        s = self.settings
+        return load_chunk(
+            self.data_plane,
+            groups,
+            pad_token_id=s.pad_token_id,
+            overlong_filtering=s.overlong_filtering,
+            leave_one_out=s.leave_one_out,
+            normalize_rewards=s.normalize_rewards,
+        )
+
+
+class RLStepStream:
+    """A sized iterable of RL steps over a running controller; Lightning treats it as the train dataloader."""
+
+    def __init__(
+        self,
+        client: ControllerClient,
+        data_plane: DataPlane,
+        settings: StepSettings,
+        *,
+        max_steps: int,
+        version: Callable[[], int],
+    ) -> None:
+        self.client, self.data_plane, self.settings = client, data_plane, settings
+        self.max_steps = max_steps
+        self.version = version
+
+    def __len__(self) -> int:
+        return self.max_steps
+
+    def __iter__(self) -> Iterator[RLStepBatch]:
+        while True:
+            version = self.version()
+            s = self.settings
+            first = self.client.select(
+                version, min(s.min_groups, s.groups_per_step), s.groups_per_step, timeout_s=s.select_timeout_s
+            )
+            if first is None:
+                return  # the dataset is exhausted and the buffer drained
+            yield RLStepBatch(self.client, self.data_plane, s, version, first)

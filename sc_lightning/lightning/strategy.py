@@ -1,0 +1,91 @@
+"""SingleControllerStrategy: starts the data plane, the engine and the controller for a fit, and stops them.
+
+At ``setup`` (after the module built its policy) it starts, in order: the data plane, the generation engine
+(seeded with the policy's current weights), and the controller with its rollout pump (on a background thread).
+At ``teardown`` — also after an exception or Ctrl-C — it stops them in reverse order. The module's train
+dataloader is :meth:`rl_steps`, one item per RL step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from lightning.pytorch.strategies import SingleDeviceStrategy
+
+from sc_lightning.config import SCConfig
+from sc_lightning.controller.build import build_controller
+from sc_lightning.controller.runners import LocalController
+from sc_lightning.data_plane import build_data_plane
+from sc_lightning.data_plane.base import DataPlane
+from sc_lightning.engines.base import GenerationEngine
+from sc_lightning.lightning.steps import RLStepStream, StepSettings
+from sc_lightning.rollout.datasets import build_dataset
+from sc_lightning.rollout.envs import build_environment
+
+EngineFactory = Callable[[SCConfig, list[tuple[str, torch.Tensor]]], GenerationEngine]
+"""Builds the generation engine from the config and the policy's initial (HF-named) weights."""
+
+
+class SingleControllerStrategy(SingleDeviceStrategy):
+    """A single-device Lightning strategy that also runs the Single-Controller's rollout side."""
+
+    def __init__(self, config: SCConfig, engine_factory: EngineFactory, *, device: str = "cpu") -> None:
+        super().__init__(device=torch.device(device))
+        self.config = config
+        self.engine_factory = engine_factory
+        self.data_plane: DataPlane | None = None
+        self.controller: LocalController | None = None
+
+    def setup(self, trainer: Any) -> None:
+        """Set up the model as usual, then start the data plane, engine and controller."""
+        super().setup(trainer)
+        self._start()
+
+    def _start(self) -> None:
+        from sc_lightning.models import export_hf_weights
+
+        module = self.lightning_module
+        config, tokenizer = self.config, module.tokenizer
+        self.data_plane = build_data_plane(config.data_plane)
+        weights = [(name, tensor.detach().clone()) for name, tensor in export_hf_weights(module.policy, module.spec)]
+        data_plane = self.data_plane
+
+        def build() -> Any:
+            return build_controller(
+                config,
+                data_plane=data_plane,
+                engine=self.engine_factory(config, weights),
+                environment=build_environment(config.env),
+                tokenizer=tokenizer,
+                dataset=build_dataset(config.data, tokenizer, seed=config.algo.seed),
+            )
+
+        self.controller = LocalController(build)
+
+    def rl_steps(self) -> RLStepStream:
+        """The train dataloader: one RL step per item, ``max_num_steps`` items at most."""
+        if self.controller is None or self.data_plane is None:
+            raise RuntimeError("the Single-Controller strategy has not been set up")
+        trainer = self.lightning_module.trainer
+        settings = StepSettings.from_config(self.config, pad_token_id=self.lightning_module.tokenizer.pad_token_id)
+        return RLStepStream(
+            self.controller,
+            self.data_plane,
+            settings,
+            max_steps=self.config.algo.max_num_steps,
+            version=lambda: trainer.global_step,
+        )
+
+    def teardown(self) -> None:
+        """Stop the controller (its pump and engine), then the data plane, then the usual strategy teardown."""
+        try:
+            if self.controller is not None:
+                self.controller.shutdown()
+        finally:
+            self.controller = None
+            if self.data_plane is not None:
+                self.data_plane.close()
+                self.data_plane = None
+            super().teardown()
