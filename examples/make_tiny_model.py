@@ -19,9 +19,8 @@ import torch
 
 from sc_lightning.models.convert import hf_config_dict, random_hf_state
 from sc_lightning.models.spec import BUILTIN_SPECS, ModelSpec
+from sc_lightning.models.tiny_tokenizer import save_char_tokenizer
 from sc_lightning.tokenizer import CharTokenizer
-
-SPECIAL_TOKENS = {"pad_token": "<pad>", "eos_token": "</s>", "bos_token": "<s>"}
 
 
 def tiny_spec(arch: str = "qwen2", **overrides: Any) -> ModelSpec:
@@ -30,41 +29,6 @@ def tiny_spec(arch: str = "qwen2", **overrides: Any) -> ModelSpec:
         raise ValueError(f"arch must be 'qwen2' or 'llama', got {arch!r}")
     base = BUILTIN_SPECS["builtin:tiny"].replace(arch=arch, qkv_bias=arch == "qwen2")
     return base.replace(**overrides)
-
-
-def char_vocab() -> dict[str, int]:
-    """Byte-level token -> id of the CharTokenizer: the three special tokens, then one token per character.
-
-    Characters are written in GPT-2 byte-level form (the space is ``"Ġ"``), so the same files also work when
-    ``transformers`` rebuilds the tokenizer with its own byte-level BPE pipeline (it does for ``qwen2`` models).
-    """
-    tok = CharTokenizer()
-    vocab = {"<pad>": tok.PAD, "</s>": tok.EOS, "<s>": tok.BOS}
-    vocab.update({("\u0120" if ch == " " else ch): tok.encode(ch)[0] for ch in tok.CHARS})
-    return vocab
-
-
-def save_char_tokenizer(path: str | Path, model_max_length: int = 256) -> None:
-    """Save a ``transformers`` fast tokenizer that encodes/decodes exactly like CharTokenizer.
-
-    A byte-level BPE without merges over single characters: every character is one token.
-    """
-    from tokenizers import AddedToken, decoders, models, pre_tokenizers
-    from tokenizers import Tokenizer as RawTokenizer
-    from transformers import PreTrainedTokenizerFast
-
-    raw = RawTokenizer(models.BPE(vocab=char_vocab(), merges=[], fuse_unk=False, byte_fallback=False))
-    raw.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
-    raw.decoder = decoders.ByteLevel()
-    raw.add_special_tokens([AddedToken(t, special=True) for t in SPECIAL_TOKENS.values()])
-    tok = PreTrainedTokenizerFast(
-        tokenizer_object=raw,
-        model_max_length=model_max_length,
-        clean_up_tokenization_spaces=False,
-        unk_token=None,
-        **SPECIAL_TOKENS,
-    )
-    tok.save_pretrained(str(path))
 
 
 def _randomise_norms_and_biases(state: dict[str, torch.Tensor], seed: int) -> None:

@@ -67,12 +67,39 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def fit(config: SCConfig, lightning: dict[str, Any]) -> int:
-    """Train; the Lightning loop, engines and data plane are not wired into the CLI yet."""
-    print(
-        "sc_lightning: the config is valid, but training is not wired into the CLI yet "
-        "(the train loop, engines and data plane land in later releases). Nothing was started.",
-        file=sys.stderr,
+    """Train: a Lightning Trainer (from ``trainer:``) with the Single-Controller strategy and the refit callback."""
+    backend = config.policy.generation.backend
+    if backend != "megatron":
+        print(f"error: policy.generation.backend {backend!r} is not available yet; use 'megatron'", file=sys.stderr)
+        return EXIT_INVALID_CONFIG
+    from sc_lightning.callbacks.refit import RefitCallback
+    from sc_lightning.engines.megatron import MegatronEngine
+    from sc_lightning.lightning.cli_parser import SCLightningCLI
+    from sc_lightning.lightning.module import GRPOModule
+    from sc_lightning.lightning.strategy import SingleControllerStrategy
+    from sc_lightning.lightning.warm_start import resolve_model_name
+
+    def engine(config: SCConfig, weights: Any) -> MegatronEngine:
+        """A Megatron engine on its own replica of the (resolved) policy model."""
+        policy, seed = config.policy, config.algo.seed
+        return MegatronEngine.from_pretrained(
+            resolve_model_name(policy.model_name, seed=seed),
+            precision=policy.precision,
+            seed=seed,
+            tokenizer_name=policy.tokenizer_name,
+            max_seq_len=policy.max_total_sequence_length,
+        )
+
+    cli = SCLightningCLI(
+        lightning,
+        instantiate=True,
+        trainer_kwargs={
+            "strategy": SingleControllerStrategy(config, engine),
+            "max_steps": config.algo.max_num_steps,
+        },
+        trainer_defaults={"callbacks": [RefitCallback()]},
     )
+    cli.trainer.fit(GRPOModule(config))
     return 0
 
 

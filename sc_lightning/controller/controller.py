@@ -259,7 +259,8 @@ class SingleController:
         )
 
     async def shutdown(self) -> None:
-        """Stop the pump; in-flight rollouts are cancelled and their slots removed."""
+        """Stop the pump (in-flight rollouts are cancelled and their slots removed), then the engine."""
         if self._pump is not None and not self._pump.done():
             self._pump.cancel()
             await asyncio.gather(self._pump, return_exceptions=True)
+        await self.manager.engine.shutdown()

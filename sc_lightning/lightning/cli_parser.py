@@ -26,16 +26,29 @@ class SCLightningCLI(LightningCLI):
     rest with Lightning's own parser. With ``instantiate=False`` it parses only and builds nothing.
     """
 
-    def __init__(self, lightning_args: dict[str, Any], *, instantiate: bool = False) -> None:
+    def __init__(
+        self,
+        lightning_args: dict[str, Any],
+        *,
+        instantiate: bool = False,
+        trainer_kwargs: dict[str, Any] | None = None,
+        trainer_defaults: dict[str, Any] | None = None,
+    ) -> None:
         self._instantiate = instantiate
+        self._trainer_kwargs = trainer_kwargs or {}
         super().__init__(
             model_class=_ParseOnlyModule,
             run=False,
             args=lightning_args,
             auto_configure_optimizers=False,
             save_config_callback=None,
+            trainer_defaults=trainer_defaults,
             parser_kwargs={"exit_on_error": False},
         )
+
+    def instantiate_trainer(self, **kwargs: Any) -> Trainer:
+        """The Trainer from the config's ``trainer:`` arguments, with sc_lightning's own settings on top."""
+        return super().instantiate_trainer(**{**self._trainer_kwargs, **kwargs})
 
     def _set_seed(self) -> None:
         """Seed only when the run is built; parsing a config must not touch global RNG state."""

@@ -17,6 +17,7 @@ from lightning.pytorch import LightningModule
 
 from sc_lightning.algorithms import ClippedPGLoss
 from sc_lightning.config import SCConfig
+from sc_lightning.engines.sampling import scoring_temperature
 from sc_lightning.lightning.policy_update import PolicyUpdate
 from sc_lightning.lightning.step_data import TrainChunk
 
@@ -47,13 +48,16 @@ class GRPOModule(LightningModule):
         """Build (or import) the policy, and a frozen reference copy when the loss has a KL term."""
         if self.policy is not None:
             return
+        from sc_lightning.lightning.warm_start import resolve_model_name
         from sc_lightning.models import load_policy
 
-        policy_cfg = self.config.policy
+        policy_cfg, seed = self.config.policy, self.config.algo.seed
         tp = policy_cfg.megatron_cfg.tensor_model_parallel_size
+        model_name = resolve_model_name(policy_cfg.model_name, seed=seed)
 
         def load() -> tuple[Any, Any, Any]:
-            return load_policy(policy_cfg.model_name, precision=policy_cfg.precision, seed=self.config.algo.seed, tp=tp)
+            """The policy model, its spec and tokenizer."""
+            return load_policy(model_name, precision=policy_cfg.precision, seed=seed, tp=tp)
 
         self.policy, self.spec, self.tokenizer = load()
         if self.loss_fn.reference_policy_kl_penalty > 0:
@@ -86,6 +90,7 @@ class GRPOModule(LightningModule):
             scheduler=scheduler if scheduler is not None else None,
             vocab_size=self.spec.vocab_size,
             reference_model=self.reference,
+            temperature=scoring_temperature(self.config.policy.generation.temperature),
         )
 
     def train_dataloader(self) -> Any:

@@ -59,11 +59,13 @@ class PolicyUpdate:
         scheduler: torch.optim.lr_scheduler.LRScheduler | None = None,
         vocab_size: int | None = None,
         reference_model: torch.nn.Module | None = None,
+        temperature: float = 1.0,
     ) -> None:
         if loss_fn.reference_policy_kl_penalty > 0 and reference_model is None:
             raise ValueError("loss_fn.reference_policy_kl_penalty > 0 needs a reference model for the KL term")
         self.model, self.optimizer, self.loss_fn = model, optimizer, loss_fn
         self.reference_model = reference_model
+        self.temperature = temperature  # the engine's logprobs are of softmax(logits / T): score the same way
         self.micro_batch_size, self.clip_grad, self.scheduler = micro_batch_size, clip_grad, scheduler
         self.backward = backward or (lambda loss: loss.backward())
         self.vocab_size = vocab_size
@@ -86,7 +88,9 @@ class PolicyUpdate:
             tokens, seqs = valid_counts(mask)
             if tokens == 0:
                 continue  # every row filtered: consumed, not trained
-            logprobs = token_logprobs(self.model, batch.input_ids, vocab_size=self.vocab_size)
+            logprobs = token_logprobs(
+                self.model, batch.input_ids, vocab_size=self.vocab_size, temperature=self.temperature
+            )
             loss, metrics = self.loss_fn(
                 logprobs,
                 prev_logprobs=logprobs.detach(),
@@ -106,7 +110,9 @@ class PolicyUpdate:
         if self.reference_model is None:
             return None
         with torch.no_grad():
-            return token_logprobs(self.reference_model, batch.input_ids, vocab_size=self.vocab_size)
+            return token_logprobs(
+                self.reference_model, batch.input_ids, vocab_size=self.vocab_size, temperature=self.temperature
+            )
 
     def finish(self) -> dict[str, float]:
         """Normalise once by the step's valid count, clip, step; returns the step's metrics."""

@@ -53,6 +53,7 @@ class SingleControllerStrategy(SingleDeviceStrategy):
         data_plane = self.data_plane
 
         def build() -> Any:
+            """Runs on the controller thread: the controller and its parts."""
             return build_controller(
                 config,
                 data_plane=data_plane,

@@ -23,7 +23,8 @@ from sc_lightning.lightning.module import GRPOModule
 from sc_lightning.lightning.policy_update import PolicyUpdate
 from sc_lightning.lightning.step_data import load_chunk
 from sc_lightning.lightning.strategy import SingleControllerStrategy
-from sc_lightning.models import build_gpt_model, builtin_spec
+from sc_lightning.lightning.warm_start import resolve_model_name
+from sc_lightning.models import load_policy
 from sc_lightning.rollout.datasets import build_dataset
 from sc_lightning.rollout.envs import build_environment
 from sc_lightning.rollout.manager import RolloutManager
@@ -105,7 +106,7 @@ class Recorder(Callback):
 
 def test_hook_order_for_two_rl_steps() -> None:
     recorder = Recorder()
-    trainer, _ = fit(tiny_config("grpo.max_num_steps=2"), [recorder])
+    trainer, _ = fit(tiny_config("grpo.max_num_steps=2", "policy.train_micro_batch_size=8"), [recorder])
     assert trainer.global_step == 2
     backward = ["on_before_backward", "on_after_backward"]
     # 16 rows in micro-batches of 8: two backward passes, then exactly one optimizer step per RL step
@@ -130,7 +131,8 @@ def synchronous_reference_losses(config: SCConfig, steps: int) -> list[tuple[flo
 
     from sc_lightning.rollout.prompts import PromptStream
 
-    policy = build_gpt_model(builtin_spec("builtin:tiny"), precision="fp32", seed=config.algo.seed)
+    seed = config.algo.seed
+    policy = load_policy(resolve_model_name(config.policy.model_name, seed=seed), precision="fp32", seed=seed)[0]
     opt = config.policy.optimizer
     optimizer = torch.optim.AdamW(
         policy.parameters(),

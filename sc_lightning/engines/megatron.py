@@ -1,0 +1,374 @@
+"""The Megatron generation engine: KV-cache sampling from a megatron-core ``GPTModel``, many requests in flight.
+
+:class:`MegatronEngine` implements :class:`~sc_lightning.engines.base.GenerationEngine` in the caller's process
+(colocated placement); :class:`~sc_lightning.engines.megatron_ray.RayMegatronEngine` runs one in a Ray actor.
+
+**Threads.** ``generate`` enqueues a request and awaits a future; one worker thread owns the model (no other thread
+touches it after construction) and runs the decode loop: it takes up to ``max_batch_size`` pending requests, decodes
+them together as one static batch (:mod:`~sc_lightning.engines.megatron_batch`) and hands each result back to its
+event loop with ``call_soon_threadsafe``. The event loop never blocks on the model.
+
+**Batching policy.** FIFO: a batch takes the oldest pending requests, whatever their prompt lengths; it prefills the
+shortest prompt length for all rows and teacher-forces the longer prompts' remaining tokens one position per step
+(exact, no padding; prompts of equal length, e.g. the N samples of a GRPO group, prefill entirely). The batch runs
+until all its rows finish; requests arriving meanwhile join the next batch.
+
+**Interruptions.** Between two decode steps the worker applies control commands; the rows of the running batch go
+back to the head of the queue and are re-prefilled from prompt + tokens so far when decoding resumes.
+
+- ``update_weights(named_tensors, version)``: HF-named tensors (as ``export_hf_weights`` yields them; the iterable
+  is consumed on the worker thread) are converted and loaded; ``weight_version`` becomes ``version``; requests in
+  flight continue on the new weights (their KV cache is recomputed with them). ``Generation.weight_version`` is the
+  version that sampled the request's *first* token (its start); the controller records end versions itself.
+- ``stand_down()``: stops decoding after the current step, frees the KV cache and stops the engine's
+  :class:`~sc_lightning.engines.megatron_clock.ActiveClock`; requests (running or new) wait. ``wake()`` resumes them.
+  Use :meth:`MegatronEngine.active_deadline` / :meth:`MegatronEngine.active_wait_for` for per-request deadlines
+  that exclude stood-down time.
+- ``shutdown()``: requests still waiting or running end with ``finish_reason="abort"`` (the tokens they have);
+  later calls raise :class:`~sc_lightning.engines.base.EngineError`.
+
+Limits: one TP=1, PP=1 replica per engine (megatron's parallel state is process-global, so a colocated engine needs
+a TP=1, PP=1 trainer process); prompts must be shorter than ``max_seq_len``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import itertools
+import random
+import threading
+from collections import deque
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass
+from typing import Any, Literal, TypeVar
+
+import torch
+from megatron.core import parallel_state
+
+from sc_lightning.engines.base import EngineError
+from sc_lightning.engines.megatron_batch import DecodeBatch, Outcome, Request, attention_layers, replier
+from sc_lightning.engines.megatron_clock import ActiveClock
+from sc_lightning.models.megatron import load_hf_weights, load_policy
+from sc_lightning.models.spec import ModelSpec
+from sc_lightning.types import Generation, SamplingParams
+
+T = TypeVar("T")
+CommandKind = Literal["update", "stand_down", "wake", "shutdown"]
+
+
+@dataclass
+class EngineStats:
+    """Counters of an engine's work since it started (read them to check batching)."""
+
+    batches: int = 0
+    forward_calls: int = 0
+    generated_tokens: int = 0
+    finished_requests: int = 0
+
+
+@dataclass
+class _Command:
+    """A control request for the worker thread, applied between two decode steps."""
+
+    kind: CommandKind
+    reply: Callable[[Outcome | None], None]
+    named_tensors: Iterable[tuple[str, torch.Tensor]] | None = None
+    version: int = 0
+
+
+class MegatronEngine:
+    """A :class:`GenerationEngine` over a megatron-core ``GPTModel`` (static-batch KV-cache decoding, one thread).
+
+    ``model`` must be the engine's own replica (it is switched to eval mode and only the worker thread touches it);
+    ``spec`` its architecture. Stop tokens: ``eos_token_id`` (when ``stop_on_eos``) plus ``extra_stop_token_ids``,
+    plus any given to ``generate``; a stop token ends the completion and is included in it. ``max_seq_len`` caps
+    prompt + completion (default: the model's ``max_position_embeddings``). ``seed`` seeds the per-request
+    generators of requests without ``SamplingParams.seed``. ``weight_version`` is the version of ``model``'s weights.
+    """
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        spec: ModelSpec,
+        *,
+        eos_token_id: int | None,
+        name: str = "megatron",
+        max_batch_size: int = 64,
+        max_seq_len: int | None = None,
+        extra_stop_token_ids: Iterable[int] = (),
+        stop_on_eos: bool = True,
+        seed: int = 0,
+        weight_version: int = 0,
+    ) -> None:
+        if parallel_state.get_tensor_model_parallel_world_size() != 1 or (
+            parallel_state.get_pipeline_model_parallel_world_size() != 1
+        ):
+            raise ValueError(f"engine {name!r}: MegatronEngine runs a TP=1, PP=1 model replica")
+        if max_batch_size < 1:
+            raise ValueError(f"engine {name!r}: max_batch_size must be >= 1, got {max_batch_size}")
+        self.name = name
+        self._model = model.eval()
+        self._spec = spec
+        self._layers = attention_layers(model)
+        self._device = next(model.parameters()).device
+        self._max_batch_size = max_batch_size
+        self._max_seq_len = min(max_seq_len or spec.max_position_embeddings, spec.max_position_embeddings)
+        eos = {eos_token_id} if stop_on_eos and eos_token_id is not None else set()
+        self._stop_ids = frozenset(eos | {int(t) for t in extra_stop_token_ids})
+        self._seeds = random.Random(seed)
+        self._version = weight_version
+        self._stats = EngineStats()
+        self._clock = ActiveClock()
+        self._ids = itertools.count()
+        self._closed = False
+        self._cond = threading.Condition()
+        self._pending: deque[Request] = deque()
+        self._commands: list[_Command] = []
+        self._stood_down = False  # worker-side state; the loop side reads the clock
+        self._thread = threading.Thread(target=self._worker_main, name=f"{name}-decode", daemon=True)
+        self._thread.start()
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        model_name: str,
+        *,
+        precision: str = "fp32",
+        seed: int = 0,
+        tokenizer_name: str | None = None,
+        **kwargs: Any,
+    ) -> MegatronEngine:
+        """An engine on a fresh replica of ``model_name`` (``"builtin:<name>"`` or an HF directory/id, as the trainer).
+
+        Builds the model with :func:`~sc_lightning.models.megatron.load_policy` (same ``precision`` and ``seed`` give
+        the trainer's initial weights) and takes the tokenizer's eos as stop token; ``kwargs`` go to the constructor.
+        """
+        model, spec, tokenizer = load_policy(model_name, precision=precision, seed=seed, tokenizer_name=tokenizer_name)
+        kwargs.setdefault("seed", seed)
+        return cls(model, spec, eos_token_id=tokenizer.eos_token_id, **kwargs)
+
+    @classmethod
+    def from_policy_config(cls, policy: Any, *, seed: int = 0, **kwargs: Any) -> MegatronEngine:
+        """An engine for a ``PolicyConfig`` section: its model, tokenizer, precision and sequence-length limit."""
+        kwargs.setdefault("max_seq_len", policy.max_total_sequence_length)
+        return cls.from_pretrained(
+            policy.model_name, precision=policy.precision, seed=seed, tokenizer_name=policy.tokenizer_name, **kwargs
+        )
+
+    @property
+    def weight_version(self) -> int:
+        """Version of the weights currently loaded."""
+        return self._version
+
+    @property
+    def stats(self) -> EngineStats:
+        """A snapshot of the engine's counters."""
+        return dataclasses.replace(self._stats)
+
+    @property
+    def stop_token_ids(self) -> frozenset[int]:
+        """The tokens that end every completion of this engine."""
+        return self._stop_ids
+
+    @property
+    def max_seq_len(self) -> int:
+        """The longest prompt + completion the engine serves."""
+        return self._max_seq_len
+
+    @property
+    def stood_down(self) -> bool:
+        """Whether the engine is stood down (between ``stand_down()`` and ``wake()``)."""
+        return not self._clock.running
+
+    @property
+    def active_clock(self) -> ActiveClock:
+        """The clock of this engine's awake time (stopped while stood down)."""
+        return self._clock
+
+    def active_deadline(self, seconds: float | None) -> contextlib.AbstractAsyncContextManager[None]:
+        """``asyncio.timeout(seconds)`` counting only the time the engine is awake (raises ``TimeoutError``)."""
+        return self._clock.deadline(seconds)
+
+    async def active_wait_for(self, awaitable: Awaitable[T], timeout: float | None) -> T:
+        """``asyncio.wait_for(awaitable, timeout)`` counting only the time the engine is awake."""
+        return await self._clock.wait_for(awaitable, timeout)
+
+    def _fail(self, rid: str, message: str) -> EngineError:
+        """An EngineError naming this engine and request ``rid``."""
+        return EngineError(f"engine {self.name!r}, request {rid}: {message}")
+
+    def _check(self, rid: str, prompt: tuple[int, ...], sampling: SamplingParams) -> None:
+        """Raise EngineError when the engine is shut down or the request cannot be served."""
+        vocab = self._spec.vocab_size
+        if self._closed:
+            raise self._fail(rid, "the engine is shut down")
+        if not prompt:
+            raise self._fail(rid, "empty prompt")
+        if len(prompt) >= self._max_seq_len:
+            raise self._fail(rid, f"prompt of {len(prompt)} tokens does not fit the {self._max_seq_len}-token context")
+        if any(not 0 <= t < vocab for t in prompt):
+            raise self._fail(rid, f"prompt has token ids outside the vocabulary [0, {vocab})")
+        if sampling.max_new_tokens < 0 or sampling.temperature < 0 or (sampling.top_k or 0) < 0:
+            raise self._fail(rid, f"invalid sampling settings {sampling}")
+        if not 0 < sampling.top_p <= 1:
+            raise self._fail(rid, f"top_p must be in (0, 1], got {sampling.top_p}")
+
+    def _generator(self, sampling: SamplingParams) -> torch.Generator | None:
+        """The request's own generator (seeded with ``sampling.seed`` or from the engine's seed), None if greedy."""
+        if sampling.temperature <= 0 or sampling.top_k == 1:
+            return None
+        seed = sampling.seed if sampling.seed is not None else self._seeds.getrandbits(63)
+        return torch.Generator(device=self._device).manual_seed(seed)
+
+    async def generate(
+        self, prompt_token_ids: tuple[int, ...], sampling: SamplingParams, *, stop_token_ids: Iterable[int] = ()
+    ) -> Generation:
+        """Sample one completion of the prompt (``stop_token_ids`` add to the engine's stop tokens for this call)."""
+        rid = f"req-{next(self._ids)}"
+        prompt = tuple(int(t) for t in prompt_token_ids)
+        self._check(rid, prompt, sampling)
+        if sampling.max_new_tokens == 0:
+            return Generation((), (), "length", self._version)
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[Generation] = loop.create_future()
+        stops = self._stop_ids | {int(t) for t in stop_token_ids}
+        request = Request(rid, prompt, sampling, stops, self._generator(sampling), replier(loop, future))
+        with self._cond:
+            if self._closed:
+                raise self._fail(rid, "the engine is shut down")
+            self._pending.append(request)
+            self._cond.notify()
+        try:
+            return await future
+        except asyncio.CancelledError:
+            request.cancelled.set()  # the worker drops it at its next step
+            raise
+
+    async def _command(self, kind: CommandKind, **fields: Any) -> None:
+        """Send a command to the worker thread and wait until it was applied (its error is raised here)."""
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[None] = loop.create_future()
+        with self._cond:
+            if not self._thread.is_alive():
+                raise EngineError(f"engine {self.name!r}: the engine is shut down ({kind} refused)")
+            self._commands.append(_Command(kind, replier(loop, future), **fields))
+            self._cond.notify()
+        await future
+
+    async def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
+        """Load a full set of HF-named weights between two decode steps and adopt ``version``."""
+        if self._closed:
+            raise EngineError(f"engine {self.name!r}: the engine is shut down (update to version {version} refused)")
+        await self._command("update", named_tensors=named_tensors, version=version)
+
+    async def stand_down(self) -> None:
+        """Pause decoding after the current step, free the KV cache and stop the active clock (idempotent)."""
+        self._clock.pause()
+        if not self._closed:
+            await self._command("stand_down")
+
+    async def wake(self) -> None:
+        """Resume decoding (paused requests are re-prefilled) and restart the active clock (idempotent)."""
+        if not self._closed:
+            await self._command("wake")
+        self._clock.resume()
+
+    async def shutdown(self) -> None:
+        """Abort the requests still held (``finish_reason="abort"``), stop the worker thread; idempotent."""
+        with self._cond:
+            if self._closed:
+                return
+            self._closed = True
+        with contextlib.suppress(EngineError):
+            await self._command("shutdown")
+        await asyncio.to_thread(self._thread.join)
+
+    # ---- worker thread -------------------------------------------------------------------------------------
+
+    def _worker_main(self) -> None:
+        """The decode loop: apply control commands, else decode the next batch; exits on shutdown."""
+        while True:
+            commands, batch = self._next_work()
+            for command in commands:
+                self._apply(command)
+                if command.kind == "shutdown":
+                    return
+            if batch:
+                self._run_batch(batch)
+
+    def _next_work(self) -> tuple[list[_Command], list[Request]]:
+        """Wait for commands (returned first) or, when awake, pending requests (up to ``max_batch_size``)."""
+        with self._cond:
+            while not self._commands and (self._stood_down or not self._pending):
+                self._cond.wait()
+            if self._commands:
+                commands, self._commands = self._commands, []
+                return commands, []
+            batch: list[Request] = []
+            while self._pending and len(batch) < self._max_batch_size:
+                request = self._pending.popleft()
+                if not request.cancelled.is_set():
+                    batch.append(request)
+            return [], batch
+
+    def _apply(self, command: _Command) -> None:
+        """Apply one control command on the worker thread and reply to its caller."""
+        try:
+            if command.kind == "update":
+                assert command.named_tensors is not None
+                load_hf_weights(self._model, self._spec, dict(command.named_tensors))
+                self._version = command.version
+            elif command.kind == "stand_down":
+                self._stood_down = True
+                if self._device.type == "cuda":
+                    torch.cuda.empty_cache()  # the last batch's KV cache was dropped with it
+            elif command.kind == "wake":
+                self._stood_down = False
+            else:
+                self._abort_all()
+        except Exception as err:
+            command.reply(EngineError(f"engine {self.name!r}: {command.kind} failed: {type(err).__name__}: {err}"))
+        else:
+            command.reply(None)
+
+    def _abort_all(self) -> None:
+        """End every pending request with ``finish_reason="abort"`` and what it has so far."""
+        with self._cond:
+            pending, self._pending = list(self._pending), deque()
+        for request in pending:
+            request.reply(request.result("abort", self._version))
+
+    def _interrupted(self) -> bool:
+        """Whether a control command waits (the running batch must yield between two steps)."""
+        with self._cond:
+            return bool(self._commands)
+
+    def _run_batch(self, requests: list[Request]) -> None:
+        """Decode ``requests`` as one batch until they finish or a command interrupts (then they are requeued)."""
+        batch: DecodeBatch | None = None
+        try:
+            with torch.inference_mode():
+                batch = DecodeBatch(
+                    self._model, self._layers, requests, vocab_size=self._spec.vocab_size, max_seq_len=self._max_seq_len
+                )
+                self._stats.batches += 1
+                batch.prefill()
+                while batch.rows:
+                    sampled = batch.sampled_tokens
+                    finished = batch.step(self._version)
+                    self._stats.generated_tokens += batch.sampled_tokens - sampled
+                    for request, reason in finished:
+                        self._stats.finished_requests += 1
+                        request.reply(request.result(reason, self._version))
+                    if batch.rows and self._interrupted():
+                        with self._cond:
+                            self._pending.extendleft(reversed(batch.rows))
+                        break
+        except Exception as err:
+            for request in batch.rows if batch is not None else requests:
+                request.reply(self._fail(request.rid, f"decoding failed: {type(err).__name__}: {err}"))
+        finally:
+            if batch is not None:
+                self._stats.forward_calls += batch.forward_calls

@@ -1,0 +1,193 @@
+"""Non-colocated Megatron generation: a :class:`MegatronEngine` in its own Ray actor, behind an asyncio client.
+
+:class:`RayMegatronEngine` implements :class:`~sc_lightning.engines.base.GenerationEngine` from any asyncio loop of
+the driver: it starts one actor (``num_cpus`` / ``num_gpus`` of it; CPU-only by default) that builds its own replica
+from ``(model_name, precision, seed)`` and serves the same protocol, many requests concurrently (an async actor).
+Weights travel by value: ``update_weights`` copies the tensors to CPU and ships them in one ``ray.put``. Errors of
+the actor come back as :class:`~sc_lightning.engines.base.EngineError` naming the engine and the request;
+``shutdown()`` kills the actor. Ray must be initialised by the caller (``ray.init``) before the client is built.
+
+The client keeps its own :class:`~sc_lightning.engines.megatron_clock.ActiveClock` (paused by ``stand_down``), so
+``active_deadline`` / ``active_wait_for`` work as on the in-process engine.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Awaitable, Iterable
+from typing import Any, TypeVar
+
+import torch
+
+from sc_lightning.engines.base import EngineError
+from sc_lightning.engines.megatron_clock import ActiveClock
+from sc_lightning.types import Generation, SamplingParams
+
+T = TypeVar("T")
+
+
+# torch.distributed rendezvous variables a worker may inherit from its driver (whose torchrun or lone-process group
+# owns that port): the actor is a world of its own, so it drops them and picks a free port.
+_INHERITED_DIST_VARS = ("MASTER_PORT", "WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE")
+
+
+class MegatronEngineActor:
+    """The Ray actor body: one :class:`MegatronEngine` built in the actor process, its protocol as async methods."""
+
+    def __init__(self, model_name: str, precision: str, seed: int, tokenizer_name: str | None, kwargs: dict) -> None:
+        from sc_lightning.engines.megatron import MegatronEngine
+
+        if not torch.distributed.is_initialized():
+            for var in _INHERITED_DIST_VARS:
+                os.environ.pop(var, None)
+
+        self.engine = MegatronEngine.from_pretrained(
+            model_name, precision=precision, seed=seed, tokenizer_name=tokenizer_name, **kwargs
+        )
+
+    async def ready(self) -> int:
+        """The weight version once the model is built (callers await it to know the actor is up)."""
+        return self.engine.weight_version
+
+    async def generate(
+        self, prompt_token_ids: tuple[int, ...], sampling: SamplingParams, stop_token_ids: tuple[int, ...]
+    ) -> Generation:
+        """``MegatronEngine.generate`` in the actor."""
+        return await self.engine.generate(prompt_token_ids, sampling, stop_token_ids=stop_token_ids)
+
+    async def update_weights(self, named_tensors: list[tuple[str, torch.Tensor]], version: int) -> int:
+        """``MegatronEngine.update_weights`` in the actor; returns the version now loaded."""
+        await self.engine.update_weights(named_tensors, version)
+        return self.engine.weight_version
+
+    async def stand_down(self) -> None:
+        """``MegatronEngine.stand_down`` in the actor."""
+        await self.engine.stand_down()
+
+    async def wake(self) -> None:
+        """``MegatronEngine.wake`` in the actor."""
+        await self.engine.wake()
+
+    async def shutdown(self) -> None:
+        """``MegatronEngine.shutdown`` in the actor (the client kills the actor afterwards)."""
+        await self.engine.shutdown()
+
+    async def stats(self) -> dict[str, int]:
+        """The engine's counters as a dict."""
+        return dict(vars(self.engine.stats))
+
+
+class RayMegatronEngine:
+    """A :class:`GenerationEngine` client of a :class:`MegatronEngineActor` (non-colocated placement).
+
+    ``engine_kwargs`` go to :class:`MegatronEngine` in the actor (``max_batch_size``, ``max_seq_len``,
+    ``extra_stop_token_ids``, ``stop_on_eos``, ``weight_version``). ``actor_name`` registers the actor under that
+    name in Ray (default: none).
+    """
+
+    def __init__(
+        self,
+        model_name: str,
+        *,
+        precision: str = "fp32",
+        seed: int = 0,
+        tokenizer_name: str | None = None,
+        name: str = "megatron-ray",
+        num_cpus: float = 1,
+        num_gpus: float = 0,
+        actor_name: str | None = None,
+        **engine_kwargs: Any,
+    ) -> None:
+        import ray
+
+        self.name = name
+        self._version = int(engine_kwargs.get("weight_version", 0))
+        self._clock = ActiveClock()
+        engine_kwargs.setdefault("name", name)
+        actor_class = ray.remote(MegatronEngineActor)
+        options: dict[str, Any] = {"num_cpus": num_cpus, "num_gpus": num_gpus, "max_concurrency": 10_000}
+        if actor_name is not None:
+            options["name"] = actor_name
+        self._actor: Any = actor_class.options(**options).remote(
+            model_name, precision, seed, tokenizer_name, engine_kwargs
+        )
+        self._requests = 0
+
+    @property
+    def weight_version(self) -> int:
+        """Version of the weights loaded in the actor (as of the last ``update_weights``)."""
+        return self._version
+
+    @property
+    def actor(self) -> Any:
+        """The Ray actor handle (None after ``shutdown``)."""
+        return self._actor
+
+    def active_deadline(self, seconds: float | None) -> contextlib.AbstractAsyncContextManager[None]:
+        """``asyncio.timeout(seconds)`` counting only the time the engine is awake (raises ``TimeoutError``)."""
+        return self._clock.deadline(seconds)
+
+    async def active_wait_for(self, awaitable: Awaitable[T], timeout: float | None) -> T:
+        """``asyncio.wait_for(awaitable, timeout)`` counting only the time the engine is awake."""
+        return await self._clock.wait_for(awaitable, timeout)
+
+    async def _call(self, what: str, method: str, *args: Any) -> Any:
+        """Await ``method`` of the actor; Ray failures become EngineError naming the engine and ``what``."""
+        import ray
+
+        if self._actor is None:
+            raise EngineError(f"engine {self.name!r}, {what}: the engine is shut down")
+        try:
+            return await getattr(self._actor, method).remote(*args)
+        except ray.exceptions.RayTaskError as err:
+            cause = getattr(err, "cause", None)
+            if isinstance(cause, EngineError):  # raised by the engine: its message already names engine and request
+                raise EngineError(str(cause)) from err
+            raise EngineError(f"engine {self.name!r}, {what}: {cause or err}") from err
+        except ray.exceptions.RayActorError as err:
+            raise EngineError(f"engine {self.name!r}, {what}: the engine actor died: {err}") from err
+
+    async def ready(self) -> None:
+        """Wait until the actor has built its model."""
+        await self._call("startup", "ready")
+
+    async def generate(
+        self, prompt_token_ids: tuple[int, ...], sampling: SamplingParams, *, stop_token_ids: Iterable[int] = ()
+    ) -> Generation:
+        """Sample one completion in the actor."""
+        self._requests += 1
+        what = f"client request {self._requests}"
+        return await self._call(what, "generate", tuple(prompt_token_ids), sampling, tuple(stop_token_ids))
+
+    async def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
+        """Ship HF-named tensors to the actor by value (one ``ray.put``) and load them there as ``version``."""
+        import ray
+
+        payload = [(name, tensor.detach().to("cpu", copy=True).contiguous()) for name, tensor in named_tensors]
+        self._version = await self._call(f"update to version {version}", "update_weights", ray.put(payload), version)
+
+    async def stand_down(self) -> None:
+        """Pause the actor's decoding and the client's active clock."""
+        self._clock.pause()
+        await self._call("stand_down", "stand_down")
+
+    async def wake(self) -> None:
+        """Resume the actor's decoding and the client's active clock."""
+        await self._call("wake", "wake")
+        self._clock.resume()
+
+    async def stats(self) -> dict[str, int]:
+        """The actor engine's counters."""
+        return await self._call("stats", "stats")
+
+    async def shutdown(self) -> None:
+        """Shut the engine down and kill its actor; idempotent."""
+        import ray
+
+        actor, self._actor = self._actor, None
+        if actor is None:
+            return
+        with contextlib.suppress(ray.exceptions.RayError):
+            await actor.shutdown.remote()
+        ray.kill(actor, no_restart=True)

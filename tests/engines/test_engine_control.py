@@ -1,0 +1,153 @@
+"""MegatronEngine control: weight updates in flight, colocated stand-down / wake, active-time deadlines."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from sc_lightning.engines.megatron import MegatronEngine
+from sc_lightning.engines.megatron_clock import ActiveClock
+from sc_lightning.models import export_hf_weights, load_policy, token_logprobs
+from sc_lightning.types import SamplingParams
+from tests.engines.helpers import follows_argmax
+
+pytestmark = [
+    pytest.mark.usefixtures("model_parallel"),
+    pytest.mark.filterwarnings("ignore:Warning. tp_group is None:DeprecationWarning"),
+]
+PROMPT = (4, 5, 6, 7, 8)
+
+
+def engine_on(path: Path | str, **kwargs: object) -> MegatronEngine:
+    """An engine on a fresh replica of ``path``, ignoring eos (fixed-length outputs)."""
+    return MegatronEngine.from_pretrained(str(path), stop_on_eos=False, **kwargs)
+
+
+async def until_tokens(engine: MegatronEngine, count: int) -> None:
+    """Wait until the engine has sampled ``count`` tokens in total."""
+    while engine.stats.generated_tokens < count:
+        await asyncio.sleep(0.0005)
+
+
+def test_update_weights_switches_outputs_and_version(tiny_dirs: dict) -> None:
+    model_b, spec_b, _ = load_policy(str(tiny_dirs["b"]))
+    model_a = load_policy(str(tiny_dirs["a"]))[0].eval()
+
+    async def scenario() -> tuple:
+        engine = engine_on(tiny_dirs["a"])
+        before = await engine.generate(PROMPT, SamplingParams(10, temperature=0.0))
+        await engine.update_weights(export_hf_weights(model_b, spec_b), version=5)
+        after = await engine.generate(PROMPT, SamplingParams(10, temperature=0.0))
+        version = engine.weight_version
+        await engine.shutdown()
+        return before, after, version
+
+    before, after, version = asyncio.run(scenario())
+    assert version == 5 and before.weight_version == 0 and after.weight_version == 5
+    assert all(follows_argmax(model_a, PROMPT, before.token_ids))
+    assert all(follows_argmax(model_b.eval(), PROMPT, after.token_ids))
+    assert before.token_ids != after.token_ids
+
+
+def test_a_request_in_flight_across_an_update_finishes_on_the_new_weights(tiny_dirs: dict) -> None:
+    model_b, spec_b, _ = load_policy(str(tiny_dirs["b"]))
+    model_a = load_policy(str(tiny_dirs["a"]))[0].eval()
+
+    async def scenario() -> object:
+        engine = engine_on(tiny_dirs["a"])
+        task = asyncio.create_task(engine.generate(PROMPT, SamplingParams(200, temperature=0.0)))
+        await until_tokens(engine, 5)
+        await engine.update_weights(export_hf_weights(model_b, spec_b), version=1)
+        result = await task
+        await engine.shutdown()
+        return result
+
+    result = asyncio.run(scenario())
+    assert result.finish_reason == "length" and len(result.token_ids) == 200
+    assert result.weight_version == 0  # the version at its start
+    on_a = follows_argmax(model_a, PROMPT, result.token_ids)
+    on_b = follows_argmax(model_b.eval(), PROMPT, result.token_ids)
+    switch = [k for k in range(1, 200) if all(on_a[:k]) and all(on_b[k:])]
+    assert switch, "expected tokens of model a, then (after the update) tokens of model b"
+
+
+def test_a_request_in_flight_at_stand_down_finishes_correctly_after_wake(tiny_dirs: dict) -> None:
+    ref = load_policy(str(tiny_dirs["a"]))[0].eval()
+    sampled = SamplingParams(120, temperature=0.9, top_k=10, seed=11)
+
+    async def scenario() -> tuple:
+        engine = engine_on(tiny_dirs["a"])
+        uninterrupted = await engine.generate(PROMPT, sampled)
+        greedy = asyncio.create_task(engine.generate(PROMPT, SamplingParams(120, temperature=0.0)))
+        seeded = asyncio.create_task(engine.generate(PROMPT, sampled))
+        await until_tokens(engine, 120 + 10)
+        await engine.stand_down()
+        assert engine.stood_down
+        frozen = engine.stats.generated_tokens
+        late = asyncio.create_task(engine.generate((3, 4), SamplingParams(5)))  # queued while stood down
+        await asyncio.sleep(0.3)
+        assert engine.stats.generated_tokens == frozen and not greedy.done() and not late.done()
+        await engine.wake()
+        results = await asyncio.gather(greedy, seeded, late)
+        await engine.shutdown()
+        return uninterrupted, frozen, *results
+
+    uninterrupted, frozen, greedy, seeded, late = asyncio.run(scenario())
+    assert 120 + 10 <= frozen < 120 + 240  # stood down mid-flight
+    assert all(follows_argmax(ref, PROMPT, greedy.token_ids)) and len(greedy.token_ids) == 120
+    assert seeded.token_ids == uninterrupted.token_ids  # re-prefill resumes the same draws
+    with torch.no_grad():
+        trainer = token_logprobs(ref, torch.tensor([PROMPT + seeded.token_ids]), temperature=0.9)[
+            0, len(PROMPT) :
+        ].cpu()
+    assert torch.allclose(trainer, torch.tensor(seeded.logprobs), atol=1e-4)
+    assert len(late.token_ids) == 5
+
+
+def test_active_deadline_ignores_stood_down_time_and_expires_while_active(tiny_dirs: dict) -> None:
+    async def scenario() -> None:
+        engine = engine_on(tiny_dirs["a"])
+        await engine.stand_down()
+        task = asyncio.create_task(engine.active_wait_for(engine.generate(PROMPT, SamplingParams(5)), 0.3))
+        await asyncio.sleep(0.8)  # stood down for longer than the deadline
+        assert not task.done()
+        await engine.wake()
+        assert len((await task).token_ids) == 5
+        start = time.monotonic()
+        with pytest.raises(TimeoutError):
+            await engine.active_wait_for(asyncio.sleep(10), 0.2)
+        assert 0.15 < time.monotonic() - start < 2.0
+        with pytest.raises(TimeoutError):  # an expired deadline cancels the request; the engine drops it
+            async with engine.active_deadline(0.01):
+                await engine.generate(PROMPT, SamplingParams(240, temperature=0.0))
+        assert len((await engine.generate(PROMPT, SamplingParams(3))).token_ids) == 3
+        await engine.shutdown()
+
+    asyncio.run(scenario())
+
+
+def test_active_clock_counts_only_awake_time() -> None:
+    async def scenario() -> None:
+        clock = ActiveClock()
+        start = time.monotonic()
+        with pytest.raises(TimeoutError):
+            async with clock.deadline(0.4):
+                await asyncio.sleep(0.2)
+                clock.pause()
+                paused_at = clock.now()
+                await asyncio.sleep(0.5)  # paused: the deadline (0.2 s left) must not fire
+                assert clock.now() == paused_at and not clock.running
+                clock.resume()
+                await asyncio.sleep(10)
+        elapsed = time.monotonic() - start
+        assert 0.85 < elapsed < 2.5, elapsed
+        assert 0.35 < clock.now() < 2.0
+        async with clock.deadline(None):
+            await asyncio.sleep(0.01)
+        assert await clock.wait_for(asyncio.sleep(0.01, result=7), 1.0) == 7
+
+    asyncio.run(scenario())

@@ -1,0 +1,92 @@
+"""RayMegatronEngine end to end: an actor replica, greedy parity, weight updates by value, errors, shutdown."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterator
+
+import pytest
+import torch
+
+from sc_lightning.engines.base import EngineError, GenerationEngine
+from sc_lightning.models import export_hf_weights, load_policy, token_logprobs
+from sc_lightning.types import SamplingParams
+from tests.engines.helpers import follows_argmax
+
+ray = pytest.importorskip("ray")
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.usefixtures("model_parallel"),
+    pytest.mark.filterwarnings("ignore:Warning. tp_group is None:DeprecationWarning"),
+]
+PROMPT = (4, 5, 6, 7)
+
+
+@pytest.fixture
+def ray_cluster() -> Iterator[None]:
+    """A local Ray instance with 2 CPUs and no dashboard, shut down afterwards."""
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        yield
+    finally:
+        ray.shutdown()
+
+
+def actor_alive(name: str) -> bool:
+    """Whether a Ray actor called ``name`` is still registered."""
+    try:
+        ray.get_actor(name)
+    except ValueError:
+        return False
+    return True
+
+
+def test_ray_engine_end_to_end(ray_cluster: None, tiny_dirs: dict) -> None:
+    from sc_lightning.engines.megatron_ray import RayMegatronEngine
+
+    model_a = load_policy(str(tiny_dirs["a"]))[0].eval()
+    model_b, spec_b, _ = load_policy(str(tiny_dirs["b"]))
+    model_b.eval()
+
+    async def scenario() -> None:
+        engine = RayMegatronEngine(str(tiny_dirs["a"]), name="ray-gen", actor_name="ray-gen-actor", stop_on_eos=False)
+        assert isinstance(engine, GenerationEngine)
+        await engine.ready()
+        greedy, sampled = await asyncio.gather(
+            engine.generate(PROMPT, SamplingParams(10, temperature=0.0)),
+            engine.generate(PROMPT, SamplingParams(10, temperature=0.7, seed=3)),
+        )
+        assert all(follows_argmax(model_a, PROMPT, greedy.token_ids)) and len(greedy.token_ids) == 10
+        with torch.no_grad():
+            trainer = token_logprobs(model_a, torch.tensor([PROMPT + sampled.token_ids]), temperature=0.7).cpu()
+        assert torch.allclose(trainer[0, len(PROMPT) :], torch.tensor(sampled.logprobs), atol=1e-4)
+
+        await engine.update_weights(export_hf_weights(model_b, spec_b), version=4)
+        assert engine.weight_version == 4
+        after = await engine.generate(PROMPT, SamplingParams(10, temperature=0.0))
+        assert after.weight_version == 4 and all(follows_argmax(model_b, PROMPT, after.token_ids))
+
+        await engine.stand_down()
+        task = asyncio.create_task(engine.active_wait_for(engine.generate(PROMPT, SamplingParams(3)), 0.2))
+        await asyncio.sleep(0.4)
+        assert not task.done()
+        await engine.wake()
+        assert len((await task).token_ids) == 3
+        assert (await engine.stats())["batches"] >= 3
+
+        with pytest.raises(EngineError, match=r"engine 'ray-gen', request req-\d+"):
+            await engine.generate(tuple([3] * 300), SamplingParams(4))
+
+        assert actor_alive("ray-gen-actor")
+        await engine.shutdown()
+        await engine.shutdown()  # idempotent
+        with pytest.raises(EngineError, match="shut down"):
+            await engine.generate(PROMPT, SamplingParams(2))
+
+    asyncio.run(scenario())
+    deadline = time.monotonic() + 30
+    while actor_alive("ray-gen-actor") and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not actor_alive("ray-gen-actor")
