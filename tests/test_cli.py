@@ -145,3 +145,26 @@ def test_usage_errors(argv: list[str], message: str, capsys) -> None:
 def test_help(capsys) -> None:
     assert main(["--help"]) == 0
     assert "--dry_run" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("mode", ["in_order", "weight_fifo", "ready_first", "windowed"])
+def test_every_sampler_overlay_trains_a_few_steps(mode: str, tmp_path) -> None:
+    result = run(
+        "fit",
+        "--config",
+        TINY,
+        "--config",
+        f"configs/samplers/{mode}.yaml",
+        "--data_plane.backend",
+        "memory",
+        "--grpo.max_num_steps",
+        "3",
+        f"--trainer.default_root_dir={tmp_path}",
+        "--trainer.enable_progress_bar=false",
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    (metrics,) = tmp_path.glob("lightning_logs/version_*/metrics.csv")
+    header, *rows = metrics.read_text().splitlines()
+    steps = [dict(zip(header.split(","), row.split(","), strict=True)) for row in rows]
+    assert len(steps) == 3
+    assert all(float(r["train/staleness_max"]) <= 1 for r in steps)  # every overlay allows one version of lag
