@@ -62,48 +62,49 @@ class LocalController:
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="sc-controller", daemon=True)
         self._thread.start()
-        self.controller: SingleController = self._call(_build_and_start(build))
+        self.controller: SingleController = self.call(_build_and_start(build))
 
-    def _call(self, coroutine: Coroutine[Any, Any, T], timeout_s: float | None = None) -> T:
+    def call(self, coroutine: Coroutine[Any, Any, T], timeout_s: float | None = None) -> T:
+        """Run a coroutine on the controller's event loop (e.g. a call on its engine) and return its result."""
         future: Future[T] = asyncio.run_coroutine_threadsafe(coroutine, self._loop)
         return future.result(timeout=timeout_s if timeout_s is not None else self.call_timeout_s)
 
     def evict(self, trainer_version: int) -> list[GroupMeta]:
         """Drop groups that can never be trained at ``trainer_version``."""
-        return self._call(self.controller.evict(trainer_version))
+        return self.call(self.controller.evict(trainer_version))
 
     def select(
         self, trainer_version: int, min_groups: int, max_groups: int, *, timeout_s: float | None = None
     ) -> list[GroupMeta] | None:
         """Wait for and take trainable groups; None once rollouts are exhausted."""
         call = self.controller.select(trainer_version, min_groups, max_groups, timeout_s=timeout_s)
-        return self._call(call, None if timeout_s is None else timeout_s + 5)
+        return self.call(call, None if timeout_s is None else timeout_s + 5)
 
     def clear(self, groups: Sequence[GroupMeta]) -> None:
         """Delete trained rows."""
-        self._call(self.controller.clear(groups))
+        self.call(self.controller.clear(groups))
 
     def begin_refit(self, next_version: int) -> int:
         """Close dispatch and abort doomed rollouts."""
-        return self._call(self.controller.begin_refit(next_version))
+        return self.call(self.controller.begin_refit(next_version))
 
     def push_weights(self, named_tensors: list[tuple[str, torch.Tensor]], version: int) -> None:
         """Load new weights into the generation engine."""
-        self._call(self.controller.push_weights(named_tensors, version))
+        self.call(self.controller.push_weights(named_tensors, version))
 
     def finish_refit(self, version: int) -> None:
         """Stamp the new version and reopen dispatch."""
-        self._call(self.controller.finish_refit(version))
+        self.call(self.controller.finish_refit(version))
 
     def stats(self) -> ControllerStats:
         """Counters of the controller."""
-        return self._call(_stats(self.controller))
+        return self.call(_stats(self.controller))
 
     def shutdown(self) -> None:
         """Stop the pump, then the loop and its thread."""
         if not self._loop.is_running():
             return
-        self._call(self.controller.shutdown())
+        self.call(self.controller.shutdown())
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(timeout=self.call_timeout_s)
         self._loop.close()
