@@ -15,7 +15,14 @@ from lightning.pytorch import Callback, LightningModule, Trainer
 
 
 class RefitCallback(Callback):
-    """Syncs weights to the engine after each RL step and logs ``timing/train/weight_sync``."""
+    """Syncs weights to the engine after each RL step; logs ``timing/train/weight_sync`` and ``total_step_time``."""
+
+    def __init__(self) -> None:
+        self._last_step_end: float | None = None
+
+    def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        """Start the step clock."""
+        self._last_step_end = time.monotonic()
 
     def on_train_batch_end(
         self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int
@@ -32,5 +39,9 @@ class RefitCallback(Callback):
         ]
         controller.push_weights(weights, version)
         controller.finish_refit(version)
-        pl_module.log("timing/train/weight_sync", time.monotonic() - started, on_step=True, batch_size=1)
+        now = time.monotonic()
+        pl_module.log("timing/train/weight_sync", now - started, on_step=True, batch_size=1)
+        if self._last_step_end is not None:
+            pl_module.log("timing/train/total_step_time", now - self._last_step_end, on_step=True, batch_size=1)
+        self._last_step_end = now
         pl_module.log("train/aborted_stale_inflight_groups", float(aborted), on_step=True, batch_size=1)

@@ -1,11 +1,14 @@
 """MemoryDataPlane: the in-process backend (tests, single-process runs), and the backend-neutral snapshot format.
 
-Each put stores every field as one immutable block: the rows copied into one contiguous buffer plus their offsets.
-A key maps to (block, row index) per field, so a later put of the same field just points the key at a new block
-(column write-back); a block whose rows are all cleared or overwritten hands its buffer to a pool that later
-puts of a similar size reuse (see ``BufferPool``). A get copies each run of consecutive rows out of a block with
-one slice, joins the runs into one new buffer and hands back row views of it, so no stored buffer is ever shared
-with a caller. One lock guards the maps; copies happen outside it.
+Each put stores every field as one immutable block: the rows copied into one contiguous buffer, their lengths and
+their keys. Per field, a key maps to the block holding its row, so a later put of the same field just points the key
+at a new block (column write-back); a block whose rows are all cleared or overwritten hands its buffer to a pool
+that later puts of a similar size reuse (see ``BufferPool``). A get copies each run of consecutive rows out of a
+block with one slice, joins the runs into one new buffer and hands back row views of it, so no stored buffer is
+ever shared with a caller. Per-key work is kept to whole-list dict operations: a put hashes its keys once
+(``dict.fromkeys``) and reuses that dict for the uniqueness check, the new keys' tags and each field's index; a get of
+consecutive rows of one intact block (the usual read of what one put wrote) is recognised by comparing key lists.
+One lock guards the maps; copies happen outside it.
 """
 
 from __future__ import annotations
@@ -14,8 +17,10 @@ import contextlib
 import json
 import os
 import threading
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from itertools import repeat
+from operator import itemgetter
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -43,19 +48,39 @@ SNAPSHOT_VERSION = 1
 
 
 class _Block:
-    """One put's rows of one field: a contiguous buffer and where each row starts (immutable once built).
+    """One put's rows of one field: a contiguous buffer, row lengths and row keys (immutable once built).
 
-    Keys point into blocks; a block dies (and its buffer goes back to the pool) when no key and no running get
-    refers to it any more, which CPython's reference counting detects at once.
+    Keys point at blocks; a block dies (and its buffer goes back to the pool) when no key and no running get
+    refers to it any more, which CPython's reference counting detects at once. Row offsets and the key -> row
+    index are built on first use (benign if two threads race: both build the same value).
     """
 
-    __slots__ = ("values", "lengths", "offsets", "pool")
+    __slots__ = ("values", "lengths", "keys", "live", "pool", "_offsets", "_rows")
 
-    def __init__(self, packed: PackedRows, pool: BufferPool | None = None) -> None:
+    def __init__(self, packed: PackedRows, keys: list[str], pool: BufferPool | None = None) -> None:
         self.values = packed.values
         self.lengths = packed.lengths
-        self.offsets = packed.offsets()
+        self.keys = keys  # the key of each row
+        self.live = len(keys)  # how many rows their key still points at (changed under the store's lock)
         self.pool = pool
+        self._offsets: list[int] | None = None
+        self._rows: dict[str, int] | None = None
+
+    def row(self, key: str) -> int:
+        """The row of ``key`` in this block."""
+        if self.keys[0] == key:
+            return 0
+        if self._rows is None:
+            self._rows = dict(zip(self.keys, range(len(self.keys)), strict=True))
+        return self._rows[key]
+
+    def span(self, start: int, end: int) -> torch.Tensor:
+        """The values of rows [start, end), a view of the buffer."""
+        if start == 0 and end == len(self.keys):
+            return self.values
+        if self._offsets is None:
+            self._offsets = PackedRows(self.values, self.lengths).offsets()
+        return self.values[self._offsets[start] : self._offsets[end]]
 
     def __del__(self) -> None:
         if self.pool is not None:
@@ -67,7 +92,8 @@ class _Block:
         return self.values.dtype, self.values.shape[1:], self.lengths is None
 
 
-_Entry = tuple[_Block, int]
+_Run = tuple[_Block, int, int]  # rows [start, end) of a block
+_ABSENT = object()
 
 
 class MemoryDataPlane:
@@ -86,8 +112,8 @@ class MemoryDataPlane:
         self.capacity = capacity
         self._pool = BufferPool(pool_bytes)
         self._lock = threading.Lock()
-        self._tags: dict[str, dict[str, Any]] = {}  # every stored key -> its merged tags
-        self._columns: dict[str, dict[str, _Entry]] = {}  # field -> key -> (block, row)
+        self._tags: dict[str, dict[str, Any] | None] = {}  # every stored key -> its merged tags (None: none yet)
+        self._columns: dict[str, dict[str, _Block]] = {}  # field -> key -> the block holding its row
         self._closed = False
 
     def __repr__(self) -> str:
@@ -106,7 +132,10 @@ class MemoryDataPlane:
         tags: Sequence[Mapping[str, Any]] | None = None,
     ) -> None:
         """Create or update rows: write each field (copied) and merge each row's tags; all-or-nothing."""
-        keys = check_keys(keys)
+        keys = check_keys(keys, unique=False)
+        fresh = dict.fromkeys(keys)  # hashes each key once: the uniqueness check, and the new keys' empty tags
+        if len(fresh) != len(keys):
+            check_keys(keys)  # raises, naming the repeated keys
         count = len(keys)
         tag_copies = check_tags(tags, count)
         blocks = {}
@@ -117,35 +146,47 @@ class MemoryDataPlane:
                 if len(rows) != 0:
                     raise DataPlaneError(f"field {field!r} has {len(rows)} rows but 0 keys were given")
                 continue
-            blocks[field] = _Block(pack_rows(field, rows, count, self._pool.allocate), self._pool)
+            blocks[field] = _Block(pack_rows(field, rows, count, self._pool.allocate), keys, self._pool)
         with self._lock:
             self._check_open()
             stored = self._tags
-            new = [key for key in keys if key not in stored]
+            all_new = stored.keys().isdisjoint(fresh.keys())  # a view: iterates the smaller side
+            new = keys if all_new else [key for key in keys if key not in stored]
             if self.capacity is not None and len(stored) + len(new) > self.capacity:
                 raise DataPlaneError(
                     f"data plane partition {self.partition_id!r} is full: {len(stored)} rows stored + {len(new)} "
                     f"new > capacity {self.capacity}; nothing was written (clear consumed rows or raise the capacity)"
                 )
-            stored.update((key, {}) for key in new)
+            stored.update(fresh if all_new else dict.fromkeys(new))
             if tag_copies is not None:
                 for key, tag in zip(keys, tag_copies, strict=True):
-                    if tag:
-                        stored[key].update(tag)
+                    current = stored[key]
+                    if current is None:
+                        stored[key] = tag  # a fresh copy already
+                    else:
+                        current.update(tag)
             for field, block in blocks.items():
-                cells = zip(repeat(block), range(count), strict=False)  # (block, row) of each key
-                self._columns.setdefault(field, {}).update(zip(keys, cells, strict=False))
+                column = self._columns.get(field)
+                if column is None:
+                    self._columns[field] = dict.fromkeys(fresh, block)  # reuses fresh's hashes and table size
+                    continue
+                if not all_new and not column.keys().isdisjoint(fresh.keys()):  # write-back: old rows lose keys
+                    for key in keys:
+                        old = column.get(key)
+                        if old is not None:
+                            old.live -= 1
+                column.update(zip(keys, repeat(block)))
 
     def get(self, keys: Sequence[str], fields: Sequence[str]) -> dict[str, list[torch.Tensor]]:
         """Read ``fields`` of ``keys`` (copies, in key order); MissingRowsError on any unknown key or field."""
-        keys = check_keys(keys)
+        keys = check_keys(keys, unique=False)  # uniqueness: checked by _runs
         fields = check_fields(fields)
         with self._lock:
             self._check_open()
             if not keys:
                 return {field: [] for field in fields}
-            entries = self._entries(keys, fields)
-        return {field: unpack(*_gather(field, column)) for field, column in entries.items()}
+            runs = self._runs(keys, fields)
+        return {field: unpack(*_gather(field, field_runs)) for field, field_runs in runs.items()}
 
     def tags(self, keys: Sequence[str]) -> list[dict[str, Any]]:
         """The merged tags of each key, in key order; MissingRowsError on unknown keys."""
@@ -153,7 +194,7 @@ class MemoryDataPlane:
         with self._lock:
             self._check_open()
             try:
-                return [dict(self._tags[key]) for key in keys]
+                return [dict(tag) if tag else {} for tag in map(self._tags.__getitem__, keys)]
             except KeyError:
                 self._raise_missing(keys, [])
 
@@ -175,14 +216,14 @@ class MemoryDataPlane:
         with self._lock:
             self._check_open()
             keys = list(self._tags)
-            tags = [dict(self._tags[key]) for key in keys]
+            tags = [dict(tag) if tag else {} for tag in self._tags.values()]
             position = {key: index for index, key in enumerate(keys)}
-            columns = {field: list(column.items()) for field, column in self._columns.items()}
+            columns = {field: (list(column), list(column.values())) for field, column in self._columns.items()}
         fields = {}
-        for field, items in columns.items():
-            values, lengths = _gather(field, [entry for _, entry in items])
+        for field, (items, blocks) in columns.items():
+            values, lengths = _gather(field, _split_runs(items, blocks))
             fields[field] = {
-                "rows": torch.tensor([position[key] for key, _ in items], dtype=torch.int64),
+                "rows": torch.tensor([position[key] for key in items], dtype=torch.int64),
                 "values": values,
                 "lengths": None if lengths is None else torch.tensor(lengths, dtype=torch.int64),
             }
@@ -197,14 +238,16 @@ class MemoryDataPlane:
             raise DataPlaneError(
                 f"snapshot in {directory} holds {len(keys)} rows, more than the capacity {self.capacity}"
             )
-        columns: dict[str, dict[str, _Entry]] = {}
+        columns: dict[str, dict[str, _Block]] = {}
         for field, data in state["fields"].items():
             try:
                 lengths = None if data["lengths"] is None else data["lengths"].tolist()
-                block = _Block(PackedRows(data["values"], lengths), self._pool)
                 rows = data["rows"].tolist()
-                consistent = block.offsets[-1] == data["values"].shape[0] and len(block.offsets) == len(rows) + 1
-                columns[field] = {keys[row]: (block, index) for index, row in enumerate(rows)}
+                packed = PackedRows(data["values"], lengths)
+                block = _Block(packed, [keys[row] for row in rows], self._pool)
+                total = packed.num_rows if lengths is None else sum(lengths)  # rows (scalars) or first-dim entries
+                consistent = total == packed.values.shape[0] and packed.num_rows == len(rows)
+                columns[field] = dict.fromkeys(block.keys, block)
             except (KeyError, IndexError, TypeError, AttributeError):
                 consistent = False
             if not consistent:
@@ -226,14 +269,37 @@ class MemoryDataPlane:
         if self._closed:
             raise DataPlaneError(f"data plane partition {self.partition_id!r} is closed")
 
-    def _entries(self, keys: list[str], fields: list[str]) -> dict[str, list[_Entry]]:
-        """(block, row) of every requested cell, per field; MissingRowsError naming what is absent."""
+    def _runs(self, keys: list[str], fields: list[str]) -> dict[str, list[_Run]]:
+        """The requested rows of each field as runs of consecutive block rows; errors for repeated or absent keys.
+
+        Fast path: ``keys`` are consecutive rows of one block that every one of its keys still points at, which
+        one list comparison shows; such keys are also unique and stored, as the block's keys were when put.
+        """
+        runs = {}
+        for field in fields:
+            column = self._columns.get(field)
+            entry = None if column is None else column.get(keys[0])
+            if entry is None:
+                break
+            row = entry.row(keys[0])
+            end = row + len(keys)
+            if entry.live != len(entry.keys) or entry.keys[row:end] != keys:
+                break
+            runs[field] = [(entry, row, end)]
+        else:
+            if fields:
+                return runs
+        check_keys(keys)  # raises for repeated keys
         if not fields and not all(key in self._tags for key in keys):
             self._raise_missing(keys, fields)
-        try:
-            return {field: [self._columns[field][key] for key in keys] for field in fields}
-        except KeyError:
-            self._raise_missing(keys, fields)
+        lookup = itemgetter(*keys) if len(keys) > 1 else lambda column: (column[keys[0]],)
+        for field in fields:
+            if field not in runs:
+                try:
+                    runs[field] = _split_runs(keys, lookup(self._columns[field]))
+                except KeyError:
+                    self._raise_missing(keys, fields)
+        return runs
 
     def _raise_missing(self, keys: list[str], fields: list[str]) -> NoReturn:
         unknown = [key for key in keys if key not in self._tags]
@@ -247,47 +313,59 @@ class MemoryDataPlane:
         raise MissingRowsError(missing_message(self.partition_id, unknown, missing))
 
     def _clear(self, keys: Sequence[str]) -> None:
-        removed = [key for key in keys if self._tags.pop(key, None) is not None]
+        popped = list(map(self._tags.pop, keys, repeat(_ABSENT)))  # whole-list dict work, no Python step per key
+        removed = (
+            keys if _ABSENT not in popped else [k for k, tag in zip(keys, popped, strict=True) if tag is not _ABSENT]
+        )
         if not removed:
             return
         for field in list(self._columns):
             column = self._columns[field]
-            for key in removed:
-                column.pop(key, None)
+            for block, count in Counter(map(column.pop, removed, repeat(None))).items():
+                if block is not None:
+                    block.live -= count
             if not column:
                 del self._columns[field]
 
 
-def _gather(field: str, entries: Sequence[_Entry]) -> tuple[torch.Tensor, list[int] | None]:
-    """Copy the given rows into one new buffer: one slice per run of consecutive rows of a block, then one join."""
-    pieces: list[torch.Tensor] = []
-    lengths: list[int] | None = []
-    block: _Block | None = None
-    start = end = 0
-    schema = entries[0][0].schema() if entries else None
-    for entry_block, row in entries:
-        if entry_block is block and row == end:
+def _split_runs(keys: Sequence[str], blocks: Sequence[_Block]) -> list[_Run]:
+    """Group the rows of ``keys`` (held by ``blocks``) into maximal runs of consecutive rows of one block, in order."""
+    if not keys:
+        return []
+    first = blocks[0]
+    start = first.row(keys[0])
+    if blocks.count(first) == len(blocks) and first.keys[start : start + len(keys)] == list(keys):
+        return [(first, start, start + len(keys))]  # one run: checked without a Python step per row
+    runs = []
+    block, end = first, start
+    for key, key_block in zip(keys, blocks, strict=True):
+        row = key_block.row(key)
+        if key_block is block and row == end:
             end += 1
             continue
-        if block is not None:
-            _take(block, start, end, pieces, lengths)
-        if entry_block.schema() != schema:
+        runs.append((block, start, end))
+        block, start, end = key_block, row, row + 1
+    runs.append((block, start, end))
+    return runs
+
+
+def _gather(field: str, runs: Sequence[_Run]) -> tuple[torch.Tensor, list[int] | None]:
+    """Copy the given rows into one new buffer: one slice per run of consecutive rows of a block, then one join."""
+    if not runs:
+        return torch.empty(0), []
+    schema = runs[0][0].schema()
+    pieces = []
+    lengths: list[int] = []
+    for block, start, end in runs:
+        if block.schema() != schema:
             raise DataPlaneError(
-                f"field {field!r} was written with different dtypes or shapes {schema} and {entry_block.schema()}; "
+                f"field {field!r} was written with different dtypes or shapes {schema} and {block.schema()}; "
                 "rows read together must share dtype and trailing dims"
             )
-        block, start, end = entry_block, row, row + 1
-    if block is None:
-        return torch.empty(0), []
-    _take(block, start, end, pieces, lengths)
-    values = concat(pieces)
-    return values, None if block.lengths is None else lengths
-
-
-def _take(block: _Block, start: int, end: int, pieces: list[torch.Tensor], lengths: list[int]) -> None:
-    pieces.append(block.values[block.offsets[start] : block.offsets[end]])
-    if block.lengths is not None:
-        lengths.extend(block.lengths[start:end])
+        pieces.append(block.span(start, end))
+        if block.lengths is not None:
+            lengths.extend(block.lengths[start:end])
+    return concat(pieces), None if schema[2] else lengths
 
 
 def write_rows_snapshot(directory: Path, state: dict[str, Any], *, backend: str) -> None:

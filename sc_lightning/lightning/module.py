@@ -9,6 +9,7 @@ training_step(step):
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable
 from typing import Any, Protocol
 
@@ -26,6 +27,7 @@ class RLStep(Protocol):
     """What the loop hands to training_step: the step's chunks, produced lazily as groups become ready."""
 
     version: int
+    exposed_generation_s: float
 
     def chunks(self) -> Iterable[TrainChunk]:
         """The step's chunks of whole prompt groups."""
@@ -99,6 +101,7 @@ class GRPOModule(LightningModule):
 
     def training_step(self, step: RLStep, batch_idx: int) -> dict[str, torch.Tensor]:
         """One RL step: accumulate every chunk of the step, then one optimizer step; logs train/* metrics."""
+        started = time.monotonic()
         update = self.policy_update()
         update.begin()
         rewards, staleness = [], []
@@ -107,6 +110,9 @@ class GRPOModule(LightningModule):
             rewards.append(chunk.rewards)
             staleness += [step.version - w for w in chunk.start_weights]
         metrics = update.finish()
+        exposed = getattr(step, "exposed_generation_s", 0.0)
+        timing = {"exposed_generation": exposed, "policy_training": time.monotonic() - started - exposed}
+        self.log_dict({f"timing/train/{k}": v for k, v in timing.items()}, on_step=True, batch_size=1)
         metrics["reward"] = float(torch.cat(rewards).mean())
         metrics["staleness_mean"] = sum(staleness) / len(staleness)
         metrics["staleness_max"] = float(max(staleness))

@@ -8,6 +8,7 @@ controller releases them — that is what lets a streamed step start training be
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
@@ -60,10 +61,12 @@ class RLStepBatch:
         settings: StepSettings,
         version: int,
         first: list[GroupMeta],
+        waited_s: float = 0.0,
     ) -> None:
         self.client, self.data_plane, self.settings, self.version = client, data_plane, settings, version
         self._first = first
         self.groups = 0
+        self.exposed_generation_s = waited_s  # time the trainer waited for rollouts during this step
 
     def chunks(self) -> Iterator[TrainChunk]:
         """Yield chunks until the step holds ``groups_per_step`` groups; trained rows are cleared after each."""
@@ -76,9 +79,11 @@ class RLStepBatch:
             if self.groups >= need:
                 return
             left = need - self.groups
+            started = time.monotonic()
             groups = self.client.select(
                 self.version, min(self.settings.min_groups, left), left, timeout_s=self.settings.select_timeout_s
             )
+            self.exposed_generation_s += time.monotonic() - started
         raise RolloutsExhausted(f"step {self.version}: rollouts ran out with {self.groups} of {need} groups assembled")
 
     def _load(self, groups: list[GroupMeta]) -> TrainChunk:
@@ -116,9 +121,10 @@ class RLStepStream:
         while True:
             version = self.version()
             s = self.settings
+            started = time.monotonic()
             first = self.client.select(
                 version, min(s.min_groups, s.groups_per_step), s.groups_per_step, timeout_s=s.select_timeout_s
             )
             if first is None:
                 return  # the dataset is exhausted and the buffer drained
-            yield RLStepBatch(self.client, self.data_plane, s, version, first)
+            yield RLStepBatch(self.client, self.data_plane, s, version, first, time.monotonic() - started)
