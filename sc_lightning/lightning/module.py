@@ -27,7 +27,8 @@ class RLStep(Protocol):
     """What the loop hands to training_step: the step's chunks, produced lazily as groups become ready."""
 
     version: int
-    exposed_generation_s: float
+    first_wait_s: float
+    chunk_wait_s: float
 
     def chunks(self) -> Iterable[TrainChunk]:
         """The step's chunks of whole prompt groups."""
@@ -110,8 +111,10 @@ class GRPOModule(LightningModule):
             rewards.append(chunk.rewards)
             staleness += [step.version - w for w in chunk.start_weights]
         metrics = update.finish()
-        exposed = getattr(step, "exposed_generation_s", 0.0)
-        timing = {"exposed_generation": exposed, "policy_training": time.monotonic() - started - exposed}
+        timing = {
+            "exposed_generation": step.first_wait_s + step.chunk_wait_s,
+            "policy_training": time.monotonic() - started - step.chunk_wait_s,
+        }
         self.log_dict({f"timing/train/{k}": v for k, v in timing.items()}, on_step=True, batch_size=1)
         metrics["reward"] = float(torch.cat(rewards).mean())
         metrics["staleness_mean"] = sum(staleness) / len(staleness)

@@ -66,7 +66,8 @@ class RLStepBatch:
         self.client, self.data_plane, self.settings, self.version = client, data_plane, settings, version
         self._first = first
         self.groups = 0
-        self.exposed_generation_s = waited_s  # time the trainer waited for rollouts during this step
+        self.first_wait_s = waited_s  # waiting for the first chunk, before training_step starts
+        self.chunk_wait_s = 0.0  # waiting for later chunks, inside training_step
 
     def chunks(self) -> Iterator[TrainChunk]:
         """Yield chunks until the step holds ``groups_per_step`` groups; trained rows are cleared after each."""
@@ -83,8 +84,13 @@ class RLStepBatch:
             groups = self.client.select(
                 self.version, min(self.settings.min_groups, left), left, timeout_s=self.settings.select_timeout_s
             )
-            self.exposed_generation_s += time.monotonic() - started
+            self.chunk_wait_s += time.monotonic() - started
         raise RolloutsExhausted(f"step {self.version}: rollouts ran out with {self.groups} of {need} groups assembled")
+
+    @property
+    def exposed_generation_s(self) -> float:
+        """Time the trainer waited for rollouts during this step."""
+        return self.first_wait_s + self.chunk_wait_s
 
     def _load(self, groups: list[GroupMeta]) -> TrainChunk:
         s = self.settings

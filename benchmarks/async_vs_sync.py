@@ -1,0 +1,124 @@
+"""Async vs sync steps/s on the tiny model, with long-tailed generation lengths, against the ideal overlap bound.
+
+Generation lengths: `builtin:tiny` without its warm start stops at a random token, so completion lengths are
+roughly geometric up to `max_new_tokens` — a long tail. Three runs of the same number of RL steps, one process
+each time, the in-process data plane, the engine in a Ray actor (its own process), torch at one intra-op thread:
+
+  sync       in_order, max_lookahead_versions 0: generation and training alternate
+  async      in_order, max_lookahead_versions 1: the next step's groups generate while this step trains
+  windowed   windowed, max_staleness_versions 1, streamed chunks of >= 2 groups
+
+From the sync run, G = median time the trainer waits for rollouts per step and T = median training time per step;
+the ideal overlap bound is (G + T) / max(G, T). The table reports each run's median step time, its speed-up over
+sync and that speed-up as a fraction of the bound. Target (design.md): async reaches >= 90% of the bound.
+
+    python benchmarks/async_vs_sync.py [--steps 40] [--max-new-tokens 24]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from pathlib import Path
+
+import torch
+from lightning.pytorch import Callback, Trainer
+
+from sc_lightning.callbacks.refit import RefitCallback
+from sc_lightning.config import load_config
+from sc_lightning.config.yaml_io import load_yaml_layers
+from sc_lightning.engines.megatron_ray import RayMegatronEngine
+from sc_lightning.lightning.module import GRPOModule
+from sc_lightning.lightning.strategy import SingleControllerStrategy
+
+TINY = Path(__file__).resolve().parent.parent / "configs" / "grpo_tiny.yaml"
+MODES = {
+    "sync": [],
+    "async": [
+        "policy.generation.colocated.enabled=false",
+        "async_rl.sampler.max_lookahead_versions=1",
+        "async_rl.max_buffered_rollouts=8",
+        "async_rl.max_inflight_prompts=8",
+    ],
+    "windowed": [
+        "policy.generation.colocated.enabled=false",
+        "async_rl.sampler.name=windowed",
+        "async_rl.sampler.max_staleness_versions=1",
+        "async_rl.max_buffered_rollouts=8",
+        "async_rl.max_inflight_prompts=8",
+        "async_rl.min_groups_for_streaming_train=2",
+    ],
+}
+
+
+class StepTimes(Callback):
+    """Collects the per-step timing metrics the module and the refit callback log."""
+
+    def __init__(self) -> None:
+        self.rows: list[dict[str, float]] = []
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        """Keep this step's timings."""
+        metrics = trainer.callback_metrics
+        names = ("total_step_time", "exposed_generation", "policy_training")
+        self.rows.append({n: float(metrics[f"timing/train/{n}"]) for n in names if f"timing/train/{n}" in metrics})
+
+
+def run(mode: str, steps: int, max_new_tokens: int) -> dict[str, float]:
+    """Train ``steps`` RL steps in ``mode``; median step time, exposed generation and training time."""
+    overrides = [
+        "data_plane.backend=memory",
+        "policy.model_name=builtin:tiny",
+        f"policy.generation.max_new_tokens={max_new_tokens}",
+        f"grpo.max_num_steps={steps}",
+        *MODES[mode],
+    ]
+    config = load_config(load_yaml_layers([TINY], overrides), extra_top_level=("trainer", "seed_everything"))
+
+    def engine(config, weights):
+        # its own process: the tiny model is Python-bound, so a thread would only contend for the GIL
+        return RayMegatronEngine("builtin:tiny", seed=config.algo.seed, max_seq_len=32)
+
+    times = StepTimes()
+    trainer = Trainer(
+        strategy=SingleControllerStrategy(config, engine),
+        callbacks=[RefitCallback(), times],
+        max_steps=steps,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
+    trainer.fit(GRPOModule(config))
+    rows = times.rows[3:]  # skip warm-up steps
+    return {key: statistics.median(r[key] for r in rows if key in r) for key in rows[-1]}
+
+
+def main() -> None:
+    """Run the three modes and print the table."""
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--steps", type=int, default=40)
+    parser.add_argument("--max-new-tokens", type=int, default=24)
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    import ray
+
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    results = {mode: run(mode, args.steps, args.max_new_tokens) for mode in MODES}
+    sync = results["sync"]
+    g, t = sync["exposed_generation"], sync["policy_training"]
+    bound = (g + t) / max(g, t)
+    print(
+        f"sync: G = {g * 1e3:.1f} ms exposed generation, T = {t * 1e3:.1f} ms training per step; "
+        f"ideal overlap bound (G+T)/max(G,T) = {bound:.2f}x"
+    )
+    print(f"{'mode':<10} {'step ms':>8} {'speed-up':>9} {'of bound':>9}")
+    for mode, r in results.items():
+        speedup = sync["total_step_time"] / r["total_step_time"]
+        print(f"{mode:<10} {r['total_step_time'] * 1e3:8.1f} {speedup:8.2f}x {speedup / bound:8.0%}")
+    print(f"measured {time.strftime('%Y-%m-%d')}, {torch.get_num_threads()} torch thread(s)")
+
+
+if __name__ == "__main__":
+    main()
