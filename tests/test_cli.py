@@ -119,7 +119,8 @@ def test_fit_trains_the_tiny_policy_with_the_megatron_engine(tmp_path) -> None:
     (metrics,) = tmp_path.glob("lightning_logs/version_*/metrics.csv")
     rows = metrics.read_text().splitlines()
     header = rows[0].split(",")
-    assert {"train/reward", "train/loss", "train/grad_norm", "timing/train/weight_sync"} <= set(header)
+    expected = {"train/reward", "train/loss", "train/grad_norm", "timing/train/weight_sync", "rollout/committed_total"}
+    assert expected <= set(header)
     steps = [dict(zip(header, row.split(","), strict=True)) for row in rows[1:]]
     assert [int(r["step"]) for r in steps] == [0, 1]
     # the engine's logprobs of what it sampled equal the trainer's: a faithful refit

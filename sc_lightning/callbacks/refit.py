@@ -15,7 +15,7 @@ from lightning.pytorch import Callback, LightningModule, Trainer
 
 
 class RefitCallback(Callback):
-    """Syncs weights to the engine after each RL step; logs ``timing/train/weight_sync`` and ``total_step_time``."""
+    """Syncs weights to the engine after each RL step; logs the weight-sync and step times and ``rollout/*``."""
 
     def __init__(self) -> None:
         self._last_step_end: float | None = None
@@ -42,6 +42,23 @@ class RefitCallback(Callback):
         now = time.monotonic()
         pl_module.log("timing/train/weight_sync", now - started, on_step=True, batch_size=1)
         if self._last_step_end is not None:
-            pl_module.log("timing/train/total_step_time", now - self._last_step_end, on_step=True, batch_size=1)
+            step_time = now - self._last_step_end
+            pl_module.log("timing/train/total_step_time", step_time, on_step=True, batch_size=1)
+            pl_module.log("step_s", step_time, prog_bar=True, logger=False, on_step=True, batch_size=1)
         self._last_step_end = now
         pl_module.log("train/aborted_stale_inflight_groups", float(aborted), on_step=True, batch_size=1)
+        self._log_rollout_stats(pl_module, controller.stats())
+
+    @staticmethod
+    def _log_rollout_stats(pl_module: LightningModule, stats: Any) -> None:
+        """The controller's counters as ``rollout/*`` (totals since the start, and gauges now)."""
+        rollout = {
+            "committed_total": stats.committed,
+            "selected_total": stats.selected,
+            "evicted_total": stats.evicted,
+            "aborted_total": stats.aborted,
+            "inflight": stats.inflight,
+            "buffered": stats.buffered,
+            "idle_s": stats.idle_s,
+        }
+        pl_module.log_dict({f"rollout/{k}": float(v) for k, v in rollout.items()}, on_step=True, batch_size=1)

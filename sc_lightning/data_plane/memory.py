@@ -92,6 +92,35 @@ class _Block:
         return self.values.dtype, self.values.shape[1:], self.lengths is None
 
 
+class _Column:
+    """One field's rows: which block holds each key's row.
+
+    A put of new keys only files its block under its first key (``heads``); the per-key ``index`` learns those keys
+    when something needs to look a key up one by one (``indexed``). A get of what one put wrote and a clear of
+    exactly those keys never do, so that common cycle builds no per-key map at all. Every block in ``heads`` is
+    whole: each of its keys still points at it, since anything that could change that indexes it first.
+    """
+
+    __slots__ = ("index", "heads")
+
+    def __init__(self) -> None:
+        self.index: dict[str, _Block] = {}
+        self.heads: dict[str, _Block] = {}  # first key -> a whole block not yet in index
+
+    def indexed(self) -> dict[str, _Block]:
+        """The key -> block map of every row, indexing the blocks in ``heads`` first."""
+        if self.heads:
+            for block in self.heads.values():
+                self.index.update(zip(block.keys, repeat(block)))
+            self.heads = {}
+        return self.index
+
+    def block_starting(self, key: str) -> _Block | None:
+        """The block holding ``key``'s row if the index has it or ``key`` starts a block in ``heads``."""
+        block = self.index.get(key)
+        return self.heads.get(key) if block is None else block
+
+
 _Run = tuple[_Block, int, int]  # rows [start, end) of a block
 _ABSENT = object()
 
@@ -113,7 +142,7 @@ class MemoryDataPlane:
         self._pool = BufferPool(pool_bytes)
         self._lock = threading.Lock()
         self._tags: dict[str, dict[str, Any] | None] = {}  # every stored key -> its merged tags (None: none yet)
-        self._columns: dict[str, dict[str, _Block]] = {}  # field -> key -> the block holding its row
+        self._columns: dict[str, _Column] = {}  # field -> which block holds each key's row
         self._closed = False
 
     def __repr__(self) -> str:
@@ -168,18 +197,23 @@ class MemoryDataPlane:
             for field, block in blocks.items():
                 column = self._columns.get(field)
                 if column is None:
-                    self._columns[field] = dict.fromkeys(fresh, block)  # reuses fresh's hashes and table size
+                    column = self._columns[field] = _Column()
+                if all_new or not (column.index or column.heads):  # no key of this put has a row of this field
+                    column.heads[keys[0]] = block
                     continue
-                if not all_new and not column.keys().isdisjoint(fresh.keys()):  # write-back: old rows lose keys
+                index = column.indexed()
+                if not index.keys().isdisjoint(fresh.keys()):  # column write-back: the old rows lose their keys
                     for key in keys:
-                        old = column.get(key)
+                        old = index.get(key)
                         if old is not None:
                             old.live -= 1
-                column.update(zip(keys, repeat(block)))
+                index.update(zip(keys, repeat(block)))
 
     def get(self, keys: Sequence[str], fields: Sequence[str]) -> dict[str, list[torch.Tensor]]:
         """Read ``fields`` of ``keys`` (copies, in key order); MissingRowsError on any unknown key or field."""
-        keys = check_keys(keys, unique=False)  # uniqueness: checked by _runs
+        if isinstance(keys, str | bytes) or not isinstance(keys, Sequence):
+            check_keys(keys)  # raises
+        keys = list(keys)  # key types and repeats: checked by _runs
         fields = check_fields(fields)
         with self._lock:
             self._check_open()
@@ -218,7 +252,10 @@ class MemoryDataPlane:
             keys = list(self._tags)
             tags = [dict(tag) if tag else {} for tag in self._tags.values()]
             position = {key: index for index, key in enumerate(keys)}
-            columns = {field: (list(column), list(column.values())) for field, column in self._columns.items()}
+            columns = {}
+            for field, column in self._columns.items():
+                index = column.indexed()
+                columns[field] = (list(index), list(index.values()))
         fields = {}
         for field, (items, blocks) in columns.items():
             values, lengths = _gather(field, _split_runs(items, blocks))
@@ -238,7 +275,7 @@ class MemoryDataPlane:
             raise DataPlaneError(
                 f"snapshot in {directory} holds {len(keys)} rows, more than the capacity {self.capacity}"
             )
-        columns: dict[str, dict[str, _Block]] = {}
+        columns: dict[str, _Column] = {}
         for field, data in state["fields"].items():
             try:
                 lengths = None if data["lengths"] is None else data["lengths"].tolist()
@@ -247,7 +284,8 @@ class MemoryDataPlane:
                 block = _Block(packed, [keys[row] for row in rows], self._pool)
                 total = packed.num_rows if lengths is None else sum(lengths)  # rows (scalars) or first-dim entries
                 consistent = total == packed.values.shape[0] and packed.num_rows == len(rows)
-                columns[field] = dict.fromkeys(block.keys, block)
+                columns[field] = _Column()
+                columns[field].index = dict.fromkeys(block.keys, block)
             except (KeyError, IndexError, TypeError, AttributeError):
                 consistent = False
             if not consistent:
@@ -273,12 +311,13 @@ class MemoryDataPlane:
         """The requested rows of each field as runs of consecutive block rows; errors for repeated or absent keys.
 
         Fast path: ``keys`` are consecutive rows of one block that every one of its keys still points at, which
-        one list comparison shows; such keys are also unique and stored, as the block's keys were when put.
+        one list comparison shows; such keys are then also strings, unique and stored, as the block's keys were
+        when put, so only the other path checks them one by one.
         """
         runs = {}
         for field in fields:
             column = self._columns.get(field)
-            entry = None if column is None else column.get(keys[0])
+            entry = None if column is None or not isinstance(keys[0], str) else column.block_starting(keys[0])
             if entry is None:
                 break
             row = entry.row(keys[0])
@@ -289,14 +328,14 @@ class MemoryDataPlane:
         else:
             if fields:
                 return runs
-        check_keys(keys)  # raises for repeated keys
+        check_keys(keys)  # raises for keys other than strings, or repeated
         if not fields and not all(key in self._tags for key in keys):
             self._raise_missing(keys, fields)
         lookup = itemgetter(*keys) if len(keys) > 1 else lambda column: (column[keys[0]],)
         for field in fields:
             if field not in runs:
                 try:
-                    runs[field] = _split_runs(keys, lookup(self._columns[field]))
+                    runs[field] = _split_runs(keys, lookup(self._columns[field].indexed()))
                 except KeyError:
                     self._raise_missing(keys, fields)
         return runs
@@ -306,7 +345,7 @@ class MemoryDataPlane:
         known = [key for key in keys if key in self._tags]
         missing = {}
         for field in fields:
-            column = self._columns.get(field, {})
+            column = self._columns[field].indexed() if field in self._columns else {}
             absent = [key for key in known if key not in column]
             if absent:
                 missing[field] = absent
@@ -319,12 +358,17 @@ class MemoryDataPlane:
         )
         if not removed:
             return
-        for field in list(self._columns):
-            column = self._columns[field]
-            for block, count in Counter(map(column.pop, removed, repeat(None))).items():
-                if block is not None:
-                    block.live -= count
-            if not column:
+        for field, column in list(self._columns.items()):
+            whole = column.heads.get(removed[0])
+            if whole is not None and whole.keys == removed:  # exactly the keys of one put: no per-key work
+                del column.heads[removed[0]]
+                whole.live = 0
+            else:
+                index = column.indexed()
+                for block, count in Counter(map(index.pop, removed, repeat(None))).items():
+                    if block is not None:
+                        block.live -= count
+            if not column.index and not column.heads:
                 del self._columns[field]
 
 

@@ -121,4 +121,5 @@ class GRPOModule(LightningModule):
         metrics["staleness_max"] = float(max(staleness))
         self.log_dict({f"train/{k}": v for k, v in metrics.items()}, on_step=True, batch_size=len(staleness))
         self.log("reward", metrics["reward"], prog_bar=True, logger=False, batch_size=len(staleness))
+        self.log("lag", metrics["staleness_max"], prog_bar=True, logger=False, batch_size=len(staleness))
         return {name: torch.tensor(value) for name, value in metrics.items()}
