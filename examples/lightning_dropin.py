@@ -16,24 +16,12 @@ from lightning.pytorch.loggers import CSVLogger
 
 from sc_lightning import load_config, validate_single_controller_config
 from sc_lightning.callbacks.refit import RefitCallback
-from sc_lightning.config import SCConfig
 from sc_lightning.config.yaml_io import load_yaml_layers
-from sc_lightning.engines.megatron import MegatronEngine
+from sc_lightning.lightning.engine_factory import default_engine_factory
 from sc_lightning.lightning.module import GRPOModule
 from sc_lightning.lightning.strategy import SingleControllerStrategy
-from sc_lightning.lightning.warm_start import resolve_model_name
 
 CONFIG = Path(__file__).resolve().parent.parent / "configs" / "grpo_tiny.yaml"
-
-
-def megatron_engine(config: SCConfig, initial_weights: object) -> MegatronEngine:
-    """A Megatron engine on its own replica of the policy (same name and seed give the same initial weights)."""
-    seed = config.algo.seed
-    return MegatronEngine.from_pretrained(
-        resolve_model_name(config.policy.model_name, seed=seed),
-        seed=seed,
-        max_seq_len=config.policy.max_total_sequence_length,
-    )
 
 
 def main() -> None:
@@ -42,7 +30,7 @@ def main() -> None:
     config = load_config(raw, extra_top_level=("trainer", "seed_everything"))
     validate_single_controller_config(config)
     trainer = Trainer(
-        strategy=SingleControllerStrategy(config, megatron_engine),
+        strategy=SingleControllerStrategy(config, default_engine_factory),
         callbacks=[RefitCallback()],
         logger=CSVLogger("lightning_logs", name="dropin"),
         max_steps=config.algo.max_num_steps,

@@ -73,28 +73,16 @@ def fit(config: SCConfig, lightning: dict[str, Any]) -> int:
         print(f"error: policy.generation.backend {backend!r} is not available yet; use 'megatron'", file=sys.stderr)
         return EXIT_INVALID_CONFIG
     from sc_lightning.callbacks.refit import RefitCallback
-    from sc_lightning.engines.megatron import MegatronEngine
     from sc_lightning.lightning.cli_parser import SCLightningCLI
+    from sc_lightning.lightning.engine_factory import default_engine_factory
     from sc_lightning.lightning.module import GRPOModule
     from sc_lightning.lightning.strategy import SingleControllerStrategy
-    from sc_lightning.lightning.warm_start import resolve_model_name
-
-    def engine(config: SCConfig, weights: Any) -> MegatronEngine:
-        """A Megatron engine on its own replica of the (resolved) policy model."""
-        policy, seed = config.policy, config.algo.seed
-        return MegatronEngine.from_pretrained(
-            resolve_model_name(policy.model_name, seed=seed),
-            precision=policy.precision,
-            seed=seed,
-            tokenizer_name=policy.tokenizer_name,
-            max_seq_len=policy.max_total_sequence_length,
-        )
 
     cli = SCLightningCLI(
         lightning,
         instantiate=True,
         trainer_kwargs={
-            "strategy": SingleControllerStrategy(config, engine),
+            "strategy": SingleControllerStrategy(config, default_engine_factory),
             "max_steps": config.algo.max_num_steps,
         },
         trainer_defaults={"callbacks": [RefitCallback()]},

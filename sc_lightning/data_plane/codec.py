@@ -124,7 +124,7 @@ def unpack(values: torch.Tensor, lengths: list[int] | None) -> list[torch.Tensor
     """Rows of a packed buffer as views: split along dim 0 by ``lengths``, or 0-d views when ``lengths`` is None.
 
     Unless ``values`` requires grad, jagged rows come from ``unsafe_split_with_sizes``: the same views without
-    autograd's view tracking, 0.24 instead of 0.32 us a row. Each row then has its own version counter, which is
+    autograd's view tracking, about 0.17 instead of 0.23 us a row. Each row then has its own version counter, which is
     exact since the rows never overlap; only ``row._base`` (None instead of ``values``) tells them apart.
     """
     if lengths is None:

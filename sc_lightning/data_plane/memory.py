@@ -1,14 +1,13 @@
 """MemoryDataPlane: the in-process backend (tests, single-process runs), and the backend-neutral snapshot format.
 
 Each put stores every field as one immutable block: the rows copied into one contiguous buffer, their lengths and
-their keys. Per field, a key maps to the block holding its row, so a later put of the same field just points the key
-at a new block (column write-back); a block whose rows are all cleared or overwritten hands its buffer to a pool
-that later puts of a similar size reuse (see ``BufferPool``). A get copies each run of consecutive rows out of a
-block with one slice, joins the runs into one new buffer and hands back row views of it, so no stored buffer is
-ever shared with a caller. Per-key work is kept to whole-list dict operations: a put hashes its keys once
-(``dict.fromkeys``) and reuses that dict for the uniqueness check, the new keys' tags and each field's index; a get of
-consecutive rows of one intact block (the usual read of what one put wrote) is recognised by comparing key lists.
-One lock guards the maps; copies happen outside it.
+keys. Per field, a key maps to the block holding its row, so a later put of the same field just points the key at a
+new block (column write-back); a block whose rows are all cleared or overwritten hands its buffer to a pool that
+later puts of a similar size reuse (see ``BufferPool``). A get copies each run of consecutive rows of a block with
+one slice into one new buffer and hands back row views of it, so no stored buffer is ever shared with a caller.
+Per-key work stays in whole-list dict and list operations (no Python step per key): a put hashes its keys once, a
+get of what one put wrote is recognised by one key-list comparison (see ``_Column``). One lock guards the maps;
+copies happen outside it.
 """
 
 from __future__ import annotations
@@ -52,7 +51,7 @@ class _Block:
 
     Keys point at blocks; a block dies (and its buffer goes back to the pool) when no key and no running get
     refers to it any more, which CPython's reference counting detects at once. Row offsets and the key -> row
-    index are built on first use (benign if two threads race: both build the same value).
+    map are built on first use (two threads racing both build the same value).
     """
 
     __slots__ = ("values", "lengths", "keys", "live", "pool", "_offsets", "_rows")
@@ -63,11 +62,11 @@ class _Block:
         self.keys = keys  # the key of each row
         self.live = len(keys)  # how many rows their key still points at (changed under the store's lock)
         self.pool = pool
-        self._offsets: list[int] | None = None
+        self._offsets: list[int] | None = None  # built on first need, as is _rows (key -> row)
         self._rows: dict[str, int] | None = None
 
     def row(self, key: str) -> int:
-        """The row of ``key`` in this block."""
+        """The row of ``key`` in this block (the key -> row map is built on first need)."""
         if self.keys[0] == key:
             return 0
         if self._rows is None:
@@ -95,16 +94,16 @@ class _Block:
 class _Column:
     """One field's rows: which block holds each key's row.
 
-    A put of new keys only files its block under its first key (``heads``); the per-key ``index`` learns those keys
-    when something needs to look a key up one by one (``indexed``). A get of what one put wrote and a clear of
-    exactly those keys never do, so that common cycle builds no per-key map at all. Every block in ``heads`` is
-    whole: each of its keys still points at it, since anything that could change that indexes it first.
+    A put of new keys only files its block under its first key (``heads``); the per-key ``index`` learns its keys
+    when a key must be looked up one by one (``indexed``), which a get of what one put wrote and a clear of exactly
+    those keys never need. Every block in ``heads`` is whole (each of its keys still points at it): anything that
+    could change that indexes it first.
     """
 
     __slots__ = ("index", "heads")
 
-    def __init__(self) -> None:
-        self.index: dict[str, _Block] = {}
+    def __init__(self, index: dict[str, _Block] | None = None) -> None:
+        self.index: dict[str, _Block] = {} if index is None else index
         self.heads: dict[str, _Block] = {}  # first key -> a whole block not yet in index
 
     def indexed(self) -> dict[str, _Block]:
@@ -114,11 +113,6 @@ class _Column:
                 self.index.update(zip(block.keys, repeat(block)))
             self.heads = {}
         return self.index
-
-    def block_starting(self, key: str) -> _Block | None:
-        """The block holding ``key``'s row if the index has it or ``key`` starts a block in ``heads``."""
-        block = self.index.get(key)
-        return self.heads.get(key) if block is None else block
 
 
 _Run = tuple[_Block, int, int]  # rows [start, end) of a block
@@ -187,13 +181,9 @@ class MemoryDataPlane:
                     f"new > capacity {self.capacity}; nothing was written (clear consumed rows or raise the capacity)"
                 )
             stored.update(fresh if all_new else dict.fromkeys(new))
-            if tag_copies is not None:
-                for key, tag in zip(keys, tag_copies, strict=True):
-                    current = stored[key]
-                    if current is None:
-                        stored[key] = tag  # a fresh copy already
-                    else:
-                        current.update(tag)
+            for key, tag in zip(keys, tag_copies or (), strict=False):  # tag_copies: fresh copies, one per key
+                current = stored[key]
+                stored[key] = tag if current is None else current | tag
             for field, block in blocks.items():
                 column = self._columns.get(field)
                 if column is None:
@@ -252,13 +242,11 @@ class MemoryDataPlane:
             keys = list(self._tags)
             tags = [dict(tag) if tag else {} for tag in self._tags.values()]
             position = {key: index for index, key in enumerate(keys)}
-            columns = {}
-            for field, column in self._columns.items():
-                index = column.indexed()
-                columns[field] = (list(index), list(index.values()))
+            columns = {field: column.indexed().copy() for field, column in self._columns.items()}
         fields = {}
-        for field, (items, blocks) in columns.items():
-            values, lengths = _gather(field, _split_runs(items, blocks))
+        for field, index in columns.items():
+            items = list(index)
+            values, lengths = _gather(field, _split_runs(items, list(index.values())))
             fields[field] = {
                 "rows": torch.tensor([position[key] for key in items], dtype=torch.int64),
                 "values": values,
@@ -284,8 +272,7 @@ class MemoryDataPlane:
                 block = _Block(packed, [keys[row] for row in rows], self._pool)
                 total = packed.num_rows if lengths is None else sum(lengths)  # rows (scalars) or first-dim entries
                 consistent = total == packed.values.shape[0] and packed.num_rows == len(rows)
-                columns[field] = _Column()
-                columns[field].index = dict.fromkeys(block.keys, block)
+                columns[field] = _Column(dict.fromkeys(block.keys, block))
             except (KeyError, IndexError, TypeError, AttributeError):
                 consistent = False
             if not consistent:
@@ -317,7 +304,9 @@ class MemoryDataPlane:
         runs = {}
         for field in fields:
             column = self._columns.get(field)
-            entry = None if column is None or not isinstance(keys[0], str) else column.block_starting(keys[0])
+            if column is None or not isinstance(keys[0], str):
+                break
+            entry = column.index.get(keys[0]) or column.heads.get(keys[0])  # a block is always truthy
             if entry is None:
                 break
             row = entry.row(keys[0])
@@ -325,9 +314,8 @@ class MemoryDataPlane:
             if entry.live != len(entry.keys) or entry.keys[row:end] != keys:
                 break
             runs[field] = [(entry, row, end)]
-        else:
-            if fields:
-                return runs
+        if fields and len(runs) == len(fields):
+            return runs
         check_keys(keys)  # raises for keys other than strings, or repeated
         if not fields and not all(key in self._tags for key in keys):
             self._raise_missing(keys, fields)
@@ -353,9 +341,7 @@ class MemoryDataPlane:
 
     def _clear(self, keys: Sequence[str]) -> None:
         popped = list(map(self._tags.pop, keys, repeat(_ABSENT)))  # whole-list dict work, no Python step per key
-        removed = (
-            keys if _ABSENT not in popped else [k for k, tag in zip(keys, popped, strict=True) if tag is not _ABSENT]
-        )
+        removed = [k for k, tag in zip(keys, popped, strict=True) if tag is not _ABSENT] if _ABSENT in popped else keys
         if not removed:
             return
         for field, column in list(self._columns.items()):
@@ -397,9 +383,13 @@ def _gather(field: str, runs: Sequence[_Run]) -> tuple[torch.Tensor, list[int] |
     """Copy the given rows into one new buffer: one slice per run of consecutive rows of a block, then one join."""
     if not runs:
         return torch.empty(0), []
+    if len(runs) == 1:  # the usual case: one slice, one copy; the stored lengths list is only read, never copied
+        block, start, end = runs[0]
+        whole = start == 0 and end == len(block.keys)
+        lengths = block.lengths if whole or block.lengths is None else block.lengths[start:end]
+        return concat([block.span(start, end)]), lengths
     schema = runs[0][0].schema()
-    pieces = []
-    lengths: list[int] = []
+    pieces, lengths = [], []
     for block, start, end in runs:
         if block.schema() != schema:
             raise DataPlaneError(
@@ -441,13 +431,8 @@ def read_rows_snapshot(directory: Path, partition_id: str) -> dict[str, Any]:
 
 def write_manifest(directory: Path, *, backend: str, partition_id: str, rows: int) -> None:
     """Write ``manifest.json`` describing a snapshot."""
-    manifest = {
-        "format": SNAPSHOT_FORMAT,
-        "version": SNAPSHOT_VERSION,
-        "backend": backend,
-        "partition_id": partition_id,
-        "rows": rows,
-    }
+    manifest = {"format": SNAPSHOT_FORMAT, "version": SNAPSHOT_VERSION, "backend": backend}
+    manifest.update(partition_id=partition_id, rows=rows)
     (directory / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
 
 

@@ -51,13 +51,14 @@ class SingleControllerStrategy(SingleDeviceStrategy):
         self.data_plane = build_data_plane(config.data_plane)
         weights = [(name, tensor.detach().clone()) for name, tensor in export_hf_weights(module.policy, module.spec)]
         data_plane = self.data_plane
+        engine = self.engine_factory(config, weights)  # here, on the main thread (it may start Ray)
 
         def build() -> Any:
             """Runs on the controller thread: the controller and its parts."""
             return build_controller(
                 config,
                 data_plane=data_plane,
-                engine=self.engine_factory(config, weights),
+                engine=engine,
                 environment=build_environment(config.env),
                 tokenizer=tokenizer,
                 dataset=build_dataset(config.data, tokenizer, seed=config.algo.seed),
