@@ -5,14 +5,25 @@ also 2048 rows = about 16 MiB). Every figure is the median over ``--reps`` timed
 untimed ones; each repetition puts fresh keys, gets them back in key order, then clears them (not timed).
 
 Baseline ("memcpy"): ``dst.copy_(src)`` of one contiguous int32 buffer holding the same bytes into a preallocated
-buffer of the same size. Also shown for context ("gather"): ``torch.cat(rows)``, the cost of merely collecting the
-jagged rows into one new buffer, which any store that copies them must pay.
+buffer of the same size, in a tight loop: ``--reps`` copies just before the memory backend's repetitions and as many
+just after, each run after 25 untimed copies (so that it is cache-warm), the median of all (so that load drift on
+the shared machine hits it and the backend alike). Also shown for context: "gather" = ``torch.cat(rows)``, the
+cost of merely collecting the jagged rows into one new buffer, which any store given one tensor per row must pay;
+"row views" = ``buffer.unsafe_split_with_sizes(lengths)``, the cost of merely creating one tensor per row (the
+cheapest torch op for it), which any get must pay.
+
+The memory backend is measured with the field given in two forms, alternating repetition by repetition: "rows", a
+list of per-row tensors, and "packed", one jagged ``torch.nested`` tensor (layout ``torch.jagged``) over one buffer,
+built once before timing. Get returns per-row tensors either way (the contract), so it is the same operation twice.
 
 TQ raw: ``transfer_queue.kv_batch_put`` of a prebuilt wire TensorDict and ``kv_batch_get`` of the same rows, on
 the same running TransferQueue, interleaved with the wrapper's repetitions (the target is measured against these).
 The wrapper's put includes copying the per-row tensors into that TensorDict; its get includes the strictness
 checks and the split back into rows. For context, "raw + nesting" / "raw + unbind" add what a caller holding
 per-row tensors pays with torch's own API (``torch.nested.as_nested_tensor`` before the put, ``unbind`` after).
+
+The memory backend and memcpy are measured first, before Ray and TransferQueue start (their idle processes take
+CPU time on a 2-core machine); then TransferQueue.
 
 Run: ``python benchmarks/data_plane.py`` (``--skip-tq`` for the memory backend only). Targets: memory put and get
 >= 50% of memcpy throughput; the TransferQueue backend adds <= 10% over the raw calls (measured as the median of
@@ -36,6 +47,8 @@ from sc_lightning.data_plane.codec import to_wire  # noqa: E402
 from sc_lightning.data_plane.memory import MemoryDataPlane  # noqa: E402
 
 MIB = 2**20
+TIGHT_WARMUP = 25
+"""Untimed calls before a tight loop: at 16 MiB a copy needs about 20 repetitions to reach its cache-warm speed."""
 
 
 def make_rows(num_rows: int, seed: int = 0) -> list[torch.Tensor]:
@@ -45,16 +58,22 @@ def make_rows(num_rows: int, seed: int = 0) -> list[torch.Tensor]:
     return [torch.randint(0, 150_000, (length,), generator=gen, dtype=torch.int32) for length in lengths]
 
 
-def median_seconds(fn: Callable[[], object], reps: int, warmup: int) -> float:
-    """Median wall time of ``fn`` over ``reps`` calls after ``warmup`` untimed calls."""
+def timings(fn: Callable[[], object], reps: int, warmup: int) -> list[float]:
+    """Wall times of ``reps`` calls of ``fn`` after ``warmup`` untimed calls; results are freed outside the clock."""
     for _ in range(warmup):
         fn()
     times = []
     for _ in range(reps):
         start = time.perf_counter()
-        fn()
+        result = fn()
         times.append(time.perf_counter() - start)
-    return statistics.median(times)
+        del result  # as in the put/get cycle, where the caller frees what get returned after the clock stops
+    return times
+
+
+def median_seconds(fn: Callable[[], object], reps: int, warmup: int) -> float:
+    """Median wall time of ``fn`` over ``reps`` calls after ``warmup`` untimed calls."""
+    return statistics.median(timings(fn, reps, warmup))
 
 
 def check_rows(got: list[torch.Tensor], want: list[torch.Tensor], what: str) -> None:
@@ -116,12 +135,13 @@ def interleave(runners: list[PutGet], reps: int, warmup: int) -> None:
             runner.run_once(timed=rep >= warmup)
 
 
-def memory_runner(rows: list[torch.Tensor]) -> PutGet:
-    """The memory backend."""
+def memory_runner(rows: list[torch.Tensor], packed: bool) -> PutGet:
+    """The memory backend, given the field as per-row tensors or (``packed``) as one jagged nested tensor."""
     plane = MemoryDataPlane("bench")
+    column = torch.nested.as_nested_tensor(rows, layout=torch.jagged) if packed else rows
     return PutGet(
-        "memory",
-        lambda keys: plane.put(keys, {"input_ids": rows}),
+        "memory-packed" if packed else "memory-rows",
+        lambda keys: plane.put(keys, {"input_ids": column}),
         lambda keys: plane.get(keys, ["input_ids"])["input_ids"],
         plane.clear,
         rows,
@@ -184,7 +204,8 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
 
-    plane = None
+    cases = [measure_memory(num_rows, args) for num_rows in args.rows]  # before Ray starts: its idle processes
+    plane = None  # take CPU time on a 2-core machine, which is noise for an in-process store
     if not args.skip_tq:
         from sc_lightning.data_plane.transfer_queue import TransferQueueDataPlane, cpu_cores
 
@@ -192,43 +213,67 @@ def main() -> None:
         print(f"TransferQueue: 1 storage unit, TQ_NUM_THREADS={cpu_cores()} (cores), Ray on this machine")
     print(f"torch {torch.__version__}, {torch.get_num_threads()} intra-op threads")
     print("memcpy = dst.copy_(src), src one contiguous int32 buffer of the same bytes, dst preallocated")
-    print("gather = torch.cat(rows): collecting the jagged rows into one new buffer (context only)\n")
+    print("gather = torch.cat(rows): collecting the jagged rows into one new buffer (context only)")
+    print("row views = src.unsafe_split_with_sizes(lengths): one tensor per row, nothing copied (context only)")
+    print("rows = field given as a list of per-row tensors; packed = as one jagged nested tensor (built untimed)")
+    print("memory backend and memcpy measured before Ray/TransferQueue start\n")
     try:
-        for num_rows in args.rows:
-            run_case(num_rows, args, plane)
+        for case in cases:
+            report(case, args, plane)
     finally:
         if plane is not None:
             plane.close()
 
 
-def run_case(num_rows: int, args: argparse.Namespace, plane: object) -> None:
-    """Measure one payload size and print its table."""
+def measure_memory(num_rows: int, args: argparse.Namespace) -> dict:
+    """Time memcpy, the context operations and the memory backend for one payload size."""
     rows = make_rows(num_rows)
-    nbytes = sum(row.numel() for row in rows) * 4
     src = torch.cat(rows)
+    warm = max(args.warmup, TIGHT_WARMUP)
+    gather = median_seconds(lambda: torch.cat(rows), args.reps, warm)
+    lengths = [row.shape[0] for row in rows]
+    views = median_seconds(lambda: src.unsafe_split_with_sizes(lengths), args.reps, warm)
     dst = torch.empty_like(src)
-    memcpy = median_seconds(lambda: dst.copy_(src), args.reps, args.warmup)
-    gather = median_seconds(lambda: torch.cat(rows), args.reps, args.warmup)
-    memory = memory_runner(rows)
-    interleave([memory], args.reps, args.warmup)
-    mem_put, mem_get = memory.medians()
+    memcpy_times = timings(lambda: dst.copy_(src), args.reps, warm)
+    memory = [memory_runner(rows, packed=False), memory_runner(rows, packed=True)]
+    interleave(memory, args.reps, args.warmup)
+    memcpy_times += timings(lambda: dst.copy_(src), args.reps, warm)  # before and after: halves the drift
+    (rows_put, rows_get), (packed_put, packed_get) = (runner.medians() for runner in memory)
+    return {
+        "rows": rows,
+        "memcpy": statistics.median(memcpy_times),
+        "lines": [
+            ("gather (torch.cat)", gather),
+            ("row views (split)", views),
+            ("memory put (rows)", rows_put),
+            ("memory get (rows)", rows_get),
+            ("memory put (packed)", packed_put),
+            ("memory get (packed)", packed_get),
+        ],
+        "forms": [("rows", rows_put, rows_get), ("packed", packed_put, packed_get)],
+    }
 
-    print(f"== {num_rows} rows, {sum(r.numel() for r in rows)} int32 tokens, {nbytes / MIB:.2f} MiB ==")
-    print(f"{'operation':<22}{'median ms':>10}{'MiB/s':>10}{'vs memcpy':>11}")
-    lines = [("memcpy (baseline)", memcpy), ("gather (torch.cat)", gather), ("memory put", mem_put)]
-    lines.append(("memory get", mem_get))
+
+def report(case: dict, args: argparse.Namespace, plane: object) -> None:
+    """Measure TransferQueue (if running) for one payload size and print the case's table."""
+    rows, memcpy = case["rows"], case["memcpy"]
+    nbytes = sum(row.numel() for row in rows) * 4
+    print(f"== {len(rows)} rows, {nbytes // 4} int32 tokens, {nbytes / MIB:.2f} MiB ==")
+    print(f"{'operation':<26}{'median ms':>10}{'MiB/s':>10}{'vs memcpy':>11}")
+    lines = [("memcpy (baseline)", memcpy), *case["lines"]]
     if plane is not None:
         runners = tq_runners(rows, plane)
         interleave(runners, args.tq_reps, args.warmup)
-        (tq_put, tq_get), (raw_put, raw_get), (rows_put, rows_get) = (runner.medians() for runner in runners)
+        (tq_put, tq_get), (raw_put, raw_get), (nest_put, unbind_get) = (runner.medians() for runner in runners)
         (over_put, over_get), (conv_put, conv_get) = (runners[0].overhead_over(other) for other in runners[1:])
         lines += [("TQ backend put", tq_put), ("TQ backend get", tq_get), ("TQ raw kv_batch_put", raw_put)]
-        lines += [("TQ raw kv_batch_get", raw_get), ("TQ raw put + nesting", rows_put)]
-        lines.append(("TQ raw get + unbind", rows_get))
+        lines += [("TQ raw kv_batch_get", raw_get), ("TQ raw put + nesting", nest_put)]
+        lines.append(("TQ raw get + unbind", unbind_get))
     for name, seconds in lines:
-        print(f"{name:<22}{seconds * 1e3:10.3f}{rate(nbytes, seconds)}{memcpy / seconds:10.1%}")
-    print(f"memory put / memcpy = {memcpy / mem_put:.1%}   memory get / memcpy = {memcpy / mem_get:.1%}", end="")
-    print("   (target >= 50%)")
+        print(f"{name:<26}{seconds * 1e3:10.3f}{rate(nbytes, seconds)}{memcpy / seconds:10.1%}")
+    for form, put, get in case["forms"]:
+        print(f"memory ({form}): put / memcpy = {memcpy / put:.1%}   get / memcpy = {memcpy / get:.1%}", end="")
+        print("   (target >= 50%)")
     if plane is not None:
         print(f"TQ put / memcpy = {memcpy / tq_put:.2%}   TQ get / memcpy = {memcpy / tq_get:.2%}")
         print(f"TQ backend overhead vs raw: put {over_put:+.1%}   get {over_get:+.1%}   (target <= +10%)")
