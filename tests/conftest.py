@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import copy
+import importlib.util
+import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -31,3 +34,23 @@ def variant(*layers: dict[str, Any], base: dict[str, Any] | None = None) -> dict
 def repo() -> Path:
     """The repository root."""
     return REPO
+
+
+def load_make_tiny_model() -> Callable[..., Path]:
+    """``make_tiny_model`` of examples/make_tiny_model.py (examples/ is not a package), loaded once."""
+    name = "sc_lightning_examples_make_tiny_model"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, REPO / "examples" / "make_tiny_model.py")
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[name].make_tiny_model
+
+
+@pytest.fixture(scope="session")
+def model_parallel() -> None:
+    """Initialise torch.distributed (gloo, world of one) and megatron's parallel state at TP=1, once per process."""
+    from sc_lightning.models.megatron import init_model_parallel
+
+    init_model_parallel(1)

@@ -2,31 +2,15 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from collections.abc import Callable
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 import torch
 
-REPO = Path(__file__).resolve().parents[2]
+from tests.conftest import REPO, load_make_tiny_model
 
-
-def _load_example() -> ModuleType:
-    """examples/make_tiny_model.py as a module (examples/ is not a package)."""
-    name = "sc_lightning_examples_make_tiny_model"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, REPO / "examples" / "make_tiny_model.py")
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[name]
-
-
-make_tiny_model: Callable[..., Path] = _load_example().make_tiny_model
+make_tiny_model: Callable[..., Path] = load_make_tiny_model()
 
 # (arch, tied embeddings, extra ModelSpec overrides): the HF model directories the parity tests cover.
 TINY_VARIANTS: dict[str, tuple[str, bool, dict]] = {
@@ -41,14 +25,6 @@ TINY_VARIANTS: dict[str, tuple[str, bool, dict]] = {
     ),
     "qwen2-vocab19": ("qwen2", False, {"vocab_size": 19}),
 }
-
-
-@pytest.fixture(scope="session")
-def model_parallel() -> None:
-    """Initialise torch.distributed (gloo, world of one) and megatron's parallel state at TP=1, once per process."""
-    from sc_lightning.models.megatron import init_model_parallel
-
-    init_model_parallel(1)
 
 
 @pytest.fixture(scope="session")
