@@ -12,7 +12,8 @@ import torch
 
 from sc_lightning.models.convert import hf_to_megatron_state, megatron_to_hf_state, random_hf_state
 from sc_lightning.models.spec import builtin_spec
-from tests.models.conftest import REPO, hf_causal_lm, random_ids
+from tests.conftest import REPO
+from tests.models.conftest import hf_causal_lm, random_ids
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("model_parallel")]
 VARIANTS = ("qwen2-vocab19", "llama-tied")  # vocab 19 is padded to 20 at TP=2
