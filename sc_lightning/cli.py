@@ -85,7 +85,7 @@ def fit(config: SCConfig, lightning: dict[str, Any]) -> int:
             "strategy": SingleControllerStrategy(config, default_engine_factory),
             "max_steps": config.algo.max_num_steps,
         },
-        trainer_defaults={"callbacks": [RefitCallback()]},
+        trainer_defaults={"callbacks": [RefitCallback(colocated=config.policy.generation.colocated.enabled)]},
     )
     cli.trainer.fit(GRPOModule(config))
     return 0

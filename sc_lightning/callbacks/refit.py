@@ -15,10 +15,19 @@ from lightning.pytorch import Callback, LightningModule, Trainer
 
 
 class RefitCallback(Callback):
-    """Syncs weights to the engine after each RL step; logs the weight-sync and step times and ``rollout/*``."""
+    """Syncs weights to the engine after each RL step; logs the weight-sync and step times and ``rollout/*``.
 
-    def __init__(self) -> None:
+    With ``colocated=True`` the engine also stands down for each train step and wakes after the refit.
+    """
+
+    def __init__(self, *, colocated: bool = False) -> None:
+        self.colocated = colocated
         self._last_step_end: float | None = None
+
+    def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:
+        """Colocated: the engine stands down for the whole train step (its requests and deadlines freeze)."""
+        if self.colocated:
+            trainer.strategy.controller.stand_down_engine()
 
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         """Start the step clock."""
@@ -38,6 +47,8 @@ class RefitCallback(Callback):
             (name, tensor.detach().clone()) for name, tensor in export_hf_weights(pl_module.policy, pl_module.spec)
         ]
         controller.push_weights(weights, version)
+        if self.colocated:
+            controller.wake_engine()
         controller.finish_refit(version)
         now = time.monotonic()
         pl_module.log("timing/train/weight_sync", now - started, on_step=True, batch_size=1)

@@ -233,6 +233,14 @@ class SingleController:
         self._counts["aborted"] += len(doomed)
         return len(doomed)
 
+    async def stand_down_engine(self) -> None:
+        """Colocated engine: release the accelerator for the train step (in-flight requests pause)."""
+        await self.manager.engine.stand_down()
+
+    async def wake_engine(self) -> None:
+        """Colocated engine: take the accelerator back after the train step (paused requests resume)."""
+        await self.manager.engine.wake()
+
     async def push_weights(self, named_tensors: list[tuple[str, torch.Tensor]], version: int) -> None:
         """Load new weights into the generation engine (between begin_refit and finish_refit)."""
         await self.manager.engine.update_weights(named_tensors, version)

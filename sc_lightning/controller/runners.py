@@ -44,6 +44,12 @@ class ControllerClient(Protocol):
     def push_weights(self, named_tensors: list[tuple[str, torch.Tensor]], version: int) -> None:
         """Load new weights into the generation engine."""
 
+    def stand_down_engine(self) -> None:
+        """Release a colocated engine's accelerator for the train step."""
+
+    def wake_engine(self) -> None:
+        """Take the accelerator back for a colocated engine."""
+
     def finish_refit(self, version: int) -> None:
         """Stamp the new version and reopen dispatch."""
 
@@ -91,6 +97,14 @@ class LocalController:
     def push_weights(self, named_tensors: list[tuple[str, torch.Tensor]], version: int) -> None:
         """Load new weights into the generation engine."""
         self.call(self.controller.push_weights(named_tensors, version))
+
+    def stand_down_engine(self) -> None:
+        """Release a colocated engine's accelerator for the train step."""
+        self.call(self.controller.stand_down_engine())
+
+    def wake_engine(self) -> None:
+        """Take the accelerator back for a colocated engine."""
+        self.call(self.controller.wake_engine())
 
     def finish_refit(self, version: int) -> None:
         """Stamp the new version and reopen dispatch."""
@@ -148,6 +162,14 @@ class RayController:
         """Load new weights into the generation engine (tensors travel by value)."""
         self._get(self.actor.push_weights.remote(named_tensors, version))
 
+    def stand_down_engine(self) -> None:
+        """Release a colocated engine's accelerator for the train step."""
+        self._get(self.actor.stand_down_engine.remote())
+
+    def wake_engine(self) -> None:
+        """Take the accelerator back for a colocated engine."""
+        self._get(self.actor.wake_engine.remote())
+
     def finish_refit(self, version: int) -> None:
         """Stamp the new version and reopen dispatch."""
         self._get(self.actor.finish_refit.remote(version))
@@ -199,6 +221,14 @@ class SingleControllerActor:
     async def push_weights(self, named_tensors: list[tuple[str, torch.Tensor]], version: int) -> None:
         """See SingleController.push_weights."""
         await self._controller.push_weights(named_tensors, version)
+
+    async def stand_down_engine(self) -> None:
+        """See SingleController.stand_down_engine."""
+        await self._controller.stand_down_engine()
+
+    async def wake_engine(self) -> None:
+        """See SingleController.wake_engine."""
+        await self._controller.wake_engine()
 
     async def finish_refit(self, version: int) -> None:
         """See SingleController.finish_refit."""

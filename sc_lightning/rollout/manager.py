@@ -111,8 +111,10 @@ class RolloutManager:
 
     async def _generate(self, prompt: Prompt, group_id: str) -> Generation:
         request = self.engine.generate(prompt.token_ids, self.settings.sampling)
+        # an engine with an active-time clock excludes the time it is stood down (colocated) from the deadline
+        wait_for = getattr(self.engine, "active_wait_for", asyncio.wait_for)
         try:
-            return await asyncio.wait_for(request, self.settings.generation_timeout_s)
+            return await wait_for(request, self.settings.generation_timeout_s)
         except TimeoutError:
             limit = self.settings.generation_timeout_s
             raise self._error(

@@ -28,6 +28,10 @@ class EngineMatchesTrainer(Callback):
     def __init__(self) -> None:
         self.versions: list[int] = []
         self.max_error: float = 0.0
+        self.stood_down_while_training: list[bool] = []
+
+    def on_before_optimizer_step(self, trainer, pl_module, optimizer) -> None:
+        self.stood_down_while_training.append(trainer.strategy.controller.controller.manager.engine.stood_down)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         controller = trainer.strategy.controller
@@ -42,7 +46,7 @@ class EngineMatchesTrainer(Callback):
         self.versions.append(engine.weight_version)
 
 
-def test_after_each_step_the_engine_scores_like_the_trainer() -> None:
+def test_after_each_step_the_colocated_engine_stood_down_and_scores_like_the_trainer() -> None:
     config = tiny_config("grpo.max_num_steps=3")
     check = EngineMatchesTrainer()
     trainer = Trainer(
@@ -52,8 +56,9 @@ def test_after_each_step_the_engine_scores_like_the_trainer() -> None:
         enable_checkpointing=False,
         enable_progress_bar=False,
         enable_model_summary=False,
-        callbacks=[RefitCallback(), check],  # the check runs after the refit of the same step
+        callbacks=[RefitCallback(colocated=True), check],  # the check runs after the refit of the same step
     )
     trainer.fit(GRPOModule(config))
     assert check.versions == [1, 2, 3]
+    assert check.stood_down_while_training == [True, True, True]  # colocated: down for each train step, then woken
     assert check.max_error < 1e-4
