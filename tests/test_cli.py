@@ -22,11 +22,16 @@ pytestmark = pytest.mark.slow
 RENDEZVOUS = ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK")
 
 
-def run(*args: str) -> subprocess.CompletedProcess:
+def run(*args: str, timeout_s: float = 300) -> subprocess.CompletedProcess:
     # a fresh process, as a user starts it: not the torch.distributed rendezvous this test process may have set up
     env = {k: v for k, v in os.environ.items() if k not in RENDEZVOUS}
     return subprocess.run(
-        [sys.executable, "-m", "sc_lightning", *args], cwd=REPO, capture_output=True, text=True, timeout=300, env=env
+        [sys.executable, "-m", "sc_lightning", *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+        env=env,
     )
 
 
