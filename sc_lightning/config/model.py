@@ -23,13 +23,14 @@ class OptimizerConfig:
     """AdamW settings of a model."""
 
     lr: float = knob(1e-6, "Peak learning rate.", gt=0)
-    min_lr: float = knob(0.0, "Learning rate at the end of the decay.", ge=0)
     weight_decay: float = knob(0.01, "Decoupled weight decay.", ge=0)
     adam_beta1: float = knob(0.9, "Adam beta1.", ge=0, le=1)
     adam_beta2: float = knob(0.999, "Adam beta2.", ge=0, le=1)
     adam_eps: float = knob(1e-8, "Adam epsilon.", gt=0)
     clip_grad: float = knob(1.0, "Clip the global gradient norm to this value.", gt=0)
-    warmup_steps: int = knob(0, "Linear learning-rate warm-up.", unit="optimizer steps", ge=0)
+    warmup_steps: int = knob(
+        0, "Linear learning-rate warm-up; the rate then stays at lr.", unit="optimizer steps", ge=0
+    )
 
 
 @section
@@ -93,7 +94,6 @@ class PolicyConfig:
         512, "Sequences per optimizer step; must equal num_prompts_per_step * num_generations_per_prompt.", ge=1
     )
     train_micro_batch_size: int = knob(4, "Sequences per forward/backward micro-batch.", ge=1)
-    logprob_batch_size: int = knob(8, "Sequences per logprob-inference micro-batch.", ge=1)
     max_total_sequence_length: int = knob(1024, "Prompt + completion length limit.", unit="tokens", ge=2)
     precision: Literal["bf16", "fp32"] = knob("bf16", "Parameter and compute precision (fp32 on CPU).")
     megatron_cfg: MegatronConfig = knob(doc="megatron-core settings.", factory=MegatronConfig)

@@ -60,7 +60,14 @@ class GRPOModule(LightningModule):
 
         def load() -> tuple[Any, Any, Any]:
             """The policy model, its spec and tokenizer."""
-            return load_policy(model_name, precision=policy_cfg.precision, seed=seed, tp=tp)
+            return load_policy(
+                model_name,
+                precision=policy_cfg.precision,
+                seed=seed,
+                tp=tp,
+                activation_checkpointing=policy_cfg.megatron_cfg.activation_checkpointing,
+                tokenizer_name=policy_cfg.tokenizer_name,
+            )
 
         self.policy, self.spec, self.tokenizer = load()
         if self.loss_fn.reference_policy_kl_penalty > 0:

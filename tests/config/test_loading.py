@@ -76,10 +76,10 @@ def test_types_and_bounds(layer: dict, expected: str) -> None:
 
 def test_floats_accept_ints_and_exponent_strings() -> None:
     config = load_config(
-        variant({"policy": {"optimizer": {"lr": "1e-5", "min_lr": 0}}}), extra_top_level=LIGHTNING_KEYS
+        variant({"policy": {"optimizer": {"lr": "1e-5", "weight_decay": 0}}}), extra_top_level=LIGHTNING_KEYS
     )
     assert config.policy.optimizer.lr == pytest.approx(1e-5)
-    assert config.policy.optimizer.min_lr == 0.0
+    assert config.policy.optimizer.weight_decay == 0.0
 
 
 def test_resolved_config_round_trips() -> None:
