@@ -207,7 +207,8 @@ def main() -> None:
     cases = [measure_memory(num_rows, args) for num_rows in args.rows]  # before Ray starts: its idle processes
     plane = None  # take CPU time on a 2-core machine, which is noise for an in-process store
     if not args.skip_tq:
-        from sc_lightning.data_plane.transfer_queue import TransferQueueDataPlane, cpu_cores
+        from sc_lightning.data_plane.tq_runtime import cpu_cores
+        from sc_lightning.data_plane.transfer_queue import TransferQueueDataPlane
 
         plane = TransferQueueDataPlane("bench", storage_capacity=None, num_storage_units=1)
         print(f"TransferQueue: 1 storage unit, TQ_NUM_THREADS={cpu_cores()} (cores), Ray on this machine")

@@ -41,44 +41,20 @@ from sc_lightning.data_plane.codec import (
     to_wire,
 )
 from sc_lightning.data_plane.memory import read_manifest, read_rows_snapshot, write_manifest
+from sc_lightning.data_plane.tq_runtime import (
+    NATIVE_DIR,
+    WIRE_POOL_BYTES,
+    check_ray_cpus,
+    controller_exists,
+    cpu_cores,
+    import_tq,
+    kill_controller,
+    run_with_deadline,
+    tq_thread_env,
+)
 
 log = logging.getLogger(__name__)
-
-CONTROLLER_ACTOR = "TransferQueueController"
-"""Name of TransferQueue's controller actor (in Ray namespace ``transfer_queue``); its presence means TQ runs."""
-CONTROLLER_NAMESPACE = "transfer_queue"
-NATIVE_DIR = "transfer_queue"
-"""Sub-directory of a snapshot directory that holds TransferQueue's own checkpoint."""
-
-WIRE_POOL_BYTES = 256 * 2**20
-"""Memory kept per process for packing puts into TransferQueue's wire form (buffers are reused, not re-faulted)."""
-
 _T = TypeVar("_T")
-
-
-def cpu_cores() -> int:
-    """CPU cores this process may run on."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        return os.cpu_count() or 1
-
-
-def tq_thread_env() -> dict[str, str]:
-    """Set ``TQ_NUM_THREADS`` to the core count unless already set (TQ reads it at import); returns it as env."""
-    os.environ.setdefault("TQ_NUM_THREADS", str(cpu_cores()))
-    return {"TQ_NUM_THREADS": os.environ["TQ_NUM_THREADS"]}
-
-
-def check_ray_cpus(available: Mapping[str, float], needed: int) -> None:
-    """DataPlaneError unless ``available`` Ray resources hold ``needed`` CPUs (otherwise ``tq.init`` hangs)."""
-    free = available.get("CPU", 0.0)
-    if free < needed:
-        raise DataPlaneError(
-            f"TransferQueue needs {needed} free Ray CPUs (1 controller + {needed - 1} storage unit(s)) but the Ray "
-            f"cluster has {free:g} free; start Ray with more logical CPUs (ray.init(num_cpus=...)), lower "
-            "data_plane.num_storage_units, or build the data plane before other actors take the CPUs"
-        )
 
 
 class TransferQueueDataPlane:
@@ -318,15 +294,15 @@ class TransferQueueDataPlane:
         if not ray.is_initialized():
             self._init_ray(ray, env)
         try:
-            tq = _import_tq()
-            if _controller_exists(ray):
+            tq = import_tq()
+            if controller_exists(ray):
                 self._deadline(tq.init, "attaching to the running TransferQueue")
             else:
                 check_ray_cpus(ray.available_resources(), 1 + self.num_storage_units)
                 try:
                     self._deadline(lambda: tq.init(self._tq_config()), "starting TransferQueue")
                 except DataPlaneError:
-                    _kill_controller(ray)
+                    kill_controller(ray)
                     raise
                 self._owns_tq = True
             self._tq = tq
@@ -375,12 +351,12 @@ class TransferQueueDataPlane:
 
         if not ray.is_initialized():  # a plain process (Ray actors are connected already)
             ray.init(address=os.environ.get("RAY_ADDRESS", "auto"), runtime_env={"env_vars": env})
-        if not _controller_exists(ray):
+        if not controller_exists(ray):
             raise DataPlaneError(
                 "TransferQueue is not running in this Ray cluster (no TransferQueueController actor); build the "
                 "data plane in the driver first and hand this process a pickled copy"
             )
-        tq = _import_tq()
+        tq = import_tq()
         self._deadline(tq.init, "attaching to the running TransferQueue")
         self._tq = tq
 
@@ -452,52 +428,6 @@ class TransferQueueDataPlane:
         except Exception as exc:
             return f"removing the {len(keys)} rows it left empty also failed ({exc}); they may remain as orphans"
         return f"the {len(keys)} rows it left empty were removed"
-
-
-def run_with_deadline(fn: Callable[[], _T], timeout_s: float, what: str) -> _T:
-    """Run ``fn`` in a daemon thread; DataPlaneError if it has not returned within ``timeout_s``."""
-    outcome: dict[str, Any] = {}
-
-    def _target() -> None:
-        try:
-            outcome["value"] = fn()
-        except BaseException as exc:  # re-raised in the caller's thread
-            outcome["error"] = exc
-
-    thread = threading.Thread(target=_target, name=f"data-plane: {what}", daemon=True)
-    thread.start()
-    thread.join(timeout_s)
-    if thread.is_alive():
-        raise DataPlaneError(
-            f"{what} did not finish within {timeout_s:g} s; check that Ray has free CPUs for TransferQueue's "
-            "actors (ray.available_resources()) and that the Ray cluster is reachable"
-        )
-    if "error" in outcome:
-        raise outcome["error"]
-    return outcome["value"]
-
-
-def _import_tq() -> ModuleType:
-    tq_thread_env()
-    import transfer_queue
-
-    return transfer_queue
-
-
-def _controller_exists(ray: ModuleType) -> bool:
-    try:
-        ray.get_actor(CONTROLLER_ACTOR, namespace=CONTROLLER_NAMESPACE)
-    except ValueError:
-        return False
-    return True
-
-
-def _kill_controller(ray: ModuleType) -> None:
-    """Best effort: remove a controller left behind by a start that timed out."""
-    try:
-        ray.kill(ray.get_actor(CONTROLLER_ACTOR, namespace=CONTROLLER_NAMESPACE))
-    except Exception as exc:
-        log.warning("could not remove the TransferQueue controller of a failed start: %s", exc)
 
 
 def _produced(client: Any, field: str, partition_id: str) -> set[int]:

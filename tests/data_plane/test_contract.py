@@ -501,7 +501,7 @@ def test_importing_the_package_does_not_import_ray_or_transfer_queue() -> None:
 
 
 def test_check_ray_cpus_explains_the_shortage() -> None:
-    from sc_lightning.data_plane.transfer_queue import check_ray_cpus
+    from sc_lightning.data_plane.tq_runtime import check_ray_cpus
 
     check_ray_cpus({"CPU": 2.0}, 2)
     with pytest.raises(DataPlaneError, match=r"needs 3 free Ray CPUs .*has 1 free.*num_cpus"):
@@ -539,7 +539,7 @@ def test_tq_started_with_polling_mode_and_thread_count(tq_owner: DataPlane) -> N
 
     import ray
 
-    from sc_lightning.data_plane.transfer_queue import CONTROLLER_ACTOR, CONTROLLER_NAMESPACE, cpu_cores
+    from sc_lightning.data_plane.tq_runtime import CONTROLLER_ACTOR, CONTROLLER_NAMESPACE, cpu_cores
 
     controller = ray.get_actor(CONTROLLER_ACTOR, namespace=CONTROLLER_NAMESPACE)
     config = ray.get(controller.get_config.remote(), timeout=60)

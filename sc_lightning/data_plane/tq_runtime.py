@@ -1,0 +1,102 @@
+"""Starting and finding TransferQueue on Ray without hanging: CPU checks, thread settings, deadlines.
+
+TransferQueue's ``tq.init`` waits forever when Ray lacks CPUs for its actors, and TransferQueue reads
+``TQ_NUM_THREADS`` at import. These helpers make start-up fail fast with a message instead.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections.abc import Callable, Mapping
+from types import ModuleType
+from typing import Any, TypeVar
+
+from sc_lightning.data_plane.base import DataPlaneError
+
+log = logging.getLogger(__name__)
+
+CONTROLLER_ACTOR = "TransferQueueController"
+"""Name of TransferQueue's controller actor (in Ray namespace ``transfer_queue``); its presence means TQ runs."""
+CONTROLLER_NAMESPACE = "transfer_queue"
+NATIVE_DIR = "transfer_queue"
+"""Sub-directory of a snapshot directory that holds TransferQueue's own checkpoint."""
+
+WIRE_POOL_BYTES = 256 * 2**20
+"""Memory kept per process for packing puts into TransferQueue's wire form (buffers are reused, not re-faulted)."""
+
+_T = TypeVar("_T")
+
+
+def cpu_cores() -> int:
+    """CPU cores this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+def tq_thread_env() -> dict[str, str]:
+    """Set ``TQ_NUM_THREADS`` to the core count unless already set (TQ reads it at import); returns it as env."""
+    os.environ.setdefault("TQ_NUM_THREADS", str(cpu_cores()))
+    return {"TQ_NUM_THREADS": os.environ["TQ_NUM_THREADS"]}
+
+
+def check_ray_cpus(available: Mapping[str, float], needed: int) -> None:
+    """DataPlaneError unless ``available`` Ray resources hold ``needed`` CPUs (otherwise ``tq.init`` hangs)."""
+    free = available.get("CPU", 0.0)
+    if free < needed:
+        raise DataPlaneError(
+            f"TransferQueue needs {needed} free Ray CPUs (1 controller + {needed - 1} storage unit(s)) but the Ray "
+            f"cluster has {free:g} free; start Ray with more logical CPUs (ray.init(num_cpus=...)), lower "
+            "data_plane.num_storage_units, or build the data plane before other actors take the CPUs"
+        )
+
+
+def run_with_deadline(fn: Callable[[], _T], timeout_s: float, what: str) -> _T:
+    """Run ``fn`` in a daemon thread; DataPlaneError if it has not returned within ``timeout_s``."""
+    outcome: dict[str, Any] = {}
+
+    def _target() -> None:
+        try:
+            outcome["value"] = fn()
+        except BaseException as exc:  # re-raised in the caller's thread
+            outcome["error"] = exc
+
+    thread = threading.Thread(target=_target, name=f"data-plane: {what}", daemon=True)
+    thread.start()
+    thread.join(timeout_s)
+    if thread.is_alive():
+        raise DataPlaneError(
+            f"{what} did not finish within {timeout_s:g} s; check that Ray has free CPUs for TransferQueue's "
+            "actors (ray.available_resources()) and that the Ray cluster is reachable"
+        )
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["value"]
+
+
+def import_tq() -> ModuleType:
+    """Import transfer_queue after setting TQ_NUM_THREADS (TransferQueue reads it at import)."""
+    tq_thread_env()
+    import transfer_queue
+
+    return transfer_queue
+
+
+def controller_exists(ray: ModuleType) -> bool:
+    """Whether a TransferQueue controller actor is running on this Ray cluster."""
+    try:
+        ray.get_actor(CONTROLLER_ACTOR, namespace=CONTROLLER_NAMESPACE)
+    except ValueError:
+        return False
+    return True
+
+
+def kill_controller(ray: ModuleType) -> None:
+    """Best effort: remove a controller left behind by a start that timed out."""
+    try:
+        ray.kill(ray.get_actor(CONTROLLER_ACTOR, namespace=CONTROLLER_NAMESPACE))
+    except Exception as exc:
+        log.warning("could not remove the TransferQueue controller of a failed start: %s", exc)
