@@ -142,9 +142,13 @@ def memory_runner(rows: list[torch.Tensor], packed: bool) -> PutGet:
     return PutGet(
         "memory-packed" if packed else "memory-rows",
         lambda keys: plane.put(keys, {"input_ids": column}),
-        lambda keys: plane.get(keys, ["input_ids"])["input_ids"],
+        # packed in, packed out (get_packed); per-row tensors in, per-row tensors out (get)
+        (lambda keys: plane.get_packed(keys, ["input_ids"])["input_ids"])
+        if packed
+        else (lambda keys: plane.get(keys, ["input_ids"])["input_ids"]),
         plane.clear,
         rows,
+        to_rows=(lambda got: got.rows()) if packed else (lambda got: got),
     )
 
 

@@ -11,9 +11,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import torch
+
+if TYPE_CHECKING:
+    from sc_lightning.data_plane.codec import PackedRows
 
 Columns = Mapping[str, Sequence[torch.Tensor]]
 """Field name -> one tensor per row, in key order."""
@@ -46,6 +49,9 @@ class DataPlane(Protocol):
 
     def get(self, keys: Sequence[str], fields: Sequence[str]) -> dict[str, list[torch.Tensor]]:
         """Read ``fields`` of ``keys`` (copies, in key order); MissingRowsError on any unknown key or field."""
+
+    def get_packed(self, keys: Sequence[str], fields: Sequence[str]) -> dict[str, PackedRows]:
+        """Like ``get``, but each field comes back as one buffer of its rows plus their lengths (no row tensors)."""
 
     def tags(self, keys: Sequence[str]) -> list[dict[str, Any]]:
         """The merged tags of each key, in key order; MissingRowsError on unknown keys."""

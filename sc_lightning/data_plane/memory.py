@@ -212,6 +212,17 @@ class MemoryDataPlane:
             runs = self._runs(keys, fields)
         return {field: unpack(*_gather(field, field_runs)) for field, field_runs in runs.items()}
 
+    def get_packed(self, keys: Sequence[str], fields: Sequence[str]) -> dict[str, PackedRows]:
+        """Read ``fields`` of ``keys`` as one copied buffer per field (rows in key order, with their lengths)."""
+        keys = check_keys(keys)
+        fields = check_fields(fields)
+        with self._lock:
+            self._check_open()
+            if not keys:
+                return {field: PackedRows(torch.empty(0), []) for field in fields}
+            runs = self._runs(keys, fields)
+        return {field: PackedRows(*_gather(field, field_runs)) for field, field_runs in runs.items()}
+
     def tags(self, keys: Sequence[str]) -> list[dict[str, Any]]:
         """The merged tags of each key, in key order; MissingRowsError on unknown keys."""
         keys = check_keys(keys)

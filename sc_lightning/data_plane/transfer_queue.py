@@ -37,6 +37,7 @@ from sc_lightning.data_plane.codec import (
     check_tags,
     from_wire,
     missing_message,
+    pack_rows,
     packed_to_wire,
     to_wire,
 )
@@ -174,6 +175,10 @@ class TransferQueueDataPlane:
         if wire is None or wire.batch_size[0] != len(keys) or not set(fields) <= set(wire.keys()):
             self._raise_missing(tq, keys, fields)
         return from_wire(wire, fields)
+
+    def get_packed(self, keys: Sequence[str], fields: Sequence[str]) -> dict[str, PackedRows]:
+        """Like ``get``, each field packed into one buffer (TransferQueue hands back rows, so this packs them)."""
+        return {field: pack_rows(field, rows) for field, rows in self.get(keys, fields).items()}
 
     def tags(self, keys: Sequence[str]) -> list[dict[str, Any]]:
         """The merged tags of each key, in key order; MissingRowsError on unknown keys."""

@@ -174,6 +174,19 @@ def test_round_trip_keeps_key_order_dtypes_and_jagged_lengths(plane: DataPlane) 
         assert row.dim() == 0  # per-row scalars come back 0-d
 
 
+def test_packed_reads_hold_the_same_rows_in_one_buffer(plane: DataPlane) -> None:
+    keys = [f"row{i}" for i in range(10)]
+    columns = sample_columns(10)
+    plane.put(keys, columns)
+    order = [3, 8, 1, 5]
+    packed = plane.get_packed([keys[i] for i in order], list(columns))
+    assert_columns_equal({field: rows.rows() for field, rows in packed.items()}, pick(columns, order))
+    assert packed["reward"].lengths is None  # per-row scalars stack to (N,)
+    assert packed["input_ids"].lengths == [columns["input_ids"][i].shape[0] for i in order]
+    with pytest.raises(MissingRowsError, match="nope"):
+        plane.get_packed(["row0", "nope"], ["input_ids"])
+
+
 def test_rows_from_several_puts_come_back_in_key_order(plane: DataPlane) -> None:
     first, second = sample_columns(4, seed=1), sample_columns(3, seed=2)
     plane.put(["a0", "a1", "a2", "a3"], first)
