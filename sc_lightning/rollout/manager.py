@@ -10,6 +10,8 @@ cancellation removes the slot, so the buffer never holds a group that will not c
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -55,6 +57,7 @@ class RolloutSettings:
     sampling: SamplingParams
     generation_timeout_s: float | None
     env_timeout_s: float | None
+    seed: int = 0
 
 
 @dataclass
@@ -77,6 +80,7 @@ class RolloutManager:
     settings: RolloutSettings
     weight_version: int = 0
     inflight: dict[str, InflightGroup] = field(default_factory=dict)
+    _visits: dict[str, int] = field(default_factory=dict)
 
     async def generate_and_push(self, prompt: Prompt, *, target_step: int | None = None) -> Any:
         """Reserve, roll out and commit one prompt group; returns what the sink's commit returns."""
@@ -99,9 +103,10 @@ class RolloutManager:
         """Generate N completions concurrently (the first failure cancels the rest) and score them."""
         try:
             async with asyncio.TaskGroup() as group:
+                visit = self._visits[prompt.prompt_id] = self._visits.get(prompt.prompt_id, -1) + 1
                 tasks = [
-                    group.create_task(self._generate(prompt, group_id))
-                    for _ in range(self.settings.generations_per_prompt)
+                    group.create_task(self._generate(prompt, group_id, self._sample_seed(prompt, visit, index)))
+                    for index in range(self.settings.generations_per_prompt)
                 ]
         except ExceptionGroup as failures:  # the first failure cancelled its siblings; report that one
             raise failures.exceptions[0] from None
@@ -109,8 +114,13 @@ class RolloutManager:
         rewards = await self._score(prompt, group_id, [self.tokenizer.decode(g.token_ids) for g in generations])
         return ScoredGroup(prompt, tuple(generations), tuple(rewards))
 
-    async def _generate(self, prompt: Prompt, group_id: str) -> Generation:
-        request = self.engine.generate(prompt.token_ids, self.settings.sampling)
+    def _sample_seed(self, prompt: Prompt, visit: int, index: int) -> int:
+        """A sampling seed fixed by (run seed, prompt, visit, generation index): reproducible whatever the timing."""
+        key = f"{self.settings.seed}/{prompt.prompt_id}/{visit}/{index}".encode()
+        return int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "little") >> 1
+
+    async def _generate(self, prompt: Prompt, group_id: str, seed: int) -> Generation:
+        request = self.engine.generate(prompt.token_ids, dataclasses.replace(self.settings.sampling, seed=seed))
         # an engine with an active-time clock excludes the time it is stood down (colocated) from the deadline
         wait_for = getattr(self.engine, "active_wait_for", asyncio.wait_for)
         try:
