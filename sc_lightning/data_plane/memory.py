@@ -35,7 +35,6 @@ from sc_lightning.data_plane.codec import (
     concat,
     missing_message,
     pack_rows,
-    unpack,
 )
 
 MANIFEST = "manifest.json"
@@ -201,20 +200,13 @@ class MemoryDataPlane:
 
     def get(self, keys: Sequence[str], fields: Sequence[str]) -> dict[str, list[torch.Tensor]]:
         """Read ``fields`` of ``keys`` (copies, in key order); MissingRowsError on any unknown key or field."""
-        if isinstance(keys, str | bytes) or not isinstance(keys, Sequence):
-            check_keys(keys)  # raises
-        keys = list(keys)  # key types and repeats: checked by _runs
-        fields = check_fields(fields)
-        with self._lock:
-            self._check_open()
-            if not keys:
-                return {field: [] for field in fields}
-            runs = self._runs(keys, fields)
-        return {field: unpack(*_gather(field, field_runs)) for field, field_runs in runs.items()}
+        return {field: packed.rows() for field, packed in self.get_packed(keys, fields).items()}
 
     def get_packed(self, keys: Sequence[str], fields: Sequence[str]) -> dict[str, PackedRows]:
         """Read ``fields`` of ``keys`` as one copied buffer per field (rows in key order, with their lengths)."""
-        keys = check_keys(keys)
+        if isinstance(keys, str | bytes) or not isinstance(keys, Sequence):
+            check_keys(keys)  # raises
+        keys = list(keys)  # key types and repeats: checked by _runs
         fields = check_fields(fields)
         with self._lock:
             self._check_open()
