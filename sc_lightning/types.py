@@ -54,14 +54,20 @@ class Generation:
 
 @dataclass(frozen=True)
 class ScoredGroup:
-    """The finished rollout of one prompt: N generations of it and the environment's reward for each."""
+    """The finished rollout of one prompt: N generations of it and the environment's reward for each.
+
+    ``masked`` holds the indices of generations the environment flagged to keep out of the loss.
+    """
 
     prompt: Prompt
     generations: tuple[Generation, ...]
     rewards: tuple[float, ...]
+    masked: frozenset[int] = frozenset()
 
     def __post_init__(self) -> None:
         if len(self.generations) != len(self.rewards):
             raise ValueError(
                 f"prompt {self.prompt.prompt_id}: {len(self.generations)} generations but {len(self.rewards)} rewards"
             )
+        if any(not 0 <= index < len(self.generations) for index in self.masked):
+            raise ValueError(f"prompt {self.prompt.prompt_id}: masked indices {sorted(self.masked)} out of range")

@@ -32,7 +32,7 @@ def group_to_columns(
     """Keys, field columns (one tensor per row) and tags for the N rows of a scored group."""
     prompt = group.prompt.token_ids
     columns: dict[str, list[torch.Tensor]] = {name: [] for name in ROW_FIELDS}
-    for generation, reward in zip(group.generations, group.rewards, strict=True):
+    for index, (generation, reward) in enumerate(zip(group.generations, group.rewards, strict=True)):
         completion = generation.token_ids
         length = len(prompt) + len(completion)
         columns["input_ids"].append(torch.tensor(prompt + completion, dtype=torch.int32))
@@ -45,7 +45,7 @@ def group_to_columns(
         columns["input_lengths"].append(torch.tensor(length, dtype=torch.int32))
         columns["prompt_lengths"].append(torch.tensor(len(prompt), dtype=torch.int32))
         columns["total_reward"].append(torch.tensor(reward, dtype=torch.float32))
-        columns["sample_mask"].append(torch.tensor(1.0, dtype=torch.float32))
+        columns["sample_mask"].append(torch.tensor(0.0 if index in group.masked else 1.0, dtype=torch.float32))
         columns["truncated"].append(torch.tensor(generation.finish_reason == "length"))
     keys = [row_key(group_id, i) for i in range(len(group.generations))]
     tags = [

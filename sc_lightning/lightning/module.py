@@ -111,7 +111,7 @@ class GRPOModule(LightningModule):
         """One RL step: accumulate every chunk of the step, then one optimizer step; logs train/* metrics."""
         started = time.monotonic()
         update = self.policy_update()
-        update.begin()
+        update.begin(step=self.trainer.global_step)
         rewards, staleness = [], []
         for chunk in step.chunks():
             update.train_chunk(chunk)

@@ -30,6 +30,8 @@ class _StepTotals:
     tokens: float = 0.0
     seqs: float = 0.0
     rows: int = 0
+    step: int | None = None
+    group_ids: dict[str, None] = field(default_factory=dict)  # insertion-ordered set
     sums: dict[str, float] = field(default_factory=dict)
     extremes: dict[str, float] = field(default_factory=dict)
 
@@ -71,18 +73,19 @@ class PolicyUpdate:
         self.vocab_size = vocab_size
         self._totals: _StepTotals | None = None
 
-    def begin(self) -> None:
-        """Open a step: zero the gradients and the counters."""
+    def begin(self, step: int | None = None) -> None:
+        """Open a step (``step`` names it in errors): zero the gradients and the counters."""
         if self._totals is not None:
             raise RuntimeError("begin() called twice without finish(): a train step is already open")
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
-        self._totals = _StepTotals()
+        self._totals = _StepTotals(step=step)
 
     def train_chunk(self, chunk: TrainChunk) -> None:
         """Forward/backward every micro-batch of ``chunk``; gradients accumulate as raw sums."""
         totals = self._open_step()
         totals.rows += len(chunk)
+        totals.group_ids.update(dict.fromkeys(chunk.group_ids))
         for batch in chunk.microbatches(self.micro_batch_size):
             mask = loss_mask(batch.token_mask, batch.sample_mask)
             tokens, seqs = valid_counts(mask)
@@ -119,7 +122,11 @@ class PolicyUpdate:
         totals = self._open_step()
         self._totals = None
         if totals.tokens == 0:
-            raise EmptyStepError(f"all {totals.rows} completions of the step were filtered out; nothing to train on")
+            step = "the step" if totals.step is None else f"RL step {totals.step}"
+            raise EmptyStepError(
+                f"{step}: all {totals.rows} completions were filtered out (overlong filtering or "
+                f"environment masks), nothing to train on; groups: {', '.join(totals.group_ids)}"
+            )
         normaliser = totals.tokens if self.loss_fn.token_level_loss else totals.seqs
         params = [p for p in self.model.parameters() if p.grad is not None]
         for param in params:

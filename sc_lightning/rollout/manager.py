@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from sc_lightning.engines.base import GenerationEngine
-from sc_lightning.rollout.envs.base import Environment
+from sc_lightning.rollout.envs.base import Environment, Score, as_score
 from sc_lightning.tokenizer import Tokenizer
 from sc_lightning.types import Generation, Prompt, SamplingParams, ScoredGroup
 
@@ -111,8 +111,9 @@ class RolloutManager:
         except ExceptionGroup as failures:  # the first failure cancelled its siblings; report that one
             raise failures.exceptions[0] from None
         generations = [task.result() for task in tasks]
-        rewards = await self._score(prompt, group_id, [self.tokenizer.decode(g.token_ids) for g in generations])
-        return ScoredGroup(prompt, tuple(generations), tuple(rewards))
+        scores = await self._score(prompt, group_id, [self.tokenizer.decode(g.token_ids) for g in generations])
+        masked = frozenset(i for i, score in enumerate(scores) if score.mask_sample)
+        return ScoredGroup(prompt, tuple(generations), tuple(score.reward for score in scores), masked)
 
     def _sample_seed(self, prompt: Prompt, visit: int, index: int) -> int:
         """A sampling seed fixed by (run seed, prompt, visit, generation index): reproducible whatever the timing."""
@@ -131,8 +132,8 @@ class RolloutManager:
                 f"generation exceeded generation_timeout_s={limit}", prompt, group_id, RolloutTimeout
             ) from None
 
-    async def _score(self, prompt: Prompt, group_id: str, texts: Sequence[str]) -> list[float]:
-        scoring = asyncio.to_thread(lambda: [float(self.environment.score(prompt, text)) for text in texts])
+    async def _score(self, prompt: Prompt, group_id: str, texts: Sequence[str]) -> list[Score]:
+        scoring = asyncio.to_thread(lambda: [as_score(self.environment.score(prompt, text)) for text in texts])
         try:
             return await asyncio.wait_for(scoring, self.settings.env_timeout_s)
         except TimeoutError:

@@ -15,6 +15,7 @@ from sc_lightning.controller.controller import RolloutPumpError, SelectTimeout, 
 from sc_lightning.data_plane.memory import MemoryDataPlane
 from sc_lightning.rollout.datasets import ArithmeticDataset
 from sc_lightning.rollout.envs.arithmetic import ArithmeticEnvironment
+from sc_lightning.rollout.envs.base import Score
 from sc_lightning.testing.scripted_engine import ScriptedEngine
 from sc_lightning.tokenizer import CharTokenizer
 
@@ -169,3 +170,41 @@ def test_capacity_permits_bound_dispatch() -> None:
 
     stats = asyncio.run(scenario())
     assert stats.dispatched == 3 and stats.buffer_permits_held == 3
+
+
+class FlagEveryOtherCompletion(ArithmeticEnvironment):
+    """The arithmetic verifier, except that it flags generation 1 of every group to be kept out of the loss."""
+
+    def __init__(self) -> None:
+        self.calls: dict[str, int] = {}
+
+    def score(self, prompt, completion_text):
+        index = self.calls[prompt.prompt_id] = self.calls.get(prompt.prompt_id, -1) + 1
+        reward = super().score(prompt, completion_text)
+        return Score(reward, mask_sample=index % 2 == 1)
+
+
+def test_environment_flags_reach_the_rows_as_sample_mask() -> None:
+    """An environment's mask_sample flag becomes sample_mask 0 on exactly that row; its reward is kept."""
+    cfg = config({"name": "in_order", "max_lookahead_versions": 0})
+    data_plane = MemoryDataPlane()
+    controller = build_controller(
+        cfg,
+        data_plane=data_plane,
+        engine=ScriptedEngine(answer_correctly),
+        environment=FlagEveryOtherCompletion(),
+        tokenizer=TOKENIZER,
+        dataset=ArithmeticDataset(8, 0, TOKENIZER),
+    )
+
+    async def scenario() -> dict:
+        await controller.start()
+        chunk = await controller.select(0, 2, 2, timeout_s=30)
+        keys = [key for group in chunk for key in group.keys]  # generation order within each group
+        rows = data_plane.get(keys, ["sample_mask", "total_reward"])
+        await controller.shutdown()
+        return rows
+
+    rows = asyncio.run(scenario())
+    assert [float(m) for m in rows["sample_mask"]] == [1.0, 0.0, 1.0, 0.0]  # the environment scores in index order
+    assert [float(r) for r in rows["total_reward"]] == [1.0, 1.0, 1.0, 1.0]

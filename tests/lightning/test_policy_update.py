@@ -33,11 +33,11 @@ def step_rows(seed: int, groups: int = 4, gens: int = 4, length: int = 12) -> Tr
     )
 
 
-def run_step(model, chunks: list[TrainChunk], *, micro_batch_size: int, token_level: bool = True):
+def run_step(model, chunks: list[TrainChunk], *, micro_batch_size: int, token_level: bool = True, step: int = 0):
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
     loss_fn = ClippedPGLoss(token_level_loss=token_level, reference_policy_kl_penalty=0.0)
     update = PolicyUpdate(model, optimizer, loss_fn, micro_batch_size=micro_batch_size, clip_grad=1.0)
-    update.begin()
+    update.begin(step=step)
     for chunk in chunks:
         update.train_chunk(chunk)
     return update.finish()
@@ -66,11 +66,28 @@ def test_one_chunk_or_four_give_the_same_update(token_level: bool) -> None:
     assert changed, "the optimizer step moved the weights"
 
 
-def test_a_fully_filtered_step_is_an_error_not_a_silent_skip() -> None:
+def test_a_fully_filtered_step_is_an_error_naming_the_step_and_groups_not_a_silent_skip() -> None:
     rows = step_rows(2)
     rows.sample_mask = torch.zeros(len(rows))
-    with pytest.raises(EmptyStepError, match="all 16 completions of the step were filtered out"):
-        run_step(fresh(), [rows], micro_batch_size=8)
+    expected = r"RL step 7: all 16 completions were filtered out.*groups: g0, g1, g2, g3$"
+    with pytest.raises(EmptyStepError, match=expected):
+        run_step(fresh(), [rows], micro_batch_size=8, step=7)
+
+
+def test_masked_rows_contribute_nothing_to_the_update() -> None:
+    """A row with sample_mask 0 changes neither the gradient nor the token count, whatever its advantages."""
+    rows = step_rows(3)
+    rows.sample_mask = torch.ones(len(rows))
+    rows.sample_mask[:4] = 0.0  # the first group, flagged by the environment or overlong filtering
+    scrambled = TrainChunk(**{**vars(rows), "advantages": rows.advantages.clone()})
+    scrambled.advantages[:4] *= -50.0
+    plain, perturbed = fresh(), fresh()
+    first = run_step(plain, [rows], micro_batch_size=16)
+    second = run_step(perturbed, [scrambled], micro_batch_size=16)
+    assert first["global_valid_seqs"] == second["global_valid_seqs"] == 12.0
+    assert first["grad_norm"] == pytest.approx(second["grad_norm"], rel=1e-6)
+    for a, b in zip(plain.parameters(), perturbed.parameters(), strict=True):
+        torch.testing.assert_close(a, b)
 
 
 def test_steps_must_be_opened_once() -> None:

@@ -11,6 +11,7 @@ from collections import Counter
 import pytest
 import torch
 from lightning.pytorch import Callback, Trainer
+from lightning.pytorch.callbacks import ModelCheckpoint
 
 from sc_lightning.algorithms import ClippedPGLoss
 from sc_lightning.callbacks.refit import RefitCallback
@@ -53,13 +54,13 @@ def tiny_config(*overrides: str) -> SCConfig:
     return load_config(raw, extra_top_level=("trainer", "seed_everything"))
 
 
-def fit(config: SCConfig, callbacks: list[Callback]) -> tuple[Trainer, GRPOModule]:
+def fit(config: SCConfig, callbacks: list[Callback], checkpointing: bool = False) -> tuple[Trainer, GRPOModule]:
     strategy = SingleControllerStrategy(config, lambda c, w: ScriptedEngine(Alternating()))
     trainer = Trainer(
         strategy=strategy,
         max_steps=config.algo.max_num_steps,
         logger=False,
-        enable_checkpointing=False,
+        enable_checkpointing=checkpointing,
         enable_progress_bar=False,
         enable_model_summary=False,
         callbacks=[RefitCallback(), *callbacks],
@@ -123,6 +124,24 @@ def test_hook_order_for_two_rl_steps() -> None:
         "on_fit_end",
         "teardown",
     ]
+
+
+def test_model_checkpoint_saves_per_rl_step_and_holds_the_trained_weights(tmp_path) -> None:
+    """Lightning's ModelCheckpoint works unchanged: one file per RL step, named and stamped by the RL step count."""
+    saver = ModelCheckpoint(dirpath=tmp_path, every_n_train_steps=1, save_top_k=-1, filename="{step}")
+    trainer, module = fit(tiny_config("grpo.max_num_steps=2"), [saver], checkpointing=True)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step=1.ckpt", "step=2.ckpt"]
+    first, last = (torch.load(tmp_path / f"step={n}.ckpt", weights_only=False) for n in (1, 2))
+    assert (first["global_step"], last["global_step"]) == (1, 2)
+    trained = module.state_dict()
+    assert set(last["state_dict"]) == set(trained)
+    for name, value in trained.items():
+        if isinstance(value, torch.Tensor):
+            assert torch.equal(last["state_dict"][name], value), name
+    tensors = [n for n, v in trained.items() if isinstance(v, torch.Tensor)]
+    moved = [n for n in tensors if not torch.equal(first["state_dict"][n], trained[n])]
+    assert moved, "the second RL step changed the weights, so the step=1 file differs from the step=2 one"
+    assert len(last["optimizer_states"]) == 1 and last["optimizer_states"][0]["state"], "AdamW moments are saved"
 
 
 def synchronous_reference_losses(config: SCConfig, steps: int) -> list[tuple[float, float]]:

@@ -6,7 +6,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from sc_lightning.rollout.envs.arithmetic import ArithmeticEnvironment
-from sc_lightning.rollout.envs.base import Environment, RewardError
+from sc_lightning.rollout.envs.base import Environment, RewardError, Score, as_score
 from sc_lightning.rollout.envs.math import MathEnvironment
 
 if TYPE_CHECKING:
@@ -32,5 +32,7 @@ __all__ = [
     "Environment",
     "MathEnvironment",
     "RewardError",
+    "Score",
+    "as_score",
     "build_environment",
 ]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 from sc_lightning.types import Prompt
@@ -15,11 +16,32 @@ class RewardError(ValueError):
     """
 
 
+@dataclass(frozen=True)
+class Score:
+    """An environment's verdict on one completion: its reward, and whether to keep the completion out of the loss.
+
+    ``mask_sample=True`` excludes the completion from the policy loss (its ``sample_mask`` is 0) while its reward
+    still counts towards its group's baseline — for completions the environment cannot judge fairly (a tool that
+    timed out, an episode cut short by the environment), which should neither be rewarded nor punished.
+    """
+
+    reward: float
+    mask_sample: bool = False
+
+
+def as_score(verdict: float | Score) -> Score:
+    """A plain float reward as an unmasked :class:`Score`; a Score unchanged."""
+    return verdict if isinstance(verdict, Score) else Score(float(verdict))
+
+
 @runtime_checkable
 class Environment(Protocol):
     """Scores completions of prompts; the rollout manager calls ``score`` in a worker thread under a deadline."""
 
     name: str
 
-    def score(self, prompt: Prompt, completion_text: str) -> float:
-        """Reward of ``completion_text`` as an answer to ``prompt``; raises RewardError only for a bad prompt."""
+    def score(self, prompt: Prompt, completion_text: str) -> float | Score:
+        """Reward of ``completion_text`` as an answer to ``prompt`` (a :class:`Score` to also flag it for masking).
+
+        Raises RewardError only for a bad prompt.
+        """
