@@ -11,15 +11,17 @@ from typing import Any
 
 import pytest
 
-from sc_lightning.config.yaml_io import merge_into, read_yaml_file
+from sc_lightning.config.yaml_io import load_yaml_layers, merge_into
 
 REPO = Path(__file__).resolve().parent.parent
 TINY = REPO / "configs" / "grpo_tiny.yaml"
+# The tests' base config: the shipped tiny config, colocated and synchronous, at 4 groups x 4 generations per step.
+TEST_BASE = (TINY, REPO / "configs" / "colocated.yaml", REPO / "tests" / "small_steps.yaml")
 
 
 def tiny_raw() -> dict[str, Any]:
-    """The shipped tiny config as plain data."""
-    return read_yaml_file(TINY)
+    """The tests' base config (the TEST_BASE layers merged) as plain data."""
+    return load_yaml_layers(TEST_BASE)
 
 
 def variant(*layers: dict[str, Any], base: dict[str, Any] | None = None) -> dict[str, Any]:

@@ -11,7 +11,7 @@ from sc_lightning.config import ConfigError, config_to_dict, load_config
 from sc_lightning.config.samplers import WindowedSampler
 from sc_lightning.config.yaml_io import apply_override, load_yaml_layers, merge_into
 from tests.config.helpers import errors_of
-from tests.conftest import TINY, tiny_raw, variant
+from tests.conftest import TEST_BASE, tiny_raw, variant
 
 
 @pytest.mark.parametrize(
@@ -91,7 +91,7 @@ def test_resolved_config_round_trips() -> None:
 def test_sampler_mode_switch_in_a_later_layer_replaces_the_old_mode(tmp_path) -> None:
     overlay = tmp_path / "windowed.yaml"
     overlay.write_text("async_rl:\n  sampler:\n    name: windowed\n    max_staleness_versions: 2\n")
-    raw = load_yaml_layers([TINY, overlay])
+    raw = load_yaml_layers([*TEST_BASE, overlay])
     assert raw["async_rl"]["sampler"] == {"name": "windowed", "max_staleness_versions": 2}
     config = load_config(raw, extra_top_level=LIGHTNING_KEYS)
     assert isinstance(config.async_rl.sampler, WindowedSampler)

@@ -31,7 +31,7 @@ from sc_lightning.rollout.envs import build_environment
 from sc_lightning.rollout.manager import RolloutManager
 from sc_lightning.testing.scripted_engine import ScriptedEngine
 from sc_lightning.tokenizer import CharTokenizer
-from tests.conftest import TINY
+from tests.conftest import TEST_BASE
 
 TOKENIZER = CharTokenizer()
 
@@ -50,7 +50,7 @@ class Alternating:
 
 
 def tiny_config(*overrides: str) -> SCConfig:
-    raw = load_yaml_layers([TINY], ["data_plane.backend=memory", "grpo.max_num_steps=3", *overrides])
+    raw = load_yaml_layers(TEST_BASE, ["data_plane.backend=memory", "grpo.max_num_steps=3", *overrides])
     return load_config(raw, extra_top_level=("trainer", "seed_everything"))
 
 
