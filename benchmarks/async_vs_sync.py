@@ -36,16 +36,27 @@ from sc_lightning.lightning.module import GRPOModule
 from sc_lightning.lightning.strategy import SingleControllerStrategy
 
 TINY = Path(__file__).resolve().parent.parent / "configs" / "grpo_tiny.yaml"
+# every mode: 4 groups x 4 generations per step, the engine in its own Ray actor
+SHAPE = [
+    "grpo.num_prompts_per_step=4",
+    "grpo.num_generations_per_prompt=4",
+    "policy.train_global_batch_size=16",
+    "policy.train_micro_batch_size=16",
+    "policy.generation.colocated.enabled=false",
+    "async_rl.min_groups_for_streaming_train=4",
+]
 MODES = {
-    "sync": [],
+    "sync": [
+        "async_rl.sampler.max_lookahead_versions=0",
+        "async_rl.max_buffered_rollouts=4",
+        "async_rl.max_inflight_prompts=4",
+    ],
     "async": [
-        "policy.generation.colocated.enabled=false",
         "async_rl.sampler.max_lookahead_versions=1",
         "async_rl.max_buffered_rollouts=8",
         "async_rl.max_inflight_prompts=8",
     ],
     "windowed": [
-        "policy.generation.colocated.enabled=false",
         "async_rl.sampler.name=windowed",
         "async_rl.sampler.max_staleness_versions=1",
         "async_rl.max_buffered_rollouts=8",
@@ -75,6 +86,7 @@ def run(mode: str, steps: int, max_new_tokens: int) -> dict[str, float]:
         "policy.model_name=builtin:tiny",
         f"policy.generation.max_new_tokens={max_new_tokens}",
         f"grpo.max_num_steps={steps}",
+        *SHAPE,
         *MODES[mode],
     ]
     config = load_config(load_yaml_layers([TINY], overrides), extra_top_level=("trainer", "seed_everything"))
