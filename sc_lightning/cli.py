@@ -68,10 +68,15 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def fit(config: SCConfig, lightning: dict[str, Any]) -> int:
     """Train: a Lightning Trainer (from ``trainer:``) with the Single-Controller strategy and the refit callback."""
-    backend = config.policy.generation.backend
-    if backend != "megatron":
-        print(f"error: policy.generation.backend {backend!r} is not available yet; use 'megatron'", file=sys.stderr)
-        return EXIT_INVALID_CONFIG
+    if config.policy.generation.backend == "vllm":
+        from sc_lightning.engines.base import EngineError
+        from sc_lightning.engines.vllm import require_vllm
+
+        try:
+            require_vllm()  # before anything starts
+        except EngineError as err:
+            print(f"error: {err}", file=sys.stderr)
+            return EXIT_INVALID_CONFIG
     from sc_lightning.callbacks.refit import RefitCallback
     from sc_lightning.lightning.cli_parser import SCLightningCLI
     from sc_lightning.lightning.engine_factory import default_engine_factory

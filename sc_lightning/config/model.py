@@ -41,6 +41,14 @@ class VllmConfig:
     tensor_parallel_size: int = knob(1, "vLLM tensor-parallel ranks per engine.", ge=1)
     gpu_memory_utilization: float = knob(0.6, "Fraction of GPU memory vLLM may take.", gt=0, le=1)
     max_model_len: int | None = knob(None, "vLLM context length (null = policy.max_total_sequence_length).", ge=1)
+    kv_cache_memory_bytes: int | None = knob(
+        None,
+        "KV-cache size per replica (null = from gpu_memory_utilization; set it on CPU boxes, where that fraction "
+        "reserves host memory).",
+        unit="bytes",
+        ge=1,
+    )
+    max_num_seqs: int = knob(256, "Most requests one replica decodes together.", ge=1)
 
 
 @section
@@ -75,6 +83,9 @@ class GenerationConfig:
     temperature: float = knob(1.0, "Sampling temperature.", gt=0)
     top_p: float = knob(1.0, "Nucleus sampling mass.", gt=0, le=1)
     top_k: int | None = knob(None, "Top-k sampling (null = off).", ge=1)
+    refit_timeout_s: float | None = knob(
+        600.0, "Deadline of one weight update of an engine (null = none).", unit="s", gt=0
+    )
     vllm_cfg: VllmConfig = knob(doc="vLLM settings.", factory=VllmConfig)
     mcore_generation_config: McoreGenerationConfig = knob(
         doc="Megatron generation settings.", factory=McoreGenerationConfig

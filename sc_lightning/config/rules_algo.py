@@ -140,10 +140,12 @@ def streaming_threshold_within_step(config: SCConfig, report: Report) -> None:
     "policy.generation.backend",
     "policy.generation.colocated.enabled",
     "policy.generation.vllm_cfg.async_engine",
+    "policy.generation.top_p",
+    "policy.generation.top_k",
     "async_rl.min_groups_for_streaming_train",
 )
 def generation_engine(config: SCConfig, report: Report) -> None:
-    """Backend/colocation/async-engine rules of the generation engine."""
+    """Backend/colocation/async-engine/truncation rules of the generation engine."""
     gen = config.policy.generation
     if gen.colocated.enabled and gen.backend != "megatron":
         report.error(
@@ -162,6 +164,14 @@ def generation_engine(config: SCConfig, report: Report) -> None:
         report.error(
             "policy.generation.vllm_cfg.async_engine",
             "is false; rollouts are driven per prompt group, which needs the async engine: set it to true",
+        )
+    truncation = {"policy.generation.top_p": gen.top_p < 1, "policy.generation.top_k": gen.top_k is not None}
+    for path in (p for p, on in truncation.items() if on and gen.backend == "vllm"):
+        report.error(
+            path,
+            "truncates sampling, and vLLM then reports logprobs of the truncated distribution, which the trainer's "
+            "full softmax cannot match (importance ratios would be wrong): use top_p 1 and top_k null with vllm, "
+            "or the megatron backend",
         )
 
 

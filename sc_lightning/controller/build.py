@@ -30,6 +30,7 @@ def rollout_settings(config: SCConfig) -> RolloutSettings:
         generation_timeout_s=failure.generation_timeout_s,
         env_timeout_s=failure.env_timeout_s,
         seed=config.algo.seed,
+        refit_timeout_s=generation.refit_timeout_s,
     )
 
 

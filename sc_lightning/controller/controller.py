@@ -30,6 +30,7 @@ import torch
 from sc_lightning.controller.buffer import GroupMeta, TQReplayBuffer
 from sc_lightning.controller.permits import Permits
 from sc_lightning.controller.samplers import PromptGroupSampler
+from sc_lightning.engines.base import EngineError
 from sc_lightning.rollout.manager import RolloutManager
 from sc_lightning.rollout.prompts import PromptStream
 from sc_lightning.types import Prompt
@@ -242,8 +243,15 @@ class SingleController:
         await self.manager.engine.wake()
 
     async def push_weights(self, named_tensors: list[tuple[str, torch.Tensor]], version: int) -> None:
-        """Load new weights into the generation engine (between begin_refit and finish_refit)."""
-        await self.manager.engine.update_weights(named_tensors, version)
+        """Load new weights into the generation engine (between begin_refit and finish_refit), under a deadline."""
+        engine, limit = self.manager.engine, self.manager.settings.refit_timeout_s
+        try:
+            await asyncio.wait_for(engine.update_weights(named_tensors, version), limit)
+        except TimeoutError:
+            raise EngineError(
+                f"engine {engine.name!r}: the refit to weight version {version} did not finish within "
+                f"policy.generation.refit_timeout_s={limit}"
+            ) from None
 
     async def finish_refit(self, version: int) -> None:
         """The engines now hold ``version``: stamp it on new rollouts and reopen dispatch."""

@@ -1,42 +1,90 @@
-"""The default generation engine for a config: where it runs follows ``policy.generation.colocated``.
+"""The default generation engine for a config: ``policy.generation.backend`` and ``colocated`` decide.
 
-- colocated: a :class:`MegatronEngine` in the training process (its own model replica, a decode thread);
-- not colocated: a :class:`RayMegatronEngine` — the same engine in a Ray actor, its own process (Ray is started
-  for it when the data plane has not started it already).
+- megatron, colocated: a :class:`MegatronEngine` in the training process (its own model replica, a decode thread);
+- megatron, not colocated: a :class:`RayMegatronEngine` — the same engine in a Ray actor, its own process;
+- vllm (never colocated): a :class:`VLLMEngine` — vLLM's async engine in a Ray actor.
 
-Both start from the policy's initial weights: the same (resolved) model name and seed build the same model.
+Engines in actors start Ray when the data plane has not started it already. All start from the policy's initial
+weights: the Megatron engines rebuild them from the same (resolved) model name and seed; vLLM loads the model
+directory, written from ``initial_weights`` first when the policy is a ``builtin:`` model without one.
 """
 
 from __future__ import annotations
 
 import os
+import tempfile
+from pathlib import Path
 from typing import Any
+
+import torch
 
 from sc_lightning.config import SCConfig
 from sc_lightning.engines.base import GenerationEngine
 from sc_lightning.lightning.warm_start import resolve_model_name
 
 
-def default_engine_factory(config: SCConfig, initial_weights: Any = None) -> GenerationEngine:
-    """Build the Megatron engine ``config`` asks for (colocated in-process, or in a Ray actor)."""
+def default_engine_factory(
+    config: SCConfig, initial_weights: list[tuple[str, torch.Tensor]] | None = None
+) -> GenerationEngine:
+    """Build the engine ``config`` asks for (colocated in-process, or in a Ray actor)."""
     policy, seed = config.policy, config.algo.seed
-    if policy.generation.backend != "megatron":
-        raise NotImplementedError(f"policy.generation.backend {policy.generation.backend!r} is not available yet")
+    model_name = resolve_model_name(policy.model_name, seed=seed)
+    if policy.generation.backend == "vllm":
+        return _vllm_engine(config, model_name, initial_weights)
     kwargs: dict[str, Any] = {
         "precision": policy.precision,
         "seed": seed,
         "tokenizer_name": policy.tokenizer_name,
         "max_seq_len": policy.max_total_sequence_length,
     }
-    model_name = resolve_model_name(policy.model_name, seed=seed)
     if policy.generation.colocated.enabled:
         from sc_lightning.engines.megatron import MegatronEngine
 
         return MegatronEngine.from_pretrained(model_name, **kwargs)
-    import ray
-
     from sc_lightning.engines.megatron_ray import RayMegatronEngine
+
+    _start_ray()
+    return RayMegatronEngine(model_name, **kwargs)
+
+
+def _start_ray() -> None:
+    import ray
 
     if not ray.is_initialized():
         ray.init(num_cpus=(os.cpu_count() or 1) + 1, include_dashboard=False, log_to_driver=False)
-    return RayMegatronEngine(model_name, **kwargs)
+
+
+_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+
+
+def _vllm_engine(
+    config: SCConfig, model_name: str, initial_weights: list[tuple[str, torch.Tensor]] | None
+) -> GenerationEngine:
+    from sc_lightning.engines.vllm import VLLMEngine, VLLMSettings, require_vllm
+    from sc_lightning.tokenizer import load_tokenizer
+
+    require_vllm()
+    policy, vllm_cfg = config.policy, config.policy.generation.vllm_cfg
+    written: tuple[Path, ...] = ()
+    if model_name.startswith("builtin:"):  # vLLM loads directories: write the policy's initial weights as one
+        if initial_weights is None:
+            raise ValueError(f"a vLLM engine for {model_name!r} needs the policy's initial weights to write")
+        from sc_lightning.models import builtin_spec, save_hf_directory
+
+        directory = Path(tempfile.mkdtemp(prefix="sc-lightning-vllm-model-"))
+        save_hf_directory(builtin_spec(model_name), initial_weights, directory)
+        written, model_name = (directory,), str(directory)
+    settings = VLLMSettings(
+        model_path=model_name,
+        dtype=_DTYPES.get(policy.precision, policy.precision),
+        max_model_len=vllm_cfg.max_model_len or policy.max_total_sequence_length,
+        seed=config.algo.seed,
+        max_num_seqs=vllm_cfg.max_num_seqs,
+        tensor_parallel_size=vllm_cfg.tensor_parallel_size,
+        gpu_memory_utilization=vllm_cfg.gpu_memory_utilization,
+        kv_cache_memory_bytes=vllm_cfg.kv_cache_memory_bytes,
+        recompute_kv_cache_after_weight_updates=config.async_rl.recompute_kv_cache_after_weight_updates,
+        eos_token_id=load_tokenizer(policy.tokenizer_name or model_name).eos_token_id,
+    )
+    _start_ray()
+    return VLLMEngine(settings, cleanup_paths=written)

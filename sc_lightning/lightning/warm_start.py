@@ -1,6 +1,6 @@
 """A short supervised warm start for the tiny CPU example, so RL has a reward signal from step one.
 
-A random 76k-parameter policy almost never answers "a+b=" correctly, so GRPO would see all-zero rewards. The
+A random 85k-parameter policy almost never answers "a+b=" correctly, so GRPO would see all-zero rewards. The
 warm start trains it with cross-entropy on a few hundred worked examples until its greedy accuracy reaches
 ``target_accuracy`` (deliberately partial: RL must do the rest), then writes a Hugging Face directory that
 ``policy.model_name`` can point at. ``builtin:tiny-arith`` names it: :func:`resolve_model_name` builds it on first
@@ -9,12 +9,14 @@ use (seconds on a CPU) and caches it.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 from pathlib import Path
 
 import torch
 
-from sc_lightning.models import build_gpt_model, builtin_spec, export_hf_weights, hf_config_dict, token_logprobs
+from sc_lightning.models import build_gpt_model, builtin_spec, export_hf_weights, token_logprobs
+from sc_lightning.models.hf_dir import save_hf_directory
 from sc_lightning.tokenizer import CharTokenizer
 
 WARM_NAME = "builtin:tiny-arith"
@@ -26,11 +28,17 @@ def resolve_model_name(model_name: str, *, seed: int, cache_dir: Path = DEFAULT_
     """``builtin:tiny-arith`` → the cached warm-start directory (built when missing); other names unchanged."""
     if model_name != WARM_NAME:
         return model_name
-    path = cache_dir / f"tiny-arith-seed{seed}"
+    path = cache_dir / f"tiny-arith-seed{seed}-{_recipe_digest()}"
     if not (path / "config.json").exists():
         log.info("building the warm-started tiny policy in %s (once)", path)
         warm_start(path, seed=seed)
     return str(path)
+
+
+def _recipe_digest() -> str:
+    """A short digest of the architecture and the warm-start code, so a changed recipe never reuses a stale cache."""
+    recipe = repr(builtin_spec("builtin:tiny")) + Path(__file__).read_text()
+    return hashlib.blake2b(recipe.encode(), digest_size=4).hexdigest()
 
 
 def _examples(tokenizer: CharTokenizer, count: int, seed: int) -> torch.Tensor:
@@ -72,20 +80,5 @@ def warm_start(path: Path, *, seed: int, target_accuracy: float = 0.4, max_steps
             model.train()
             if accuracy >= target_accuracy:
                 break
-    _save(model, spec, path)
+    save_hf_directory(spec, export_hf_weights(model, spec), path)
     return accuracy
-
-
-def _save(model: torch.nn.Module, spec: object, path: Path) -> None:
-    from safetensors.torch import save_file
-    from transformers import AutoConfig
-
-    from sc_lightning.models.tiny_tokenizer import save_char_tokenizer
-
-    tok = CharTokenizer()
-    path.mkdir(parents=True, exist_ok=True)
-    config = hf_config_dict(spec, pad_token_id=tok.PAD, eos_token_id=tok.EOS, bos_token_id=tok.BOS)
-    AutoConfig.for_model(**config).save_pretrained(str(path))
-    weights = {name: t.detach().contiguous().clone() for name, t in export_hf_weights(model, spec)}
-    save_file(weights, path / "model.safetensors")
-    save_char_tokenizer(path)

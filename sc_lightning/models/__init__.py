@@ -24,6 +24,7 @@ _EXPORTS = {
     "logprobs": ("logits_of", "logprobs_from_logits", "token_logprobs"),
     "cpu_compat": ("apply_cpu_compat",),
     "attention": ("SDPACoreAttention", "gpt_layer_spec_sdpa"),
+    "hf_dir": ("save_hf_directory",),
 }
 _WHERE = {name: module for module, names in _EXPORTS.items() for name in names}
 __all__ = sorted(_WHERE)

