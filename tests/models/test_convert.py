@@ -20,11 +20,10 @@ from sc_lightning.models.convert import (
     read_hf_safetensors,
 )
 from sc_lightning.models.spec import BUILTIN_SPECS, ModelSpec
-
-GQA = BUILTIN_SPECS["builtin:tiny"].replace(num_attention_heads=4)  # two query heads per KV group
 from tests.models.conftest import TINY_VARIANTS, hf_causal_lm, random_ids
 
 pytestmark = pytest.mark.usefixtures("model_parallel")
+GQA = BUILTIN_SPECS["builtin:tiny"].replace(num_attention_heads=4)  # two query heads per KV group
 
 
 def _spec_of(path: Path) -> ModelSpec:
