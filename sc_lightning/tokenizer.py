@@ -181,3 +181,10 @@ def load_tokenizer(name: str) -> Tokenizer:
     if name.startswith("builtin:"):
         raise TokenizerLoadError(f"unknown built-in tokenizer {name!r}; known: {', '.join(BUILTIN_TOKENIZER_NAMES)}")
     return HuggingFaceTokenizer.from_pretrained(name)
+
+
+def prompt_token_ids(tokenizer: Tokenizer, text: str) -> tuple[int, ...]:
+    """Token ids of a prompt: the tokenizer's bos (when it has one) followed by the encoded text."""
+    ids = tokenizer.encode(text)
+    bos = tokenizer.bos_token_id
+    return tuple([bos, *ids] if bos is not None else ids)

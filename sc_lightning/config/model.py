@@ -49,6 +49,7 @@ class VllmConfig:
         ge=1,
     )
     max_num_seqs: int = knob(256, "Most requests one replica decodes together.", ge=1)
+    expose_http_server: bool = knob(False, "Serve an OpenAI-compatible endpoint (needed by agent/Gym rollouts).")
 
 
 @section

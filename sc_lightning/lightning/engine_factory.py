@@ -2,7 +2,9 @@
 
 - megatron, colocated: a :class:`MegatronEngine` in the training process (its own model replica, a decode thread);
 - megatron, not colocated: a :class:`RayMegatronEngine` — the same engine in a Ray actor, its own process;
-- vllm (never colocated): a :class:`VLLMEngine` — vLLM's async engine in a Ray actor.
+- vllm (never colocated): :class:`VLLMEngine` replicas — vLLM's async engine, one Ray actor each — behind an
+  :class:`EngineRouter`; ``colocated.resources`` GPUs / ``vllm_cfg.tensor_parallel_size`` replicas on a GPU box,
+  one on a CPU box.
 
 Engines in actors start Ray when the data plane has not started it already. All start from the policy's initial
 weights: the Megatron engines rebuild them from the same (resolved) model name and seed; vLLM loads the model
@@ -60,6 +62,7 @@ _DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 def _vllm_engine(
     config: SCConfig, model_name: str, initial_weights: list[tuple[str, torch.Tensor]] | None
 ) -> GenerationEngine:
+    from sc_lightning.engines.router import EngineRouter
     from sc_lightning.engines.vllm import VLLMEngine, VLLMSettings, require_vllm
     from sc_lightning.tokenizer import load_tokenizer
 
@@ -86,5 +89,12 @@ def _vllm_engine(
         recompute_kv_cache_after_weight_updates=config.async_rl.recompute_kv_cache_after_weight_updates,
         eos_token_id=load_tokenizer(policy.tokenizer_name or model_name).eos_token_id,
     )
+    resources = policy.generation.colocated.resources
+    gpus = resources.num_nodes * (resources.gpus_per_node or 0)
+    tp = vllm_cfg.tensor_parallel_size
     _start_ray()
-    return VLLMEngine(settings, cleanup_paths=written)
+    replicas = [
+        VLLMEngine(settings, name=f"vllm-{i}", num_gpus=tp if gpus else 0, cleanup_paths=written)
+        for i in range(max(1, gpus // tp))
+    ]
+    return EngineRouter(replicas, name="vllm")

@@ -2,12 +2,15 @@
 
 At ``setup`` (after the module built its policy) it starts, in order: the data plane, the generation engine
 (seeded with the policy's current weights), and the controller with its rollout pump (on a background thread).
-At ``teardown`` — also after an exception or Ctrl-C — it stops them in reverse order. The module's train
-dataloader is :meth:`rl_steps`, one item per RL step.
+With ``expose_http_server`` on (``vllm_cfg`` or ``mcore_generation_config``, by backend) it also serves the engine
+as an OpenAI-compatible completions endpoint on loopback (:attr:`endpoint_url`). At ``teardown`` — also after an
+exception or Ctrl-C — it stops them in reverse order. The module's train dataloader is :meth:`rl_steps`, one item
+per RL step.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from typing import Any
 
@@ -15,17 +18,27 @@ import torch
 from lightning.pytorch.strategies import SingleDeviceStrategy
 
 from sc_lightning.config import SCConfig
-from sc_lightning.controller.build import build_controller
+from sc_lightning.controller.build import build_controller, rollout_settings
 from sc_lightning.controller.runners import LocalController
 from sc_lightning.data_plane import build_data_plane
 from sc_lightning.data_plane.base import DataPlane
 from sc_lightning.engines.base import GenerationEngine
+from sc_lightning.engines.http_endpoint import CompletionsEndpoint
 from sc_lightning.lightning.steps import RLStepStream, StepSettings
 from sc_lightning.rollout.datasets import build_dataset
 from sc_lightning.rollout.envs import build_environment
 
 EngineFactory = Callable[[SCConfig, list[tuple[str, torch.Tensor]]], GenerationEngine]
 """Builds the generation engine from the config and the policy's initial (HF-named) weights."""
+log = logging.getLogger(__name__)
+
+
+def _exposes_http_server(config: SCConfig) -> bool:
+    """Whether the config asks for the OpenAI-compatible endpoint (the knob of the chosen backend)."""
+    generation = config.policy.generation
+    if generation.backend == "vllm":
+        return generation.vllm_cfg.expose_http_server
+    return generation.mcore_generation_config.expose_http_server
 
 
 class SingleControllerStrategy(SingleDeviceStrategy):
@@ -37,6 +50,8 @@ class SingleControllerStrategy(SingleDeviceStrategy):
         self.engine_factory = engine_factory
         self.data_plane: DataPlane | None = None
         self.controller: LocalController | None = None
+        self.endpoint: CompletionsEndpoint | None = None
+        self.endpoint_url: str | None = None
 
     def setup(self, trainer: Any) -> None:
         """Set up the model as usual, then start the data plane, engine and controller."""
@@ -65,6 +80,12 @@ class SingleControllerStrategy(SingleDeviceStrategy):
             )
 
         self.controller = LocalController(build)
+        if _exposes_http_server(config):
+            self.endpoint = CompletionsEndpoint(
+                engine, tokenizer, model_name=config.policy.model_name, defaults=rollout_settings(config).sampling
+            )
+            self.endpoint_url = self.controller.call(self.endpoint.start())  # on the loop that owns the engine
+            log.info("OpenAI-compatible completions endpoint: %s", self.endpoint_url)
 
     def rl_steps(self) -> RLStepStream:
         """The train dataloader: one RL step per item, ``max_num_steps`` items at most."""
@@ -84,9 +105,11 @@ class SingleControllerStrategy(SingleDeviceStrategy):
         """Stop the controller (its pump and engine), then the data plane, then the usual strategy teardown."""
         try:
             if self.controller is not None:
+                if self.endpoint is not None:
+                    self.controller.call(self.endpoint.stop())
                 self.controller.shutdown()
         finally:
-            self.controller = None
+            self.controller, self.endpoint, self.endpoint_url = None, None, None
             if self.data_plane is not None:
                 self.data_plane.close()
                 self.data_plane = None

@@ -8,7 +8,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-from sc_lightning.tokenizer import Tokenizer
+from sc_lightning.tokenizer import Tokenizer, prompt_token_ids
 from sc_lightning.types import Prompt
 
 if TYPE_CHECKING:
@@ -31,13 +31,6 @@ class PromptDataset(Protocol):
 
     def __getitem__(self, index: int) -> Prompt:
         """The prompt at ``index`` (0 <= index < len)."""
-
-
-def prompt_token_ids(tokenizer: Tokenizer, text: str) -> tuple[int, ...]:
-    """Token ids of a prompt: the tokenizer's bos (when it has one) followed by the encoded text."""
-    ids = tokenizer.encode(text)
-    bos = tokenizer.bos_token_id
-    return tuple([bos, *ids] if bos is not None else ids)
 
 
 def check_prompt_length(prompt: Prompt, max_prompt_length: int | None, source: str = "") -> None:

@@ -6,6 +6,9 @@ loss, controller, data plane (in-process), Lightning Trainer and callbacks are r
 
 from __future__ import annotations
 
+import json
+import urllib.error
+import urllib.request
 from collections import Counter
 
 import pytest
@@ -228,3 +231,37 @@ def test_streamed_steps_stay_inside_the_staleness_window() -> None:
     assert trainer.global_step == 4
     assert all(m["staleness_max"] <= 1 for m in recorder.step_metrics)
     assert all(m["num_valid_samples"] == 16 for m in recorder.step_metrics)  # 4 groups x 4 generations per step
+
+
+class EndpointProbe(Callback):
+    """After each step's refit, asks the strategy's completions endpoint for a completion."""
+
+    def __init__(self) -> None:
+        self.responses: list[dict] = []
+        self.url: str | None = None
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        """POST one completion request and keep the answer."""
+        self.url = trainer.strategy.endpoint_url
+        request = urllib.request.Request(
+            f"{self.url}/completions",
+            data=json.dumps({"prompt": "2+3=", "max_tokens": 2}).encode(),
+            headers={"Content-Type": "application/json"},
+        )
+        with urllib.request.urlopen(request, timeout=30) as response:
+            self.responses.append(json.load(response))
+
+
+def test_the_strategy_serves_the_engine_over_http_during_fit() -> None:
+    probe = EndpointProbe()
+    trainer, _ = fit(
+        tiny_config("grpo.max_num_steps=2", "policy.generation.mcore_generation_config.expose_http_server=true"),
+        [probe],
+    )
+    assert trainer.global_step == 2 and len(probe.responses) == 2
+    # each probe runs after that step's refit: the endpoint answers with the weights of the step just trained
+    assert [r["weight_version_end"] for r in probe.responses] == [1, 2]
+    # the scripted engine answers a prompt's k-th request right when k is even, one too high when odd
+    assert [r["choices"][0]["text"] for r in probe.responses] == ["5", "6"]
+    with pytest.raises(urllib.error.URLError):  # stopped at teardown
+        urllib.request.urlopen(f"{probe.url}/models", timeout=5)

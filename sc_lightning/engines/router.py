@@ -1,0 +1,103 @@
+"""Several engine replicas behind one :class:`~sc_lightning.engines.base.GenerationEngine`: routing and health.
+
+:class:`EngineRouter` sends each request to the healthy replica with the fewest requests outstanding (ties: the
+lowest index), refits every healthy replica concurrently, and tracks health: a replica whose Ray actor died is
+marked dead at its first failing call — that call's error names the replica — and gets no more requests. Errors
+inside a healthy replica (a bad request) leave it healthy. With no healthy replica left, every call fails fast with
+an :class:`~sc_lightning.engines.base.EngineError` listing the dead ones. Retrying a failed request elsewhere is
+the rollout layer's job (``async_rl.rollout_failure``), not the router's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import torch
+
+from sc_lightning.engines.base import EngineError, GenerationEngine
+from sc_lightning.types import Generation, SamplingParams
+
+DEATH_MARKERS = ("actor died", "is shut down")
+
+
+def is_replica_death(error: EngineError) -> bool:
+    """Whether ``error`` says the replica itself is gone (not that one request failed)."""
+    return any(marker in str(error) for marker in DEATH_MARKERS)
+
+
+class EngineRouter:
+    """Least-outstanding-requests routing over engine replicas, with per-replica health."""
+
+    def __init__(self, replicas: Sequence[GenerationEngine], *, name: str = "router") -> None:
+        if not replicas:
+            raise ValueError("an engine router needs at least one replica")
+        names = [replica.name for replica in replicas]
+        if len(set(names)) != len(names):
+            raise ValueError(f"replica names must be unique to attribute errors, got {names}")
+        self.name = name
+        self.replicas = list(replicas)
+        self.outstanding = [0] * len(replicas)
+        self.dead: dict[str, str] = {}  # replica name -> why it was marked dead
+
+    @property
+    def weight_version(self) -> int:
+        """The lowest weight version among healthy replicas (all equal between refits)."""
+        return min(replica.weight_version for replica in self._healthy())
+
+    def _healthy(self) -> list[GenerationEngine]:
+        healthy = [replica for replica in self.replicas if replica.name not in self.dead]
+        if not healthy:
+            why = "; ".join(f"{name}: {reason}" for name, reason in self.dead.items())
+            raise EngineError(f"engine {self.name!r}: no healthy replica left ({why})")
+        return healthy
+
+    def _mark(self, replica: GenerationEngine, error: EngineError) -> None:
+        if is_replica_death(error):
+            self.dead.setdefault(replica.name, str(error))
+
+    def pick(self) -> int:
+        """Index of the healthy replica with the fewest outstanding requests."""
+        healthy = {replica.name for replica in self._healthy()}
+        candidates = [i for i, replica in enumerate(self.replicas) if replica.name in healthy]
+        return min(candidates, key=lambda i: (self.outstanding[i], i))
+
+    async def generate(self, prompt_token_ids: tuple[int, ...], sampling: SamplingParams, **kwargs: Any) -> Generation:
+        """Sample one completion on the least-loaded healthy replica."""
+        index = self.pick()
+        replica = self.replicas[index]
+        self.outstanding[index] += 1
+        try:
+            return await replica.generate(prompt_token_ids, sampling, **kwargs)
+        except EngineError as error:
+            self._mark(replica, error)
+            raise
+        finally:
+            self.outstanding[index] -= 1
+
+    async def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
+        """Refit every healthy replica concurrently; the first failure is raised (it names its replica)."""
+        tensors = list(named_tensors)  # every replica reads the same tensors
+        replicas = self._healthy()
+        results = await asyncio.gather(
+            *(replica.update_weights(tensors, version) for replica in replicas), return_exceptions=True
+        )
+        failures = [(r, e) for r, e in zip(replicas, results, strict=True) if isinstance(e, BaseException)]
+        for replica, error in failures:
+            if isinstance(error, EngineError):
+                self._mark(replica, error)
+        if failures:
+            raise failures[0][1]
+
+    async def stand_down(self) -> None:
+        """Stand every healthy replica down."""
+        await asyncio.gather(*(replica.stand_down() for replica in self._healthy()))
+
+    async def wake(self) -> None:
+        """Wake every healthy replica."""
+        await asyncio.gather(*(replica.wake() for replica in self._healthy()))
+
+    async def shutdown(self) -> None:
+        """Shut every replica down (dead ones too: their clients release what they hold); idempotent."""
+        await asyncio.gather(*(replica.shutdown() for replica in self.replicas), return_exceptions=True)

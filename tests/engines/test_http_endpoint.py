@@ -1,0 +1,84 @@
+"""The OpenAI-compatible completions endpoint over a real Megatron engine: ids, logprobs, versions, errors."""
+
+from __future__ import annotations
+
+import asyncio
+
+import aiohttp
+import pytest
+import torch
+
+from sc_lightning.engines.http_endpoint import BadRequest, CompletionsEndpoint, parse_request
+from sc_lightning.engines.megatron import MegatronEngine
+from sc_lightning.models import export_hf_weights, load_policy, token_logprobs
+from sc_lightning.tokenizer import CharTokenizer
+from sc_lightning.types import SamplingParams
+
+pytestmark = pytest.mark.usefixtures("model_parallel")
+TOKENIZER = CharTokenizer()
+DEFAULTS = SamplingParams(max_new_tokens=4, temperature=1.0)
+
+
+def test_endpoint_serves_ids_logprobs_and_the_weight_version(tiny_dirs: dict) -> None:
+    model_a = load_policy(str(tiny_dirs["a"]))[0].eval()
+    model_b, spec_b, _ = load_policy(str(tiny_dirs["b"]))
+    model_b.eval()
+
+    async def scenario() -> tuple[dict, dict, dict, dict, dict]:
+        engine = MegatronEngine.from_pretrained(str(tiny_dirs["a"]), stop_on_eos=False)
+        endpoint = CompletionsEndpoint(engine, TOKENIZER, model_name="tiny-a", defaults=DEFAULTS)
+        url = await endpoint.start()
+        assert url.startswith("http://127.0.0.1:")
+        try:
+            async with aiohttp.ClientSession() as http:
+
+                async def post(body: dict) -> tuple[int, dict]:
+                    async with http.post(f"{url}/completions", json=body) as response:
+                        return response.status, await response.json()
+
+                _, text = await post({"prompt": "1+2=", "max_tokens": 6, "temperature": 0.7, "seed": 1})
+                _, ids = await post({"prompt": [2, 4, 13, 5, 16], "max_tokens": 6, "temperature": 0.7, "seed": 1})
+                await engine.update_weights(export_hf_weights(model_b, spec_b), version=3)
+                _, after = await post({"prompt": "1+2=", "max_tokens": 5, "temperature": 0.0})
+                status, bad = await post({"prompt": [], "max_tokens": 3})
+                assert status == 400
+                async with http.get(f"{url}/models") as response:
+                    models = await response.json()
+        finally:
+            await endpoint.stop()
+            await endpoint.stop()  # idempotent
+            await engine.shutdown()
+        return text, ids, after, bad, models
+
+    text, ids, after, bad, models = asyncio.run(scenario())
+    choice = text["choices"][0]
+    assert choice["prompt_token_ids"] == [2, 4, 13, 5, 16]  # bos + "1+2=", as the dataset encodes prompts
+    assert ids["choices"][0]["token_ids"] == choice["token_ids"]  # same prompt, same seed: same sample
+    assert choice["text"] == TOKENIZER.decode(tuple(choice["token_ids"]))
+    sequence = torch.tensor([choice["prompt_token_ids"] + choice["token_ids"]])
+    expected = token_logprobs(model_a, sequence, temperature=0.7)[0, 5:]
+    torch.testing.assert_close(torch.tensor(choice["logprobs"]["token_logprobs"]), expected, atol=1e-4, rtol=0)
+    assert (text["weight_version"], text["weight_version_end"]) == (0, 0)
+    assert (after["weight_version"], after["weight_version_end"]) == (3, 3)
+    greedy = after["choices"][0]
+    logits_b = token_logprobs(model_b, torch.tensor([greedy["prompt_token_ids"] + greedy["token_ids"]]))[0, 5:]
+    torch.testing.assert_close(torch.tensor(greedy["logprobs"]["token_logprobs"]), logits_b, atol=1e-4, rtol=0)
+    assert text["usage"] == {"prompt_tokens": 5, "completion_tokens": 6, "total_tokens": 11}
+    assert "prompt" in bad["error"]["message"]
+    assert models["data"] == [{"id": "tiny-a", "object": "model"}]
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        ([1, 2], "JSON object"),
+        ({"prompt": 5}, "prompt"),
+        ({"prompt": [1, True]}, "prompt"),
+        ({"prompt": "1+1=", "n": 2}, "n: only 1"),
+        ({"prompt": "1+1=", "max_tokens": 0}, "max_tokens"),
+        ({"prompt": "1+1=", "temperature": "hot"}, "sampling fields"),
+    ],
+)
+def test_bad_requests_say_which_field(body: object, message: str) -> None:
+    with pytest.raises(BadRequest, match=message):
+        parse_request(body, TOKENIZER, DEFAULTS)

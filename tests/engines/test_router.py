@@ -1,0 +1,80 @@
+"""EngineRouter over two real Megatron engine replicas in Ray actors: spreading, refits, a dead replica."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+
+import pytest
+import ray
+
+from sc_lightning.engines.base import EngineError, GenerationEngine
+from sc_lightning.engines.megatron_ray import RayMegatronEngine
+from sc_lightning.engines.router import EngineRouter
+from sc_lightning.models import export_hf_weights, load_policy
+from sc_lightning.types import SamplingParams
+from tests.engines.helpers import follows_argmax
+
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("model_parallel")]
+PROMPT = (4, 5, 6, 7)
+
+
+@pytest.fixture
+def ray_cluster() -> Iterator[None]:
+    """A local Ray instance with room for two engine actors."""
+    ray.init(num_cpus=3, include_dashboard=False, log_to_driver=False)
+    try:
+        yield
+    finally:
+        ray.shutdown()
+
+
+def test_router_spreads_requests_refits_all_and_survives_a_dead_replica(ray_cluster: None, tiny_dirs: dict) -> None:
+    model_b, spec_b, _ = load_policy(str(tiny_dirs["b"]))
+    model_b.eval()
+
+    async def scenario() -> None:
+        replicas = [RayMegatronEngine(str(tiny_dirs["a"]), name=f"r{i}", stop_on_eos=False) for i in range(2)]
+        router = EngineRouter(replicas, name="fleet")
+        assert isinstance(router, GenerationEngine)
+        try:
+            await asyncio.gather(*(replica.ready() for replica in replicas))
+            outputs = await asyncio.gather(*(router.generate(PROMPT, SamplingParams(4, seed=i)) for i in range(6)))
+            assert all(len(out.token_ids) == 4 for out in outputs)
+            served = [(await replica.stats())["finished_requests"] for replica in replicas]
+            assert served == [3, 3], "six concurrent requests alternate between two idle replicas"
+
+            await router.update_weights(export_hf_weights(model_b, spec_b), version=1)
+            assert [replica.weight_version for replica in replicas] == [1, 1] and router.weight_version == 1
+            greedy = await asyncio.gather(*(router.generate(PROMPT, SamplingParams(6, temperature=0.0)) for _ in "ab"))
+            assert all(all(follows_argmax(model_b, PROMPT, g.token_ids)) for g in greedy)
+
+            ray.kill(replicas[0].actor, no_restart=True)
+            with pytest.raises(EngineError, match="engine 'r0'.*actor died"):
+                await router.generate(PROMPT, SamplingParams(2))  # least loaded is r0: its death is attributed
+            assert list(router.dead) == ["r0"]
+            survivors = await asyncio.gather(*(router.generate(PROMPT, SamplingParams(2)) for _ in range(3)))
+            assert all(len(out.token_ids) == 2 for out in survivors)  # r1 serves everything now
+            await router.update_weights([(n, t.clone()) for n, t in export_hf_weights(model_b, spec_b)], version=2)
+            assert replicas[1].weight_version == 2 and router.weight_version == 2
+
+            ray.kill(replicas[1].actor, no_restart=True)
+            with pytest.raises(EngineError, match="engine 'r1'.*actor died"):
+                await router.generate(PROMPT, SamplingParams(2))
+            with pytest.raises(EngineError, match=r"engine 'fleet': no healthy replica left \(r0: .*; r1: "):
+                await router.generate(PROMPT, SamplingParams(2))
+        finally:
+            await router.shutdown()
+
+    asyncio.run(scenario())
+
+
+def test_router_needs_distinct_replica_names() -> None:
+    class Named:
+        def __init__(self, name: str) -> None:
+            self.name = name
+
+    with pytest.raises(ValueError, match="unique"):
+        EngineRouter([Named("x"), Named("x")])  # type: ignore[list-item]
+    with pytest.raises(ValueError, match="at least one"):
+        EngineRouter([])
