@@ -61,6 +61,11 @@ class ScriptedEngine:
         """Let every request of ``prompt`` finish (gated mode); call on the engine's event loop."""
         self._gate(prompt).set()
 
+    def release_all(self) -> None:
+        """Let every request waiting so far finish (gated mode); call on the engine's event loop."""
+        for gate in self._gates.values():
+            gate.set()
+
     async def generate(self, prompt_token_ids: tuple[int, ...], sampling: SamplingParams) -> Generation:
         """Return the scripted completion (after the prompt is released, in gated mode)."""
         call = self.calls

@@ -107,6 +107,30 @@ def test_lookahead_dispatches_ahead_but_trains_by_target() -> None:
     assert all(0 <= version - g.start_weight <= 1 for version, step in enumerate(trained) for g in step)
 
 
+def test_a_group_in_flight_across_a_refit_records_its_start_and_end_versions() -> None:
+    """Dispatched at weight 0, still generating when the refit to 1 lands: start_weight 0, end_weight 1."""
+
+    async def scenario():
+        engine = ScriptedEngine(answer_correctly, gated=True)
+        controller = make(config({"name": "in_order", "max_lookahead_versions": 1}, buffered=4), engine)
+        await controller.start()
+        await engine.wait_for_requests(8, timeout_s=30)  # steps 0 and 1: 4 groups x 2 generations, at weight 0
+        assert await controller.begin_refit(1) == 0  # in_order with lookahead 1 dooms none of them
+        await controller.push_weights([], 1)
+        await controller.finish_refit(1)
+        engine.release_all()
+        groups = []
+        for version in (0, 1):
+            groups += await controller.select(version, 2, 2, timeout_s=30)
+        await controller.shutdown()
+        return groups, engine.updates
+
+    groups, updates = asyncio.run(scenario())
+    assert updates == [1]
+    assert [(g.start_weight, g.end_weight) for g in groups] == [(0, 1)] * 4
+    assert [g.target_step for g in groups] == [0, 0, 1, 1]
+
+
 def test_windowed_refit_aborts_rollouts_that_fell_out_of_the_window() -> None:
     async def scenario():
         engine = ScriptedEngine(answer_correctly, gated=True)
