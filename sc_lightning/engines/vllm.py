@@ -159,13 +159,20 @@ class VLLMEngineActor:
 
         payload = self._drop / f"v{version}"
         payload.mkdir(parents=True, exist_ok=True)
+        recompute = self.settings.recompute_kv_cache_after_weight_updates
         try:
             save_file(dict(named_tensors), payload / "model.safetensors")
-            await self._llm.collective_rpc(
-                "reload_weights", kwargs={"weights_path": str(payload), "is_checkpoint_format": True}
-            )
-            if self.settings.recompute_kv_cache_after_weight_updates:
-                await self._llm.reset_prefix_cache(reset_running_requests=True)
+            if recompute:  # freeze the requests so no step runs on new weights with the old cache in between
+                await self._llm.pause_generation(mode="keep", clear_cache=False)
+            try:
+                await self._llm.collective_rpc(
+                    "reload_weights", kwargs={"weights_path": str(payload), "is_checkpoint_format": True}
+                )
+                if recompute:  # preempt the running requests: they re-prefill on the new weights
+                    await self._llm.reset_prefix_cache(reset_running_requests=True)
+            finally:
+                if recompute:
+                    await self._llm.resume_generation()
         finally:
             shutil.rmtree(payload, ignore_errors=True)
         self.version = version

