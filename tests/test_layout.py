@@ -20,6 +20,7 @@ ALLOWED = {
     "engines": {"engines", "models", "config", "types", "tokenizer"},
     "rollout": {"rollout", "engines", "data_plane", "config", "types", "tokenizer"},
     "controller": {"controller", "rollout", "engines", "data_plane", "config", "types", "tokenizer"},
+    "checkpoint": {"checkpoint", "data_plane", "config", "types"},
 }
 
 
