@@ -1,0 +1,121 @@
+"""Crash-safe directories: write into a temporary sibling, fsync, rename; verify every file on the way back.
+
+A bundle (a trainer checkpoint ``step_N``, a rollout snapshot ``snapshot_NNNNNN``) is either complete or absent:
+
+- :func:`write_atomically` yields a private temporary directory next to the final one; when the block ends without
+  an exception it writes ``MANIFEST.json`` (every file's size and SHA-256), fsyncs every file and directory of the
+  tree, renames it to its final name and fsyncs the parent, so a crash at any moment leaves either no bundle or
+  a whole one. An exception removes the temporary directory. A final name that exists already is an error
+  (bundles are immutable);
+- :func:`verify_bundle` re-reads a bundle against its manifest; a missing, truncated or altered file is a
+  :class:`BundleError` naming the file and what to do;
+- :func:`complete_bundles` lists the bundles of a directory (temporaries never count), and
+  :func:`remove_stale_temporaries` deletes the temporaries a crash left behind.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import re
+import shutil
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+MANIFEST = "MANIFEST.json"
+TEMPORARY_PREFIX = "tmp_"
+
+
+class BundleError(RuntimeError):
+    """A bundle is incomplete or corrupt, or would overwrite another; the message names the file."""
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _fsync(path: Path) -> None:
+    descriptor = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
+
+
+def _files(root: Path) -> list[Path]:
+    return sorted(p for p in root.rglob("*") if p.is_file() and p.name != MANIFEST)
+
+
+@contextlib.contextmanager
+def write_atomically(final: Path) -> Iterator[Path]:
+    """Yield a temporary directory; on success it becomes ``final``, whole, with a manifest of its files."""
+    if final.exists():
+        raise BundleError(f"{final} exists already; bundles are never overwritten")
+    final.parent.mkdir(parents=True, exist_ok=True)
+    temporary = final.parent / f"{TEMPORARY_PREFIX}{final.name}_{uuid.uuid4().hex[:8]}"
+    temporary.mkdir()
+    try:
+        yield temporary
+        files = {
+            str(p.relative_to(temporary)): {"bytes": p.stat().st_size, "sha256": _sha256(p)} for p in _files(temporary)
+        }
+        (temporary / MANIFEST).write_text(json.dumps({"files": files}, indent=1, sort_keys=True))
+        for path in sorted(temporary.rglob("*"), reverse=True):  # files before the directories holding them
+            _fsync(path)
+        _fsync(temporary)
+        os.rename(temporary, final)
+        _fsync(final.parent)
+    except BaseException:
+        shutil.rmtree(temporary, ignore_errors=True)
+        raise
+
+
+def verify_bundle(bundle: Path) -> dict[str, dict[str, int | str]]:
+    """Check every file of ``bundle`` against its manifest; returns the manifest's file table."""
+    manifest = bundle / MANIFEST
+    try:
+        files = json.loads(manifest.read_text())["files"]
+    except (OSError, ValueError, KeyError) as err:
+        raise BundleError(
+            f"{manifest}: missing or unreadable ({err}); the bundle is incomplete or corrupt — resume from an "
+            "earlier one or remove it"
+        ) from None
+    for name, expected in files.items():
+        path = bundle / name
+        if not path.is_file():
+            raise BundleError(f"{path}: listed in {MANIFEST} but missing; resume from an earlier bundle")
+        if path.stat().st_size != expected["bytes"] or _sha256(path) != expected["sha256"]:
+            raise BundleError(
+                f"{path}: does not match {MANIFEST} (truncated or altered: {path.stat().st_size} bytes, "
+                f"expected {expected['bytes']}); resume from an earlier bundle"
+            )
+    return files
+
+
+def complete_bundles(root: Path, pattern: str = r"step_(\d+)") -> list[tuple[int, Path]]:
+    """``(number, path)`` of the bundles in ``root`` named like ``pattern``, in increasing order."""
+    if not root.is_dir():
+        return []
+    found = []
+    for path in root.iterdir():
+        match = re.fullmatch(pattern, path.name)
+        if match and path.is_dir():
+            found.append((int(match.group(1)), path))
+    return sorted(found)
+
+
+def remove_stale_temporaries(root: Path) -> list[Path]:
+    """Delete the temporary directories an interrupted write left in ``root``; returns what was removed."""
+    if not root.is_dir():
+        return []
+    stale = [p for p in root.iterdir() if p.is_dir() and p.name.startswith(TEMPORARY_PREFIX)]
+    for path in stale:
+        shutil.rmtree(path, ignore_errors=True)
+    return stale
