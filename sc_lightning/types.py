@@ -24,6 +24,23 @@ class Prompt:
     extra: Mapping[str, Any] = field(default_factory=dict)
 
 
+def prompt_to_dict(prompt: Prompt) -> dict[str, Any]:
+    """A prompt as JSON-able plain data (``extra`` must be JSON-able, as dataset records are)."""
+    return {
+        "prompt_id": prompt.prompt_id,
+        "token_ids": list(prompt.token_ids),
+        "text": prompt.text,
+        "answer": prompt.answer,
+        "task": prompt.task,
+        "extra": dict(prompt.extra),
+    }
+
+
+def prompt_from_dict(data: Mapping[str, Any]) -> Prompt:
+    """The prompt :func:`prompt_to_dict` wrote."""
+    return Prompt(**{**data, "token_ids": tuple(int(t) for t in data["token_ids"])})
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     """How an engine samples one completion."""

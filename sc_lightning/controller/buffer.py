@@ -10,12 +10,13 @@ asyncio event loop: every mutation between awaits is synchronous, and commit re-
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import hashlib
 import json
 import logging
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import AsyncIterator, Iterable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -66,6 +67,27 @@ class TQReplayBuffer:
     def __init__(self, data_plane: DataPlane) -> None:
         self.data_plane = data_plane
         self.slots: list[Slot] = []
+        self._commits_open = asyncio.Event()
+        self._commits_open.set()
+        self._committing = 0
+        self._no_commits = asyncio.Event()
+        self._no_commits.set()
+
+    @contextlib.asynccontextmanager
+    async def commits_paused(self) -> AsyncIterator[None]:
+        """A checkpoint barrier: commits in progress finish, new ones wait until the block ends.
+
+        Inside it the data plane's rows and the replay index describe exactly the same committed groups, while
+        generation goes on (finished groups queue at the barrier instead of committing).
+        """
+        if not self._commits_open.is_set():
+            raise BufferError("commits are already paused (checkpoint barriers do not nest)")
+        self._commits_open.clear()
+        try:
+            await self._no_commits.wait()
+            yield
+        finally:
+            self._commits_open.set()
 
     def __len__(self) -> int:
         return len(self.slots)
@@ -85,6 +107,17 @@ class TQReplayBuffer:
 
     async def commit(self, group_id: str, group: ScoredGroup, *, start_weight: int, end_weight: int) -> GroupMeta:
         """Write the group's rows to the data plane and flip its slot ready; rows are rolled back on failure."""
+        await self._commits_open.wait()  # a checkpoint is being taken: wait for it, then commit
+        self._committing += 1
+        self._no_commits.clear()
+        try:
+            return await self._commit(group_id, group, start_weight=start_weight, end_weight=end_weight)
+        finally:  # no await from here to the caller: the controller marks the prompt committed in the same tick
+            self._committing -= 1
+            if self._committing == 0:
+                self._no_commits.set()
+
+    async def _commit(self, group_id: str, group: ScoredGroup, *, start_weight: int, end_weight: int) -> GroupMeta:
         slot = self.slots[self.index_of(group_id)]
         if slot.ready:
             raise BufferError(f"group {group_id} (prompt {slot.prompt_id}) is already committed")

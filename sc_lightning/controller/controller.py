@@ -21,9 +21,12 @@ Lightning, so the same object runs in a Ray actor or on a background thread (see
 from __future__ import annotations
 
 import asyncio
+import itertools
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -33,7 +36,9 @@ from sc_lightning.controller.samplers import PromptGroupSampler
 from sc_lightning.engines.base import EngineError
 from sc_lightning.rollout.manager import RolloutManager
 from sc_lightning.rollout.prompts import PromptStream
-from sc_lightning.types import Prompt
+from sc_lightning.types import Prompt, prompt_from_dict, prompt_to_dict
+
+CHECKPOINT_STATE_VERSION = 1
 
 
 class RolloutPumpError(RuntimeError):
@@ -88,6 +93,12 @@ class SingleController:
         self._exhausted = False
         self._counts = {"dispatched": 0, "committed": 0, "selected": 0, "evicted": 0, "aborted": 0}
         self._last_progress = time.monotonic()
+        # prompts taken from the stream whose groups are not committed yet (in flight or waiting for permits), by
+        # dispatch sequence: what a checkpoint must redispatch; restored ones are dispatched first after a resume
+        self._pending: dict[int, tuple[Prompt, int | None]] = {}
+        self._sequence = itertools.count()
+        self._resumed: list[tuple[Prompt, int | None]] = []
+        self._aborting = False
 
     # ------------------------------------------------------------------------------------------ rollout pump
 
@@ -99,17 +110,27 @@ class SingleController:
 
     async def _rollout_pump(self) -> None:
         async with asyncio.TaskGroup() as group:
-            for batch in self.prompts:
+            resumed, self._resumed = self._resumed, []
+            for sequence, (prompt, target) in enumerate(resumed):  # a restored checkpoint's pending prompts first
+                self._pending[-1 - sequence] = (prompt, target)
+            for sequence, (prompt, target) in enumerate(resumed):
+                await self._launch(group, prompt, target, -1 - sequence)
+            while True:
                 async with self._changed:
                     await self._changed.wait_for(lambda: self.sampler.can_admit(self.trainer_version))
+                batch = next(self.prompts, None)  # taken only once admitted, so the cursor never runs ahead
+                if batch is None:
+                    break
                 target = self.sampler.admit()
-                for prompt in batch:
-                    await self._launch(group, prompt, target)
+                sequences = [next(self._sequence) for _ in batch]
+                self._pending.update(zip(sequences, ((prompt, target) for prompt in batch), strict=True))
+                for sequence, prompt in zip(sequences, batch, strict=True):
+                    await self._launch(group, prompt, target, sequence)
         async with self._changed:
             self._exhausted = True
             self._changed.notify_all()
 
-    async def _launch(self, group: asyncio.TaskGroup, prompt: Prompt, target: int | None) -> None:
+    async def _launch(self, group: asyncio.TaskGroup, prompt: Prompt, target: int | None, sequence: int) -> None:
         await self.buffer_permits.acquire()
         try:
             await self.inflight_permits.acquire()
@@ -122,7 +143,9 @@ class SingleController:
             self._release_both()
             raise
         started = asyncio.Event()
-        task = group.create_task(self._dispatch_one(prompt, target, started), name=f"rollout {prompt.prompt_id}")
+        task = group.create_task(
+            self._dispatch_one(prompt, target, started, sequence), name=f"rollout {prompt.prompt_id}"
+        )
         task.add_done_callback(lambda t: None if started.is_set() else self._release_both())
         self._counts["dispatched"] += 1
         await self._notify()
@@ -131,13 +154,18 @@ class SingleController:
         self.buffer_permits.release()
         self.inflight_permits.release()
 
-    async def _dispatch_one(self, prompt: Prompt, target: int | None, started: asyncio.Event) -> None:
+    async def _dispatch_one(self, prompt: Prompt, target: int | None, started: asyncio.Event, sequence: int) -> None:
         started.set()
         committed = False
         try:
             await self.manager.generate_and_push(prompt, target_step=target)
             committed = True  # the buffer permit now belongs to the group until it is selected or evicted
+            self._pending.pop(sequence, None)  # the buffer holds it now (no await since its commit: one cut)
             self._counts["committed"] += 1
+        except asyncio.CancelledError:
+            if self._aborting:  # aborted by a refit (doomed by the sampler): dropped on purpose, not pending
+                self._pending.pop(sequence, None)
+            raise
         finally:
             self.inflight_permits.release()
             if not committed:
@@ -228,9 +256,13 @@ class SingleController:
             if group.task is not None
             and self.sampler.should_abort_inflight(start_weight=group.start_weight, trainer_version=next_version)
         ]
-        for task in doomed:
-            task.cancel()
-        await asyncio.gather(*doomed, return_exceptions=True)
+        self._aborting = True  # their prompts are dropped on purpose: a checkpoint must not redispatch them
+        try:
+            for task in doomed:
+                task.cancel()
+            await asyncio.gather(*doomed, return_exceptions=True)
+        finally:
+            self._aborting = False
         self._counts["aborted"] += len(doomed)
         return len(doomed)
 
@@ -259,6 +291,64 @@ class SingleController:
         self.manager.weight_version = version
         self._dispatch_open.set()
         await self._notify()
+
+    # ------------------------------------------------------------------------------------------ checkpoints
+
+    async def snapshot(self, directory: str | Path) -> dict[str, Any]:
+        """Between two steps: write the data plane's rows into ``directory`` and return :meth:`checkpoint_state`.
+
+        Both are taken behind the buffer's commit barrier, so the rows and the replay index describe the same
+        committed groups (a group committing meanwhile waits and stays pending in this cut).
+        """
+        async with self.buffer.commits_paused():
+            await asyncio.to_thread(self.buffer.data_plane.save, directory)
+            return self.checkpoint_state()
+
+    def checkpoint_state(self) -> dict[str, Any]:
+        """Everything but the rows a resume needs, between two steps: JSON-able plain data.
+
+        The trainer's version, the prompt stream's cursor, the sampler's dispatch index, the replay index of the
+        committed groups (their rows are the data plane's own snapshot) and the *pending* prompts — taken from the
+        stream but not committed (in flight or waiting for permits) — with their target steps. Every prompt taken
+        from the stream is thus trained already, buffered, or pending: none is lost or repeated by a resume.
+        """
+        return {
+            "version": CHECKPOINT_STATE_VERSION,
+            "trainer_version": self.trainer_version,
+            "prompts": self.prompts.state_dict(),
+            "dispatch_index": self.sampler.dispatch_index,
+            "replay_index": self.buffer.state_dict(),
+            "pending": [
+                {"prompt": prompt_to_dict(prompt), "target_step": target}
+                for _, (prompt, target) in sorted(self._pending.items())
+            ],
+        }
+
+    async def restore(self, state: dict[str, Any], *, group_size: int) -> None:
+        """Load a :meth:`checkpoint_state` before :meth:`start` (the committed groups' rows already in the data plane).
+
+        Raises ValueError naming what does not fit (state version, prompt stream settings, replay index, capacity).
+        """
+        if self._pump is not None:
+            raise RuntimeError("restore() must come before start()")
+        if state.get("version") != CHECKPOINT_STATE_VERSION:
+            raise ValueError(f"controller state version {state.get('version')!r} is not {CHECKPOINT_STATE_VERSION}")
+        pending = [(prompt_from_dict(p["prompt"]), p["target_step"]) for p in state["pending"]]
+        groups = len(state["replay_index"]["groups"])
+        if groups + len(pending) > self.buffer_permits.total:
+            raise ValueError(
+                f"the checkpoint holds {groups} buffered and {len(pending)} pending groups, more than "
+                f"async_rl.max_buffered_rollouts={self.buffer_permits.total}; resume with at least that capacity"
+            )
+        self.prompts.load_state_dict(state["prompts"])
+        self.sampler.restore_dispatch_index(int(state["dispatch_index"]))
+        self.buffer.load_state_dict(
+            state["replay_index"], max_groups=self.buffer_permits.total, expected_group_size=group_size
+        )
+        for _ in range(groups):  # the restored groups hold their permits until selected or evicted (never waits)
+            await self.buffer_permits.acquire()
+        self.trainer_version = self.manager.weight_version = int(state["trainer_version"])
+        self._resumed = pending
 
     def stats(self) -> ControllerStats:
         """A snapshot of the counters."""
