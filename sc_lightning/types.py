@@ -22,6 +22,7 @@ class Prompt:
     answer: str | None = None
     task: str = ""
     extra: Mapping[str, Any] = field(default_factory=dict)
+    index: int | None = None  # position in its dataset (None for prompts from elsewhere)
 
 
 def prompt_to_dict(prompt: Prompt) -> dict[str, Any]:
@@ -33,6 +34,7 @@ def prompt_to_dict(prompt: Prompt) -> dict[str, Any]:
         "answer": prompt.answer,
         "task": prompt.task,
         "extra": dict(prompt.extra),
+        "index": prompt.index,
     }
 
 

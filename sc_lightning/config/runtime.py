@@ -179,6 +179,11 @@ class DataConfig:
     dataset_name: str = knob("arithmetic", "Built-in task name or a path to a JSONL file of prompts.")
     shuffle: bool = knob(True, "Shuffle prompts each epoch (seeded by the algorithm block's seed).")
     max_prompt_length: int = knob(256, "Prompts longer than this are rejected when loading.", unit="tokens", ge=1)
+    train_data_log: bool = knob(
+        False,
+        "Write <trainer.default_root_dir>/train_data.jsonl, one JSON object per trained row (step, prompt_index, "
+        "prompt_id, generation_index, start_weight, end_weight, reward); a resume rolls it back to its checkpoint.",
+    )
 
 
 @section

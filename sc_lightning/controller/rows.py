@@ -52,6 +52,7 @@ def group_to_columns(
         {
             "group_id": group_id,
             "prompt_id": group.prompt.prompt_id,
+            "prompt_index": group.prompt.index,
             "generation_index": i,
             "weight_version": start_weight,
             "end_weight": end_weight,

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable
+from pathlib import Path
 from typing import Any, Protocol
 
 import torch
@@ -21,6 +22,8 @@ from sc_lightning.config import SCConfig
 from sc_lightning.engines.sampling import scoring_temperature
 from sc_lightning.lightning.policy_update import PolicyUpdate
 from sc_lightning.lightning.step_data import TrainChunk
+from sc_lightning.lightning.train_data_log import FILENAME as TRAIN_DATA_FILENAME
+from sc_lightning.lightning.train_data_log import TrainDataLog
 
 
 class RLStep(Protocol):
@@ -46,6 +49,7 @@ class GRPOModule(LightningModule):
         self.spec: Any = None
         self.tokenizer: Any = None
         self.loss_fn = ClippedPGLoss.from_config(config.loss_fn)
+        self._train_data_log: TrainDataLog | None = None
 
     def configure_model(self) -> None:
         """Build (or import) the policy, and a frozen reference copy when the loss has a KL term."""
@@ -103,6 +107,17 @@ class GRPOModule(LightningModule):
             temperature=scoring_temperature(self.config.policy.generation.temperature),
         )
 
+    def on_train_start(self) -> None:
+        """Open train_data.jsonl (``data.train_data_log``), rolled back to the step training starts at."""
+        if self.config.data.train_data_log:
+            self._train_data_log = TrainDataLog(Path(self.trainer.default_root_dir) / TRAIN_DATA_FILENAME)
+            self._train_data_log.open(resume_step=self.trainer.global_step)
+
+    def on_train_end(self) -> None:
+        """Close train_data.jsonl."""
+        if self._train_data_log is not None:
+            self._train_data_log.close()
+
     def train_dataloader(self) -> Any:
         """One item per RL step, from the Single-Controller strategy's running controller."""
         return self.trainer.strategy.rl_steps()
@@ -111,13 +126,16 @@ class GRPOModule(LightningModule):
         """One RL step: accumulate every chunk of the step, then one optimizer step; logs train/* metrics."""
         started = time.monotonic()
         update = self.policy_update()
-        update.begin(step=self.trainer.global_step)
+        index = self.trainer.global_step  # this step's number (the optimizer step below moves global_step on)
+        update.begin(step=index)
         rewards, staleness = [], []
         for chunk in step.chunks():
             update.train_chunk(chunk)
             rewards.append(chunk.rewards)
             staleness += [step.version - w for w in chunk.start_weights]
         metrics = update.finish()
+        if self._train_data_log is not None:
+            self._train_data_log.write(index, step.trained_rows)
         timing = {
             "exposed_generation": step.first_wait_s + step.chunk_wait_s,
             "policy_training": time.monotonic() - started - step.chunk_wait_s,

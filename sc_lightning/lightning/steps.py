@@ -11,6 +11,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 from sc_lightning.config import SCConfig, resolve
 from sc_lightning.controller.buffer import GroupMeta
@@ -34,6 +35,7 @@ class StepSettings:
     overlong_filtering: bool
     leave_one_out: bool
     normalize_rewards: bool
+    log_rows: bool = False
 
     @classmethod
     def from_config(cls, config: SCConfig, *, pad_token_id: int) -> StepSettings:
@@ -48,6 +50,7 @@ class StepSettings:
             overlong_filtering=config.algo.overlong_filtering,
             leave_one_out=getattr(estimator, "use_leave_one_out_baseline", True),
             normalize_rewards=getattr(estimator, "normalize_rewards", True),
+            log_rows=config.data.train_data_log,
         )
 
 
@@ -68,13 +71,22 @@ class RLStepBatch:
         self.groups = 0
         self.first_wait_s = waited_s  # waiting for the first chunk, before training_step starts
         self.chunk_wait_s = 0.0  # waiting for later chunks, inside training_step
+        self.trained_rows: list[dict[str, Any]] = []  # with settings.log_rows: the tags and reward of each row
 
     def chunks(self) -> Iterator[TrainChunk]:
         """Yield chunks until the step holds ``groups_per_step`` groups; trained rows are cleared after each."""
         groups: list[GroupMeta] | None = self._first
         need = self.settings.groups_per_step
         while groups:
-            yield self._load(groups)
+            chunk = self._load(groups)
+            tags = (
+                self.data_plane.tags([key for group in groups for key in group.keys])
+                if self.settings.log_rows
+                else None
+            )
+            yield chunk
+            if tags is not None:
+                self.trained_rows += [{**tag, "reward": float(r)} for tag, r in zip(tags, chunk.rewards, strict=True)]
             self.client.clear(groups)  # the chunk's gradients are accumulated: its rows are no longer needed
             self.groups += len(groups)
             if self.groups >= need:

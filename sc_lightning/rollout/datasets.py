@@ -81,6 +81,7 @@ class ArithmeticDataset(_ListDataset):
                 text=text,
                 answer=str(a + b),
                 task="arithmetic",
+                index=i,
             )
             check_prompt_length(prompt, max_prompt_length, "the arithmetic dataset")
             self._prompts.append(prompt)
@@ -128,7 +129,15 @@ class JsonlPromptDataset(_ListDataset):
             except ValueError as err:
                 raise DatasetError(f"{where}: cannot tokenize prompt {prompt_id}: {err}") from err
             extra: Mapping[str, Any] = {k: v for k, v in record.items() if k not in (prompt_key, answer_key)}
-            prompt = Prompt(prompt_id=prompt_id, token_ids=token_ids, text=text, answer=answer, task=task, extra=extra)
+            prompt = Prompt(
+                prompt_id=prompt_id,
+                token_ids=token_ids,
+                text=text,
+                answer=answer,
+                task=task,
+                extra=extra,
+                index=len(self._prompts),
+            )
             check_prompt_length(prompt, max_prompt_length, where)
             self._prompts.append(prompt)
         if not self._prompts:

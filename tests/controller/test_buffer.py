@@ -29,6 +29,7 @@ def test_commit_writes_one_training_row_per_generation() -> None:
     assert tags[1] == {
         "group_id": group_id,
         "prompt_id": "p",
+        "prompt_index": None,  # the test prompt comes from no dataset
         "generation_index": 1,
         "weight_version": 3,
         "end_weight": 4,

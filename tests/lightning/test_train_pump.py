@@ -10,6 +10,7 @@ import json
 import urllib.error
 import urllib.request
 from collections import Counter
+from pathlib import Path
 
 import pytest
 import torch
@@ -57,10 +58,13 @@ def tiny_config(*overrides: str) -> SCConfig:
     return load_config(raw, extra_top_level=("trainer", "seed_everything"))
 
 
-def fit(config: SCConfig, callbacks: list[Callback], checkpointing: bool = False) -> tuple[Trainer, GRPOModule]:
+def fit(
+    config: SCConfig, callbacks: list[Callback], checkpointing: bool = False, root: Path | None = None
+) -> tuple[Trainer, GRPOModule]:
     strategy = SingleControllerStrategy(config, lambda c, w: ScriptedEngine(Alternating()))
     trainer = Trainer(
         strategy=strategy,
+        default_root_dir=root,
         max_steps=config.algo.max_num_steps,
         logger=False,
         enable_checkpointing=checkpointing,
@@ -265,3 +269,26 @@ def test_the_strategy_serves_the_engine_over_http_during_fit() -> None:
     assert [r["choices"][0]["text"] for r in probe.responses] == ["5", "6"]
     with pytest.raises(urllib.error.URLError):  # stopped at teardown
         urllib.request.urlopen(f"{probe.url}/models", timeout=5)
+
+
+def test_train_data_log_records_every_trained_row(tmp_path) -> None:
+    fit(tiny_config("grpo.max_num_steps=3", "data.train_data_log=true"), [], root=tmp_path)
+    rows = [json.loads(line) for line in (tmp_path / "train_data.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [0] * 16 + [1] * 16 + [2] * 16  # 4 groups x 4 generations per step
+    assert set(rows[0]) == {
+        "step",
+        "prompt_index",
+        "prompt_id",
+        "group_id",
+        "generation_index",
+        "start_weight",
+        "end_weight",
+        "target_step",
+        "reward",
+    }
+    assert all(r["prompt_id"] == f"arithmetic-{r['prompt_index']:06d}" for r in rows)
+    assert all(r["start_weight"] == r["step"] and r["end_weight"] == r["step"] for r in rows)  # synchronous
+    groups = Counter(r["group_id"] for r in rows)
+    assert len(groups) == 12 and set(groups.values()) == {4}
+    assert sorted({r["generation_index"] for r in rows}) == [0, 1, 2, 3]
+    assert {r["reward"] for r in rows} == {0.0, 1.0}  # the script alternates right and wrong answers
