@@ -12,6 +12,7 @@ from __future__ import annotations
 import sys
 import time
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import yaml
@@ -77,12 +78,25 @@ def fit(config: SCConfig, lightning: dict[str, Any]) -> int:
         except EngineError as err:
             print(f"error: {err}", file=sys.stderr)
             return EXIT_INVALID_CONFIG
+    from sc_lightning.callbacks.checkpoint import BundleCheckpoint
     from sc_lightning.callbacks.refit import RefitCallback
     from sc_lightning.lightning.cli_parser import SCLightningCLI
     from sc_lightning.lightning.engine_factory import default_engine_factory
     from sc_lightning.lightning.module import GRPOModule
     from sc_lightning.lightning.strategy import SingleControllerStrategy
 
+    callbacks: list[Any] = [RefitCallback(colocated=config.policy.generation.colocated.enabled)]
+    resume_from = None
+    if config.checkpointing.enabled:
+        if not config.checkpointing.save_data_plane:
+            print(
+                "error: checkpointing.enabled needs checkpointing.save_data_plane: true for now (resuming without "
+                "the buffered groups' rows is not implemented yet)",
+                file=sys.stderr,
+            )
+            return EXIT_INVALID_CONFIG
+        resume_from = _resume_point(Path(config.checkpointing.checkpoint_dir))
+        callbacks.append(BundleCheckpoint(config.checkpointing, max_steps=config.algo.max_num_steps))
     cli = SCLightningCLI(
         lightning,
         instantiate=True,
@@ -90,10 +104,23 @@ def fit(config: SCConfig, lightning: dict[str, Any]) -> int:
             "strategy": SingleControllerStrategy(config, default_engine_factory),
             "max_steps": config.algo.max_num_steps,
         },
-        trainer_defaults={"callbacks": [RefitCallback(colocated=config.policy.generation.colocated.enabled)]},
+        trainer_defaults={"callbacks": callbacks},
     )
-    cli.trainer.fit(GRPOModule(config))
+    cli.trainer.fit(GRPOModule(config), ckpt_path=resume_from)
     return 0
+
+
+def _resume_point(checkpoint_dir: Path) -> str | None:
+    """The trainer checkpoint of the newest complete bundle (temporaries of a crashed write are swept first)."""
+    from sc_lightning.checkpoint.atomic import remove_stale_temporaries
+    from sc_lightning.checkpoint.bundle import TRAINER_FILE, latest_bundle
+
+    remove_stale_temporaries(checkpoint_dir)
+    bundle = latest_bundle(checkpoint_dir)
+    if bundle is None:
+        return None
+    print(f"resuming from {bundle}", file=sys.stderr)
+    return str(bundle / TRAINER_FILE)
 
 
 class _UsageError(ValueError):

@@ -144,17 +144,15 @@ def watchdog_deadlines(config: SCConfig, report: Report) -> None:
             )
 
 
-@ties("checkpointing.enabled", "checkpointing.save_data_plane", "data_plane.backend", "async_rl.sampler.target")
+@ties("checkpointing.enabled", "checkpointing.save_data_plane", "async_rl.sampler.target")
 def data_plane_checkpoints(config: SCConfig, report: Report) -> None:
-    """save_data_plane: required with checkpoint-capable samplers, only on simple, only with checkpointing."""
-    ckpt, backend = config.checkpointing, config.data_plane.backend
+    """save_data_plane: required with checkpoint-capable samplers, only with checkpointing.
+
+    Both data-plane backends snapshot natively (TransferQueue ``simple`` and the in-process ``memory`` one).
+    """
+    ckpt = config.checkpointing
     if ckpt.save_data_plane and not ckpt.enabled:
         report.error("checkpointing.save_data_plane", "is true but checkpointing.enabled is false; enable both")
-    if ckpt.save_data_plane and backend != "simple":
-        report.error(
-            "checkpointing.save_data_plane",
-            f"needs the native TransferQueue snapshot; data_plane.backend is {backend!r}, set it to 'simple'",
-        )
     if not ckpt.enabled or ckpt.save_data_plane:
         return
     if isinstance(config.async_rl.sampler, CustomSampler):
@@ -170,7 +168,7 @@ def data_plane_checkpoints(config: SCConfig, report: Report) -> None:
     report.error(
         "checkpointing.save_data_plane",
         "is false with checkpointing enabled; completed, unconsumed rollout groups would be lost on restart, "
-        "set it to true (with data_plane.backend: simple)",
+        "set it to true",
     )
 
 

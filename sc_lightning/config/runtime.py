@@ -117,9 +117,7 @@ class CheckpointingConfig:
     enabled: bool = knob(False, "Write checkpoints and resume from the latest one.")
     checkpoint_dir: str = knob("results/checkpoints", "Where bundles go; durable and shared across nodes.")
     save_period: int = knob(10, "Save every N RL steps (and at the end).", unit="steps", ge=1)
-    save_data_plane: bool = knob(
-        False, "Snapshot the data plane so completed, unconsumed groups survive a restart (simple backend only)."
-    )
+    save_data_plane: bool = knob(False, "Snapshot the data plane so completed, unconsumed groups survive a restart.")
     save_optimizer: bool = knob(True, "Include optimizer state.")
     keep_top_k: int | None = knob(None, "Keep only the best K bundles by metric_name (null = keep all).", ge=1)
     metric_name: str | None = knob(None, 'Metric ranking bundles, "train:<metric>" (there is no validation loop).')

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from concurrent.futures import Future
 from typing import Any, Protocol, TypeVar
 
@@ -21,6 +21,8 @@ from sc_lightning.controller.controller import ControllerStats, SingleController
 
 T = TypeVar("T")
 ControllerFactory = Callable[[], SingleController]
+BeforeStart = Callable[[SingleController], Awaitable[None]]
+"""Runs on the controller's loop after it is built and before its pump starts (e.g. restoring a checkpoint)."""
 DEFAULT_CALL_TIMEOUT_S = 600.0
 
 
@@ -56,6 +58,9 @@ class ControllerClient(Protocol):
     def stats(self) -> ControllerStats:
         """Counters of the controller."""
 
+    def snapshot(self, directory: str) -> dict[str, Any]:
+        """Between steps: the data plane's rows into ``directory``; returns the controller's checkpoint state."""
+
     def shutdown(self) -> None:
         """Stop the controller and release its home (thread or actor)."""
 
@@ -63,12 +68,18 @@ class ControllerClient(Protocol):
 class LocalController:
     """Runs a SingleController on a private event loop in a daemon thread of this process."""
 
-    def __init__(self, build: ControllerFactory, *, call_timeout_s: float = DEFAULT_CALL_TIMEOUT_S) -> None:
+    def __init__(
+        self,
+        build: ControllerFactory,
+        *,
+        call_timeout_s: float = DEFAULT_CALL_TIMEOUT_S,
+        before_start: BeforeStart | None = None,
+    ) -> None:
         self.call_timeout_s = call_timeout_s
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="sc-controller", daemon=True)
         self._thread.start()
-        self.controller: SingleController = self.call(_build_and_start(build))
+        self.controller: SingleController = self.call(_build_and_start(build, before_start))
 
     def call(self, coroutine: Coroutine[Any, Any, T], timeout_s: float | None = None) -> T:
         """Run a coroutine on the controller's event loop (e.g. a call on its engine) and return its result."""
@@ -113,6 +124,10 @@ class LocalController:
     def stats(self) -> ControllerStats:
         """Counters of the controller."""
         return self.call(_stats(self.controller))
+
+    def snapshot(self, directory: str) -> dict[str, Any]:
+        """Between steps: the data plane's rows into ``directory``; returns the controller's checkpoint state."""
+        return self.call(self.controller.snapshot(directory))
 
     def shutdown(self) -> None:
         """Stop the pump, then the loop and its thread."""
@@ -178,6 +193,10 @@ class RayController:
         """Counters of the controller."""
         return self._get(self.actor.stats.remote())
 
+    def snapshot(self, directory: str) -> dict[str, Any]:
+        """Between steps: the data plane's rows into ``directory`` (a path the actor can write)."""
+        return self._get(self.actor.snapshot.remote(directory))
+
     def shutdown(self) -> None:
         """Stop the pump and end the actor (in order after its pending calls), so no Ray actor outlives the run."""
         try:
@@ -238,6 +257,10 @@ class SingleControllerActor:
         """See SingleController.stats."""
         return self._controller.stats()
 
+    async def snapshot(self, directory: str) -> dict[str, Any]:
+        """See SingleController.snapshot."""
+        return await self._controller.snapshot(directory)
+
     async def shutdown(self) -> None:
         """See SingleController.shutdown."""
         if self.controller is not None:
@@ -250,8 +273,10 @@ class SingleControllerActor:
         return self.controller
 
 
-async def _build_and_start(build: ControllerFactory) -> SingleController:
+async def _build_and_start(build: ControllerFactory, before_start: BeforeStart | None = None) -> SingleController:
     controller = build()
+    if before_start is not None:
+        await before_start(controller)
     await controller.start()
     return controller
 

@@ -135,6 +135,14 @@ class RLStepStream:
     def __len__(self) -> int:
         return self.max_steps
 
+    def state_dict(self) -> dict[str, Any]:
+        """Nothing of its own: where the stream stands is the trainer's ``global_step`` and the controller's state,
+        which sc_lightning's bundles save (so Lightning may treat the stream as resumable mid-epoch)."""
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Nothing to restore (see :meth:`state_dict`)."""
+
     def __iter__(self) -> Iterator[RLStepBatch]:
         while True:
             version = self.version()

@@ -12,14 +12,17 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch
 from lightning.pytorch.strategies import SingleDeviceStrategy
 
+from sc_lightning.checkpoint.bundle import CONTROLLER_FILE, DATA_PLANE_DIR, read_controller_state
 from sc_lightning.config import SCConfig
 from sc_lightning.controller.build import build_controller, rollout_settings
-from sc_lightning.controller.runners import LocalController
+from sc_lightning.controller.controller import SingleController
+from sc_lightning.controller.runners import BeforeStart, LocalController
 from sc_lightning.data_plane import build_data_plane
 from sc_lightning.data_plane.base import DataPlane
 from sc_lightning.engines.base import GenerationEngine
@@ -54,8 +57,14 @@ class SingleControllerStrategy(SingleDeviceStrategy):
         self.endpoint_url: str | None = None
 
     def setup(self, trainer: Any) -> None:
-        """Set up the model as usual, then start the data plane, engine and controller."""
+        """Set up the model as usual, then start the data plane, engine and controller.
+
+        The whole RL run is one Lightning epoch (dataset epochs are ``max_num_epochs``, counted by the controller),
+        so the fit loop gets ``max_epochs = 1``: when rollouts run out the epoch ends and so does the fit, instead
+        of Lightning opening empty epochs until ``max_steps``.
+        """
         super().setup(trainer)
+        trainer.fit_loop.max_epochs = 1
         self._start()
 
     def _start(self) -> None:
@@ -79,13 +88,38 @@ class SingleControllerStrategy(SingleDeviceStrategy):
                 dataset=build_dataset(config.data, tokenizer, seed=config.algo.seed),
             )
 
-        self.controller = LocalController(build)
+        self.controller = LocalController(build, before_start=self._restorer(weights))
         if _exposes_http_server(config):
             self.endpoint = CompletionsEndpoint(
                 engine, tokenizer, model_name=config.policy.model_name, defaults=rollout_settings(config).sampling
             )
             self.endpoint_url = self.controller.call(self.endpoint.start())  # on the loop that owns the engine
             log.info("OpenAI-compatible completions endpoint: %s", self.endpoint_url)
+
+    def resume_bundle(self) -> Path | None:
+        """The bundle ``trainer.fit(ckpt_path=...)`` resumes from (None: a fresh start or a plain .ckpt file)."""
+        ckpt_path = self.lightning_module.trainer.ckpt_path
+        if ckpt_path is None:
+            return None
+        bundle = Path(ckpt_path).parent
+        return bundle if (bundle / CONTROLLER_FILE).exists() else None
+
+    def _restorer(self, weights: list[tuple[str, torch.Tensor]]) -> BeforeStart | None:
+        """On a bundle resume: load its rows and controller state, and give the engine the restored weights."""
+        bundle = self.resume_bundle()
+        if bundle is None:
+            return None
+        assert self.data_plane is not None
+        self.data_plane.load(bundle / DATA_PLANE_DIR)
+        state = read_controller_state(bundle)
+        group_size = self.config.algo.num_generations_per_prompt
+
+        async def restore(controller: SingleController) -> None:
+            await controller.restore(state, group_size=group_size)
+            await controller.manager.engine.update_weights(weights, int(state["trainer_version"]))
+            log.info("resumed from %s at RL step %d", bundle, state["trainer_version"])
+
+        return restore
 
     def rl_steps(self) -> RLStepStream:
         """The train dataloader: one RL step per item, ``max_num_steps`` items at most."""

@@ -162,13 +162,6 @@ RUNTIME_CASES: list[tuple[str, dict[str, Any], dict[str, Any], str, str]] = [
         "lost on restart",
     ),
     (
-        "data-plane snapshots need simple",
-        variant(ckpt(enabled=True, save_data_plane=True)),
-        variant(ckpt(enabled=True, save_data_plane=True), {"data_plane": {"backend": "memory"}}),
-        "checkpointing.save_data_plane",
-        "set it to 'simple'",
-    ),
-    (
         "data-plane snapshots need checkpoints",
         variant(ckpt(enabled=True, save_data_plane=True)),
         variant(ckpt(enabled=False, save_data_plane=True)),

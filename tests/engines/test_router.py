@@ -61,7 +61,7 @@ def test_router_spreads_requests_refits_all_and_survives_a_dead_replica(ray_clus
             ray.kill(replicas[1].actor, no_restart=True)
             with pytest.raises(EngineError, match="engine 'r1'.*actor died"):
                 await router.generate(PROMPT, SamplingParams(2))
-            with pytest.raises(EngineError, match=r"engine 'fleet': no healthy replica left \(r0: .*; r1: "):
+            with pytest.raises(EngineError, match=r"(?s)engine 'fleet': no healthy replica left \(r0: .*; r1: "):
                 await router.generate(PROMPT, SamplingParams(2))
         finally:
             await router.shutdown()

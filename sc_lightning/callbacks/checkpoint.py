@@ -1,0 +1,52 @@
+"""BundleCheckpoint: every ``checkpointing.save_period`` RL steps (and after the last), write a whole bundle.
+
+It runs after the refit of the step (register it after :class:`~sc_lightning.callbacks.refit.RefitCallback`), when
+no selected group is left untrained: the bundle's trainer state and controller state describe the same moment.
+Writing goes through :func:`~sc_lightning.checkpoint.atomic.write_atomically` (temporary directory, manifest,
+fsync, rename), so a crash during a write leaves the previous bundles as they were. Generation goes on during the
+write; commits wait at the buffer's barrier only while the data plane is being snapshotted.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+from lightning.pytorch import Callback, LightningModule, Trainer
+
+from sc_lightning.checkpoint.atomic import write_atomically
+from sc_lightning.checkpoint.bundle import DATA_PLANE_DIR, TRAINER_FILE, bundle_name, write_controller_files
+from sc_lightning.config.runtime import CheckpointingConfig
+
+
+class BundleCheckpoint(Callback):
+    """Writes ``checkpoint_dir/step_N`` bundles (trainer, controller, data plane); logs their write time."""
+
+    def __init__(self, config: CheckpointingConfig, *, max_steps: int) -> None:
+        self.config = config
+        self.max_steps = max_steps
+        self.saved: list[Path] = []
+
+    def on_train_batch_end(
+        self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        """Save when the step count is a multiple of save_period, or training is about to stop."""
+        step = trainer.global_step
+        if step % self.config.save_period == 0 or step >= self.max_steps:
+            started = time.monotonic()
+            self.save(trainer, step)
+            pl_module.log("timing/train/checkpointing", time.monotonic() - started, on_step=True, batch_size=1)
+
+    def save(self, trainer: Trainer, step: int) -> Path:
+        """Write the bundle of ``step`` (a bundle that exists already, e.g. the one resumed from, is kept as is)."""
+        final = Path(self.config.checkpoint_dir) / bundle_name(step)
+        if final.exists():
+            return final
+        controller = trainer.strategy.controller
+        with write_atomically(final) as directory:
+            trainer.save_checkpoint(directory / TRAINER_FILE, weights_only=not self.config.save_optimizer)
+            state = controller.snapshot(str(directory / DATA_PLANE_DIR))
+            write_controller_files(directory, state)
+        self.saved.append(final)
+        return final

@@ -1,0 +1,64 @@
+"""What a trainer bundle ``checkpointing.checkpoint_dir/step_N/`` holds, and how the controller's part is stored.
+
+    trainer.ckpt            Lightning's checkpoint: model, optimizer and scheduler state, loop progress (global_step)
+    controller_state.json   the trainer's weight version, the prompt stream's cursor, the sampler's dispatch index
+    replay_index.json       the metadata-only replay index of the committed, unconsumed groups (digest-checked)
+    data_plane/             the data plane's own snapshot: exactly those groups' rows
+    rollout_recovery.pt     the pending prompt groups (taken from the dataset, not committed) to redispatch
+    MANIFEST.json           size and SHA-256 of every file above (written by :func:`write_atomically`)
+
+Every prompt taken from the dataset before the bundle was written is thus trained (its step is in trainer.ckpt),
+buffered (replay index + rows) or pending (rollout_recovery.pt): a resume trains each exactly once.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from sc_lightning.checkpoint.atomic import BundleError, complete_bundles, verify_bundle
+
+TRAINER_FILE = "trainer.ckpt"
+CONTROLLER_FILE = "controller_state.json"
+REPLAY_INDEX_FILE = "replay_index.json"
+RECOVERY_FILE = "rollout_recovery.pt"
+DATA_PLANE_DIR = "data_plane"
+
+
+def bundle_name(step: int) -> str:
+    """The directory name of the bundle written after ``step`` RL steps."""
+    return f"step_{step}"
+
+
+def write_controller_files(directory: Path, state: dict[str, Any]) -> None:
+    """Split a controller checkpoint state into the bundle's files (the rows are already in ``data_plane/``)."""
+    rest = dict(state)
+    (directory / REPLAY_INDEX_FILE).write_text(json.dumps(rest.pop("replay_index"), indent=1))
+    torch.save(rest.pop("pending"), directory / RECOVERY_FILE)
+    (directory / CONTROLLER_FILE).write_text(json.dumps(rest, indent=1))
+
+
+def read_controller_state(bundle: Path) -> dict[str, Any]:
+    """The controller checkpoint state stored in ``bundle``; BundleError naming the file that cannot be read."""
+    try:
+        state = json.loads((bundle / CONTROLLER_FILE).read_text())
+        state["replay_index"] = json.loads((bundle / REPLAY_INDEX_FILE).read_text())
+        state["pending"] = torch.load(bundle / RECOVERY_FILE, weights_only=True)
+    except (OSError, ValueError, RuntimeError) as err:
+        raise BundleError(
+            f"{bundle}: the controller state cannot be read ({err}); resume from an earlier bundle"
+        ) from None
+    return state
+
+
+def latest_bundle(checkpoint_dir: Path) -> Path | None:
+    """The newest complete bundle in ``checkpoint_dir`` (verified against its manifest), or None when there is none."""
+    bundles = complete_bundles(checkpoint_dir)
+    if not bundles:
+        return None
+    latest = bundles[-1][1]
+    verify_bundle(latest)
+    return latest
