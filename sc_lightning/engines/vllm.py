@@ -212,7 +212,10 @@ class VLLMEngine:
         self.name = name
         self._cleanup = cleanup_paths
         self._version = settings.weight_version
-        env_vars = {"VLLM_CPU_OMP_THREADS_BIND": "nobind", **(env or {})}  # share the cores with the trainer
+        env_vars = {"VLLM_CPU_OMP_THREADS_BIND": "nobind"}  # share the cores with the trainer, unpinned
+        if not num_gpus:
+            env_vars["OMP_NUM_THREADS"] = str(max(1, int(num_cpus)))  # and take only the CPUs Ray reserved
+        env_vars.update(env or {})
         options: dict[str, Any] = {
             "num_cpus": num_cpus,
             "num_gpus": num_gpus,
