@@ -1,0 +1,55 @@
+"""The controller's files in a bundle round-trip, and the newest bundle is chosen only when it verifies."""
+
+from __future__ import annotations
+
+import pytest
+
+from sc_lightning.checkpoint.atomic import BundleError, write_atomically
+from sc_lightning.checkpoint.bundle import (
+    CONTROLLER_FILE,
+    RECOVERY_FILE,
+    REPLAY_INDEX_FILE,
+    latest_bundle,
+    read_controller_state,
+    write_controller_files,
+)
+
+STATE = {
+    "version": 1,
+    "trainer_version": 7,
+    "prompts": {"version": 1, "epoch": 0, "position": 3, "seed": 1, "shuffle": True, "batch_size": 4},
+    "dispatch_index": 8,
+    "replay_index": {"version": 1, "groups": [{"group_id": "g", "keys": ["g/g0"]}], "digest": "abc"},
+    "pending": [{"prompt": {"prompt_id": "p", "token_ids": [2, 5], "extra": {"k": [1]}}, "target_step": 8}],
+}
+
+
+def write(root, step: int, state: dict = STATE):
+    with write_atomically(root / f"step_{step}") as directory:
+        write_controller_files(directory, state)
+    return root / f"step_{step}"
+
+
+def test_controller_files_round_trip(tmp_path) -> None:
+    bundle = write(tmp_path, 3)
+    assert {p.name for p in bundle.iterdir()} == {CONTROLLER_FILE, REPLAY_INDEX_FILE, RECOVERY_FILE, "MANIFEST.json"}
+    assert read_controller_state(bundle) == STATE
+
+
+def test_latest_bundle_is_the_newest_and_must_verify(tmp_path) -> None:
+    assert latest_bundle(tmp_path / "missing") is None
+    write(tmp_path, 2)
+    newest = write(tmp_path, 10)  # numeric order: step_10 is newer than step_2
+    (tmp_path / "tmp_step_11_deadbeef").mkdir()  # a crashed write never counts
+    assert latest_bundle(tmp_path) == newest
+    (newest / RECOVERY_FILE).write_bytes(b"torn")
+    with pytest.raises(BundleError, match=rf"step_10/{RECOVERY_FILE}: does not match"):
+        latest_bundle(tmp_path)
+    assert (newest / RECOVERY_FILE).read_bytes() == b"torn", "a failed resume deletes and rewrites nothing"
+
+
+def test_an_unreadable_controller_file_is_named(tmp_path) -> None:
+    bundle = write(tmp_path, 1)
+    (bundle / CONTROLLER_FILE).write_text("{not json")
+    with pytest.raises(BundleError, match=r"step_1: the controller state cannot be read"):
+        read_controller_state(bundle)
