@@ -15,12 +15,12 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Awaitable, Iterable
+from collections.abc import Awaitable
 from typing import Any, TypeVar
 
 import torch
 
-from sc_lightning.engines.base import EngineError
+from sc_lightning.engines.actor_client import ActorEngineClient
 from sc_lightning.engines.megatron_clock import ActiveClock
 from sc_lightning.types import Generation, SamplingParams
 
@@ -78,7 +78,7 @@ class MegatronEngineActor:
         return dict(vars(self.engine.stats))
 
 
-class RayMegatronEngine:
+class RayMegatronEngine(ActorEngineClient):
     """A :class:`GenerationEngine` client of a :class:`MegatronEngineActor` (non-colocated placement).
 
     ``engine_kwargs`` go to :class:`MegatronEngine` in the actor (``max_batch_size``, ``max_seq_len``,
@@ -101,28 +101,14 @@ class RayMegatronEngine:
     ) -> None:
         import ray
 
-        self.name = name
-        self._version = int(engine_kwargs.get("weight_version", 0))
         self._clock = ActiveClock()
         engine_kwargs.setdefault("name", name)
         actor_class = ray.remote(MegatronEngineActor)
         options: dict[str, Any] = {"num_cpus": num_cpus, "num_gpus": num_gpus, "max_concurrency": 10_000}
         if actor_name is not None:
             options["name"] = actor_name
-        self._actor: Any = actor_class.options(**options).remote(
-            model_name, precision, seed, tokenizer_name, engine_kwargs
-        )
-        self._requests = 0
-
-    @property
-    def weight_version(self) -> int:
-        """Version of the weights loaded in the actor (as of the last ``update_weights``)."""
-        return self._version
-
-    @property
-    def actor(self) -> Any:
-        """The Ray actor handle (None after ``shutdown``)."""
-        return self._actor
+        actor = actor_class.options(**options).remote(model_name, precision, seed, tokenizer_name, engine_kwargs)
+        super().__init__(name, actor, int(engine_kwargs.get("weight_version", 0)))
 
     def active_deadline(self, seconds: float | None) -> contextlib.AbstractAsyncContextManager[None]:
         """``asyncio.timeout(seconds)`` counting only the time the engine is awake (raises ``TimeoutError``)."""
@@ -131,41 +117,6 @@ class RayMegatronEngine:
     async def active_wait_for(self, awaitable: Awaitable[T], timeout: float | None) -> T:
         """``asyncio.wait_for(awaitable, timeout)`` counting only the time the engine is awake."""
         return await self._clock.wait_for(awaitable, timeout)
-
-    async def _call(self, what: str, method: str, *args: Any) -> Any:
-        """Await ``method`` of the actor; Ray failures become EngineError naming the engine and ``what``."""
-        import ray
-
-        if self._actor is None:
-            raise EngineError(f"engine {self.name!r}, {what}: the engine is shut down")
-        try:
-            return await getattr(self._actor, method).remote(*args)
-        except ray.exceptions.RayTaskError as err:
-            cause = getattr(err, "cause", None)
-            if isinstance(cause, EngineError):  # raised by the engine: its message already names engine and request
-                raise EngineError(str(cause)) from err
-            raise EngineError(f"engine {self.name!r}, {what}: {cause or err}") from err
-        except ray.exceptions.RayActorError as err:
-            raise EngineError(f"engine {self.name!r}, {what}: the engine actor died: {err}") from err
-
-    async def ready(self) -> None:
-        """Wait until the actor has built its model."""
-        await self._call("startup", "ready")
-
-    async def generate(
-        self, prompt_token_ids: tuple[int, ...], sampling: SamplingParams, *, stop_token_ids: Iterable[int] = ()
-    ) -> Generation:
-        """Sample one completion in the actor."""
-        self._requests += 1
-        what = f"client request {self._requests}"
-        return await self._call(what, "generate", tuple(prompt_token_ids), sampling, tuple(stop_token_ids))
-
-    async def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
-        """Ship HF-named tensors to the actor by value (one ``ray.put``) and load them there as ``version``."""
-        import ray
-
-        payload = [(name, tensor.detach().to("cpu", copy=True).contiguous()) for name, tensor in named_tensors]
-        self._version = await self._call(f"update to version {version}", "update_weights", ray.put(payload), version)
 
     async def stand_down(self) -> None:
         """Pause the actor's decoding and the client's active clock."""
@@ -176,18 +127,3 @@ class RayMegatronEngine:
         """Resume the actor's decoding and the client's active clock."""
         await self._call("wake", "wake")
         self._clock.resume()
-
-    async def stats(self) -> dict[str, int]:
-        """The actor engine's counters."""
-        return await self._call("stats", "stats")
-
-    async def shutdown(self) -> None:
-        """Shut the engine down and kill its actor; idempotent."""
-        import ray
-
-        actor, self._actor = self._actor, None
-        if actor is None:
-            return
-        with contextlib.suppress(ray.exceptions.RayError):
-            await actor.shutdown.remote()
-        ray.kill(actor, no_restart=True)

@@ -31,13 +31,13 @@ import importlib.util
 import itertools
 import shutil
 import tempfile
-from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from sc_lightning.engines.actor_client import ActorEngineClient
 from sc_lightning.engines.base import EngineError
 from sc_lightning.types import FinishReason, Generation, SamplingParams
 
@@ -206,7 +206,7 @@ class VLLMEngineActor:
         shutil.rmtree(self._drop, ignore_errors=True)
 
 
-class VLLMEngine:
+class VLLMEngine(ActorEngineClient):
     """A :class:`GenerationEngine` client of one :class:`VLLMEngineActor` (non-colocated placement).
 
     ``num_cpus`` / ``num_gpus`` reserve the actor's resources in Ray; ``env`` adds environment variables to the
@@ -226,9 +226,7 @@ class VLLMEngine:
         import ray
 
         require_vllm()
-        self.name = name
         self._cleanup = cleanup_paths
-        self._version = settings.weight_version
         env_vars = {"VLLM_CPU_OMP_THREADS_BIND": "nobind"}  # share the cores with the trainer, unpinned
         if not num_gpus:
             env_vars["OMP_NUM_THREADS"] = str(max(1, int(num_cpus)))  # and take only the CPUs Ray reserved
@@ -239,49 +237,8 @@ class VLLMEngine:
             "max_concurrency": 10_000,
             "runtime_env": {"env_vars": env_vars},
         }
-        self._actor: Any = ray.remote(VLLMEngineActor).options(**options).remote(settings)
-        self._requests = 0
-
-    @property
-    def weight_version(self) -> int:
-        """Version of the weights loaded in the actor (as of the last ``update_weights``)."""
-        return self._version
-
-    async def _call(self, what: str, method: str, *args: Any) -> Any:
-        """Await ``method`` of the actor; Ray failures become EngineError naming the engine and ``what``."""
-        import ray
-
-        if self._actor is None:
-            raise EngineError(f"engine {self.name!r}, {what}: the engine is shut down")
-        try:
-            return await getattr(self._actor, method).remote(*args)
-        except ray.exceptions.RayTaskError as err:
-            raise EngineError(f"engine {self.name!r}, {what}: {getattr(err, 'cause', None) or err}") from err
-        except ray.exceptions.RayActorError as err:
-            raise EngineError(f"engine {self.name!r}, {what}: the engine actor died: {err}") from err
-
-    async def ready(self) -> None:
-        """Wait until the actor has started vLLM."""
-        await self._call("startup", "ready")
-
-    async def generate(
-        self, prompt_token_ids: tuple[int, ...], sampling: SamplingParams, *, stop_token_ids: Iterable[int] = ()
-    ) -> Generation:
-        """Sample one completion in the actor."""
-        self._requests += 1
-        what = f"client request {self._requests}"
-        return await self._call(what, "generate", tuple(prompt_token_ids), sampling, tuple(stop_token_ids))
-
-    async def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
-        """Ship HF-named tensors to the actor (one ``ray.put``) and reload them there as ``version``."""
-        import ray
-
-        payload = [(name, tensor.detach().to("cpu", copy=True).contiguous()) for name, tensor in named_tensors]
-        self._version = await self._call(f"refit to version {version}", "update_weights", ray.put(payload), version)
-
-    async def stats(self) -> dict[str, int]:
-        """The actor's counters (see :meth:`VLLMEngineActor.stats`)."""
-        return await self._call("stats", "stats")
+        actor = ray.remote(VLLMEngineActor).options(**options).remote(settings)
+        super().__init__(name, actor, settings.weight_version)
 
     async def stand_down(self) -> None:
         """Not supported: vLLM generation is never colocated (validation rejects it)."""
@@ -293,13 +250,6 @@ class VLLMEngine:
 
     async def shutdown(self) -> None:
         """Stop vLLM in the actor, kill the actor and remove ``cleanup_paths``; idempotent."""
-        import ray
-
-        actor, self._actor = self._actor, None
-        if actor is None:
-            return
-        with contextlib.suppress(ray.exceptions.RayError):
-            await actor.shutdown.remote()
-        ray.kill(actor, no_restart=True)
+        await super().shutdown()
         for path in self._cleanup:
             shutil.rmtree(path, ignore_errors=True)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterator
 
 import pytest
 import torch
@@ -22,16 +21,6 @@ pytestmark = [
     pytest.mark.filterwarnings("ignore:Warning. tp_group is None:DeprecationWarning"),
 ]
 PROMPT = (4, 5, 6, 7)
-
-
-@pytest.fixture
-def ray_cluster() -> Iterator[None]:
-    """A local Ray instance with 2 CPUs and no dashboard, shut down afterwards."""
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    try:
-        yield
-    finally:
-        ray.shutdown()
 
 
 def actor_alive(name: str) -> bool:

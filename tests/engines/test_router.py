@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
 
 import pytest
 import ray
@@ -17,16 +16,6 @@ from tests.engines.helpers import follows_argmax
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("model_parallel")]
 PROMPT = (4, 5, 6, 7)
-
-
-@pytest.fixture
-def ray_cluster() -> Iterator[None]:
-    """A local Ray instance with room for two engine actors."""
-    ray.init(num_cpus=3, include_dashboard=False, log_to_driver=False)
-    try:
-        yield
-    finally:
-        ray.shutdown()
 
 
 def test_router_spreads_requests_refits_all_and_survives_a_dead_replica(ray_cluster: None, tiny_dirs: dict) -> None:

@@ -1,0 +1,90 @@
+"""The driver side of an engine that lives in a Ray actor: calls with attributable errors, refits, shutdown.
+
+:class:`ActorEngineClient` holds what :class:`~sc_lightning.engines.megatron_ray.RayMegatronEngine` and
+:class:`~sc_lightning.engines.vllm.VLLMEngine` share: the actor handle, the weight version as of the last refit,
+``generate`` / ``update_weights`` / ``stats`` / ``ready`` forwarded to the actor (whose body implements them), Ray
+failures turned into :class:`~sc_lightning.engines.base.EngineError` naming the engine and the call, and a
+``shutdown`` that stops the engine in the actor and then kills the actor. Subclasses start the actor.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+
+from sc_lightning.engines.base import EngineError
+from sc_lightning.types import Generation, SamplingParams
+
+
+class ActorEngineClient:
+    """A :class:`GenerationEngine` forwarding to a Ray actor (``_actor``) that serves the same methods."""
+
+    name: str
+    _actor: Any
+
+    def __init__(self, name: str, actor: Any, weight_version: int = 0) -> None:
+        self.name, self._actor, self._version = name, actor, weight_version
+        self._requests = 0
+
+    @property
+    def weight_version(self) -> int:
+        """Version of the weights loaded in the actor (as of the last ``update_weights``)."""
+        return self._version
+
+    @property
+    def actor(self) -> Any:
+        """The Ray actor handle (None after ``shutdown``)."""
+        return self._actor
+
+    async def _call(self, what: str, method: str, *args: Any) -> Any:
+        """Await ``method`` of the actor; Ray failures become EngineError naming the engine and ``what``."""
+        import ray
+
+        if self._actor is None:
+            raise EngineError(f"engine {self.name!r}, {what}: the engine is shut down")
+        try:
+            return await getattr(self._actor, method).remote(*args)
+        except ray.exceptions.RayTaskError as err:
+            cause = getattr(err, "cause", None)
+            if isinstance(cause, EngineError):  # raised by the engine: its message already names engine and request
+                raise EngineError(str(cause)) from err
+            raise EngineError(f"engine {self.name!r}, {what}: {cause or err}") from err
+        except ray.exceptions.RayActorError as err:
+            raise EngineError(f"engine {self.name!r}, {what}: the engine actor died: {err}") from err
+
+    async def ready(self) -> None:
+        """Wait until the actor has built its engine."""
+        await self._call("startup", "ready")
+
+    async def generate(
+        self, prompt_token_ids: tuple[int, ...], sampling: SamplingParams, *, stop_token_ids: Iterable[int] = ()
+    ) -> Generation:
+        """Sample one completion in the actor."""
+        self._requests += 1
+        what = f"client request {self._requests}"
+        return await self._call(what, "generate", tuple(prompt_token_ids), sampling, tuple(stop_token_ids))
+
+    async def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
+        """Ship HF-named tensors to the actor by value (one ``ray.put``) and load them there as ``version``."""
+        import ray
+
+        payload = [(name, tensor.detach().to("cpu", copy=True).contiguous()) for name, tensor in named_tensors]
+        self._version = await self._call(f"refit to version {version}", "update_weights", ray.put(payload), version)
+
+    async def stats(self) -> dict[str, int]:
+        """The actor engine's counters."""
+        return await self._call("stats", "stats")
+
+    async def shutdown(self) -> None:
+        """Stop the engine in the actor, then kill the actor; idempotent."""
+        import ray
+
+        actor, self._actor = self._actor, None
+        if actor is None:
+            return
+        with contextlib.suppress(ray.exceptions.RayError):
+            await actor.shutdown.remote()
+        ray.kill(actor, no_restart=True)
