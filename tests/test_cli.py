@@ -35,6 +35,13 @@ def run(*args: str, timeout_s: float = 300) -> subprocess.CompletedProcess:
     )
 
 
+def step_metrics(root) -> list[dict[str, str]]:
+    """The per-step rows of the one run's CSV metrics under ``root``, as dicts."""
+    (metrics,) = root.glob("lightning_logs/version_*/metrics.csv")
+    header, *rows = metrics.read_text().splitlines()
+    return [dict(zip(header.split(","), row.split(","), strict=True)) for row in rows]
+
+
 def test_dry_run_validates_and_starts_nothing() -> None:
     result = run("fit", "--config", TINY, "--dry_run", "true")
     assert result.returncode == 0, result.stderr
@@ -174,9 +181,7 @@ def test_every_sampler_overlay_trains_a_few_steps(mode: str, tmp_path) -> None:
         "--trainer.enable_progress_bar=false",
     )
     assert result.returncode == 0, result.stderr[-3000:]
-    (metrics,) = tmp_path.glob("lightning_logs/version_*/metrics.csv")
-    header, *rows = metrics.read_text().splitlines()
-    steps = [dict(zip(header.split(","), row.split(","), strict=True)) for row in rows]
+    steps = step_metrics(tmp_path)
     assert len(steps) == 3
     assert all(float(r["train/staleness_max"]) <= 1 for r in steps)  # every overlay allows one version of lag
 
@@ -192,9 +197,7 @@ def train_unchanged(config: str, tmp_path) -> list[dict[str, str]]:
         timeout_s=600,
     )
     assert result.returncode == 0, result.stderr[-3000:]
-    (metrics,) = tmp_path.glob("lightning_logs/version_*/metrics.csv")
-    header, *rows = metrics.read_text().splitlines()
-    return [dict(zip(header.split(","), row.split(","), strict=True)) for row in rows]
+    return step_metrics(tmp_path)
 
 
 def assert_reward_climbs(steps: list[dict[str, str]], by: float = 0.3) -> None:
@@ -234,9 +237,7 @@ def test_vllm_fit_runs_the_full_single_controller_path(tmp_path) -> None:
         "--trainer.enable_progress_bar=false",
     )
     assert result.returncode == 0, result.stderr[-3000:]
-    (metrics,) = tmp_path.glob("lightning_logs/version_*/metrics.csv")
-    header, *rows = metrics.read_text().splitlines()
-    steps = [dict(zip(header.split(","), row.split(","), strict=True)) for row in rows]
+    steps = step_metrics(tmp_path)
     assert [int(s["step"]) for s in steps] == [0, 1, 2]
     assert all(float(s["train/staleness_max"]) == 0 for s in steps)
     # after every refit vLLM's logprobs of what it sampled equal the trainer's: the weights arrived intact

@@ -82,3 +82,20 @@ def test_endpoint_serves_ids_logprobs_and_the_weight_version(tiny_dirs: dict) ->
 def test_bad_requests_say_which_field(body: object, message: str) -> None:
     with pytest.raises(BadRequest, match=message):
         parse_request(body, TOKENIZER, DEFAULTS)
+
+
+def test_an_engine_failure_is_a_503_naming_the_engine() -> None:
+    from sc_lightning.testing.scripted_engine import ScriptedEngine
+
+    async def scenario() -> tuple[int, dict]:
+        endpoint = CompletionsEndpoint(ScriptedEngine(fail_on=0), TOKENIZER, model_name="m", defaults=DEFAULTS)
+        url = await endpoint.start()
+        try:
+            async with aiohttp.ClientSession() as http, http.post(f"{url}/completions", json={"prompt": "1+1="}) as r:
+                return r.status, await r.json()
+        finally:
+            await endpoint.stop()
+
+    status, body = asyncio.run(scenario())
+    assert status == 503
+    assert body["error"] == {"message": "scripted: scripted failure on request 0", "type": "engine_error"}
