@@ -28,8 +28,16 @@ class OptimizerConfig:
     adam_beta2: float = knob(0.999, "Adam beta2.", ge=0, le=1)
     adam_eps: float = knob(1e-8, "Adam epsilon.", gt=0)
     clip_grad: float = knob(1.0, "Clip the global gradient norm to this value.", gt=0)
-    warmup_steps: int = knob(
-        0, "Linear learning-rate warm-up; the rate then stays at lr.", unit="optimizer steps", ge=0
+    warmup_steps: int = knob(0, "Linear learning-rate warm-up from 0 to lr.", unit="optimizer steps", ge=0)
+    lr_decay_style: Literal["constant", "linear", "cosine"] = knob(
+        "constant", "After warm-up: keep lr (constant), or decay it to min_lr linearly or along a cosine."
+    )
+    min_lr: float = knob(0.0, "The rate lr_decay_style decays to; it must not exceed lr.", ge=0)
+    lr_decay_steps: int | None = knob(
+        None,
+        "Optimizer steps from the end of warm-up until the rate reaches min_lr (null = to the run's last step).",
+        unit="optimizer steps",
+        ge=1,
     )
 
 

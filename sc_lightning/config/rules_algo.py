@@ -205,6 +205,28 @@ def megatron_models(config: SCConfig, report: Report) -> None:
 
 
 @ties(
+    "policy.optimizer.lr",
+    "policy.optimizer.min_lr",
+    "policy.optimizer.lr_decay_style",
+    "value.optimizer.lr",
+    "value.optimizer.min_lr",
+    "value.optimizer.lr_decay_style",
+)
+def learning_rate_schedule(config: SCConfig, report: Report) -> None:
+    """A decaying schedule ends at min_lr, which must not exceed the peak lr."""
+    for model in ("policy", "value"):
+        section = getattr(config, model)
+        if section is None or section.optimizer.lr_decay_style == "constant":
+            continue
+        opt = section.optimizer
+        if opt.min_lr > opt.lr:
+            report.error(
+                f"{model}.optimizer.min_lr",
+                f"({opt.min_lr}) is above {model}.optimizer.lr ({opt.lr}), so the rate would rise; lower it",
+            )
+
+
+@ties(
     "loss_fn.use_importance_sampling_correction",
     "loss_fn.force_on_policy_ratio",
     "async_rl.sampler.name",
@@ -348,6 +370,7 @@ ALGORITHM_RULES = (
     streaming_threshold_within_step,
     generation_engine,
     megatron_models,
+    learning_rate_schedule,
     importance_sampling,
     truncated_importance_sampling,
     loss_consistency,

@@ -20,6 +20,7 @@ from lightning.pytorch import LightningModule
 from sc_lightning.algorithms import ClippedPGLoss
 from sc_lightning.config import SCConfig
 from sc_lightning.engines.sampling import scoring_temperature
+from sc_lightning.lightning.lr_schedule import lr_multiplier
 from sc_lightning.lightning.policy_update import PolicyUpdate
 from sc_lightning.lightning.step_data import TrainChunk
 from sc_lightning.lightning.train_data_log import FILENAME as TRAIN_DATA_FILENAME
@@ -78,7 +79,7 @@ class GRPOModule(LightningModule):
             self.reference = load()[0].requires_grad_(False).eval()
 
     def configure_optimizers(self) -> Any:
-        """AdamW with linear warm-up (stepped once per RL step by finish_train_step)."""
+        """AdamW with the configured warm-up and decay (stepped once per RL step by finish_train_step)."""
         opt_cfg = self.config.policy.optimizer
         optimizer = torch.optim.AdamW(
             self.policy.parameters(),
@@ -87,8 +88,8 @@ class GRPOModule(LightningModule):
             eps=opt_cfg.adam_eps,
             weight_decay=opt_cfg.weight_decay,
         )
-        warmup = max(1, opt_cfg.warmup_steps)
-        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / warmup))
+        schedule = lr_multiplier(opt_cfg, total_steps=self.config.algo.max_num_steps)
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
         return {"optimizer": optimizer, "lr_scheduler": scheduler}
 
     def policy_update(self) -> PolicyUpdate:

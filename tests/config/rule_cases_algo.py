@@ -136,6 +136,13 @@ ALGORITHM_CASES: list[tuple[str, dict[str, Any], dict[str, Any], str, str]] = [
         "async engine",
     ),
     (
+        "decay floor above the peak",
+        variant({"policy": {"optimizer": {"lr": 1e-3, "min_lr": 1e-4, "lr_decay_style": "cosine"}}}),
+        variant({"policy": {"optimizer": {"lr": 1e-3, "min_lr": 2e-3, "lr_decay_style": "linear"}}}),
+        "policy.optimizer.min_lr",
+        "so the rate would rise",
+    ),
+    (
         "megatron trainer",
         variant(),
         variant({"policy": {"megatron_cfg": {"enabled": False}}}),
