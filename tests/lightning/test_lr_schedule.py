@@ -35,4 +35,3 @@ def test_cosine_follows_the_half_cosine_and_lr_decay_steps_overrides_the_run_len
     expected = [1e-3 * 0.5 * (1 + math.cos(math.pi * min(1.0, s / 8))) for s in range(17)]
     assert lr == pytest.approx(expected)
     assert lr[8:] == pytest.approx([0.0] * 9)
-
