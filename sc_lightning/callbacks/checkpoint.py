@@ -4,7 +4,9 @@ It runs after the refit of the step (register it after :class:`~sc_lightning.cal
 no selected group is left untrained: the bundle's trainer state and controller state describe the same moment.
 Writing goes through :func:`~sc_lightning.checkpoint.atomic.write_atomically` (temporary directory, manifest,
 fsync, rename), so a crash during a write leaves the previous bundles as they were. Generation goes on during the
-write; commits wait at the buffer's barrier only while the data plane is being snapshotted.
+write; commits wait at the buffer's barrier only while the data plane is being snapshotted. With
+``checkpointing.metric_name`` each bundle records that metric, and ``keep_top_k`` then removes the bundles outside
+the best K (never the newest: see :mod:`~sc_lightning.checkpoint.retention`).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from lightning.pytorch import Callback, LightningModule, Trainer
 
 from sc_lightning.checkpoint.atomic import write_atomically
 from sc_lightning.checkpoint.bundle import DATA_PLANE_DIR, TRAINER_FILE, bundle_name, write_controller_files
+from sc_lightning.checkpoint.retention import bundles_beyond_top_k, remove_bundle, write_ranking
 from sc_lightning.config.runtime import CheckpointingConfig
 
 
@@ -48,5 +51,27 @@ class BundleCheckpoint(Callback):
             trainer.save_checkpoint(directory / TRAINER_FILE, weights_only=not self.config.save_optimizer)
             state = controller.snapshot(str(directory / DATA_PLANE_DIR))
             write_controller_files(directory, state)
+            if self.config.metric_name is not None:
+                write_ranking(directory, self.config.metric_name, self._metric(trainer, step))
         self.saved.append(final)
+        if self.config.keep_top_k is not None:
+            for bundle in bundles_beyond_top_k(
+                final.parent,
+                keep_top_k=self.config.keep_top_k,
+                metric_name=self.config.metric_name,
+                higher_is_better=self.config.higher_is_better,
+            ):
+                remove_bundle(bundle)
         return final
+
+    def _metric(self, trainer: Trainer, step: int) -> float:
+        """The value of ``metric_name`` (``train:<metric>`` names the logged ``train/<metric>``) at this step."""
+        key = "train/" + self.config.metric_name.removeprefix("train:")
+        value = trainer.callback_metrics.get(key)
+        if value is None:
+            logged = ", ".join(sorted(k for k in trainer.callback_metrics if k.startswith("train/")))
+            raise KeyError(
+                f"checkpointing.metric_name={self.config.metric_name!r}: step {step} logged no {key!r}; "
+                f"use one of: {logged}"
+            )
+        return float(value)

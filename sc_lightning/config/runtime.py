@@ -119,7 +119,9 @@ class CheckpointingConfig:
     save_period: int = knob(10, "Save every N RL steps (and at the end).", unit="steps", ge=1)
     save_data_plane: bool = knob(False, "Snapshot the data plane so completed, unconsumed groups survive a restart.")
     save_optimizer: bool = knob(True, "Include optimizer state.")
-    keep_top_k: int | None = knob(None, "Keep only the best K bundles by metric_name (null = keep all).", ge=1)
+    keep_top_k: int | None = knob(
+        None, "Keep the best K bundles by metric_name, and always the newest (null = keep all).", ge=1
+    )
     metric_name: str | None = knob(None, 'Metric ranking bundles, "train:<metric>" (there is no validation loop).')
     higher_is_better: bool = knob(True, "Whether a larger metric_name is better.")
 

@@ -60,12 +60,22 @@ class SingleControllerStrategy(SingleDeviceStrategy):
         """Set up the model as usual, then start the data plane, engine and controller.
 
         The whole RL run is one Lightning epoch (dataset epochs are ``max_num_epochs``, counted by the controller),
-        so the fit loop gets ``max_epochs = 1``: when rollouts run out the epoch ends and so does the fit, instead
-        of Lightning opening empty epochs until ``max_steps``.
+        so the fit loop gets ``max_epochs = 1`` (see :meth:`on_train_start` for resumed runs): when rollouts run
+        out the epoch ends and so does the fit, instead of Lightning opening empty epochs until ``max_steps``.
         """
         super().setup(trainer)
         trainer.fit_loop.max_epochs = 1
         self._start()
+
+    def on_train_start(self) -> None:
+        """Allow exactly one more Lightning epoch than the restored loop has finished.
+
+        A run resumed from the bundle of its last step (to train longer, with a larger ``max_num_steps``) restores
+        a finished epoch; without this it would stop at once.
+        """
+        super().on_train_start()
+        fit_loop = self.lightning_module.trainer.fit_loop
+        fit_loop.max_epochs = fit_loop.epoch_progress.current.processed + 1
 
     def _start(self) -> None:
         from sc_lightning.models import export_hf_weights

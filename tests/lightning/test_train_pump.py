@@ -59,7 +59,11 @@ def tiny_config(*overrides: str) -> SCConfig:
 
 
 def fit(
-    config: SCConfig, callbacks: list[Callback], checkpointing: bool = False, root: Path | None = None
+    config: SCConfig,
+    callbacks: list[Callback],
+    checkpointing: bool = False,
+    root: Path | None = None,
+    ckpt_path: str | None = None,
 ) -> tuple[Trainer, GRPOModule]:
     strategy = SingleControllerStrategy(config, lambda c, w: ScriptedEngine(Alternating()))
     trainer = Trainer(
@@ -73,7 +77,7 @@ def fit(
         callbacks=[RefitCallback(), *callbacks],
     )
     module = GRPOModule(config)
-    trainer.fit(module)
+    trainer.fit(module, ckpt_path=ckpt_path)
     return trainer, module
 
 
