@@ -214,9 +214,14 @@ def test_the_tiny_example_visibly_learns(tmp_path) -> None:
     It takes about 3 minutes on 2 cores.
     """
     steps = train_unchanged(TINY, tmp_path)
-    assert len(steps) == yaml.safe_load((REPO / TINY).read_text())["grpo"]["max_num_steps"]
+    shipped = yaml.safe_load((REPO / TINY).read_text())
+    assert len(steps) == shipped["grpo"]["max_num_steps"]
     assert max(float(step["train/staleness_max"]) for step in steps) == 1  # it really ran one version ahead
     assert_reward_climbs(steps)
+    # the optimizer ran the shipped schedule: the peak rate first, decaying to min_lr by the last step
+    optimizer = shipped["policy"]["optimizer"]
+    assert float(steps[0]["train/lr"]) == pytest.approx(optimizer["lr"])
+    assert float(steps[-1]["train/lr"]) == pytest.approx(optimizer["min_lr"], rel=1e-3)
 
 
 def test_vllm_fit_runs_the_full_single_controller_path(tmp_path) -> None:
