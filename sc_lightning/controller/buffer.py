@@ -189,9 +189,12 @@ class TQReplayBuffer:
         """Metadata of every committed group still in the buffer, in buffer order."""
         return [slot.meta for slot in self.slots if slot.meta is not None]
 
-    def state_dict(self) -> dict[str, Any]:
-        """Metadata-only replay index of the committed groups, with a digest binding it to their rows."""
-        groups = [asdict(meta) for meta in self.ready_metas()]
+    def state_dict(self, claimed: Sequence[GroupMeta] = ()) -> dict[str, Any]:
+        """Metadata-only replay index of the committed groups, with a digest binding it to their rows.
+
+        ``claimed`` groups (taken by the step being trained, rows still in the data plane) come first.
+        """
+        groups = [asdict(meta) for meta in [*claimed, *self.ready_metas()]]
         return {"version": REPLAY_INDEX_VERSION, "groups": groups, "digest": replay_digest(groups)}
 
     def load_state_dict(self, state: dict[str, Any], *, max_groups: int, expected_group_size: int) -> int:

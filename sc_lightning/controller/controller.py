@@ -7,14 +7,17 @@
                            (max_inflight_prompts); wait while a refit is running
                            spawn generate_and_push(prompt, target)   # reserve → generate → score → commit
     train side:    evict(v)              drop groups that can never be trained (frees their permits)
-                   select(v, min, max)   wait for and take ready groups (frees their permits); metadata only
-                   clear(groups)         delete trained rows from the data plane
-                   begin_refit(v + 1)    close dispatch, abort rollouts the sampler says are doomed
+                   select(v, min, max)   wait for and take ready groups (frees their permits); metadata only;
+                                         they are the step's *training claims*
+                   begin_refit(v + 1)    release the claims (delete their rows), close dispatch, abort rollouts
+                                         the sampler says are doomed
                    push_weights(w, v+1)  load the trainer's new weights into the engine
                    finish_refit(v + 1)   stamp the engine's new version, reopen dispatch
 
 A buffer permit is held by every dispatched group until it is selected or evicted, or its rollout fails, is
-cancelled, or never starts; an in-flight permit only while its rollout runs. The controller never imports
+cancelled, or never starts; an in-flight permit only while its rollout runs. A selected group's rows stay in the
+data plane until the step that trained them publishes its weights (begin_refit), so a rollout snapshot taken in
+the middle of a step still holds them and a resume replays the step. The controller never imports
 Lightning, so the same object runs in a Ray actor or on a background thread (see ``runners.py``).
 """
 
@@ -99,6 +102,8 @@ class SingleController:
         self._sequence = itertools.count()
         self._resumed: list[tuple[Prompt, int | None]] = []
         self._aborting = False
+        self._claims: list[GroupMeta] = []  # selected since the last refit: the step being trained
+        self._claims_lock = asyncio.Lock()  # a snapshot holds it, so the claims and trainer_version stay put
 
     # ------------------------------------------------------------------------------------------ rollout pump
 
@@ -219,6 +224,7 @@ class SingleController:
                 )
                 if chosen:
                     self._account_removed(chosen, "selected")
+                    self._claims.extend(chosen)
                     return chosen
                 if self._exhausted and not self.manager.inflight:
                     return None
@@ -240,16 +246,18 @@ class SingleController:
             self.buffer_permits.release(len(groups))
             self._counts[counter] += len(groups)
 
-    async def clear(self, groups: Sequence[GroupMeta]) -> None:
-        """Delete trained groups' rows from the data plane."""
-        keys = [key for group in groups for key in group.keys]
-        if keys:
-            await asyncio.to_thread(self.buffer.data_plane.clear, keys)
-
     async def begin_refit(self, next_version: int) -> int:
-        """Close dispatch for a weight update; abort in-flight rollouts the sampler rules doomed (returns how many)."""
-        self._dispatch_open.clear()
-        self.trainer_version = next_version
+        """The step is trained: release its claims (delete their rows), close dispatch, abort doomed rollouts.
+
+        Returns how many in-flight rollouts were aborted.
+        """
+        async with self._claims_lock:
+            claims, self._claims = self._claims, []
+            keys = [key for group in claims for key in group.keys]
+            if keys:
+                await asyncio.to_thread(self.buffer.data_plane.clear, keys)
+            self._dispatch_open.clear()
+            self.trainer_version = next_version
         doomed = [
             group.task
             for group in list(self.manager.inflight.values())
@@ -295,29 +303,34 @@ class SingleController:
     # ------------------------------------------------------------------------------------------ checkpoints
 
     async def snapshot(self, directory: str | Path) -> dict[str, Any]:
-        """Between two steps: write the data plane's rows into ``directory`` and return :meth:`checkpoint_state`.
+        """Write the data plane's rows into ``directory`` and return :meth:`checkpoint_state` — at any moment.
 
-        Both are taken behind the buffer's commit barrier, so the rows and the replay index describe the same
-        committed groups (a group committing meanwhile waits and stays pending in this cut).
+        Both are taken behind the buffer's commit barrier and the claims lock, so the rows and the replay index
+        describe the same committed groups (a group committing meanwhile waits and stays pending in this cut) and
+        the step being trained cannot publish its weights (release its claims) in between. Rows deleted during the
+        write (evictions) may be saved without being indexed: :meth:`restore` drops such orphans.
         """
-        async with self.buffer.commits_paused():
+        async with self._claims_lock, self.buffer.commits_paused():
             await asyncio.to_thread(self.buffer.data_plane.save, directory)
             return self.checkpoint_state()
 
     def checkpoint_state(self) -> dict[str, Any]:
-        """Everything but the rows a resume needs, between two steps: JSON-able plain data.
+        """Everything but the rows a resume needs: JSON-able plain data, for the trainer state of ``trainer_version``.
 
         The trainer's version, the prompt stream's cursor, the sampler's dispatch index, the replay index of the
-        committed groups (their rows are the data plane's own snapshot) and the *pending* prompts — taken from the
+        committed groups — the claimed ones (selected by the step being trained, ``claimed`` of them, first) and
+        the buffered ones; their rows are the data plane's own snapshot — and the *pending* prompts — taken from the
         stream but not committed (in flight or waiting for permits) — with their target steps. Every prompt taken
-        from the stream is thus trained already, buffered, or pending: none is lost or repeated by a resume.
+        from the stream is thus trained already (by a step of ``trainer_version``'s checkpoint), claimed, buffered,
+        or pending: none is lost or repeated by a resume.
         """
         return {
             "version": CHECKPOINT_STATE_VERSION,
             "trainer_version": self.trainer_version,
             "prompts": self.prompts.state_dict(),
             "dispatch_index": self.sampler.dispatch_index,
-            "replay_index": self.buffer.state_dict(),
+            "replay_index": self.buffer.state_dict(claimed=self._claims),
+            "claimed": len(self._claims),
             "pending": [
                 {"prompt": prompt_to_dict(prompt), "target_step": target}
                 for _, (prompt, target) in sorted(self._pending.items())
@@ -334,19 +347,25 @@ class SingleController:
         if state.get("version") != CHECKPOINT_STATE_VERSION:
             raise ValueError(f"controller state version {state.get('version')!r} is not {CHECKPOINT_STATE_VERSION}")
         pending = [(prompt_from_dict(p["prompt"]), p["target_step"]) for p in state["pending"]]
-        groups = len(state["replay_index"]["groups"])
-        if groups + len(pending) > self.buffer_permits.total:
+        groups, claimed = len(state["replay_index"]["groups"]), int(state.get("claimed", 0))
+        if groups - claimed + len(pending) > self.buffer_permits.total:
             raise ValueError(
-                f"the checkpoint holds {groups} buffered and {len(pending)} pending groups, more than "
+                f"the checkpoint holds {groups - claimed} buffered and {len(pending)} pending groups, more than "
                 f"async_rl.max_buffered_rollouts={self.buffer_permits.total}; resume with at least that capacity"
             )
         self.prompts.load_state_dict(state["prompts"])
         self.sampler.restore_dispatch_index(int(state["dispatch_index"]))
         self.buffer.load_state_dict(
-            state["replay_index"], max_groups=self.buffer_permits.total, expected_group_size=group_size
+            state["replay_index"], max_groups=self.buffer_permits.total + claimed, expected_group_size=group_size
         )
-        for _ in range(groups):  # the restored groups hold their permits until selected or evicted (never waits)
-            await self.buffer_permits.acquire()
+        # the restored groups hold permits until selected or evicted; claimed ones (a step caught mid-way) were
+        # over the budget already, so dispatch waits until they are trained again
+        await self.buffer_permits.take_without_waiting(groups)
+        indexed = {key for group in state["replay_index"]["groups"] for key in group["keys"]}
+        stored = await asyncio.to_thread(self.buffer.data_plane.keys)
+        orphans = [key for key in stored if key not in indexed]
+        if orphans:  # rows a snapshot caught while their group was being evicted
+            await asyncio.to_thread(self.buffer.data_plane.clear, orphans)
         self.trainer_version = self.manager.weight_version = int(state["trainer_version"])
         self._resumed = pending
 

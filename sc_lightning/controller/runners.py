@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
-from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from collections.abc import Awaitable, Callable, Coroutine
 from concurrent.futures import Future
 from typing import Any, Protocol, TypeVar
 
@@ -36,9 +36,6 @@ class ControllerClient(Protocol):
         self, trainer_version: int, min_groups: int, max_groups: int, *, timeout_s: float | None = None
     ) -> list[GroupMeta] | None:
         """Wait for and take trainable groups; None once rollouts are exhausted."""
-
-    def clear(self, groups: Sequence[GroupMeta]) -> None:
-        """Delete trained rows."""
 
     def begin_refit(self, next_version: int) -> int:
         """Close dispatch and abort doomed rollouts."""
@@ -96,10 +93,6 @@ class LocalController:
         """Wait for and take trainable groups; None once rollouts are exhausted."""
         call = self.controller.select(trainer_version, min_groups, max_groups, timeout_s=timeout_s)
         return self.call(call, None if timeout_s is None else timeout_s + 5)
-
-    def clear(self, groups: Sequence[GroupMeta]) -> None:
-        """Delete trained rows."""
-        self.call(self.controller.clear(groups))
 
     def begin_refit(self, next_version: int) -> int:
         """Close dispatch and abort doomed rollouts."""
@@ -165,10 +158,6 @@ class RayController:
         ref = self.actor.select.remote(trainer_version, min_groups, max_groups, timeout_s=timeout_s)
         return self._get(ref, None if timeout_s is None else timeout_s + 30)
 
-    def clear(self, groups: Sequence[GroupMeta]) -> None:
-        """Delete trained rows."""
-        self._get(self.actor.clear.remote(list(groups)))
-
     def begin_refit(self, next_version: int) -> int:
         """Close dispatch and abort doomed rollouts."""
         return self._get(self.actor.begin_refit.remote(next_version))
@@ -228,10 +217,6 @@ class SingleControllerActor:
     ) -> list[GroupMeta] | None:
         """See SingleController.select."""
         return await self._controller.select(trainer_version, min_groups, max_groups, timeout_s=timeout_s)
-
-    async def clear(self, groups: list[GroupMeta]) -> None:
-        """See SingleController.clear."""
-        await self._controller.clear(groups)
 
     async def begin_refit(self, next_version: int) -> int:
         """See SingleController.begin_refit."""

@@ -87,7 +87,6 @@ class RLStepBatch:
             yield chunk
             if tags is not None:
                 self.trained_rows += [{**tag, "reward": float(r)} for tag, r in zip(tags, chunk.rewards, strict=True)]
-            self.client.clear(groups)  # the chunk's gradients are accumulated: its rows are no longer needed
             self.groups += len(groups)
             if self.groups >= need:
                 return

@@ -33,7 +33,6 @@ async def train_until_exhausted(controller: SingleController, first_version: int
     """Train steps from ``first_version`` until the dataset is exhausted and the buffer drained."""
     trained, version = [], first_version
     while (chunk := await controller.select(version, 2, 2, timeout_s=30)) is not None:
-        await controller.clear(chunk)
         trained.append(chunk)
         version += 1
         await controller.begin_refit(version)

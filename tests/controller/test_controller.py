@@ -65,7 +65,6 @@ async def train_steps(controller: SingleController, steps: int, n: int, min_grou
             chunk = await controller.select(version, min(min_groups, n - len(step)), n - len(step), timeout_s=30)
             assert chunk is not None, f"rollouts ran out during step {version}"
             step.extend(chunk)
-            await controller.clear(chunk)
         trained.append(step)
         await controller.begin_refit(version + 1)
         await controller.finish_refit(version + 1)

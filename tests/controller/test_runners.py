@@ -34,7 +34,6 @@ def scenario(client: ControllerClient) -> list[tuple[str, int | None, int]]:
         for version in range(4):
             chunk = client.select(version, 2, 2, timeout_s=60)
             assert chunk is not None
-            client.clear(chunk)
             trained += [(g.prompt_id, g.target_step, g.start_weight) for g in chunk]
             client.begin_refit(version + 1)
             client.finish_refit(version + 1)

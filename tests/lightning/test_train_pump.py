@@ -24,6 +24,7 @@ from sc_lightning.config.yaml_io import load_yaml_layers
 from sc_lightning.controller.buffer import TQReplayBuffer
 from sc_lightning.controller.build import rollout_settings
 from sc_lightning.data_plane.memory import MemoryDataPlane
+from sc_lightning.lightning.lr_schedule import lr_multiplier
 from sc_lightning.lightning.module import GRPOModule
 from sc_lightning.lightning.policy_update import PolicyUpdate
 from sc_lightning.lightning.step_data import load_chunk
@@ -171,12 +172,14 @@ def synchronous_reference_losses(config: SCConfig, steps: int) -> list[tuple[flo
         eps=opt.adam_eps,
         weight_decay=opt.weight_decay,
     )
+    schedule = lr_multiplier(opt, total_steps=config.algo.max_num_steps)
     update = PolicyUpdate(
         policy,
         optimizer,
         ClippedPGLoss.from_config(config.loss_fn),
         micro_batch_size=config.policy.train_micro_batch_size,
         clip_grad=opt.clip_grad,
+        scheduler=torch.optim.lr_scheduler.LambdaLR(optimizer, schedule),
     )
     data_plane = MemoryDataPlane()
     buffer = TQReplayBuffer(data_plane)
