@@ -41,15 +41,23 @@ async def train_until_exhausted(controller: SingleController, first_version: int
 
 
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(lookahead=st.integers(0, 2), steps_before=st.integers(0, 5))
-def test_a_resume_trains_every_prompt_exactly_once(tmp_path_factory, lookahead: int, steps_before: int) -> None:
+@given(lookahead=st.integers(0, 2), steps_before=st.integers(0, 5), mid_step=st.booleans())
+def test_a_resume_trains_every_prompt_exactly_once(
+    tmp_path_factory, lookahead: int, steps_before: int, mid_step: bool
+) -> None:
+    """Snapshot between steps, or in the middle of one (a group claimed, the step unfinished), then resume."""
     snapshot = tmp_path_factory.mktemp("snapshot")
 
     async def first_run() -> tuple[list, dict]:
         controller = build(lookahead, MemoryDataPlane())
         await controller.start()
         trained = await train_steps(controller, steps_before, n=2, min_groups=2)
+        claimed = await controller.select(steps_before, 1, 1, timeout_s=30) if mid_step else []
         state = json.loads(json.dumps(await controller.snapshot(snapshot)))  # rows + state; it must survive JSON
+        assert state["claimed"] == len(claimed)
+        assert [g["group_id"] for g in state["replay_index"]["groups"][: len(claimed)]] == [
+            g.group_id for g in claimed
+        ]  # the claimed group is indexed (first) and its rows are in the snapshot: the crash loses nothing
         await controller.shutdown()
         return trained, state
 
