@@ -67,6 +67,7 @@ class TQReplayBuffer:
     def __init__(self, data_plane: DataPlane) -> None:
         self.data_plane = data_plane
         self.slots: list[Slot] = []
+        self._evicted_keys: list[str] = []  # rows of evicted groups, deleted by the next delete_rows()
         self._commits_open = asyncio.Event()
         self._commits_open.set()
         self._committing = 0
@@ -151,12 +152,21 @@ class TQReplayBuffer:
         return [meta for meta in metas if meta is not None]
 
     async def evict(self, indices: Iterable[int]) -> list[GroupMeta]:
-        """Remove ready slots at ``indices`` and clear their rows from the data plane."""
+        """Remove ready slots at ``indices``; their rows go at the next :meth:`delete_rows`.
+
+        Rows are deleted only there (the controller calls it when a step publishes its weights, under its claims
+        lock), so a snapshot being written never loses a row its replay index names.
+        """
         metas = self.take(indices)
-        keys = [key for meta in metas for key in meta.keys]
+        self._evicted_keys += [key for meta in metas for key in meta.keys]
+        return metas
+
+    async def delete_rows(self, groups: Sequence[GroupMeta] = ()) -> None:
+        """Delete the rows of ``groups`` (trained) and of every group evicted since the last call."""
+        keys = self._evicted_keys + [key for group in groups for key in group.keys]
+        self._evicted_keys = []
         if keys:
             await asyncio.to_thread(self.data_plane.clear, keys)
-        return metas
 
     def remove_group(self, group_id: str) -> Slot:
         """Drop a slot by group id (a failed or cancelled rollout); its rows, if any, are the caller's to clear."""

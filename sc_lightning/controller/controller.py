@@ -9,8 +9,8 @@
     train side:    evict(v)              drop groups that can never be trained (frees their permits)
                    select(v, min, max)   wait for and take ready groups (frees their permits); metadata only;
                                          they are the step's *training claims*
-                   begin_refit(v + 1)    release the claims (delete their rows), close dispatch, abort rollouts
-                                         the sampler says are doomed
+                   begin_refit(v + 1)    release the claims (delete their rows and evicted groups' rows), close
+                                         dispatch, abort rollouts the sampler says are doomed
                    push_weights(w, v+1)  load the trainer's new weights into the engine
                    finish_refit(v + 1)   stamp the engine's new version, reopen dispatch
 
@@ -253,9 +253,7 @@ class SingleController:
         """
         async with self._claims_lock:
             claims, self._claims = self._claims, []
-            keys = [key for group in claims for key in group.keys]
-            if keys:
-                await asyncio.to_thread(self.buffer.data_plane.clear, keys)
+            await self.buffer.delete_rows(claims)  # and the rows of groups evicted meanwhile
             self._dispatch_open.clear()
             self.trainer_version = next_version
         doomed = [
@@ -307,8 +305,9 @@ class SingleController:
 
         Both are taken behind the buffer's commit barrier and the claims lock, so the rows and the replay index
         describe the same committed groups (a group committing meanwhile waits and stays pending in this cut) and
-        the step being trained cannot publish its weights (release its claims) in between. Rows deleted during the
-        write (evictions) may be saved without being indexed: :meth:`restore` drops such orphans.
+        the step being trained cannot publish its weights (release its claims) in between. Rows are deleted only
+        under that lock, so every indexed group's rows are saved; evicted groups' rows may be saved without being
+        indexed, and :meth:`restore` drops such orphans.
         """
         async with self._claims_lock, self.buffer.commits_paused():
             await asyncio.to_thread(self.buffer.data_plane.save, directory)
@@ -364,7 +363,7 @@ class SingleController:
         indexed = {key for group in state["replay_index"]["groups"] for key in group["keys"]}
         stored = await asyncio.to_thread(self.buffer.data_plane.keys)
         orphans = [key for key in stored if key not in indexed]
-        if orphans:  # rows a snapshot caught while their group was being evicted
+        if orphans:  # rows of groups evicted before the snapshot, not deleted yet
             await asyncio.to_thread(self.buffer.data_plane.clear, orphans)
         self.trainer_version = self.manager.weight_version = int(state["trainer_version"])
         self._resumed = pending

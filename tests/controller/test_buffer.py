@@ -66,16 +66,22 @@ def test_failed_commit_rolls_back_its_rows_and_keeps_the_slot_unready() -> None:
     assert not buffer.slots[buffer.index_of(group_id)].ready
 
 
-def test_evict_clears_rows_but_take_keeps_them() -> None:
+def test_rows_of_taken_and_evicted_groups_go_only_at_delete_rows() -> None:
     buffer = new_buffer()
     add(buffer, "trained", start=0)
     add(buffer, "stale", start=0)
+    add(buffer, "kept", start=0)
     taken = buffer.take([0])
     evicted = asyncio.run(buffer.evict([0]))
-    assert len(buffer) == 0
+    assert len(buffer) == 1
     assert buffer.data_plane.get(list(taken[0].keys), ["input_ids"])  # still readable by the trainer
-    with pytest.raises(KeyError):
-        buffer.data_plane.get(list(evicted[0].keys), ["input_ids"])
+    assert buffer.data_plane.get(list(evicted[0].keys), ["input_ids"])  # a snapshot in progress may still save them
+    asyncio.run(buffer.delete_rows(taken))
+    for group in (*taken, *evicted):
+        with pytest.raises(KeyError):
+            buffer.data_plane.get(list(group.keys), ["input_ids"])
+    assert len(buffer.data_plane.keys()) == GROUP_SIZE  # the kept group's rows only
+    buffer.take([0])
     with pytest.raises(BufferError, match="out of range"):
         buffer.take([3])
     add(buffer, "running", start=0, ready=False)
