@@ -29,6 +29,7 @@ from sc_lightning.config.yaml_io import load_yaml_layers
 
 LIGHTNING_KEYS = ("trainer", "seed_everything")
 EXIT_INVALID_CONFIG = 2
+EXIT_CANNOT_RESUME = 3
 
 _USAGE = """\
 python -m sc_lightning fit --config CONFIG.yaml [--config MORE.yaml] [--a.b.c VALUE ...]
@@ -86,7 +87,7 @@ def fit(config: SCConfig, lightning: dict[str, Any]) -> int:
     from sc_lightning.lightning.strategy import SingleControllerStrategy
 
     callbacks: list[Any] = [RefitCallback(colocated=config.policy.generation.colocated.enabled)]
-    resume_from = None
+    resume = None
     if config.checkpointing.enabled:
         if not config.checkpointing.save_data_plane:
             print(
@@ -95,32 +96,40 @@ def fit(config: SCConfig, lightning: dict[str, Any]) -> int:
                 file=sys.stderr,
             )
             return EXIT_INVALID_CONFIG
-        resume_from = _resume_point(Path(config.checkpointing.checkpoint_dir))
+        from sc_lightning.checkpoint.atomic import BundleError
+        from sc_lightning.checkpoint.fingerprint import FingerprintMismatch
+        from sc_lightning.checkpoint.snapshots import SnapshotError
+
+        try:
+            resume = _resume_point(config)
+        except (BundleError, SnapshotError, FingerprintMismatch) as err:  # nothing was deleted or rewritten
+            print(f"error: cannot resume: {err}", file=sys.stderr)
+            return EXIT_CANNOT_RESUME
         callbacks.append(BundleCheckpoint(config.checkpointing, max_steps=config.algo.max_num_steps))
+    strategy = SingleControllerStrategy(
+        config, default_engine_factory, resume_state=resume.state_dir if resume else None
+    )
     cli = SCLightningCLI(
         lightning,
         instantiate=True,
-        trainer_kwargs={
-            "strategy": SingleControllerStrategy(config, default_engine_factory),
-            "max_steps": config.algo.max_num_steps,
-        },
+        trainer_kwargs={"strategy": strategy, "max_steps": config.algo.max_num_steps},
         trainer_defaults={"callbacks": callbacks},
     )
-    cli.trainer.fit(GRPOModule(config), ckpt_path=resume_from)
+    ckpt_path = str(resume.trainer_checkpoint) if resume and resume.trainer_checkpoint else None
+    cli.trainer.fit(GRPOModule(config), ckpt_path=ckpt_path)
     return 0
 
 
-def _resume_point(checkpoint_dir: Path) -> str | None:
-    """The trainer checkpoint of the newest complete bundle (temporaries of a crashed write are swept first)."""
-    from sc_lightning.checkpoint.atomic import remove_stale_temporaries
-    from sc_lightning.checkpoint.bundle import TRAINER_FILE, latest_bundle
+def _resume_point(config: Any) -> Any:
+    """What this run resumes from (temporaries of crashed writes are swept first); None for a fresh start."""
+    from sc_lightning.checkpoint.snapshots import config_identity, resume_point, sweep_temporaries
 
-    remove_stale_temporaries(checkpoint_dir)
-    bundle = latest_bundle(checkpoint_dir)
-    if bundle is None:
-        return None
-    print(f"resuming from {bundle}", file=sys.stderr)
-    return str(bundle / TRAINER_FILE)
+    checkpoint_dir = Path(config.checkpointing.checkpoint_dir)
+    sweep_temporaries(checkpoint_dir)
+    resume = resume_point(checkpoint_dir, config.rollout_checkpointing.restore_mode, config_identity(config))
+    if resume is not None:
+        print(f"resuming from {resume.describe()}", file=sys.stderr)
+    return resume
 
 
 class _UsageError(ValueError):

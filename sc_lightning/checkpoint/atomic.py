@@ -2,10 +2,11 @@
 
 A bundle (a trainer checkpoint ``step_N``, a rollout snapshot ``snapshot_NNNNNN``) is either complete or absent:
 
-- :func:`write_atomically` yields a private temporary directory next to the final one; when the block ends without
-  an exception it writes ``MANIFEST.json`` (every file's size and SHA-256), fsyncs every file and directory of the
-  tree, renames it to its final name and fsyncs the parent, so a crash at any moment leaves either no bundle or
-  a whole one. An exception removes the temporary directory. A final name that exists already is an error
+- :func:`write_atomically` (or :class:`AtomicDirectory`, to commit from another thread) yields a private temporary
+  directory next to the final one; when the block ends without an exception it writes ``MANIFEST.json`` (every
+  file's size and SHA-256), fsyncs every file and directory of the tree, renames it to its final name and fsyncs
+  the parent, so a crash at any moment leaves either no bundle or a whole one.
+  An exception removes the temporary directory. A final name that exists already is an error
   (bundles are immutable);
 - :func:`verify_bundle` re-reads a bundle against its manifest; a missing, truncated or altered file is a
   :class:`BundleError` naming the file and what to do;
@@ -53,28 +54,54 @@ def _files(root: Path) -> list[Path]:
     return sorted(p for p in root.rglob("*") if p.is_file() and p.name != MANIFEST)
 
 
+class AtomicDirectory:
+    """A temporary directory next to ``final`` that :meth:`commit` turns into ``final``, whole, or :meth:`abort` drops.
+
+    ``commit`` writes the manifest, fsyncs every file and directory, renames and fsyncs the parent; it may run on
+    another thread than the one that filled the directory.
+    """
+
+    def __init__(self, final: Path) -> None:
+        if final.exists():
+            raise BundleError(f"{final} exists already; bundles are never overwritten")
+        final.parent.mkdir(parents=True, exist_ok=True)
+        self.final = final
+        self.path = final.parent / f"{TEMPORARY_PREFIX}{final.name}_{uuid.uuid4().hex[:8]}"
+        self.path.mkdir()
+
+    def commit(self) -> Path:
+        """Manifest, fsync, rename: the bundle appears at ``final`` complete (or not at all)."""
+        try:
+            files = {
+                str(p.relative_to(self.path)): {"bytes": p.stat().st_size, "sha256": _sha256(p)}
+                for p in _files(self.path)
+            }
+            (self.path / MANIFEST).write_text(json.dumps({"files": files}, indent=1, sort_keys=True))
+            for path in sorted(self.path.rglob("*"), reverse=True):  # files before the directories holding them
+                _fsync(path)
+            _fsync(self.path)
+            os.rename(self.path, self.final)
+            _fsync(self.final.parent)
+        except BaseException:
+            self.abort()
+            raise
+        return self.final
+
+    def abort(self) -> None:
+        """Remove the temporary directory (nothing appears at ``final``)."""
+        shutil.rmtree(self.path, ignore_errors=True)
+
+
 @contextlib.contextmanager
 def write_atomically(final: Path) -> Iterator[Path]:
     """Yield a temporary directory; on success it becomes ``final``, whole, with a manifest of its files."""
-    if final.exists():
-        raise BundleError(f"{final} exists already; bundles are never overwritten")
-    final.parent.mkdir(parents=True, exist_ok=True)
-    temporary = final.parent / f"{TEMPORARY_PREFIX}{final.name}_{uuid.uuid4().hex[:8]}"
-    temporary.mkdir()
+    directory = AtomicDirectory(final)
     try:
-        yield temporary
-        files = {
-            str(p.relative_to(temporary)): {"bytes": p.stat().st_size, "sha256": _sha256(p)} for p in _files(temporary)
-        }
-        (temporary / MANIFEST).write_text(json.dumps({"files": files}, indent=1, sort_keys=True))
-        for path in sorted(temporary.rglob("*"), reverse=True):  # files before the directories holding them
-            _fsync(path)
-        _fsync(temporary)
-        os.rename(temporary, final)
-        _fsync(final.parent)
+        yield directory.path
     except BaseException:
-        shutil.rmtree(temporary, ignore_errors=True)
+        directory.abort()
         raise
+    directory.commit()
 
 
 def verify_bundle(bundle: Path) -> dict[str, dict[str, int | str]]:

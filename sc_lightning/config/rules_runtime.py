@@ -191,11 +191,14 @@ def checkpoint_ranking(config: SCConfig, report: Report) -> None:
     "checkpointing.enabled",
     "checkpointing.save_data_plane",
     "token_capture.enabled",
-    "data_plane.backend",
     "async_rl.sampler.target",
 )
 def periodic_snapshots(config: SCConfig, report: Report) -> None:
-    """Periodic rollout snapshots need data-plane checkpoints, token capture and a claim-capable sampler."""
+    """Periodic rollout snapshots need data-plane checkpoints, token capture and a claim-capable sampler.
+
+    Both data-plane backends save and load natively (TransferQueue ``simple`` and the in-process ``memory``), so,
+    unlike the reference, ``memory`` qualifies too.
+    """
     snap = config.rollout_checkpointing
     for i, path in enumerate(snap.extra_fingerprint_excluded_paths):
         problem = _excluded_path_problem(path)
@@ -213,8 +216,6 @@ def periodic_snapshots(config: SCConfig, report: Report) -> None:
             report.error(
                 knob, "must be true for periodic rollout snapshots (rollout_checkpointing.snapshot_attempt_interval_s)"
             )
-    if config.data_plane.backend != "simple":
-        report.error("data_plane.backend", "must be 'simple' for periodic rollout snapshots (native TQ save/load)")
     capabilities = _capabilities(config, report)
     if capabilities is not None and not (capabilities.buffer_checkpoint and capabilities.training_claims):
         report.error(

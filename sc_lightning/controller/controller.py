@@ -24,9 +24,10 @@ Lightning, so the same object runs in a Ray actor or on a background thread (see
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -36,6 +37,7 @@ import torch
 from sc_lightning.controller.buffer import GroupMeta, TQReplayBuffer
 from sc_lightning.controller.permits import Permits
 from sc_lightning.controller.samplers import PromptGroupSampler
+from sc_lightning.data_plane.base import DataPlane
 from sc_lightning.engines.base import EngineError
 from sc_lightning.rollout.manager import RolloutManager
 from sc_lightning.rollout.prompts import PromptStream
@@ -104,14 +106,28 @@ class SingleController:
         self._aborting = False
         self._claims: list[GroupMeta] = []  # selected since the last refit: the step being trained
         self._claims_lock = asyncio.Lock()  # a snapshot holds it, so the claims and trainer_version stay put
+        self._background: list[tuple[str, Callable[[SingleController], Awaitable[None]]]] = []
+        self._background_tasks: list[asyncio.Task] = []
+        self._failed_part = "rollout pump"
 
     # ------------------------------------------------------------------------------------------ rollout pump
 
+    def add_background_task(self, name: str, run: Callable[[SingleController], Awaitable[None]]) -> None:
+        """Run ``run(self)`` beside the pump from :meth:`start` on (e.g. periodic rollout snapshots).
+
+        If it fails, the trainer's next call raises that failure, named ``name``, as it would a pump failure.
+        """
+        self._background.append((name, run))
+
     async def start(self) -> None:
-        """Start the rollout pump in the background."""
+        """Start the rollout pump, and the background tasks, in the background."""
         if self._pump is None:
             self._pump = asyncio.create_task(self._rollout_pump(), name="rollout-pump")
             self._pump.add_done_callback(self._on_pump_done)
+            for name, run in self._background:
+                task = asyncio.create_task(run(self), name=name)
+                task.add_done_callback(lambda done, name=name: self._on_background_done(name, done))
+                self._background_tasks.append(task)
 
     async def _rollout_pump(self) -> None:
         async with asyncio.TaskGroup() as group:
@@ -178,8 +194,11 @@ class SingleController:
             await self._notify()
 
     def _on_pump_done(self, task: asyncio.Task) -> None:
-        if not task.cancelled() and task.exception() is not None:
-            self._failure = task.exception()
+        self._on_background_done("rollout pump", task)
+
+    def _on_background_done(self, name: str, task: asyncio.Task) -> None:
+        if not task.cancelled() and task.exception() is not None and self._failure is None:
+            self._failure, self._failed_part = task.exception(), name
         asyncio.ensure_future(self._notify())
 
     async def _notify(self) -> None:
@@ -193,13 +212,13 @@ class SingleController:
             await asyncio.wait_for(self._changed.wait_for(predicate), timeout_s)
 
     def raise_if_failed(self) -> None:
-        """Raise the rollout pump's failure, naming the prompt and group that failed."""
+        """Raise the rollout pump's (or a background task's) failure, naming the prompt and group that failed."""
         if self._failure is None:
             return
         failure = self._failure
         causes = failure.exceptions if isinstance(failure, BaseExceptionGroup) else (failure,)
         details = "; ".join(str(cause) for cause in causes)
-        raise RolloutPumpError(f"rollout pump failed: {details}") from causes[0]
+        raise RolloutPumpError(f"{self._failed_part} failed: {details}") from causes[0]
 
     # ------------------------------------------------------------------------------------------ train side
 
@@ -300,6 +319,21 @@ class SingleController:
 
     # ------------------------------------------------------------------------------------------ checkpoints
 
+    @property
+    def data_plane(self) -> DataPlane:
+        """The data plane holding the committed groups' rows."""
+        return self.buffer.data_plane
+
+    @contextlib.asynccontextmanager
+    async def checkpoint_barrier(self) -> AsyncIterator[None]:
+        """Inside: trainer_version, the claims, the committed groups and the data plane's rows stay put.
+
+        It holds the claims lock (no refit releases a step's claims or deletes rows) and the buffer's commit
+        barrier (finished groups wait to commit); generation and dispatch go on.
+        """
+        async with self._claims_lock, self.buffer.commits_paused():
+            yield
+
     async def snapshot(self, directory: str | Path) -> dict[str, Any]:
         """Write the data plane's rows into ``directory`` and return :meth:`checkpoint_state` — at any moment.
 
@@ -309,7 +343,7 @@ class SingleController:
         under that lock, so every indexed group's rows are saved; evicted groups' rows may be saved without being
         indexed, and :meth:`restore` drops such orphans.
         """
-        async with self._claims_lock, self.buffer.commits_paused():
+        async with self.checkpoint_barrier():
             await asyncio.to_thread(self.buffer.data_plane.save, directory)
             return self.checkpoint_state()
 
@@ -383,8 +417,9 @@ class SingleController:
         )
 
     async def shutdown(self) -> None:
-        """Stop the pump (in-flight rollouts are cancelled and their slots removed), then the engine."""
-        if self._pump is not None and not self._pump.done():
-            self._pump.cancel()
-            await asyncio.gather(self._pump, return_exceptions=True)
+        """Stop the background tasks and the pump (in-flight rollouts are cancelled, slots removed), then the engine."""
+        tasks = [task for task in (*self._background_tasks, self._pump) if task is not None and not task.done()]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
         await self.manager.engine.shutdown()

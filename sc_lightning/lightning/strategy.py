@@ -19,6 +19,8 @@ import torch
 from lightning.pytorch.strategies import SingleDeviceStrategy
 
 from sc_lightning.checkpoint.bundle import CONTROLLER_FILE, DATA_PLANE_DIR, read_controller_state
+from sc_lightning.checkpoint.periodic import RolloutSnapshotter
+from sc_lightning.checkpoint.snapshots import config_identity
 from sc_lightning.config import SCConfig
 from sc_lightning.controller.build import build_controller, rollout_settings
 from sc_lightning.controller.controller import SingleController
@@ -44,13 +46,37 @@ def _exposes_http_server(config: SCConfig) -> bool:
     return generation.mcore_generation_config.expose_http_server
 
 
+def rollout_snapshotter(config: SCConfig) -> RolloutSnapshotter | None:
+    """The periodic rollout snapshotter ``rollout_checkpointing`` asks for, or None."""
+    settings = config.rollout_checkpointing
+    if settings.snapshot_attempt_interval_s is None:
+        return None
+    return RolloutSnapshotter(
+        checkpoint_dir=Path(config.checkpointing.checkpoint_dir),
+        interval_s=settings.snapshot_attempt_interval_s,
+        keep_latest_k=settings.keep_latest_k,
+        max_consecutive_failures=settings.max_consecutive_failures,
+        identity=config_identity(config),
+    )
+
+
 class SingleControllerStrategy(SingleDeviceStrategy):
     """A single-device Lightning strategy that also runs the Single-Controller's rollout side."""
 
-    def __init__(self, config: SCConfig, engine_factory: EngineFactory, *, device: str = "cpu") -> None:
+    def __init__(
+        self,
+        config: SCConfig,
+        engine_factory: EngineFactory,
+        *,
+        device: str = "cpu",
+        resume_state: Path | None = None,
+    ) -> None:
+        """``resume_state``: the bundle or rollout snapshot whose controller state and rows a resume loads (None:
+        the bundle of ``trainer.fit(ckpt_path=...)``, if that is one; a bootstrap snapshot has no ckpt_path)."""
         super().__init__(device=torch.device(device))
         self.config = config
         self.engine_factory = engine_factory
+        self.resume_state = resume_state
         self.data_plane: DataPlane | None = None
         self.controller: LocalController | None = None
         self.endpoint: CompletionsEndpoint | None = None
@@ -87,9 +113,11 @@ class SingleControllerStrategy(SingleDeviceStrategy):
         data_plane = self.data_plane
         engine = self.engine_factory(config, weights)  # here, on the main thread (it may start Ray)
 
+        snapshotter = rollout_snapshotter(config)
+
         def build() -> Any:
             """Runs on the controller thread: the controller and its parts."""
-            return build_controller(
+            controller = build_controller(
                 config,
                 data_plane=data_plane,
                 engine=engine,
@@ -97,6 +125,9 @@ class SingleControllerStrategy(SingleDeviceStrategy):
                 tokenizer=tokenizer,
                 dataset=build_dataset(config.data, tokenizer, seed=config.algo.seed),
             )
+            if snapshotter is not None:
+                controller.add_background_task("rollout snapshots", snapshotter.run)
+            return controller
 
         self.controller = LocalController(build, before_start=self._restorer(weights))
         if _exposes_http_server(config):
@@ -107,7 +138,9 @@ class SingleControllerStrategy(SingleDeviceStrategy):
             log.info("OpenAI-compatible completions endpoint: %s", self.endpoint_url)
 
     def resume_bundle(self) -> Path | None:
-        """The bundle ``trainer.fit(ckpt_path=...)`` resumes from (None: a fresh start or a plain .ckpt file)."""
+        """The bundle or snapshot a resume loads (``resume_state``, else the bundle of ``trainer.fit``'s ckpt_path)."""
+        if self.resume_state is not None:
+            return self.resume_state
         ckpt_path = self.lightning_module.trainer.ckpt_path
         if ckpt_path is None:
             return None

@@ -198,13 +198,6 @@ RUNTIME_CASES: list[tuple[str, dict[str, Any], dict[str, Any], str, str]] = [
         "periodic rollout snapshots",
     ),
     (
-        "snapshots need simple",
-        variant(SNAPSHOTS),
-        variant(SNAPSHOTS, {"data_plane": {"backend": "memory"}}),
-        "data_plane.backend",
-        "periodic rollout snapshots",
-    ),
-    (
         "snapshots need training claims",
         variant(SNAPSHOTS, sampler(name="custom", target=f"{CUSTOM}:CapableSampler")),
         variant(SNAPSHOTS, sampler(name="custom", target=f"{CUSTOM}:ClaimlessSampler")),
