@@ -46,7 +46,6 @@ BUILTIN_EXCLUDED_PATHS = (
     # where and how the run records itself
     "checkpointing",
     "rollout_checkpointing",
-    "token_capture.capture_dir",
     "trainer.logger",
     "trainer.callbacks",
     "trainer.default_root_dir",

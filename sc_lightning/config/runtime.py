@@ -147,8 +147,9 @@ class RolloutCheckpointingConfig:
 class TokenCaptureConfig:
     """Staging of finished generations so recovery can keep sealed siblings."""
 
-    enabled: bool = knob(False, "Capture each finished generation's tokens before the group commits.")
-    capture_dir: str | None = knob(None, "Staging directory (null = inside checkpoint_dir).")
+    enabled: bool = knob(
+        False, "Seal each finished generation before its group commits, so recovery keeps it (sibling granularity)."
+    )
 
 
 @section

@@ -5,6 +5,7 @@ from __future__ import annotations
 from sc_lightning.config import SCConfig, resolve
 from sc_lightning.controller.buffer import TQReplayBuffer
 from sc_lightning.controller.controller import SingleController
+from sc_lightning.controller.recovery import RecoveryPolicy
 from sc_lightning.controller.samplers import SamplerError, create_sampler
 from sc_lightning.data_plane.base import DataPlane
 from sc_lightning.engines.base import GenerationEngine
@@ -69,4 +70,5 @@ def build_controller(
         prompts=prompts,
         max_buffered_rollouts=resolved.max_buffered_rollouts,
         max_inflight_prompts=resolved.max_inflight_prompts,
+        recovery=RecoveryPolicy(config.rollout_recovery, token_capture=config.token_capture.enabled),
     )

@@ -34,14 +34,15 @@ from typing import Any
 
 import torch
 
+from sc_lightning.config.runtime import RolloutRecoveryConfig
 from sc_lightning.controller.buffer import GroupMeta, TQReplayBuffer
 from sc_lightning.controller.permits import Permits
+from sc_lightning.controller.recovery import PendingGroup, RecoveryPolicy
 from sc_lightning.controller.samplers import PromptGroupSampler
 from sc_lightning.data_plane.base import DataPlane
 from sc_lightning.engines.base import EngineError
 from sc_lightning.rollout.manager import RolloutManager
 from sc_lightning.rollout.prompts import PromptStream
-from sc_lightning.types import Prompt, prompt_from_dict, prompt_to_dict
 
 CHECKPOINT_STATE_VERSION = 1
 
@@ -85,8 +86,10 @@ class SingleController:
         prompts: PromptStream,
         max_buffered_rollouts: int,
         max_inflight_prompts: int,
+        recovery: RecoveryPolicy | None = None,
     ) -> None:
         self.buffer, self.sampler, self.manager, self.prompts = buffer, sampler, manager, prompts
+        self.recovery = recovery or RecoveryPolicy(RolloutRecoveryConfig(), token_capture=False)
         self.buffer_permits = Permits(max_buffered_rollouts, "async_rl.max_buffered_rollouts")
         self.inflight_permits = Permits(max_inflight_prompts, "async_rl.max_inflight_prompts")
         self.trainer_version = manager.weight_version
@@ -100,9 +103,9 @@ class SingleController:
         self._last_progress = time.monotonic()
         # prompts taken from the stream whose groups are not committed yet (in flight or waiting for permits), by
         # dispatch sequence: what a checkpoint must redispatch; restored ones are dispatched first after a resume
-        self._pending: dict[int, tuple[Prompt, int | None]] = {}
+        self._pending: dict[int, PendingGroup] = {}
         self._sequence = itertools.count()
-        self._resumed: list[tuple[Prompt, int | None]] = []
+        self._resumed: list[PendingGroup] = []
         self._aborting = False
         self._claims: list[GroupMeta] = []  # selected since the last refit: the step being trained
         self._claims_lock = asyncio.Lock()  # a snapshot holds it, so the claims and trainer_version stay put
@@ -132,10 +135,10 @@ class SingleController:
     async def _rollout_pump(self) -> None:
         async with asyncio.TaskGroup() as group:
             resumed, self._resumed = self._resumed, []
-            for sequence, (prompt, target) in enumerate(resumed):  # a restored checkpoint's pending prompts first
-                self._pending[-1 - sequence] = (prompt, target)
-            for sequence, (prompt, target) in enumerate(resumed):
-                await self._launch(group, prompt, target, -1 - sequence)
+            for sequence, entry in enumerate(resumed):  # a restored checkpoint's pending prompts first
+                self._pending[-1 - sequence] = entry
+            for sequence, entry in enumerate(resumed):
+                await self._launch(group, entry, -1 - sequence)
             while True:
                 async with self._changed:
                     await self._changed.wait_for(lambda: self.sampler.can_admit(self.trainer_version))
@@ -143,15 +146,16 @@ class SingleController:
                 if batch is None:
                     break
                 target = self.sampler.admit()
+                entries = [self.recovery.pending(prompt, target) for prompt in batch]
                 sequences = [next(self._sequence) for _ in batch]
-                self._pending.update(zip(sequences, ((prompt, target) for prompt in batch), strict=True))
-                for sequence, prompt in zip(sequences, batch, strict=True):
-                    await self._launch(group, prompt, target, sequence)
+                self._pending.update(zip(sequences, entries, strict=True))
+                for sequence, entry in zip(sequences, entries, strict=True):
+                    await self._launch(group, entry, sequence)
         async with self._changed:
             self._exhausted = True
             self._changed.notify_all()
 
-    async def _launch(self, group: asyncio.TaskGroup, prompt: Prompt, target: int | None, sequence: int) -> None:
+    async def _launch(self, group: asyncio.TaskGroup, entry: PendingGroup, sequence: int) -> None:
         await self.buffer_permits.acquire()
         try:
             await self.inflight_permits.acquire()
@@ -164,9 +168,7 @@ class SingleController:
             self._release_both()
             raise
         started = asyncio.Event()
-        task = group.create_task(
-            self._dispatch_one(prompt, target, started, sequence), name=f"rollout {prompt.prompt_id}"
-        )
+        task = group.create_task(self._dispatch_one(entry, started, sequence), name=f"rollout {entry.prompt.prompt_id}")
         task.add_done_callback(lambda t: None if started.is_set() else self._release_both())
         self._counts["dispatched"] += 1
         await self._notify()
@@ -175,11 +177,12 @@ class SingleController:
         self.buffer_permits.release()
         self.inflight_permits.release()
 
-    async def _dispatch_one(self, prompt: Prompt, target: int | None, started: asyncio.Event, sequence: int) -> None:
+    async def _dispatch_one(self, entry: PendingGroup, started: asyncio.Event, sequence: int) -> None:
         started.set()
         committed = False
         try:
-            await self.manager.generate_and_push(prompt, target_step=target)
+            # with token capture the manager seals finished generations into entry.sealed (and reuses those there)
+            await self.manager.generate_and_push(entry.prompt, target_step=entry.target_step, sealed=entry.sealed)
             committed = True  # the buffer permit now belongs to the group until it is selected or evicted
             self._pending.pop(sequence, None)  # the buffer holds it now (no await since its commit: one cut)
             self._counts["committed"] += 1
@@ -364,10 +367,7 @@ class SingleController:
             "dispatch_index": self.sampler.dispatch_index,
             "replay_index": self.buffer.state_dict(claimed=self._claims),
             "claimed": len(self._claims),
-            "pending": [
-                {"prompt": prompt_to_dict(prompt), "target_step": target}
-                for _, (prompt, target) in sorted(self._pending.items())
-            ],
+            "pending": [entry.to_dict() for _, entry in sorted(self._pending.items())],
         }
 
     async def restore(self, state: dict[str, Any], *, group_size: int) -> None:
@@ -379,7 +379,7 @@ class SingleController:
             raise RuntimeError("restore() must come before start()")
         if state.get("version") != CHECKPOINT_STATE_VERSION:
             raise ValueError(f"controller state version {state.get('version')!r} is not {CHECKPOINT_STATE_VERSION}")
-        pending = [(prompt_from_dict(p["prompt"]), p["target_step"]) for p in state["pending"]]
+        pending = [PendingGroup.from_dict(p, capture=self.recovery.token_capture) for p in state["pending"]]
         groups, claimed = len(state["replay_index"]["groups"]), int(state.get("claimed", 0))
         if groups - claimed + len(pending) > self.buffer_permits.total:
             raise ValueError(

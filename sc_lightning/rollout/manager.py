@@ -83,14 +83,20 @@ class RolloutManager:
     inflight: dict[str, InflightGroup] = field(default_factory=dict)
     _visits: dict[str, int] = field(default_factory=dict)
 
-    async def generate_and_push(self, prompt: Prompt, *, target_step: int | None = None) -> Any:
-        """Reserve, roll out and commit one prompt group; returns what the sink's commit returns."""
-        start = self.weight_version
+    async def generate_and_push(
+        self, prompt: Prompt, *, target_step: int | None = None, sealed: dict[int, Generation] | None = None
+    ) -> Any:
+        """Reserve, roll out and commit one prompt group; returns what the sink's commit returns.
+
+        ``sealed`` (token capture): generations already finished, by index, are reused; each one finishing now is
+        added to it as soon as it finishes. The group's start weight is then its oldest generation's version.
+        """
+        start = min([self.weight_version, *(g.weight_version for g in (sealed or {}).values())])
         group_id = self.sink.reserve(prompt_id=prompt.prompt_id, weight_version=start, target_step=target_step)
         self.inflight[group_id] = InflightGroup(asyncio.current_task(), start, prompt.prompt_id)
         try:
             try:
-                group = await self.run_rollout(prompt, group_id)
+                group = await self.run_rollout(prompt, group_id, sealed)
             finally:
                 self.inflight.pop(group_id, None)  # before commit, so an abort cannot interrupt the commit
             return await self.sink.commit(group_id, group, start_weight=start, end_weight=self.weight_version)
@@ -100,18 +106,34 @@ class RolloutManager:
                 raise
             raise self._error(f"{type(exc).__name__}: {exc}", prompt, group_id) from exc
 
-    async def run_rollout(self, prompt: Prompt, group_id: str) -> ScoredGroup:
-        """Generate N completions concurrently (the first failure cancels the rest) and score them."""
+    async def run_rollout(
+        self, prompt: Prompt, group_id: str, sealed: dict[int, Generation] | None = None
+    ) -> ScoredGroup:
+        """Generate N completions concurrently (the first failure cancels the rest) and score them.
+
+        Indices already in ``sealed`` are not generated again; with ``sealed`` given, each new generation is
+        sealed into it the moment it finishes.
+        """
+
+        async def one(index: int, seed: int) -> Generation:
+            generation = await self._generate(prompt, group_id, seed)
+            if sealed is not None:
+                sealed[index] = generation
+            return generation
+
+        done = dict(sealed or {})
         try:
             async with asyncio.TaskGroup() as group:
                 visit = self._visits[prompt.prompt_id] = self._visits.get(prompt.prompt_id, -1) + 1
-                tasks = [
-                    group.create_task(self._generate(prompt, group_id, self._sample_seed(prompt, visit, index)))
+                tasks = {
+                    index: group.create_task(one(index, self._sample_seed(prompt, visit, index)))
                     for index in range(self.settings.generations_per_prompt)
-                ]
+                    if index not in done
+                }
         except ExceptionGroup as failures:  # the first failure cancelled its siblings; report that one
             raise failures.exceptions[0] from None
-        generations = [task.result() for task in tasks]
+        done.update((index, task.result()) for index, task in tasks.items())
+        generations = [done[index] for index in range(self.settings.generations_per_prompt)]
         scores = await self._score(prompt, group_id, [self.tokenizer.decode(g.token_ids) for g in generations])
         masked = frozenset(i for i, score in enumerate(scores) if score.mask_sample)
         return ScoredGroup(prompt, tuple(generations), tuple(score.reward for score in scores), masked)
