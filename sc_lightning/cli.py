@@ -89,13 +89,6 @@ def fit(config: SCConfig, lightning: dict[str, Any]) -> int:
     callbacks: list[Any] = [RefitCallback(colocated=config.policy.generation.colocated.enabled)]
     resume = None
     if config.checkpointing.enabled:
-        if not config.checkpointing.save_data_plane:
-            print(
-                "error: checkpointing.enabled needs checkpointing.save_data_plane: true for now (resuming without "
-                "the buffered groups' rows is not implemented yet)",
-                file=sys.stderr,
-            )
-            return EXIT_INVALID_CONFIG
         from sc_lightning.checkpoint.atomic import BundleError
         from sc_lightning.checkpoint.fingerprint import FingerprintMismatch
         from sc_lightning.checkpoint.snapshots import SnapshotError

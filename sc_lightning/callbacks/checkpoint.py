@@ -49,7 +49,8 @@ class BundleCheckpoint(Callback):
         controller = trainer.strategy.controller
         with write_atomically(final) as directory:
             trainer.save_checkpoint(directory / TRAINER_FILE, weights_only=not self.config.save_optimizer)
-            state = controller.snapshot(str(directory / DATA_PLANE_DIR))
+            rows = str(directory / DATA_PLANE_DIR) if self.config.save_data_plane else None
+            state = controller.snapshot(rows)  # without rows, the buffered groups are listed to regenerate
             write_controller_files(directory, state)
             if self.config.metric_name is not None:
                 write_ranking(directory, self.config.metric_name, self._metric(trainer, step))

@@ -153,18 +153,22 @@ def data_plane_checkpoints(config: SCConfig, report: Report) -> None:
     ckpt = config.checkpointing
     if ckpt.save_data_plane and not ckpt.enabled:
         report.error("checkpointing.save_data_plane", "is true but checkpointing.enabled is false; enable both")
-    if not ckpt.enabled or ckpt.save_data_plane:
+    if not ckpt.enabled:
         return
     if isinstance(config.async_rl.sampler, CustomSampler):
         capabilities = _capabilities(config, report)
         if capabilities is None:
             return
         if not capabilities.buffer_checkpoint:
+            shadow = " (save_data_plane keeps their rows in shadow mode, unused)" if ckpt.save_data_plane else ""
             report.warn(
                 "async_rl.sampler.target",
-                "does not declare supports_buffer_checkpoint = True; buffered groups are not restored on resume",
+                "does not declare supports_buffer_checkpoint = True; buffered groups' rows are not restored on "
+                f"resume{shadow}: they are generated again from their prompts",
             )
             return
+    if ckpt.save_data_plane:
+        return
     report.error(
         "checkpointing.save_data_plane",
         "is false with checkpointing enabled; completed, unconsumed rollout groups would be lost on restart, "

@@ -204,8 +204,7 @@ class TQReplayBuffer:
 
         ``claimed`` groups (taken by the step being trained, rows still in the data plane) come first.
         """
-        groups = [asdict(meta) for meta in [*claimed, *self.ready_metas()]]
-        return {"version": REPLAY_INDEX_VERSION, "groups": groups, "digest": replay_digest(groups)}
+        return replay_index([*claimed, *self.ready_metas()])
 
     def load_state_dict(self, state: dict[str, Any], *, max_groups: int, expected_group_size: int) -> int:
         """Restore committed groups from a replay index (their rows must already be in the data plane)."""
@@ -231,6 +230,12 @@ class TQReplayBuffer:
     def _delete(self, sorted_indices: Sequence[int]) -> None:
         for index in reversed(sorted_indices):
             del self.slots[index]
+
+
+def replay_index(metas: Sequence[GroupMeta]) -> dict[str, Any]:
+    """A metadata-only replay index of ``metas``, in order, with the digest that binds it to their rows."""
+    groups = [asdict(meta) for meta in metas]
+    return {"version": REPLAY_INDEX_VERSION, "groups": groups, "digest": replay_digest(groups)}
 
 
 def replay_digest(groups: list[dict[str, Any]]) -> str:

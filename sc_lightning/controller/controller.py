@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
@@ -35,7 +36,7 @@ from typing import Any
 import torch
 
 from sc_lightning.config.runtime import RolloutRecoveryConfig
-from sc_lightning.controller.buffer import GroupMeta, TQReplayBuffer
+from sc_lightning.controller.buffer import GroupMeta, TQReplayBuffer, replay_index
 from sc_lightning.controller.permits import Permits
 from sc_lightning.controller.recovery import PendingGroup, RecoveryPolicy
 from sc_lightning.controller.samplers import PromptGroupSampler
@@ -45,6 +46,7 @@ from sc_lightning.rollout.manager import RolloutManager
 from sc_lightning.rollout.prompts import PromptStream
 
 CHECKPOINT_STATE_VERSION = 1
+log = logging.getLogger(__name__)
 
 
 class RolloutPumpError(RuntimeError):
@@ -108,6 +110,7 @@ class SingleController:
         self._resumed: list[PendingGroup] = []
         self._aborting = False
         self._claims: list[GroupMeta] = []  # selected since the last refit: the step being trained
+        self._committed: dict[str, PendingGroup] = {}  # ledger entries of claimed and buffered groups, by group id
         self._claims_lock = asyncio.Lock()  # a snapshot holds it, so the claims and trainer_version stay put
         self._background: list[tuple[str, Callable[[SingleController], Awaitable[None]]]] = []
         self._background_tasks: list[asyncio.Task] = []
@@ -182,9 +185,12 @@ class SingleController:
         committed = False
         try:
             # with token capture the manager seals finished generations into entry.sealed (and reuses those there)
-            await self.manager.generate_and_push(entry.prompt, target_step=entry.target_step, sealed=entry.sealed)
+            meta = await self.manager.generate_and_push(
+                entry.prompt, target_step=entry.target_step, sealed=entry.sealed
+            )
             committed = True  # the buffer permit now belongs to the group until it is selected or evicted
             self._pending.pop(sequence, None)  # the buffer holds it now (no await since its commit: one cut)
+            self._committed[meta.group_id] = entry  # until trained or evicted: a checkpoint without rows needs it
             self._counts["committed"] += 1
         except asyncio.CancelledError:
             if self._aborting:  # aborted by a refit (doomed by the sampler): dropped on purpose, not pending
@@ -230,6 +236,8 @@ class SingleController:
         self.raise_if_failed()
         evicted = await self.sampler.evict(trainer_version=trainer_version)
         self._account_removed(evicted, "evicted")
+        for group in evicted:
+            self._committed.pop(group.group_id, None)
         return evicted
 
     async def select(
@@ -275,6 +283,8 @@ class SingleController:
         """
         async with self._claims_lock:
             claims, self._claims = self._claims, []
+            for group in claims:
+                self._committed.pop(group.group_id, None)
             await self.buffer.delete_rows(claims)  # and the rows of groups evicted meanwhile
             self._dispatch_open.clear()
             self.trainer_version = next_version
@@ -337,8 +347,12 @@ class SingleController:
         async with self._claims_lock, self.buffer.commits_paused():
             yield
 
-    async def snapshot(self, directory: str | Path) -> dict[str, Any]:
+    async def snapshot(self, directory: str | Path | None) -> dict[str, Any]:
         """Write the data plane's rows into ``directory`` and return :meth:`checkpoint_state` — at any moment.
+
+        The state indexes the saved rows when the sampler ``supports_buffer_checkpoint``; otherwise (shadow mode)
+        the rows are kept but not indexed, and the claimed and buffered groups are listed as pending instead. With
+        ``directory`` None no rows are saved and those groups are pending too: a resume generates them again.
 
         Both are taken behind the buffer's commit barrier and the claims lock, so the rows and the replay index
         describe the same committed groups (a group committing meanwhile waits and stays pending in this cut) and
@@ -347,10 +361,11 @@ class SingleController:
         indexed, and :meth:`restore` drops such orphans.
         """
         async with self.checkpoint_barrier():
-            await asyncio.to_thread(self.buffer.data_plane.save, directory)
-            return self.checkpoint_state()
+            if directory is not None:
+                await asyncio.to_thread(self.buffer.data_plane.save, directory)
+            return self.checkpoint_state(index_rows=directory is not None and self.sampler.supports_buffer_checkpoint)
 
-    def checkpoint_state(self) -> dict[str, Any]:
+    def checkpoint_state(self, *, index_rows: bool = True) -> dict[str, Any]:
         """Everything but the rows a resume needs: JSON-able plain data, for the trainer state of ``trainer_version``.
 
         The trainer's version, the prompt stream's cursor, the sampler's dispatch index, the replay index of the
@@ -359,15 +374,28 @@ class SingleController:
         stream but not committed (in flight or waiting for permits) — with their target steps. Every prompt taken
         from the stream is thus trained already (by a step of ``trainer_version``'s checkpoint), claimed, buffered,
         or pending: none is lost or repeated by a resume.
+
+        Without ``index_rows`` the replay index is empty and the claimed and buffered groups come first in the
+        pending list instead (their rows will not be restored; with token capture their sealed generations are).
         """
+        pending = [entry for _, entry in sorted(self._pending.items())]
+        index = self.buffer.state_dict(claimed=self._claims)
+        if not index_rows:
+            committed = [meta.group_id for meta in [*self._claims, *self.buffer.ready_metas()]]
+            unknown = [group_id for group_id in committed if group_id not in self._committed]
+            if unknown:  # restored from a replay index by a capable sampler: no prompt to regenerate them from
+                log.warning("checkpoint without rows: groups %s cannot be regenerated and are left out", unknown)
+            pending = [self._committed[g] for g in committed if g in self._committed] + pending
+            index = replay_index([])
         return {
             "version": CHECKPOINT_STATE_VERSION,
             "trainer_version": self.trainer_version,
             "prompts": self.prompts.state_dict(),
             "dispatch_index": self.sampler.dispatch_index,
-            "replay_index": self.buffer.state_dict(claimed=self._claims),
+            "replay_index": index,
             "claimed": len(self._claims),
-            "pending": [entry.to_dict() for _, entry in sorted(self._pending.items())],
+            "rows_indexed": index_rows,
+            "pending": [entry.to_dict() for entry in pending],
         }
 
     async def restore(self, state: dict[str, Any], *, group_size: int) -> None:
@@ -381,9 +409,9 @@ class SingleController:
             raise ValueError(f"controller state version {state.get('version')!r} is not {CHECKPOINT_STATE_VERSION}")
         pending = [PendingGroup.from_dict(p, capture=self.recovery.token_capture) for p in state["pending"]]
         groups, claimed = len(state["replay_index"]["groups"]), int(state.get("claimed", 0))
-        if groups - claimed + len(pending) > self.buffer_permits.total:
+        if groups + len(pending) - claimed > self.buffer_permits.total:  # claims (indexed or pending) were over it
             raise ValueError(
-                f"the checkpoint holds {groups - claimed} buffered and {len(pending)} pending groups, more than "
+                f"the checkpoint holds {groups + len(pending) - claimed} buffered and pending groups, more than "
                 f"async_rl.max_buffered_rollouts={self.buffer_permits.total}; resume with at least that capacity"
             )
         self.prompts.load_state_dict(state["prompts"])

@@ -55,7 +55,7 @@ class ControllerClient(Protocol):
     def stats(self) -> ControllerStats:
         """Counters of the controller."""
 
-    def snapshot(self, directory: str) -> dict[str, Any]:
+    def snapshot(self, directory: str | None) -> dict[str, Any]:
         """Between steps: the data plane's rows into ``directory``; returns the controller's checkpoint state."""
 
     def shutdown(self) -> None:
@@ -118,7 +118,7 @@ class LocalController:
         """Counters of the controller."""
         return self.call(_stats(self.controller))
 
-    def snapshot(self, directory: str) -> dict[str, Any]:
+    def snapshot(self, directory: str | None) -> dict[str, Any]:
         """Between steps: the data plane's rows into ``directory``; returns the controller's checkpoint state."""
         return self.call(self.controller.snapshot(directory))
 
@@ -182,7 +182,7 @@ class RayController:
         """Counters of the controller."""
         return self._get(self.actor.stats.remote())
 
-    def snapshot(self, directory: str) -> dict[str, Any]:
+    def snapshot(self, directory: str | None) -> dict[str, Any]:
         """Between steps: the data plane's rows into ``directory`` (a path the actor can write)."""
         return self._get(self.actor.snapshot.remote(directory))
 
@@ -242,7 +242,7 @@ class SingleControllerActor:
         """See SingleController.stats."""
         return self._controller.stats()
 
-    async def snapshot(self, directory: str) -> dict[str, Any]:
+    async def snapshot(self, directory: str | None) -> dict[str, Any]:
         """See SingleController.snapshot."""
         return await self._controller.snapshot(directory)
 

@@ -153,8 +153,9 @@ class SingleControllerStrategy(SingleDeviceStrategy):
         if bundle is None:
             return None
         assert self.data_plane is not None
-        self.data_plane.load(bundle / DATA_PLANE_DIR)
         state = read_controller_state(bundle)
+        if state.get("rows_indexed", True):  # shadow mode or no save_data_plane: the groups are pending instead
+            self.data_plane.load(bundle / DATA_PLANE_DIR)
         group_size = self.config.algo.num_generations_per_prompt
 
         async def restore(controller: SingleController) -> None:

@@ -86,7 +86,16 @@ WARNING_CASES = [
         "custom sampler without buffer checkpoints",
         variant(sampler(name="custom", target=f"{CUSTOM}:NoCheckpointSampler"), ckpt(enabled=True)),
         "async_rl.sampler.target",
-        "not restored on resume",
+        "not restored on resume: they are generated again",
+    ),
+    (
+        "custom sampler without buffer checkpoints, shadow mode",
+        variant(
+            sampler(name="custom", target=f"{CUSTOM}:NoCheckpointSampler"),
+            ckpt(enabled=True, save_data_plane=True),
+        ),
+        "async_rl.sampler.target",
+        "in shadow mode",
     ),
 ]
 

@@ -131,3 +131,31 @@ def test_a_restart_redispatches_only_the_unfinished_siblings() -> None:
         await restarted.shutdown()
 
     asyncio.run(scenario())
+
+
+def test_without_rows_a_captured_buffered_group_comes_back_whole_without_generating() -> None:
+    """A checkpoint without data-plane rows lists the buffered group to redispatch, all siblings sealed."""
+
+    async def scenario() -> None:
+        cfg = dataclasses.replace(
+            config({"name": "in_order", "max_lookahead_versions": 0}, n=1),
+            token_capture=TokenCaptureConfig(enabled=True),
+        )
+        source = make(cfg, ScriptedEngine(answer_correctly), dataset_size=2)
+        await source.start()
+        await source.wait_until(lambda: len(source.buffer.ready_metas()) == 1, timeout_s=30)
+        state = json.loads(json.dumps(await source.snapshot(None)))
+        await source.shutdown()
+        assert state["replay_index"]["groups"] == [] and not state["rows_indexed"]
+        (entry,) = state["pending"]
+        assert [g["index"] for g in entry["sealed"]] == [0, 1]
+
+        engine = ScriptedEngine(answer_correctly)
+        restarted = make(cfg, engine, dataset_size=2)
+        await restarted.restore(state, group_size=2)
+        await restarted.start()
+        (group,) = await restarted.select(0, 1, 1, timeout_s=30)
+        assert group.prompt_id == entry["prompt"]["prompt_id"] and engine.calls == 0  # nothing generated again
+        await restarted.shutdown()
+
+    asyncio.run(scenario())
