@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from sc_lightning.controller.samplers import WindowedSampler
+from sc_lightning.controller.samplers import InOrderSampler, WindowedSampler
 
 
 class LatestOnly(WindowedSampler):
@@ -20,3 +20,10 @@ class Incomplete:
         self.buffer = buffer
         self.dispatch_index = -1
         self.is_on_policy = True
+
+
+class NoReplayInOrder(InOrderSampler):
+    """in_order, but declaring no buffer-checkpoint support: its checkpoints regenerate buffered groups."""
+
+    supports_buffer_checkpoint = False
+    supports_training_claims = False
