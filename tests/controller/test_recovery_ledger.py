@@ -103,15 +103,16 @@ def test_a_failed_group_keeps_what_finished_before_the_failure() -> None:
     assert sorted(sealed) == [0, 1, 2]  # a retry or a restart reuses these
 
 
+CAPTURED = dataclasses.replace(
+    config({"name": "in_order", "max_lookahead_versions": 0}, n=1), token_capture=TokenCaptureConfig(enabled=True)
+)  # one prompt x two generations per step, on-policy, token capture on
+
+
 def test_a_restart_redispatches_only_the_unfinished_siblings() -> None:
     """A checkpoint state whose pending group has one of two generations sealed: one request, tokens kept."""
 
     async def scenario() -> None:
-        cfg = dataclasses.replace(
-            config({"name": "in_order", "max_lookahead_versions": 0}, n=1),
-            token_capture=TokenCaptureConfig(enabled=True),
-        )
-        source = make(cfg, ScriptedEngine(answer_correctly), dataset_size=2)
+        source = make(CAPTURED, ScriptedEngine(answer_correctly), dataset_size=2)
         state = json.loads(json.dumps(source.checkpoint_state()))
         taken = next(source.prompts)  # the first prompt left the dataset, its group unfinished at the crash
         state["prompts"] = source.prompts.state_dict()
@@ -120,7 +121,7 @@ def test_a_restart_redispatches_only_the_unfinished_siblings() -> None:
         await source.shutdown()
 
         engine = ScriptedEngine(answer_correctly)
-        restarted = make(cfg, engine, dataset_size=2)
+        restarted = make(CAPTURED, engine, dataset_size=2)
         await restarted.restore(state, group_size=2)
         await restarted.start()
         first = await restarted.select(0, 1, 1, timeout_s=30)
@@ -137,11 +138,7 @@ def test_without_rows_a_captured_buffered_group_comes_back_whole_without_generat
     """A checkpoint without data-plane rows lists the buffered group to redispatch, all siblings sealed."""
 
     async def scenario() -> None:
-        cfg = dataclasses.replace(
-            config({"name": "in_order", "max_lookahead_versions": 0}, n=1),
-            token_capture=TokenCaptureConfig(enabled=True),
-        )
-        source = make(cfg, ScriptedEngine(answer_correctly), dataset_size=2)
+        source = make(CAPTURED, ScriptedEngine(answer_correctly), dataset_size=2)
         await source.start()
         await source.wait_until(lambda: len(source.buffer.ready_metas()) == 1, timeout_s=30)
         state = json.loads(json.dumps(await source.snapshot(None)))
@@ -151,7 +148,7 @@ def test_without_rows_a_captured_buffered_group_comes_back_whole_without_generat
         assert [g["index"] for g in entry["sealed"]] == [0, 1]
 
         engine = ScriptedEngine(answer_correctly)
-        restarted = make(cfg, engine, dataset_size=2)
+        restarted = make(CAPTURED, engine, dataset_size=2)
         await restarted.restore(state, group_size=2)
         await restarted.start()
         (group,) = await restarted.select(0, 1, 1, timeout_s=30)
