@@ -19,6 +19,7 @@ def lr_multiplier(config: OptimizerConfig, *, total_steps: int) -> Callable[[int
     floor = config.min_lr / config.lr
 
     def factor(step: int) -> float:
+        """The multiplier of lr at optimizer step ``step``."""
         if step < warmup:
             return (step + 1) / warmup
         if config.lr_decay_style == "constant":
