@@ -25,6 +25,7 @@ _EXPORTS = {
     "cpu_compat": ("apply_cpu_compat",),
     "attention": ("SDPACoreAttention", "gpt_layer_spec_sdpa"),
     "hf_dir": ("save_hf_directory",),
+    "value": ("ValueHead", "attach_value_head", "load_critic", "token_values"),
 }
 _WHERE = {name: module for module, names in _EXPORTS.items() for name in names}
 __all__ = sorted(_WHERE)

@@ -27,7 +27,7 @@ def real_vocab_size(model: torch.nn.Module) -> int | None:
     return None
 
 
-def _device_of(model: torch.nn.Module) -> torch.device:
+def device_of(model: torch.nn.Module) -> torch.device:
     """The device of ``model``'s parameters (token ids are moved there)."""
     return next(model.parameters()).device
 
@@ -68,7 +68,7 @@ def token_logprobs(
     defaults to the real vocabulary recorded by ``build_gpt_model``. Works at any TP size (all TP ranks call it
     with the same ids).
     """
-    input_ids = input_ids.to(_device_of(model))
+    input_ids = input_ids.to(device_of(model))
     logits = model(input_ids, None, None)  # (B, T, V/TP)
     vocab = vocab_size if vocab_size is not None else real_vocab_size(model)
     return logprobs_from_logits(logits, input_ids, vocab_size=vocab, temperature=temperature)
@@ -76,7 +76,7 @@ def token_logprobs(
 
 def logits_of(model: torch.nn.Module, input_ids: Tensor, *, vocab_size: int | None = None) -> Tensor:
     """``(B, T, vocab)`` fp32 logits over the real vocabulary (all-gathered at TP > 1, without gradient there)."""
-    logits = model(input_ids.to(_device_of(model)), None, None).float()  # (B, T, V/TP)
+    logits = model(input_ids.to(device_of(model)), None, None).float()  # (B, T, V/TP)
     tp = parallel_state.get_tensor_model_parallel_world_size()
     if tp > 1:
         parts = [torch.empty_like(logits) for _ in range(tp)]

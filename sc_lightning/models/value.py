@@ -1,0 +1,57 @@
+"""The PPO critic: a megatron-core ``GPTModel`` whose vocabulary projection is replaced by a scalar value head.
+
+The backbone is built like a policy (:func:`~sc_lightning.models.megatron.load_policy`: a builtin or an HF
+checkpoint), then :func:`attach_value_head` swaps ``output_layer`` for :class:`ValueHead` — a zero-initialised
+``hidden -> 1`` linear, so a fresh critic predicts 0 everywhere — and unties it from the embedding. Everything else
+(transformer layers, final norm, TP/PP) is megatron-core's own.
+
+:func:`token_values` aligns values with log-probs: ``values[:, t]`` is the estimate for the state *before* token
+``t`` (read from position ``t - 1``), 0 at ``t = 0``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from sc_lightning.models.logprobs import device_of
+
+
+class ValueHead(torch.nn.Module):
+    """``hidden (S, B, H) -> values (S, B, 1)``, called like a GPTModel output layer; starts at zero."""
+
+    def __init__(self, hidden_size: int, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.linear = torch.nn.Linear(hidden_size, 1, dtype=dtype)
+        torch.nn.init.zeros_(self.linear.weight)
+        torch.nn.init.zeros_(self.linear.bias)
+        self.sequence_parallel = False  # read by GPTModel's inference path
+
+    def forward(self, hidden: Tensor, weight: Tensor | None = None, **_: Any) -> tuple[Tensor, None]:
+        """The values and no bias (the output-layer calling convention)."""
+        return self.linear(hidden), None
+
+
+def attach_value_head(model: torch.nn.Module) -> torch.nn.Module:
+    """Replace ``model``'s vocabulary projection by a :class:`ValueHead` (untied from the embedding)."""
+    config = model.config
+    device = next(model.parameters()).device
+    model.output_layer = ValueHead(config.hidden_size, config.params_dtype).to(device)
+    model.share_embeddings_and_output_weights = False
+    return model
+
+
+def token_values(critic: torch.nn.Module, input_ids: Tensor) -> Tensor:
+    """``(B, T)`` fp32 values aligned with log-probs (the state before each token; 0 at ``t = 0``); differentiable."""
+    out = critic(input_ids.to(device_of(critic)), None, None)[..., 0].float()  # (B, T): after reading token t
+    return torch.nn.functional.pad(out[:, :-1], (1, 0))  # shift right: the state before token t
+
+
+def load_critic(model_name: str, **policy_kwargs: Any) -> torch.nn.Module:
+    """A critic on the backbone ``model_name`` (``policy_kwargs`` as for ``load_policy``), with a fresh value head."""
+    from sc_lightning.models.megatron import load_policy
+
+    model, _, _ = load_policy(model_name, **policy_kwargs)
+    return attach_value_head(model)
