@@ -84,6 +84,7 @@ def fit(config: SCConfig, lightning: dict[str, Any]) -> int:
     from sc_lightning.lightning.cli_parser import SCLightningCLI
     from sc_lightning.lightning.engine_factory import default_engine_factory
     from sc_lightning.lightning.module import GRPOModule
+    from sc_lightning.lightning.ppo_module import PPOModule
     from sc_lightning.lightning.strategy import SingleControllerStrategy
 
     callbacks: list[Any] = [RefitCallback(colocated=config.policy.generation.colocated.enabled)]
@@ -109,7 +110,8 @@ def fit(config: SCConfig, lightning: dict[str, Any]) -> int:
         trainer_defaults={"callbacks": callbacks},
     )
     ckpt_path = str(resume.trainer_checkpoint) if resume and resume.trainer_checkpoint else None
-    cli.trainer.fit(GRPOModule(config), ckpt_path=ckpt_path)
+    module = PPOModule(config) if config.is_ppo else GRPOModule(config)
+    cli.trainer.fit(module, ckpt_path=ckpt_path)
     return 0
 
 

@@ -2,7 +2,8 @@
 
 on_train_batch_end (the optimizer step is done, global_step = v):
     begin_refit(v)     close dispatch; abort in-flight rollouts the sampler says can never be trained
-    push_weights(v)    export the policy under HF names and load it into the engine
+    push_weights(v)    export the policy under HF names and load it into the engine (skipped while a PPO
+                       critic warm-up leaves the policy unchanged: ``pl_module.policy_trained`` is False)
     finish_refit(v)    new rollouts are stamped with version v; dispatch reopens
 """
 
@@ -43,10 +44,11 @@ class RefitCallback(Callback):
         version = trainer.global_step
         started = time.monotonic()
         aborted = controller.begin_refit(version)
-        weights = [
-            (name, tensor.detach().clone()) for name, tensor in export_hf_weights(pl_module.policy, pl_module.spec)
-        ]
-        controller.push_weights(weights, version)
+        if getattr(pl_module, "policy_trained", True):  # PPO critic warm-up: the policy did not change
+            weights = [
+                (name, tensor.detach().clone()) for name, tensor in export_hf_weights(pl_module.policy, pl_module.spec)
+            ]
+            controller.push_weights(weights, version)
         if self.colocated:
             controller.wake_engine()
         controller.finish_refit(version)

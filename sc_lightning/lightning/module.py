@@ -19,6 +19,7 @@ from lightning.pytorch import LightningModule
 
 from sc_lightning.algorithms import ClippedPGLoss
 from sc_lightning.config import SCConfig
+from sc_lightning.config.model import OptimizerConfig
 from sc_lightning.engines.sampling import scoring_temperature
 from sc_lightning.lightning.lr_schedule import lr_multiplier
 from sc_lightning.lightning.policy_update import PolicyUpdate
@@ -36,6 +37,20 @@ class RLStep(Protocol):
 
     def chunks(self) -> Iterable[TrainChunk]:
         """The step's chunks of whole prompt groups."""
+
+
+def adamw(
+    model: torch.nn.Module, opt_cfg: OptimizerConfig, total_steps: int
+) -> tuple[torch.optim.AdamW, torch.optim.lr_scheduler.LambdaLR]:
+    """AdamW over ``model`` and its learning-rate schedule (``total_steps`` bounds the decay)."""
+    optimizer = torch.optim.AdamW(
+        model.parameters(),
+        lr=opt_cfg.lr,
+        betas=(opt_cfg.adam_beta1, opt_cfg.adam_beta2),
+        eps=opt_cfg.adam_eps,
+        weight_decay=opt_cfg.weight_decay,
+    )
+    return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, lr_multiplier(opt_cfg, total_steps=total_steps))
 
 
 class GRPOModule(LightningModule):
@@ -80,29 +95,27 @@ class GRPOModule(LightningModule):
 
     def configure_optimizers(self) -> Any:
         """AdamW with the configured warm-up and decay (stepped once per RL step by finish_train_step)."""
-        opt_cfg = self.config.policy.optimizer
-        optimizer = torch.optim.AdamW(
-            self.policy.parameters(),
-            lr=opt_cfg.lr,
-            betas=(opt_cfg.adam_beta1, opt_cfg.adam_beta2),
-            eps=opt_cfg.adam_eps,
-            weight_decay=opt_cfg.weight_decay,
-        )
-        schedule = lr_multiplier(opt_cfg, total_steps=self.config.algo.max_num_steps)
-        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
+        optimizer, scheduler = adamw(self.policy, self.config.policy.optimizer, self.config.algo.max_num_steps)
         return {"optimizer": optimizer, "lr_scheduler": scheduler}
 
-    def policy_update(self) -> PolicyUpdate:
-        """The split train API over this module's optimizer, scheduler and backward."""
-        scheduler = self.lr_schedulers()
+    def policy_optimizer(self) -> Any:
+        """The policy's (Lightning-wrapped) optimizer: each of its steps counts as one RL step."""
+        return self.optimizers()
+
+    def policy_scheduler(self) -> Any:
+        """The policy's learning-rate scheduler."""
+        return self.lr_schedulers()
+
+    def policy_update(self, *, optimizer: Any = None, step_scheduler: bool = True) -> PolicyUpdate:
+        """The split train API over the policy's optimizer (or ``optimizer``), scheduler and backward."""
         return PolicyUpdate(
             self.policy,
-            self.optimizers(),
+            optimizer if optimizer is not None else self.policy_optimizer(),
             self.loss_fn,
             micro_batch_size=self.config.policy.train_micro_batch_size,
             clip_grad=self.config.policy.optimizer.clip_grad,
             backward=self.manual_backward,
-            scheduler=scheduler if scheduler is not None else None,
+            scheduler=self.policy_scheduler() if step_scheduler else None,
             vocab_size=self.spec.vocab_size,
             reference_model=self.reference,
             temperature=scoring_temperature(self.config.policy.generation.temperature),
@@ -135,6 +148,18 @@ class GRPOModule(LightningModule):
             rewards.append(chunk.rewards)
             staleness += [step.version - w for w in chunk.start_weights]
         metrics = update.finish()
+        return self.finish_step(step, index, started, metrics, torch.cat(rewards), staleness)
+
+    def finish_step(
+        self,
+        step: RLStep,
+        index: int,
+        started: float,
+        metrics: dict[str, float],
+        rewards: torch.Tensor,
+        staleness: list[int],
+    ) -> dict[str, torch.Tensor]:
+        """Write the step's train_data.jsonl rows and log ``train/*``, timings and the progress bar."""
         if self._train_data_log is not None:
             self._train_data_log.write(index, step.trained_rows)
         timing = {
@@ -142,7 +167,7 @@ class GRPOModule(LightningModule):
             "policy_training": time.monotonic() - started - step.chunk_wait_s,
         }
         self.log_dict({f"timing/train/{k}": v for k, v in timing.items()}, on_step=True, batch_size=1)
-        metrics["reward"] = float(torch.cat(rewards).mean())
+        metrics["reward"] = float(rewards.mean())
         metrics["staleness_mean"] = sum(staleness) / len(staleness)
         metrics["staleness_max"] = float(max(staleness))
         self.log_dict({f"train/{k}": v for k, v in metrics.items()}, on_step=True, batch_size=len(staleness))

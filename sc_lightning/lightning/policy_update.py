@@ -7,6 +7,7 @@ depend on how the step was chunked or micro-batched: grad_norm and the new weigh
 
 On GRPO the policy does not change inside a step, so the trainer's old logprobs equal the current ones: prev =
 logprobs.detach() (ratio 1 with a gradient), and the importance weight exp(prev − gen) corrects for the engine.
+PPO with several epochs over one batch sets the chunk's ``prev_logprobs`` (pi_old, fixed at the step's start).
 """
 
 from __future__ import annotations
@@ -96,7 +97,7 @@ class PolicyUpdate:
             )
             loss, metrics = self.loss_fn(
                 logprobs,
-                prev_logprobs=logprobs.detach(),
+                prev_logprobs=logprobs.detach() if batch.prev_logprobs is None else batch.prev_logprobs,
                 generation_logprobs=batch.generation_logprobs,
                 advantages=batch.advantages,
                 mask=mask,

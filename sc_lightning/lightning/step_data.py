@@ -38,18 +38,41 @@ class TrainChunk:
     rewards: torch.Tensor
     group_ids: list[str] = field(default_factory=list)
     start_weights: list[int] = field(default_factory=list)
+    prev_logprobs: torch.Tensor | None = None  # pi_old fixed for several epochs (PPO); None: the current policy's
 
     def __len__(self) -> int:
         return self.input_ids.shape[0]
 
     def rows(self, index: slice) -> TrainChunk:
         """A view of some rows (micro-batching); group ids and weights follow the rows."""
-        return TrainChunk(**{f.name: getattr(self, f.name)[index] for f in fields(self)})
+        return TrainChunk(**{f.name: None if (v := getattr(self, f.name)) is None else v[index] for f in fields(self)})
 
     def microbatches(self, size: int) -> Iterator[TrainChunk]:
         """Consecutive slices of at most ``size`` rows."""
         for start in range(0, len(self), size):
             yield self.rows(slice(start, start + size))
+
+
+def concat_chunks(chunks: Sequence[TrainChunk], pad_token_id: int) -> TrainChunk:
+    """One chunk of the rows of ``chunks``, right-padded to the longest (prev_logprobs are not carried)."""
+    if len(chunks) == 1:
+        return chunks[0]
+    width = max(chunk.input_ids.shape[1] for chunk in chunks)
+
+    def cat(name: str, pad_value: float) -> torch.Tensor:
+        parts = [getattr(chunk, name) for chunk in chunks]
+        return torch.cat([torch.nn.functional.pad(p, (0, width - p.shape[1]), value=pad_value) for p in parts])
+
+    return TrainChunk(
+        input_ids=cat("input_ids", pad_token_id),
+        token_mask=cat("token_mask", 0),
+        generation_logprobs=cat("generation_logprobs", 0),
+        sample_mask=torch.cat([chunk.sample_mask for chunk in chunks]),
+        advantages=cat("advantages", 0),
+        rewards=torch.cat([chunk.rewards for chunk in chunks]),
+        group_ids=[g for chunk in chunks for g in chunk.group_ids],
+        start_weights=[w for chunk in chunks for w in chunk.start_weights],
+    )
 
 
 def load_chunk(

@@ -1,0 +1,137 @@
+"""The PPO critic's side of a step: value stage, GAE targets, and ``critic_ppo_epochs`` optimizer steps.
+
+    values  = V_old(s_t)                       critic forward, no gradient (the value stage)
+    rewards = terminal reward at the last valid token of each row
+    A, R    = GAE(rewards, values; gamma, lambda) with carry-forward masking; R = A + V_old
+    A       = whiten(A) over the step's valid tokens            (ppo.adv_estimator.normalize_advantages)
+    for each critic epoch: one optimizer step on
+        coef * 0.5 * max((V - R)^2, (clip(V, V_old - eps, V_old + eps) - R)^2), averaged over valid tokens
+
+Micro-batches backpropagate raw sums; the gradient is divided once by the step's valid-token count, so the update
+does not depend on the micro-batch size. ``critic/explained_var`` = 1 - Var(R - V) / Var(R) over valid tokens,
+with V from the last epoch's forward.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from sc_lightning.algorithms import (
+    clipped_value_loss,
+    gae_advantages,
+    loss_mask,
+    terminal_token_rewards,
+    valid_counts,
+    whiten,
+)
+from sc_lightning.config.algorithm import GAEAdvantage, ValueLossConfig
+from sc_lightning.lightning.step_data import TrainChunk
+from sc_lightning.models.value import token_values
+
+
+@dataclass
+class ValueTargets:
+    """The value stage's output for a step's batch: (B, T) tensors."""
+
+    old_values: Tensor
+    advantages: Tensor
+    returns: Tensor
+    mask: Tensor
+
+
+def value_targets(critic: torch.nn.Module, batch: TrainChunk, estimator: GAEAdvantage) -> ValueTargets:
+    """Critic forward (no gradient), terminal rewards, GAE and optional whitening for ``batch``."""
+    mask = loss_mask(batch.token_mask, batch.sample_mask)  # (B, T)
+    with torch.no_grad():
+        critic.eval()
+        old_values = token_values(critic, batch.input_ids)
+    token_rewards = terminal_token_rewards(batch.rewards, mask)
+    advantages, returns = gae_advantages(
+        token_rewards, old_values, mask, gamma=estimator.gae_gamma, lam=estimator.gae_lambda
+    )
+    if estimator.normalize_advantages:
+        advantages = whiten(advantages, mask)
+    return ValueTargets(old_values, advantages, returns, mask)
+
+
+def explained_variance(values: Tensor, returns: Tensor, mask: Tensor) -> float:
+    """1 - Var(R - V) / Var(R) over the valid entries (0 when the returns do not vary)."""
+    valid = mask.bool()
+    r, v = returns[valid].double(), values[valid].double()
+    if r.numel() < 2 or float(r.var()) == 0.0:
+        return 0.0
+    return float(1.0 - (r - v).var() / r.var())
+
+
+class CriticUpdate:
+    """``critic_ppo_epochs`` optimizer steps of the clipped value loss over one step's batch."""
+
+    def __init__(
+        self,
+        critic: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        loss: ValueLossConfig,
+        *,
+        micro_batch_size: int,
+        clip_grad: float,
+        backward: Callable[[Tensor], None] | None = None,
+    ) -> None:
+        self.critic, self.optimizer, self.loss = critic, optimizer, loss
+        self.micro_batch_size, self.clip_grad = micro_batch_size, clip_grad
+        self.backward = backward or (lambda value: value.backward())
+
+    def train(self, batch: TrainChunk, targets: ValueTargets, epochs: int) -> dict[str, float]:
+        """Run ``epochs`` optimizer steps; returns the last epoch's ``critic/*`` metrics (without the prefix)."""
+        tokens = float(valid_counts(targets.mask)[0])
+        if tokens == 0:
+            raise ValueError("the step has no valid token: the critic has nothing to fit")
+        metrics: dict[str, float] = {}
+        for _ in range(epochs):
+            metrics = self._epoch(batch, targets, tokens)
+        return metrics
+
+    def _epoch(self, batch: TrainChunk, targets: ValueTargets, tokens: float) -> dict[str, float]:
+        self.critic.train()
+        self.optimizer.zero_grad(set_to_none=True)
+        sums = {"loss": 0.0, "vf_clipfrac": 0.0, "values_mean": 0.0, "returns_mean": 0.0}
+        values_seen = []
+        for rows in _slices(len(batch), self.micro_batch_size):
+            values = token_values(self.critic, batch.input_ids[rows])
+            loss, parts = clipped_value_loss(
+                values,
+                targets.old_values[rows],
+                targets.returns[rows],
+                targets.mask[rows],
+                clip_epsilon=self.loss.value_clip_epsilon,
+                coef=self.loss.value_loss_coef,
+                num_valid_tokens=1.0,  # raw sums; normalised once below
+            )
+            self.backward(loss)
+            for name in sums:
+                sums[name] += float(parts[name])
+            values_seen.append(values.detach())
+        params = [p for p in self.critic.parameters() if p.grad is not None]
+        for param in params:
+            param.grad.div_(tokens)
+        grad_norm = torch.nn.utils.clip_grad_norm_(params, self.clip_grad)
+        lr = self.optimizer.param_groups[0]["lr"]
+        self.optimizer.step()
+        values = torch.cat(values_seen)
+        valid = targets.mask.bool()
+        metrics = {name: total / tokens for name, total in sums.items()}
+        metrics.update(
+            values_min=float(values[valid].min()),
+            values_max=float(values[valid].max()),
+            explained_var=explained_variance(values, targets.returns, targets.mask),
+            grad_norm=float(grad_norm),
+            lr=lr,
+        )
+        return metrics
+
+
+def _slices(rows: int, size: int) -> list[slice]:
+    return [slice(start, start + size) for start in range(0, rows, size)]

@@ -1,0 +1,164 @@
+"""PPOModule: the policy and a Megatron critic as one LightningModule — one training_step is one RL step.
+
+training_step(step):
+    batch    = the step's groups (PPO trains a step as one chunk)
+    value stage, GAE, whitening                  (critic_update.value_targets)
+    critic_ppo_epochs critic optimizer steps     (critic_update.CriticUpdate)
+    if global_step >= ppo.policy_training_start_step:
+        ppo_epochs policy optimizer steps on the GAE advantages, pi_old fixed at the step's start
+    else (critic warm-up): the policy is not touched, and RefitCallback skips the weight push
+
+Lightning counts RL steps by the policy optimizer's steps (``global_step``): the critic steps its raw optimizer,
+the policy steps its raw optimizer for all but the last epoch, and during warm-up the policy optimizer steps with
+no gradients at all (a no-op for AdamW: parameters without a gradient are skipped), so one RL step is always one
+counted step. The policy's schedule advances once per trained step, the critic's once per step.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from sc_lightning.config import SCConfig
+from sc_lightning.engines.sampling import scoring_temperature
+from sc_lightning.lightning.critic_update import CriticUpdate, value_targets
+from sc_lightning.lightning.module import GRPOModule, RLStep, adamw
+from sc_lightning.lightning.step_data import TrainChunk, concat_chunks
+from sc_lightning.models.logprobs import token_logprobs
+
+
+class PPOModule(GRPOModule):
+    """A megatron-core GPT policy and critic trained by PPO with GAE; critic warm-up and warm start."""
+
+    def __init__(self, config: SCConfig) -> None:
+        if config.ppo is None or config.value is None or config.value_loss_fn is None:
+            raise ValueError("PPOModule needs a config with ppo:, value: and value_loss_fn: blocks")
+        super().__init__(config)
+        self.critic: torch.nn.Module | None = None
+        self.policy_trained = True  # whether the last step changed the policy (RefitCallback reads it)
+
+    def configure_model(self) -> None:
+        """The policy (and reference) as for GRPO, plus the critic on ``value.model_name``'s backbone."""
+        super().configure_model()
+        if self.critic is not None:
+            return
+        from sc_lightning.lightning.warm_start import resolve_model_name
+        from sc_lightning.models.value import load_critic
+
+        value, seed = self.config.value, self.config.algo.seed
+        self.critic = load_critic(
+            resolve_model_name(value.model_name, seed=seed),
+            precision=value.precision,
+            seed=seed,
+            tp=value.megatron_cfg.tensor_model_parallel_size,
+            activation_checkpointing=value.megatron_cfg.activation_checkpointing,
+        )
+
+    def configure_optimizers(self) -> Any:
+        """Policy and critic AdamW, each with its schedule (the policy's spans its trained steps only)."""
+        ppo = self.config.ppo
+        trained_steps = max(1, ppo.max_num_steps - ppo.policy_training_start_step)
+        policy_opt, policy_sched = adamw(self.policy, self.config.policy.optimizer, trained_steps)
+        critic_opt, critic_sched = adamw(self.critic, self.config.value.optimizer, ppo.max_num_steps)
+        return [policy_opt, critic_opt], [policy_sched, critic_sched]
+
+    def policy_optimizer(self) -> Any:
+        """The policy's optimizer (the first): its steps count RL steps."""
+        return self.optimizers()[0]
+
+    def policy_scheduler(self) -> Any:
+        """The policy's learning-rate scheduler (the first)."""
+        return self.lr_schedulers()[0]
+
+    def on_fit_start(self) -> None:
+        """A fresh run with ``ppo.warm_start_value_checkpoint`` seeds the critic (and its optimizer) from it."""
+        source = self.config.ppo.warm_start_value_checkpoint
+        if source is not None and self.trainer.ckpt_path is None:
+            load_critic_checkpoint(self, Path(source))
+
+    def training_step(self, step: RLStep, batch_idx: int) -> dict[str, torch.Tensor]:
+        """One RL step: value stage and GAE, critic epochs, then policy epochs (unless in critic warm-up)."""
+        started = time.monotonic()
+        index = self.trainer.global_step
+        chunks = list(step.chunks())
+        batch = concat_chunks(chunks, pad_token_id=self.tokenizer.pad_token_id)
+        staleness = [step.version - w for w in batch.start_weights]
+        targets = value_targets(self.critic, batch, self.config.ppo.adv_estimator)
+        critic_metrics = self._critic_update().train(batch, targets, self.config.ppo.critic_epochs())
+        self.lr_schedulers()[1].step()
+        batch = dataclasses.replace(batch, advantages=targets.advantages)
+        self.policy_trained = index >= self.config.ppo.policy_training_start_step
+        metrics = self._train_policy(batch, index) if self.policy_trained else self._count_untrained_step()
+        self.log_dict({f"critic/{k}": v for k, v in critic_metrics.items()}, on_step=True, batch_size=len(batch))
+        return self.finish_step(step, index, started, metrics, batch.rewards, staleness)
+
+    def _critic_update(self) -> CriticUpdate:
+        return CriticUpdate(
+            self.critic,
+            self.optimizers()[1].optimizer,  # raw: the critic's steps are not RL steps
+            self.config.value_loss_fn,
+            micro_batch_size=self.config.value.train_micro_batch_size,
+            clip_grad=self.config.value.optimizer.clip_grad,
+            backward=self.manual_backward,
+        )
+
+    def _train_policy(self, batch: TrainChunk, index: int) -> dict[str, float]:
+        """``ppo_epochs`` optimizer steps over the batch; the last one is Lightning's counted step."""
+        epochs = self.config.ppo.ppo_epochs
+        if epochs > 1:  # later epochs must measure their ratio against the policy the step started with
+            batch = dataclasses.replace(batch, prev_logprobs=self._logprobs(batch))
+        metrics: dict[str, float] = {}
+        for epoch in range(epochs):
+            last = epoch == epochs - 1
+            optimizer = self.policy_optimizer() if last else self.policy_optimizer().optimizer
+            update = self.policy_update(optimizer=optimizer, step_scheduler=last)
+            update.begin(step=index)
+            update.train_chunk(batch)
+            metrics = update.finish()
+        return metrics
+
+    def _logprobs(self, batch: TrainChunk) -> torch.Tensor:
+        temperature = scoring_temperature(self.config.policy.generation.temperature)
+        size = self.config.policy.train_micro_batch_size
+        with torch.no_grad():
+            self.policy.eval()
+            parts = [
+                token_logprobs(self.policy, rows.input_ids, vocab_size=self.spec.vocab_size, temperature=temperature)
+                for rows in batch.microbatches(size)
+            ]
+        return torch.cat(parts)
+
+    def _count_untrained_step(self) -> dict[str, float]:
+        """Critic warm-up: step the policy optimizer without gradients (no parameter moves), so the step counts."""
+        optimizer = self.policy_optimizer()
+        optimizer.zero_grad(set_to_none=True)
+        optimizer.step()
+        return {"lr": 0.0, "policy_trained": 0.0}
+
+
+def load_critic_checkpoint(module: PPOModule, source: Path) -> None:
+    """Seed ``module``'s critic (weights, and AdamW state when present) from a bundle or ``trainer.ckpt`` file."""
+    path = source / "trainer.ckpt" if source.is_dir() else source
+    where = "ppo.warm_start_value_checkpoint"
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"{where}={source}: no checkpoint at {path} (give a bundle step_N/ or its trainer.ckpt)"
+        )
+    checkpoint = torch.load(path, map_location="cpu", weights_only=False)
+    state = {k.removeprefix("critic."): v for k, v in checkpoint["state_dict"].items() if k.startswith("critic.")}
+    if not state:
+        raise ValueError(f"{where}={source}: {path} holds no critic (was it written by a PPO run?)")
+    result = module.critic.load_state_dict(state, strict=False)
+    missing = [key for key in result.missing_keys if not key.endswith("_extra_state")]
+    if missing or result.unexpected_keys:
+        raise ValueError(
+            f"{where}={source}: the critic does not fit value.model_name's architecture (missing {missing[:4]}, "
+            f"unexpected {result.unexpected_keys[:4]})"
+        )
+    optimizer_states = checkpoint.get("optimizer_states") or []
+    if len(optimizer_states) > 1:
+        module.optimizers()[1].optimizer.load_state_dict(optimizer_states[1])
