@@ -118,8 +118,8 @@ def test_sigkill_at_random_moments_trains_every_prompt_exactly_once(tmp_path: Pa
 
 
 def test_sigkill_with_rollout_snapshots_resumes_between_trainer_checkpoints(tmp_path: Path) -> None:
-    """Async (one version ahead, engine in a Ray actor), TransferQueue, a bundle every 4 steps and a rollout
-    snapshot every 0.3 s with token capture: kills land after new snapshots, restarts resume from them."""
+    """Async (one version ahead, engine in a Ray actor), TransferQueue, a bundle every 3 steps and a rollout
+    snapshot attempt every 0.2 s with token capture: kills land after new snapshots, restarts resume from them."""
     write_dataset(tmp_path / "prompts.jsonl")
     checkpoints = tmp_path / "checkpoints"
     argv = command(
@@ -127,17 +127,17 @@ def test_sigkill_with_rollout_snapshots_resumes_between_trainer_checkpoints(tmp_
         (REPO / "configs" / "grpo_tiny.yaml", REPO / "tests" / "small_steps.yaml"),
         "--async_rl.max_buffered_rollouts", "8",
         "--async_rl.max_inflight_prompts", "8",
-        "--checkpointing.save_period", "4",
-        "--rollout_checkpointing.snapshot_attempt_interval_s", "0.3",
+        "--checkpointing.save_period", "3",
+        "--rollout_checkpointing.snapshot_attempt_interval_s", "0.2",
         "--token_capture.enabled", "true",
     )  # fmt: skip
 
-    def snapshot_count() -> int:
-        return len(list(checkpoints.glob(f"*/{SNAPSHOTS_DIR}/snapshot_*")))
+    def snapshots() -> set[Path]:
+        return set(checkpoints.glob(f"*/{SNAPSHOTS_DIR}/snapshot_*"))
 
-    def new_snapshot():
-        seen = snapshot_count()
-        return lambda: snapshot_count() > seen
+    def new_snapshot():  # by name: retention removes older ones, so their number can fall
+        seen = snapshots()
+        return lambda: bool(snapshots() - seen)
 
     kills, stderrs = run_until_done(argv, [(new_snapshot, 0.3)] * 4, seed=99)
     assert kills >= 3, f"only {kills} kills landed"

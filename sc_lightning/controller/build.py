@@ -71,4 +71,14 @@ def build_controller(
         max_buffered_rollouts=resolved.max_buffered_rollouts,
         max_inflight_prompts=resolved.max_inflight_prompts,
         recovery=RecoveryPolicy(config.rollout_recovery, token_capture=config.token_capture.enabled),
+        warmup_window=_warmup_window(config),
     )
+
+
+def _warmup_window(config: SCConfig) -> tuple[int, int] | None:
+    """PPO critic warm-up with a wider lookahead: (the step it ends at, the lookahead after it)."""
+    sampler = config.async_rl.sampler
+    warmup = getattr(sampler, "warmup_lookahead_versions", None)
+    if config.ppo is None or warmup is None:
+        return None
+    return config.ppo.policy_training_start_step, sampler.max_lookahead_versions

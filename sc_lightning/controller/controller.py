@@ -89,9 +89,13 @@ class SingleController:
         max_buffered_rollouts: int,
         max_inflight_prompts: int,
         recovery: RecoveryPolicy | None = None,
+        warmup_window: tuple[int, int] | None = None,
     ) -> None:
+        """``warmup_window = (start_step, lookahead)``: PPO critic warm-up — the sampler was built with the wider
+        warm-up lookahead; once the trainer reaches ``start_step`` its gate window narrows to ``lookahead``."""
         self.buffer, self.sampler, self.manager, self.prompts = buffer, sampler, manager, prompts
         self.recovery = recovery or RecoveryPolicy(RolloutRecoveryConfig(), token_capture=False)
+        self._warmup_window = warmup_window
         self.buffer_permits = Permits(max_buffered_rollouts, "async_rl.max_buffered_rollouts")
         self.inflight_permits = Permits(max_inflight_prompts, "async_rl.max_inflight_prompts")
         self.trainer_version = manager.weight_version
@@ -327,6 +331,7 @@ class SingleController:
         """The engines now hold ``version``: stamp it on new rollouts and reopen dispatch."""
         self.trainer_version = version
         self.manager.weight_version = version
+        self._end_warmup_window()
         self._dispatch_open.set()
         await self._notify()
 
@@ -428,7 +433,13 @@ class SingleController:
         if orphans:  # rows of groups evicted before the snapshot, not deleted yet
             await asyncio.to_thread(self.buffer.data_plane.clear, orphans)
         self.trainer_version = self.manager.weight_version = int(state["trainer_version"])
+        self._end_warmup_window()  # a resume after the warm-up is back to the normal lookahead
         self._resumed = pending
+
+    def _end_warmup_window(self) -> None:
+        if self._warmup_window is not None and self.trainer_version >= self._warmup_window[0]:
+            self.sampler.set_gate_window(self._warmup_window[1])
+            self._warmup_window = None
 
     def stats(self) -> ControllerStats:
         """A snapshot of the counters."""

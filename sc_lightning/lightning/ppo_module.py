@@ -16,8 +16,10 @@ counted step. The policy's schedule advances once per trained step, the critic's
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -87,14 +89,34 @@ class PPOModule(GRPOModule):
         chunks = list(step.chunks())
         batch = concat_chunks(chunks, pad_token_id=self.tokenizer.pad_token_id)
         staleness = [step.version - w for w in batch.start_weights]
-        targets = value_targets(self.critic, batch, self.config.ppo.adv_estimator)
-        critic_metrics = self._critic_update().train(batch, targets, self.config.ppo.critic_epochs())
+        with self._policy_optimizer_offloaded():
+            targets = value_targets(self.critic, batch, self.config.ppo.adv_estimator)
+            critic_metrics = self._critic_update().train(batch, targets, self.config.ppo.critic_epochs())
         self.lr_schedulers()[1].step()
         batch = dataclasses.replace(batch, advantages=targets.advantages)
         self.policy_trained = index >= self.config.ppo.policy_training_start_step
         metrics = self._train_policy(batch, index) if self.policy_trained else self._count_untrained_step()
+        metrics["policy_trained"] = float(self.policy_trained)
         self.log_dict({f"critic/{k}": v for k, v in critic_metrics.items()}, on_step=True, batch_size=len(batch))
         return self.finish_step(step, index, started, metrics, batch.rewards, staleness)
+
+    @contextlib.contextmanager
+    def _policy_optimizer_offloaded(self) -> Iterator[None]:
+        """``policy.offload_optimizer_for_logprob``: the policy's AdamW state waits on the CPU while the critic runs.
+
+        A no-op on a CPU run (the state is there already); on an accelerator it frees the policy's moments for the
+        critic's activations and brings them back, unchanged, before the policy trains.
+        """
+        if not self.config.policy.offload_optimizer_for_logprob:
+            yield
+            return
+        optimizer = self.policy_optimizer().optimizer
+        home = next(self.policy.parameters()).device
+        optimizer_state_to(optimizer, torch.device("cpu"))
+        try:
+            yield
+        finally:
+            optimizer_state_to(optimizer, home)
 
     def _critic_update(self) -> CriticUpdate:
         return CriticUpdate(
@@ -137,7 +159,15 @@ class PPOModule(GRPOModule):
         optimizer = self.policy_optimizer()
         optimizer.zero_grad(set_to_none=True)
         optimizer.step()
-        return {"lr": 0.0, "policy_trained": 0.0}
+        return {"lr": 0.0}
+
+
+def optimizer_state_to(optimizer: torch.optim.Optimizer, device: torch.device) -> None:
+    """Move ``optimizer``'s state tensors (AdamW moments; the step counters stay where torch keeps them)."""
+    for state in optimizer.state.values():
+        for name, value in state.items():
+            if isinstance(value, torch.Tensor) and name != "step":
+                state[name] = value.to(device, non_blocking=True)
 
 
 def load_critic_checkpoint(module: PPOModule, source: Path) -> None:
