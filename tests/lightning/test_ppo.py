@@ -246,3 +246,41 @@ def test_a_missing_warm_start_checkpoint_is_named(tmp_path: Path) -> None:
     config = ppo_config("ppo.max_num_steps=1", f"ppo.warm_start_value_checkpoint={tmp_path / 'nope'}")
     with pytest.raises(FileNotFoundError, match=r"ppo.warm_start_value_checkpoint=.*nope: no checkpoint"):
         fit(config)
+
+
+def test_the_warm_up_lookahead_narrows_when_the_warm_up_ends() -> None:
+    from sc_lightning.controller.build import build_controller
+    from sc_lightning.rollout.datasets import ArithmeticDataset
+    from sc_lightning.rollout.envs.arithmetic import ArithmeticEnvironment
+
+    config = ppo_config(
+        "policy.generation.colocated.enabled=false",
+        "async_rl.sampler.max_lookahead_versions=0",
+        "async_rl.sampler.warmup_lookahead_versions=2",
+        "ppo.policy_training_start_step=2",
+        "async_rl.max_buffered_rollouts=12",
+    )
+
+    def build():
+        return build_controller(
+            config,
+            data_plane=MemoryDataPlane(),
+            engine=ScriptedEngine(Alternating()),
+            environment=ArithmeticEnvironment(),
+            tokenizer=TOKENIZER,
+            dataset=ArithmeticDataset(64, 0, TOKENIZER),
+        )
+
+    async def scenario() -> list[int]:
+        controller, windows = build(), []
+        for version in (1, 2, 3):
+            windows.append(controller.sampler.gate_window)
+            await controller.begin_refit(version)
+            await controller.finish_refit(version)
+        windows.append(controller.sampler.gate_window)
+        resumed = build()
+        await resumed.restore(controller.checkpoint_state(), group_size=4)
+        windows.append(resumed.sampler.gate_window)  # a resume after the warm-up starts narrow
+        return windows
+
+    assert asyncio.run(scenario()) == [2, 2, 0, 0, 0]
