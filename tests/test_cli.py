@@ -224,6 +224,16 @@ def test_the_tiny_example_visibly_learns(tmp_path) -> None:
     assert float(steps[-1]["train/lr"]) == pytest.approx(optimizer["min_lr"], rel=1e-3)
 
 
+@pytest.mark.timeout(900)  # the subprocess's own 600 s deadline is the bar; this only outlasts it
+def test_the_tiny_ppo_example_visibly_learns(tmp_path) -> None:
+    """configs/ppo_tiny.yaml, unchanged (critic warm-up, then PPO with GAE): the same bar as GRPO."""
+    steps = train_unchanged("configs/ppo_tiny.yaml", tmp_path)
+    start = yaml.safe_load((REPO / "configs" / "ppo_tiny.yaml").read_text())["ppo"]["policy_training_start_step"]
+    assert [float(s["train/policy_trained"]) for s in steps[: start + 1]] == [0.0] * start + [1.0]
+    assert all(s["critic/explained_var"] != "" for s in steps)  # the critic trained and reported every step
+    assert_reward_climbs(steps)
+
+
 def test_vllm_fit_runs_the_full_single_controller_path(tmp_path) -> None:
     """grpo_tiny_vllm.yaml for a few steps: vLLM in a Ray actor, TransferQueue, refits; the logprobs agree."""
     result = run(
