@@ -29,6 +29,7 @@ from sc_lightning.algorithms import (
     whiten,
 )
 from sc_lightning.config.algorithm import GAEAdvantage, ValueLossConfig
+from sc_lightning.lightning.policy_update import normalised_step
 from sc_lightning.lightning.step_data import TrainChunk
 from sc_lightning.models.value import token_values
 
@@ -114,12 +115,7 @@ class CriticUpdate:
             for name in sums:
                 sums[name] += float(parts[name])
             values_seen.append(values.detach())
-        params = [p for p in self.critic.parameters() if p.grad is not None]
-        for param in params:
-            param.grad.div_(tokens)
-        grad_norm = torch.nn.utils.clip_grad_norm_(params, self.clip_grad)
-        lr = self.optimizer.param_groups[0]["lr"]
-        self.optimizer.step()
+        grad_norm, lr = normalised_step(self.critic, self.optimizer, tokens, self.clip_grad)
         values = torch.cat(values_seen)
         valid = targets.mask.bool()
         metrics = {name: total / tokens for name, total in sums.items()}
@@ -127,7 +123,7 @@ class CriticUpdate:
             values_min=float(values[valid].min()),
             values_max=float(values[valid].max()),
             explained_var=explained_variance(values, targets.returns, targets.mask),
-            grad_norm=float(grad_norm),
+            grad_norm=grad_norm,
             lr=lr,
         )
         return metrics

@@ -47,6 +47,19 @@ class _StepTotals:
                 self.extremes[name] = pick(self.extremes.get(name, x), x)
 
 
+def normalised_step(
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer, normaliser: float, clip_grad: float
+) -> tuple[float, float]:
+    """Divide the accumulated raw-sum gradients by ``normaliser``, clip, step; returns (grad norm, lr used)."""
+    params = [p for p in model.parameters() if p.grad is not None]
+    for param in params:
+        param.grad.div_(normaliser)
+    grad_norm = torch.nn.utils.clip_grad_norm_(params, clip_grad)
+    lr = optimizer.param_groups[0]["lr"]
+    optimizer.step()
+    return float(grad_norm), lr
+
+
 class PolicyUpdate:
     """Accumulates one RL step's gradients over chunks of rows and applies a single optimizer step."""
 
@@ -129,19 +142,12 @@ class PolicyUpdate:
                 f"environment masks), nothing to train on; groups: {', '.join(totals.group_ids)}"
             )
         normaliser = totals.tokens if self.loss_fn.token_level_loss else totals.seqs
-        params = [p for p in self.model.parameters() if p.grad is not None]
-        for param in params:
-            param.grad.div_(normaliser)
-        grad_norm = torch.nn.utils.clip_grad_norm_(params, self.clip_grad)
-        lr = self.optimizer.param_groups[0]["lr"]
-        self.optimizer.step()
+        grad_norm, lr = normalised_step(self.model, self.optimizer, normaliser, self.clip_grad)
         if self.scheduler is not None:
             self.scheduler.step()
         metrics = {name: value / self._denominator(name, totals) for name, value in totals.sums.items()}
         metrics.update(totals.extremes)
-        metrics.update(
-            grad_norm=float(grad_norm), lr=lr, global_valid_toks=totals.tokens, global_valid_seqs=totals.seqs
-        )
+        metrics.update(grad_norm=grad_norm, lr=lr, global_valid_toks=totals.tokens, global_valid_seqs=totals.seqs)
         return metrics
 
     def _denominator(self, name: str, totals: _StepTotals) -> float:

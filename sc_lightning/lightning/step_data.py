@@ -60,6 +60,7 @@ def concat_chunks(chunks: Sequence[TrainChunk], pad_token_id: int) -> TrainChunk
     width = max(chunk.input_ids.shape[1] for chunk in chunks)
 
     def cat(name: str, pad_value: float) -> torch.Tensor:
+        """The chunks' ``name`` tensors, each right-padded to ``width``, stacked along the rows."""
         parts = [getattr(chunk, name) for chunk in chunks]
         return torch.cat([torch.nn.functional.pad(p, (0, width - p.shape[1]), value=pad_value) for p in parts])
 

@@ -40,6 +40,7 @@ from sc_lightning.testing.scripted_engine import ScriptedEngine
 from tests.config.helpers import PPO_COMPANION
 from tests.conftest import TEST_BASE
 from tests.lightning.test_train_pump import TOKENIZER, Alternating, Recorder
+from tests.lightning.test_train_pump import fit as train_pump_fit
 
 CRITIC_METRICS = {"loss", "values_mean", "values_min", "values_max", "returns_mean", "vf_clipfrac", "explained_var"}
 
@@ -56,19 +57,9 @@ def ppo_config(*overrides: str) -> SCConfig:
 
 
 def fit(config: SCConfig, callbacks: list[Callback] = (), **kwargs) -> tuple[Trainer, PPOModule, ScriptedEngine]:
+    """A real PPO fit with the FAKE scripted engine; also returns the engine (its recorded weight pushes)."""
     engine = ScriptedEngine(Alternating())
-    trainer = Trainer(
-        strategy=SingleControllerStrategy(config, lambda c, w: engine),
-        default_root_dir=kwargs.pop("root", None),
-        max_steps=config.algo.max_num_steps,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        callbacks=[RefitCallback(), *callbacks],
-    )
-    module = PPOModule(config)
-    trainer.fit(module, **kwargs)
+    trainer, module = train_pump_fit(config, list(callbacks), engine=engine, module_class=PPOModule, **kwargs)
     return trainer, module, engine
 
 

@@ -24,8 +24,7 @@ from sc_lightning.config.yaml_io import load_yaml_layers
 from sc_lightning.controller.buffer import TQReplayBuffer
 from sc_lightning.controller.build import rollout_settings
 from sc_lightning.data_plane.memory import MemoryDataPlane
-from sc_lightning.lightning.lr_schedule import lr_multiplier
-from sc_lightning.lightning.module import GRPOModule
+from sc_lightning.lightning.module import GRPOModule, adamw
 from sc_lightning.lightning.policy_update import PolicyUpdate
 from sc_lightning.lightning.step_data import load_chunk
 from sc_lightning.lightning.strategy import SingleControllerStrategy
@@ -65,8 +64,11 @@ def fit(
     checkpointing: bool = False,
     root: Path | None = None,
     ckpt_path: str | None = None,
+    engine: ScriptedEngine | None = None,
+    module_class: type[GRPOModule] = GRPOModule,
 ) -> tuple[Trainer, GRPOModule]:
-    strategy = SingleControllerStrategy(config, lambda c, w: ScriptedEngine(Alternating()))
+    engine = engine or ScriptedEngine(Alternating())
+    strategy = SingleControllerStrategy(config, lambda c, w: engine)
     trainer = Trainer(
         strategy=strategy,
         default_root_dir=root,
@@ -77,7 +79,7 @@ def fit(
         enable_model_summary=False,
         callbacks=[RefitCallback(), *callbacks],
     )
-    module = GRPOModule(config)
+    module = module_class(config)
     trainer.fit(module, ckpt_path=ckpt_path)
     return trainer, module
 
@@ -165,21 +167,14 @@ def synchronous_reference_losses(config: SCConfig, steps: int) -> list[tuple[flo
     seed = config.algo.seed
     policy = load_policy(resolve_model_name(config.policy.model_name, seed=seed), precision="fp32", seed=seed)[0]
     opt = config.policy.optimizer
-    optimizer = torch.optim.AdamW(
-        policy.parameters(),
-        lr=opt.lr,
-        betas=(opt.adam_beta1, opt.adam_beta2),
-        eps=opt.adam_eps,
-        weight_decay=opt.weight_decay,
-    )
-    schedule = lr_multiplier(opt, total_steps=config.algo.max_num_steps)
+    optimizer, scheduler = adamw(policy, opt, config.algo.max_num_steps)
     update = PolicyUpdate(
         policy,
         optimizer,
         ClippedPGLoss.from_config(config.loss_fn),
         micro_batch_size=config.policy.train_micro_batch_size,
         clip_grad=opt.clip_grad,
-        scheduler=torch.optim.lr_scheduler.LambdaLR(optimizer, schedule),
+        scheduler=scheduler,
     )
     data_plane = MemoryDataPlane()
     buffer = TQReplayBuffer(data_plane)
