@@ -32,6 +32,10 @@ def rollout_settings(config: SCConfig) -> RolloutSettings:
         env_timeout_s=failure.env_timeout_s,
         seed=config.algo.seed,
         refit_timeout_s=generation.refit_timeout_s,
+        max_infra_attempts=failure.max_infra_attempts_per_prompt,
+        max_data_attempts=failure.max_data_attempts_per_prompt,
+        backoff_base_s=failure.backoff_base_s,
+        max_backoff_s=failure.max_backoff_s,
     )
 
 

@@ -74,6 +74,9 @@ class ControllerStats:
     buffer_permits_held: int
     exhausted: bool
     idle_s: float
+    infra_failures: int = 0  # failed rollout attempts by kind, and the retries they led to
+    data_failures: int = 0
+    redispatched: int = 0
 
 
 class SingleController:
@@ -452,6 +455,9 @@ class SingleController:
             buffer_permits_held=self.buffer_permits.held,
             exhausted=self._exhausted,
             idle_s=time.monotonic() - self._last_progress,
+            infra_failures=self.manager.failures["infra"],
+            data_failures=self.manager.failures["data"],
+            redispatched=self.manager.failures["redispatched"],
             **self._counts,
         )
 

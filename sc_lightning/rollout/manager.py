@@ -3,8 +3,8 @@
 Per call: reserve a buffer slot stamped with the engine's current weight version, sample N completions of the
 prompt concurrently (each under ``generation_timeout_s``), score them with the environment (in a worker thread,
 under ``env_timeout_s``), and commit the group with the versions seen at start and end. Any failure or
-cancellation removes the slot, so the buffer never holds a group that will not commit. Retries and drop budgets
-(``async_rl.rollout_failure``) plug in around ``run_rollout`` in the resiliency layer.
+cancellation removes the slot, so the buffer never holds a group that will not commit; a failed attempt is
+retried within ``async_rl.rollout_failure``'s budgets (drop budgets are not implemented yet).
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from typing import Any, Protocol
 
 from sc_lightning.engines.base import GenerationEngine
 from sc_lightning.rollout.envs.base import Environment, Score, as_score
+from sc_lightning.rollout.failures import RetryBudget, classify
 from sc_lightning.tokenizer import Tokenizer
 from sc_lightning.types import Generation, Prompt, SamplingParams, ScoredGroup
 
@@ -59,6 +60,14 @@ class RolloutSettings:
     env_timeout_s: float | None
     seed: int = 0
     refit_timeout_s: float | None = None
+    max_infra_attempts: int = 1  # async_rl.rollout_failure budgets (1 = no retry)
+    max_data_attempts: int = 1
+    backoff_base_s: float = 1.0
+    max_backoff_s: float = 30.0
+
+    def retry_budget(self) -> RetryBudget:
+        """A fresh attempt budget for one prompt group."""
+        return RetryBudget(self.max_infra_attempts, self.max_data_attempts, self.backoff_base_s, self.max_backoff_s)
 
 
 @dataclass
@@ -81,6 +90,7 @@ class RolloutManager:
     settings: RolloutSettings
     weight_version: int = 0
     inflight: dict[str, InflightGroup] = field(default_factory=dict)
+    failures: dict[str, int] = field(default_factory=lambda: {"infra": 0, "data": 0, "redispatched": 0})
     _visits: dict[str, int] = field(default_factory=dict)
 
     async def generate_and_push(
@@ -88,9 +98,30 @@ class RolloutManager:
     ) -> Any:
         """Reserve, roll out and commit one prompt group; returns what the sink's commit returns.
 
-        ``sealed`` (token capture): generations already finished, by index, are reused; each one finishing now is
-        added to it as soon as it finishes. The group's start weight is then its oldest generation's version.
+        A failed attempt is classified (:func:`~sc_lightning.rollout.failures.classify`) and retried within the
+        settings' budgets — after a back-off for infrastructure failures, at once for data failures — each attempt
+        under a fresh group id; the last failure is raised once a budget is spent. ``failures`` counts them.
+        ``sealed`` (token capture): generations already finished, by index, are reused (across retries too); each
+        one finishing now is added to it as soon as it finishes. The group's start weight is then its oldest
+        generation's version.
         """
+        budget = self.settings.retry_budget()
+        while True:
+            try:
+                return await self._attempt(prompt, target_step, sealed)
+            except RolloutError as failure:
+                kind = classify(failure)
+                self.failures[kind] += 1
+                if not budget.record(kind):
+                    if budget.attempts > 1:
+                        failure.add_note(
+                            f"gave up after {budget.attempts} attempts ({budget.infra} infra, {budget.data} data)"
+                        )
+                    raise
+                self.failures["redispatched"] += 1
+                await asyncio.sleep(budget.backoff_s(kind))  # the back-off itself: a policy, not a synchronisation
+
+    async def _attempt(self, prompt: Prompt, target_step: int | None, sealed: dict[int, Generation] | None) -> Any:
         start = min([self.weight_version, *(g.weight_version for g in (sealed or {}).values())])
         group_id = self.sink.reserve(prompt_id=prompt.prompt_id, weight_version=start, target_step=target_step)
         self.inflight[group_id] = InflightGroup(asyncio.current_task(), start, prompt.prompt_id)
