@@ -7,6 +7,7 @@ from sc_lightning.controller.buffer import TQReplayBuffer
 from sc_lightning.controller.controller import SingleController
 from sc_lightning.controller.recovery import RecoveryPolicy
 from sc_lightning.controller.samplers import SamplerError, create_sampler
+from sc_lightning.controller.watchdog import StallWatchdog
 from sc_lightning.data_plane.base import DataPlane
 from sc_lightning.engines.base import GenerationEngine
 from sc_lightning.rollout.datasets import PromptDataset
@@ -32,6 +33,7 @@ def rollout_settings(config: SCConfig) -> RolloutSettings:
         env_timeout_s=failure.env_timeout_s,
         seed=config.algo.seed,
         refit_timeout_s=generation.refit_timeout_s,
+        rollout_timeout_s=failure.rollout_timeout_s,
         max_infra_attempts=failure.max_infra_attempts_per_prompt,
         max_data_attempts=failure.max_data_attempts_per_prompt,
         backoff_base_s=failure.backoff_base_s,
@@ -67,7 +69,7 @@ def build_controller(
         seed=config.algo.seed,
         max_epochs=config.algo.max_num_epochs,
     )
-    return SingleController(
+    controller = SingleController(
         buffer=buffer,
         sampler=sampler,
         manager=manager,
@@ -77,6 +79,11 @@ def build_controller(
         recovery=RecoveryPolicy(config.rollout_recovery, token_capture=config.token_capture.enabled),
         warmup_window=_warmup_window(config),
     )
+    watchdog = config.async_rl.stall_watchdog
+    controller.add_background_task(
+        "stall watchdog", StallWatchdog(watchdog.interval_s, watchdog.stall_timeout_s, watchdog.stall_action).run
+    )
+    return controller
 
 
 def _warmup_window(config: SCConfig) -> tuple[int, int] | None:

@@ -73,7 +73,7 @@ class ControllerStats:
     ready: int
     buffer_permits_held: int
     exhausted: bool
-    idle_s: float
+    idle_s: float  # since the last commit or completed step
     infra_failures: int = 0  # failed rollout attempts by kind, and the retries they led to
     data_failures: int = 0
     redispatched: int = 0
@@ -198,6 +198,7 @@ class SingleController:
             committed = True  # the buffer permit now belongs to the group until it is selected or evicted
             self._pending.pop(sequence, None)  # the buffer holds it now (no await since its commit: one cut)
             self._committed[meta.group_id] = entry  # until trained or evicted: a checkpoint without rows needs it
+            self._last_progress = time.monotonic()
             self._counts["committed"] += 1
         except asyncio.CancelledError:
             if self._aborting:  # aborted by a refit (doomed by the sampler): dropped on purpose, not pending
@@ -218,7 +219,6 @@ class SingleController:
         asyncio.ensure_future(self._notify())
 
     async def _notify(self) -> None:
-        self._last_progress = time.monotonic()
         async with self._changed:
             self._changed.notify_all()
 
@@ -334,6 +334,7 @@ class SingleController:
         """The engines now hold ``version``: stamp it on new rollouts and reopen dispatch."""
         self.trainer_version = version
         self.manager.weight_version = version
+        self._last_progress = time.monotonic()  # a step completed
         self._end_warmup_window()
         self._dispatch_open.set()
         await self._notify()

@@ -60,6 +60,7 @@ class RolloutSettings:
     env_timeout_s: float | None
     seed: int = 0
     refit_timeout_s: float | None = None
+    rollout_timeout_s: float | None = None  # the whole group, retries included
     max_infra_attempts: int = 1  # async_rl.rollout_failure budgets (1 = no retry)
     max_data_attempts: int = 1
     backoff_base_s: float = 1.0
@@ -98,6 +99,7 @@ class RolloutManager:
     ) -> Any:
         """Reserve, roll out and commit one prompt group; returns what the sink's commit returns.
 
+        The whole group, retries included, must finish within ``rollout_timeout_s`` (a RolloutTimeout, not retried).
         A failed attempt is classified (:func:`~sc_lightning.rollout.failures.classify`) and retried within the
         settings' budgets — after a back-off for infrastructure failures, at once for data failures — each attempt
         under a fresh group id; the last failure is raised once a budget is spent. ``failures`` counts them.
@@ -105,6 +107,19 @@ class RolloutManager:
         one finishing now is added to it as soon as it finishes. The group's start weight is then its oldest
         generation's version.
         """
+        # the whole group, retries included, under rollout_timeout_s (on the engine's active clock when it has one)
+        wait_for = getattr(self.engine, "active_wait_for", asyncio.wait_for)
+        try:
+            return await wait_for(self._with_retries(prompt, target_step, sealed), self.settings.rollout_timeout_s)
+        except TimeoutError:
+            raise RolloutTimeout(
+                f"the prompt group exceeded rollout_timeout_s={self.settings.rollout_timeout_s}",
+                prompt_id=prompt.prompt_id,
+                group_id="-",
+                engine=self.engine.name,
+            ) from None
+
+    async def _with_retries(self, prompt: Prompt, target_step: int | None, sealed: dict[int, Generation] | None) -> Any:
         budget = self.settings.retry_budget()
         while True:
             try:

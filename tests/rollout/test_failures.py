@@ -124,3 +124,55 @@ def test_a_spent_budget_fails_the_run_naming_the_prompt_and_the_attempts() -> No
         run_with_environment(FailingFirst(10))
     notes = getattr(failure.value.__cause__, "__notes__", [])
     assert notes == ["gave up after 2 attempts (0 infra, 2 data)"]
+
+
+def test_a_hung_engine_hits_the_group_deadline() -> None:
+    """The engine never answers (gated, never released): rollout_timeout_s fires, naming the prompt."""
+
+    async def scenario():
+        failure = {**FAST, "generation_timeout_s": None, "rollout_timeout_s": 0.2}
+        controller = make(
+            config({"name": "in_order", "max_lookahead_versions": 0}, failure=failure), ScriptedEngine(gated=True)
+        )
+        await controller.start()
+        try:
+            await controller.select(0, 2, 2, timeout_s=30)
+        finally:
+            await controller.shutdown()
+
+    with pytest.raises(RolloutPumpError, match=r"prompt arithmetic-\d+ .*exceeded rollout_timeout_s=0.2"):
+        asyncio.run(scenario())
+
+
+def watched(action: str):
+    from sc_lightning.controller.watchdog import StallWatchdog
+
+    async def scenario():
+        controller = make(config({"name": "in_order", "max_lookahead_versions": 0}), ScriptedEngine(gated=True))
+        watchdog = StallWatchdog(interval_s=0.02, stall_timeout_s=0.1, action=action)
+        controller.add_background_task("stall watchdog", watchdog.run)
+        await controller.start()
+        try:
+            if action == "abort":
+                await controller.select(0, 2, 2, timeout_s=30)  # woken by the watchdog's failure
+            else:
+                with pytest.raises(Exception, match="waited past the deadline"):
+                    await controller.select(0, 2, 2, timeout_s=0.5)  # the run goes on: only the select deadline
+            return watchdog
+        finally:
+            await controller.shutdown()
+
+    return asyncio.run(scenario())
+
+
+def test_the_stall_watchdog_aborts_naming_where_the_run_stands() -> None:
+    with pytest.raises(
+        RolloutPumpError, match=r"^stall watchdog failed: no prompt group committed .* 2 group\(s\) in flight"
+    ):
+        watched("abort")
+
+
+def test_in_warn_mode_the_stall_watchdog_warns_once_per_stall(caplog) -> None:
+    with caplog.at_level("WARNING", logger="sc_lightning.controller.watchdog"):
+        watchdog = watched("warn")
+    assert watchdog.warnings == 1 and "stall: no prompt group committed" in caplog.text
