@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import hashlib
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -204,12 +205,20 @@ class RolloutManager:
     async def _score(self, prompt: Prompt, group_id: str, texts: Sequence[str]) -> list[Score]:
         scoring = asyncio.to_thread(lambda: [as_score(self.environment.score(prompt, text)) for text in texts])
         try:
-            return await asyncio.wait_for(scoring, self.settings.env_timeout_s)
+            scores = await asyncio.wait_for(scoring, self.settings.env_timeout_s)
         except TimeoutError:
             limit = self.settings.env_timeout_s
             raise self._error(
                 f"environment {self.environment.name} exceeded env_timeout_s={limit}", prompt, group_id, RolloutTimeout
             ) from None
+        bad = [(i, s.reward) for i, s in enumerate(scores) if not math.isfinite(s.reward)]
+        if bad:  # a data failure: retried within the data budget, never trained on
+            raise self._error(
+                f"environment {self.environment.name} returned non-finite rewards (generation, reward): {bad}",
+                prompt,
+                group_id,
+            )
+        return scores
 
     def _error(
         self, message: str, prompt: Prompt, group_id: str, kind: type[RolloutError] = RolloutError

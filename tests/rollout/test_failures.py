@@ -176,3 +176,21 @@ def test_in_warn_mode_the_stall_watchdog_warns_once_per_stall(caplog) -> None:
     with caplog.at_level("WARNING", logger="sc_lightning.controller.watchdog"):
         watchdog = watched("warn")
     assert watchdog.warnings == 1 and "stall: no prompt group committed" in caplog.text
+
+
+class NaNOnce(ArithmeticEnvironment):
+    """The arithmetic verifier, returning NaN for its very first completion."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls = 0
+
+    def score(self, prompt, text):
+        self.calls += 1
+        return float("nan") if self.calls == 1 else super().score(prompt, text)
+
+
+def test_a_non_finite_reward_is_a_data_failure_and_never_trained() -> None:
+    chunk, stats = run_with_environment(NaNOnce())
+    assert len(chunk) == 1 and stats.data_failures == 1 and stats.redispatched == 1
+    assert stats.committed == 1  # only the retried, finite group
