@@ -192,9 +192,9 @@ def test_recompute_kv_cache_makes_tokens_after_a_refit_exactly_the_new_models(ra
     a's full-forward logprob, every token after it model b's over the *whole* sequence so far: the KV cache of the
     earlier positions was recomputed with b (a stale cache would leave a's keys and values in the attention).
     """
-    model_a = load_policy(str(tiny_dirs["a"]))[0].eval()
+    model_a, spec_a, _ = load_policy(str(tiny_dirs["a"]))
     model_b, spec_b, _ = load_policy(str(tiny_dirs["b"]))
-    model_b.eval()
+    model_a.eval(), model_b.eval()
     replica = VLLMSettings(
         model_path=str(tiny_dirs["a"]),
         max_model_len=256,
@@ -203,22 +203,34 @@ def test_recompute_kv_cache_makes_tokens_after_a_refit_exactly_the_new_models(ra
     )
     engine = VLLMEngine(replica, name="vllm-recompute")
 
+    def on_models(generation) -> tuple[list[bool], list[bool]]:
+        sequence = torch.tensor([PROMPT + generation.token_ids])
+        return (
+            matches(generation.logprobs, token_logprobs(model_a, sequence)[0, len(PROMPT) :]),
+            matches(generation.logprobs, token_logprobs(model_b, sequence)[0, len(PROMPT) :]),
+        )
+
     async def scenario():
         await engine.ready()
-        request = asyncio.create_task(engine.generate(PROMPT, SamplingParams(200, temperature=1.0, seed=0)))
-        deadline = time.monotonic() + 120
-        while (await engine.stats())["generated_tokens"] == 0:  # watch the request start, under a deadline
-            assert time.monotonic() < deadline, "the request never started"
-        await engine.update_weights(export_hf_weights(model_b, spec_b), 1)
-        return await request
+        for attempt in range(3):  # on a loaded machine the refit can lose the race against the whole request
+            if attempt:
+                await engine.update_weights(export_hf_weights(model_a, spec_a), 2 * attempt)  # back to model a
+            before = (await engine.stats())["generated_tokens"]
+            request = asyncio.create_task(engine.generate(PROMPT, SamplingParams(200, temperature=1.0, seed=0)))
+            deadline = time.monotonic() + 120
+            while (await engine.stats())["generated_tokens"] == before:  # watch the request start, under a deadline
+                assert time.monotonic() < deadline, "the request never started"
+            await engine.update_weights(export_hf_weights(model_b, spec_b), 2 * attempt + 1)
+            generation = await request
+            if not all(on_models(generation)[0]):  # the refit landed while the request ran
+                return generation
+        raise AssertionError("in 3 tries the refit never landed before the request finished")
 
     try:
         generation = asyncio.run(scenario())
     finally:
         asyncio.run(engine.shutdown())
-    sequence = torch.tensor([PROMPT + generation.token_ids])
-    on_a = matches(generation.logprobs, token_logprobs(model_a, sequence)[0, len(PROMPT) :])
-    on_b = matches(generation.logprobs, token_logprobs(model_b, sequence)[0, len(PROMPT) :])
+    on_a, on_b = on_models(generation)
     switch = on_a.index(False)
     assert switch >= 1, "the request started on model a"
     assert all(on_a[:switch]) and all(on_b[switch:]), f"switch at token {switch}: a {on_a}, b {on_b}"
