@@ -388,8 +388,9 @@ class SingleController:
         pending list instead (their rows will not be restored; with token capture their sealed generations are).
         """
         pending = [entry for _, entry in sorted(self._pending.items())]
-        index = self.buffer.state_dict(claimed=self._claims)
-        if not index_rows:
+        if index_rows:
+            index = self.buffer.state_dict(claimed=self._claims)
+        else:
             committed = [meta.group_id for meta in [*self._claims, *self.buffer.ready_metas()]]
             unknown = [group_id for group_id in committed if group_id not in self._committed]
             if unknown:  # restored from a replay index by a capable sampler: no prompt to regenerate them from
