@@ -59,8 +59,15 @@ class RefitCallback(Callback):
             pl_module.log("timing/train/total_step_time", step_time, on_step=True, batch_size=1)
             pl_module.log("step_s", step_time, prog_bar=True, logger=False, on_step=True, batch_size=1)
         self._last_step_end = now
-        pl_module.log("train/aborted_stale_inflight_groups", float(aborted), on_step=True, batch_size=1)
-        self._log_rollout_stats(pl_module, controller.stats())
+        stats = controller.stats()
+        step = {
+            "aborted_stale_inflight_groups": aborted,
+            "dropped_prompt_groups": stats.last_step.dropped,
+            "replaced_prompt_groups": stats.last_step.replaced,
+            "promoted_prompt_groups": stats.last_step.promoted,
+        }
+        pl_module.log_dict({f"train/{k}": float(v) for k, v in step.items()}, on_step=True, batch_size=1)
+        self._log_rollout_stats(pl_module, stats)
 
     @staticmethod
     def _log_rollout_stats(pl_module: LightningModule, stats: Any) -> None:
@@ -73,6 +80,9 @@ class RefitCallback(Callback):
             "redispatch_total": stats.redispatched,
             "infra_failures_total": stats.infra_failures,
             "data_failures_total": stats.data_failures,
+            "dropped_total": stats.dropped,
+            "replaced_total": stats.replaced,
+            "promoted_total": stats.promoted,
             "inflight": stats.inflight,
             "buffered": stats.buffered,
             "idle_s": stats.idle_s,

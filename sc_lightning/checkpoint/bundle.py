@@ -5,10 +5,12 @@
     replay_index.json       the metadata-only replay index of the committed, unconsumed groups (digest-checked)
     data_plane/             the data plane's own snapshot: exactly those groups' rows
     rollout_recovery.pt     the pending prompt groups (taken from the dataset, not committed) to redispatch
+    replacement_reserve.pt  the spare prompts held for dropped-rollout replacement (only when there are any)
     MANIFEST.json           size and SHA-256 of every file above (written by :func:`write_atomically`)
 
 Every prompt taken from the dataset before the bundle was written is thus trained (its step is in trainer.ckpt),
-buffered (replay index + rows) or pending (rollout_recovery.pt): a resume trains each exactly once.
+buffered (replay index + rows), pending (rollout_recovery.pt), a spare (replacement_reserve.pt) or dropped
+after its failure budget allowed it: a resume trains each at most once, and every one not dropped exactly once.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ TRAINER_FILE = "trainer.ckpt"
 CONTROLLER_FILE = "controller_state.json"
 REPLAY_INDEX_FILE = "replay_index.json"
 RECOVERY_FILE = "rollout_recovery.pt"
+RESERVE_FILE = "replacement_reserve.pt"
 DATA_PLANE_DIR = "data_plane"
 
 
@@ -38,6 +41,9 @@ def write_controller_files(directory: Path, state: dict[str, Any]) -> None:
     rest = dict(state)
     (directory / REPLAY_INDEX_FILE).write_text(json.dumps(rest.pop("replay_index"), indent=1))
     torch.save(rest.pop("pending"), directory / RECOVERY_FILE)
+    reserve = rest.pop("replacement_reserve", [])
+    if reserve:
+        torch.save(reserve, directory / RESERVE_FILE)
     (directory / CONTROLLER_FILE).write_text(json.dumps(rest, indent=1))
 
 
@@ -47,6 +53,8 @@ def read_controller_state(bundle: Path) -> dict[str, Any]:
         state = json.loads((bundle / CONTROLLER_FILE).read_text())
         state["replay_index"] = json.loads((bundle / REPLAY_INDEX_FILE).read_text())
         state["pending"] = torch.load(bundle / RECOVERY_FILE, weights_only=True)
+        reserve = bundle / RESERVE_FILE
+        state["replacement_reserve"] = torch.load(reserve, weights_only=True) if reserve.exists() else []
     except (OSError, ValueError, RuntimeError) as err:
         raise BundleError(
             f"{bundle}: the controller state cannot be read ({err}); resume from an earlier bundle"

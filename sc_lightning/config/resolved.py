@@ -18,7 +18,11 @@ class Resolved:
     max_buffered_rollouts: int
     min_groups_for_streaming_train: int
     max_inflight_prompts: int
-    step_floor: int
+
+
+def step_floor(groups_per_step: int, min_step_batch_fraction: float) -> int:
+    """The fewest groups a step shrunk by dropped rollouts may keep: ``ceil(N x fraction)``, at least 1."""
+    return max(1, math.ceil(groups_per_step * min_step_batch_fraction))
 
 
 def required_buffer_capacity(config: SCConfig) -> int | None:
@@ -53,12 +57,10 @@ def resolve(config: SCConfig) -> Resolved:
     """Effective capacities of ``config`` (call after validation)."""
     n = config.algo.num_prompts_per_step
     buffered = config.async_rl.max_buffered_rollouts or default_buffer_capacity(config)
-    fraction = config.async_rl.rollout_failure.min_step_batch_fraction
     return Resolved(
         groups_per_step=n,
         required_buffer_capacity=required_buffer_capacity(config),
         max_buffered_rollouts=buffered,
         min_groups_for_streaming_train=min_groups_for_streaming_train(config),
         max_inflight_prompts=config.async_rl.max_inflight_prompts or buffered,
-        step_floor=max(1, math.ceil(n * fraction)),
     )

@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import math
-
 from sc_lightning.config.report import Report, ties
-from sc_lightning.config.resolved import required_buffer_capacity
+from sc_lightning.config.resolved import required_buffer_capacity, step_floor
 from sc_lightning.config.samplers import CustomSampler, InOrderSampler, SamplerCapabilities
 from sc_lightning.config.schema import SCConfig
 
@@ -104,7 +102,7 @@ def _drop_warnings(config: SCConfig, report: Report, budget: int) -> None:
     if not config.has_one_algorithm:
         return
     n = config.algo.num_prompts_per_step
-    floor = math.ceil(n * failure.min_step_batch_fraction)
+    floor = step_floor(n, failure.min_step_batch_fraction)
     if isinstance(sampler, InOrderSampler) and budget > 0 and failure.on_dropped_prompt == "shrink" and floor >= n:
         report.warn(
             f"{prefix}.min_step_batch_fraction",

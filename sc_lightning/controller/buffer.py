@@ -184,8 +184,11 @@ class TQReplayBuffer:
         """Slots (reserved or ready) stamped for ``target_step``."""
         return sum(1 for slot in self.slots if slot.target_step == target_step)
 
-    def promote_ready_group(self, *, to_target_step: int) -> int | None:
-        """Re-stamp the ready group with the furthest later target into ``to_target_step``; returns its old target."""
+    def promote_ready_group(self, *, to_target_step: int) -> tuple[str, int] | None:
+        """Re-stamp the ready group with the furthest later target into ``to_target_step``.
+
+        Returns the group id and its old target step, or None when no ready group has a later target.
+        """
         later = [s for s in self.slots if s.ready and s.target_step is not None and s.target_step > to_target_step]
         if not later:
             return None
@@ -193,7 +196,7 @@ class TQReplayBuffer:
         old = lender.target_step
         lender.target_step = to_target_step
         lender.meta = dataclasses.replace(lender.meta, target_step=to_target_step) if lender.meta else None
-        return old
+        return lender.group_id, old
 
     def ready_metas(self) -> list[GroupMeta]:
         """Metadata of every committed group still in the buffer, in buffer order."""

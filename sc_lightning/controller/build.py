@@ -5,7 +5,9 @@ from __future__ import annotations
 from sc_lightning.config import SCConfig, resolve
 from sc_lightning.controller.buffer import TQReplayBuffer
 from sc_lightning.controller.controller import SingleController
+from sc_lightning.controller.drops import DropBudgets
 from sc_lightning.controller.recovery import RecoveryPolicy
+from sc_lightning.controller.reserve import ReplacementReserve
 from sc_lightning.controller.samplers import SamplerError, create_sampler
 from sc_lightning.controller.watchdog import StallWatchdog
 from sc_lightning.data_plane.base import DataPlane
@@ -52,7 +54,7 @@ def build_controller(
     weight_version: int = 0,
 ) -> SingleController:
     """A ready-to-start controller for ``config``; the sampler's capacity need is checked on the instance."""
-    resolved = resolve(config)
+    resolved, failure = resolve(config), config.async_rl.rollout_failure
     buffer = TQReplayBuffer(data_plane)
     sampler = create_sampler(buffer, config.async_rl.sampler)
     required = sampler.required_buffer_capacity(resolved.groups_per_step)
@@ -78,12 +80,27 @@ def build_controller(
         max_inflight_prompts=resolved.max_inflight_prompts,
         recovery=RecoveryPolicy(config.rollout_recovery, token_capture=config.token_capture.enabled),
         warmup_window=_warmup_window(config),
+        drop_budgets=DropBudgets(
+            groups_per_step=resolved.groups_per_step,
+            max_skipped_prompts=failure.max_skipped_prompts,
+            max_consecutive_dropped_prompts=failure.max_consecutive_dropped_prompts,
+            min_step_batch_fraction=failure.min_step_batch_fraction,
+        ),
+        reserve=_replacement_reserve(config),
     )
     watchdog = config.async_rl.stall_watchdog
     controller.add_background_task(
         "stall watchdog", StallWatchdog(watchdog.interval_s, watchdog.stall_timeout_s, watchdog.stall_action).run
     )
     return controller
+
+
+def _replacement_reserve(config: SCConfig) -> ReplacementReserve:
+    """The spare-prompt pool of ``on_dropped_prompt: replace`` (empty and never filled with shrink)."""
+    failure = config.async_rl.rollout_failure
+    if failure.on_dropped_prompt != "replace":
+        return ReplacementReserve()
+    return ReplacementReserve(failure.replacement_reserve_prompts, failure.max_replacement_attempts)
 
 
 def _warmup_window(config: SCConfig) -> tuple[int, int] | None:

@@ -1,11 +1,15 @@
 """SingleController: the rollout pump plus the train-side API the Lightning loop calls, on one event loop.
 
-    rollout pump:  for batch in prompts:
-                       wait until sampler.can_admit(trainer_version); target = sampler.admit()
+    rollout pump:  for batch in prompts (then the replacement reserve's spares, a step at a time):
+                       wait until sampler.can_admit(trainer_version)
+                       (replace mode) divert the batch into the replacement reserve while it is short
+                       target = sampler.admit()
                        for prompt in batch:
                            take a buffer permit (max_buffered_rollouts) and an in-flight permit
                            (max_inflight_prompts); wait while a refit is running
                            spawn generate_and_push(prompt, target)   # reserve → generate → score → commit
+                           a group whose retries are spent is dropped within the drop budgets (drops.py):
+                           a spare takes its place, or its step shrinks
     train side:    evict(v)              drop groups that can never be trained (frees their permits)
                    select(v, min, max)   wait for and take ready groups (frees their permits); metadata only;
                                          they are the step's *training claims*
@@ -28,6 +32,7 @@ import contextlib
 import itertools
 import logging
 import time
+from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,12 +42,15 @@ import torch
 
 from sc_lightning.config.runtime import RolloutRecoveryConfig
 from sc_lightning.controller.buffer import GroupMeta, TQReplayBuffer, replay_index
+from sc_lightning.controller.drops import DropBudgets, DropLedger, StepDrops
 from sc_lightning.controller.permits import Permits
 from sc_lightning.controller.recovery import PendingGroup, RecoveryPolicy
+from sc_lightning.controller.reserve import ReplacementReserve
 from sc_lightning.controller.samplers import PromptGroupSampler
 from sc_lightning.data_plane.base import DataPlane
 from sc_lightning.engines.base import EngineError
-from sc_lightning.rollout.manager import RolloutManager
+from sc_lightning.rollout.failures import classify
+from sc_lightning.rollout.manager import RolloutError, RolloutManager
 from sc_lightning.rollout.prompts import PromptStream
 
 CHECKPOINT_STATE_VERSION = 1
@@ -77,6 +85,10 @@ class ControllerStats:
     infra_failures: int = 0  # failed rollout attempts by kind, and the retries they led to
     data_failures: int = 0
     redispatched: int = 0
+    dropped: int = 0  # groups dropped within the drop budgets, run total
+    replaced: int = 0  # spares committed in place of dropped groups, run total
+    promoted: int = 0  # later steps' groups lent to steps that lost one, run total
+    last_step: StepDrops = StepDrops()  # what drops did to the step closed by the last begin_refit
 
 
 class SingleController:
@@ -93,11 +105,19 @@ class SingleController:
         max_inflight_prompts: int,
         recovery: RecoveryPolicy | None = None,
         warmup_window: tuple[int, int] | None = None,
+        drop_budgets: DropBudgets | None = None,
+        reserve: ReplacementReserve | None = None,
     ) -> None:
         """``warmup_window = (start_step, lookahead)``: PPO critic warm-up — the sampler was built with the wider
-        warm-up lookahead; once the trainer reaches ``start_step`` its gate window narrows to ``lookahead``."""
+        warm-up lookahead; once the trainer reaches ``start_step`` its gate window narrows to ``lookahead``.
+        ``drop_budgets`` default to none (a group whose retries are spent stops the run); ``reserve`` to empty."""
         self.buffer, self.sampler, self.manager, self.prompts = buffer, sampler, manager, prompts
         self.recovery = recovery or RecoveryPolicy(RolloutRecoveryConfig(), token_capture=False)
+        self.drops = DropLedger(drop_budgets or DropBudgets(groups_per_step=prompts.batch_size))
+        self.reserve = reserve if reserve is not None else ReplacementReserve()
+        self._sampler_has_stamped = False  # learned from admit(), so custom samplers work too
+        self._last_step_drops = StepDrops()
+        self._selected_for: Counter[int] = Counter()  # groups selected so far, by the step they were selected for
         self._warmup_window = warmup_window
         self.buffer_permits = Permits(max_buffered_rollouts, "async_rl.max_buffered_rollouts")
         self.inflight_permits = Permits(max_inflight_prompts, "async_rl.max_inflight_prompts")
@@ -150,20 +170,39 @@ class SingleController:
             for sequence, entry in enumerate(resumed):
                 await self._launch(group, entry, -1 - sequence)
             while True:
-                async with self._changed:
-                    await self._changed.wait_for(lambda: self.sampler.can_admit(self.trainer_version))
+                await self._wait_for_admission()
                 batch = next(self.prompts, None)  # taken only once admitted, so the cursor never runs ahead
                 if batch is None:
                     break
-                target = self.sampler.admit()
-                entries = [self.recovery.pending(prompt, target) for prompt in batch]
-                sequences = [next(self._sequence) for _ in batch]
-                self._pending.update(zip(sequences, entries, strict=True))
-                for sequence, entry in zip(sequences, entries, strict=True):
-                    await self._launch(group, entry, sequence)
+                if self.reserve.wants_batch(self._sampler_has_stamped):
+                    self.reserve.spares.extend(batch)  # no await since next(): the cursor and the reserve agree
+                    continue
+                await self._admit(group, batch)
+            while True:  # the dataset is exhausted: the spares left are trained as whole steps
+                await self._wait_for_admission()
+                spares = self.reserve.take_step(self.drops.budgets.groups_per_step)
+                if spares is None:
+                    break
+                await self._admit(group, spares)
+            if len(self.reserve):
+                log.warning("%d spare prompt(s) left, fewer than a step: not trained", len(self.reserve))
         async with self._changed:
             self._exhausted = True
             self._changed.notify_all()
+
+    async def _wait_for_admission(self) -> None:
+        async with self._changed:
+            await self._changed.wait_for(lambda: self.sampler.can_admit(self.trainer_version))
+
+    async def _admit(self, group: asyncio.TaskGroup, batch: Sequence[Any]) -> None:
+        """Admit one batch of prompts (a target step when the sampler stamps one) and launch its groups."""
+        target = self.sampler.admit()
+        self._sampler_has_stamped |= target is not None
+        entries = [self.recovery.pending(prompt, target) for prompt in batch]
+        sequences = [next(self._sequence) for _ in batch]
+        self._pending.update(zip(sequences, entries, strict=True))
+        for sequence, entry in zip(sequences, entries, strict=True):
+            await self._launch(group, entry, sequence)
 
     async def _launch(self, group: asyncio.TaskGroup, entry: PendingGroup, sequence: int) -> None:
         await self.buffer_permits.acquire()
@@ -190,16 +229,29 @@ class SingleController:
     async def _dispatch_one(self, entry: PendingGroup, started: asyncio.Event, sequence: int) -> None:
         started.set()
         committed = False
+        spares = 0  # spares that took a dropped group's place in this slot
         try:
-            # with token capture the manager seals finished generations into entry.sealed (and reuses those there)
-            meta = await self.manager.generate_and_push(
-                entry.prompt, target_step=entry.target_step, sealed=entry.sealed
-            )
+            while True:
+                try:
+                    # with token capture the manager seals finished generations into entry.sealed (and reuses them)
+                    meta = await self.manager.generate_and_push(
+                        entry.prompt, target_step=entry.target_step, sealed=entry.sealed
+                    )
+                    break
+                except RolloutError as failure:  # its retries are spent
+                    replacement = await self._after_drop(failure, entry, spares, sequence)
+                    if replacement is None:
+                        return  # dropped; its step shrinks
+                    entry, spares = replacement, spares + 1
+                    await self._dispatch_open.wait()
             committed = True  # the buffer permit now belongs to the group until it is selected or evicted
             self._pending.pop(sequence, None)  # the buffer holds it now (no await since its commit: one cut)
             self._committed[meta.group_id] = entry  # until trained or evicted: a checkpoint without rows needs it
             self._last_progress = time.monotonic()
             self._counts["committed"] += 1
+            self.drops.on_commit()
+            if spares:
+                self.drops.replaced(self.trainer_version if meta.target_step is None else meta.target_step)
         except asyncio.CancelledError:
             if self._aborting:  # aborted by a refit (doomed by the sampler): dropped on purpose, not pending
                 self._pending.pop(sequence, None)
@@ -209,6 +261,35 @@ class SingleController:
             if not committed:
                 self.buffer_permits.release()
             await self._notify()
+
+    async def _after_drop(
+        self, failure: RolloutError, entry: PendingGroup, spares: int, sequence: int
+    ) -> PendingGroup | None:
+        """Drop a group whose retries are spent (or stop the run if its budget is spent); its replacement, if any.
+
+        A spare is taken only for a stamped step not trained yet; if a ready group of a later step exists, it is
+        lent to the dropped group's step (which can then close at once) and the spare goes to the lender's step.
+        """
+        self.drops.allow_drop(failure, classify(failure))  # raises when the drop budget is spent
+        log.warning("dropped a prompt group within the drop budget: %s", failure)
+        target = entry.target_step
+        spare = None if target is None or target < self.trainer_version else self.reserve.take(spares)
+        if spare is None:
+            self._pending.pop(sequence, None)  # dropped on purpose: a checkpoint must not redispatch it
+            self.drops.shrink(target, self.trainer_version, entry.prompt.prompt_id)  # raises below the floor
+            return None
+        assert target is not None
+        lent = self.buffer.promote_ready_group(to_target_step=target)
+        if lent is not None:
+            group_id, lender_step = lent
+            self.drops.promoted(target)
+            if group_id in self._committed:
+                self._committed[group_id].target_step = target
+            target = lender_step
+            await self._notify()  # the borrowing step may be complete now
+        replacement = self.recovery.pending(spare, target)
+        self._pending[sequence] = replacement
+        return replacement
 
     def _on_pump_done(self, task: asyncio.Task) -> None:
         self._on_background_done("rollout pump", task)
@@ -250,18 +331,27 @@ class SingleController:
     async def select(
         self, trainer_version: int, min_groups: int, max_groups: int, *, timeout_s: float | None = None
     ) -> list[GroupMeta] | None:
-        """Wait for and take ``min_groups``..``max_groups`` trainable groups; None once rollouts are exhausted."""
+        """Wait for and take ``min_groups``..``max_groups`` trainable groups; None once rollouts are exhausted.
+
+        An empty list: the step already holds every group it will get (dropped groups shrank it), so it closes.
+        """
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         async with self._changed:
             while True:
                 self.raise_if_failed()
                 await self.evict(trainer_version)
+                left = self.drops.target_groups(trainer_version) - self._selected_for[trainer_version]
+                if left <= 0:
+                    return []  # dropped groups shrank the step and it holds what is left: it closes short
                 chosen = await self.sampler.select(
-                    trainer_version=trainer_version, min_groups=min_groups, max_groups=max_groups
+                    trainer_version=trainer_version,
+                    min_groups=min(min_groups, left),
+                    max_groups=min(max_groups, left),
                 )
                 if chosen:
                     self._account_removed(chosen, "selected")
                     self._claims.extend(chosen)
+                    self._selected_for[trainer_version] += len(chosen)
                     return chosen
                 if self._exhausted and not self.manager.inflight:
                     return None
@@ -289,6 +379,8 @@ class SingleController:
         Returns how many in-flight rollouts were aborted.
         """
         async with self._claims_lock:
+            self._last_step_drops = self.drops.close_step(next_version - 1)
+            self._selected_for = Counter({v: n for v, n in self._selected_for.items() if v >= next_version})
             claims, self._claims = self._claims, []
             for group in claims:
                 self._committed.pop(group.group_id, None)
@@ -406,6 +498,8 @@ class SingleController:
             "claimed": len(self._claims),
             "rows_indexed": index_rows,
             "pending": [entry.to_dict() for entry in pending],
+            "drops": self.drops.state_dict(),
+            "replacement_reserve": self.reserve.state_dict(),
         }
 
     async def restore(self, state: dict[str, Any], *, group_size: int) -> None:
@@ -425,6 +519,8 @@ class SingleController:
                 f"async_rl.max_buffered_rollouts={self.buffer_permits.total}; resume with at least that capacity"
             )
         self.prompts.load_state_dict(state["prompts"])
+        self.drops.load_state_dict(state.get("drops", {}))
+        self.reserve.load_state_dict(state.get("replacement_reserve", []))
         self.sampler.restore_dispatch_index(int(state["dispatch_index"]))
         self.buffer.load_state_dict(
             state["replay_index"], max_groups=self.buffer_permits.total + claimed, expected_group_size=group_size
@@ -460,6 +556,10 @@ class SingleController:
             infra_failures=self.manager.failures["infra"],
             data_failures=self.manager.failures["data"],
             redispatched=self.manager.failures["redispatched"],
+            dropped=self.drops.totals["dropped"],
+            replaced=self.drops.totals["replaced"],
+            promoted=self.drops.totals["promoted"],
+            last_step=self._last_step_drops,
             **self._counts,
         )
 

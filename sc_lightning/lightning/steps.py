@@ -74,10 +74,13 @@ class RLStepBatch:
         self.trained_rows: list[dict[str, Any]] = []  # with settings.log_rows: the tags and reward of each row
 
     def chunks(self) -> Iterator[TrainChunk]:
-        """Yield chunks until the step holds ``groups_per_step`` groups; trained rows are cleared after each."""
+        """Yield chunks until the step holds ``groups_per_step`` groups, or fewer if the controller closes it short
+        (dropped rollouts shrank it: ``select`` returns no groups)."""
         groups: list[GroupMeta] | None = self._first
         need = self.settings.groups_per_step
-        while groups:
+        while groups is not None:
+            if not groups:
+                return  # closed short
             chunk = self._load(groups)
             tags = (
                 self.data_plane.tags([key for group in groups for key in group.keys])

@@ -4,7 +4,8 @@ Per call: reserve a buffer slot stamped with the engine's current weight version
 prompt concurrently (each under ``generation_timeout_s``), score them with the environment (in a worker thread,
 under ``env_timeout_s``), and commit the group with the versions seen at start and end. Any failure or
 cancellation removes the slot, so the buffer never holds a group that will not commit; a failed attempt is
-retried within ``async_rl.rollout_failure``'s budgets (drop budgets are not implemented yet).
+retried within ``async_rl.rollout_failure``'s budgets; once they are spent the controller drops the group within
+its drop budgets (``controller/drops.py``) or stops the run.
 """
 
 from __future__ import annotations

@@ -9,6 +9,7 @@ from sc_lightning.checkpoint.bundle import (
     CONTROLLER_FILE,
     RECOVERY_FILE,
     REPLAY_INDEX_FILE,
+    RESERVE_FILE,
     latest_bundle,
     read_controller_state,
     write_controller_files,
@@ -33,7 +34,14 @@ def write(root, step: int, state: dict = STATE):
 def test_controller_files_round_trip(tmp_path) -> None:
     bundle = write(tmp_path, 3)
     assert {p.name for p in bundle.iterdir()} == {CONTROLLER_FILE, REPLAY_INDEX_FILE, RECOVERY_FILE, "MANIFEST.json"}
-    assert read_controller_state(bundle) == STATE
+    assert read_controller_state(bundle) == {**STATE, "replacement_reserve": []}  # no spares: no reserve file
+
+
+def test_a_replacement_reserve_gets_its_own_file(tmp_path) -> None:
+    spares = [{"prompt_id": "s0", "token_ids": [3]}, {"prompt_id": "s1", "token_ids": [4, 4]}]
+    bundle = write(tmp_path, 3, {**STATE, "replacement_reserve": spares})
+    assert (bundle / RESERVE_FILE).is_file()
+    assert read_controller_state(bundle)["replacement_reserve"] == spares
 
 
 def test_latest_bundle_is_the_newest_and_must_verify(tmp_path) -> None:

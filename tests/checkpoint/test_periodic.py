@@ -62,14 +62,15 @@ def test_failures_in_a_row_stop_the_run_with_the_last_error(tmp_path) -> None:
     blocked.write_text("")
 
     async def scenario() -> None:
-        controller = make(config({"name": "in_order", "max_lookahead_versions": 0}), ScriptedEngine(answer_correctly))
+        engine = ScriptedEngine(gated=True)  # nothing ever commits: select waits until the failure wakes it
+        controller = make(config({"name": "in_order", "max_lookahead_versions": 0}), engine)
         writer = snapshotter(blocked)
         controller.add_background_task("rollout snapshots", writer.run)
         await controller.start()
         with pytest.raises(
             RolloutPumpError, match=r"^rollout snapshots failed: rollout snapshots failed 2 times"
         ) as err:
-            await controller.select(0, 3, 3, timeout_s=30)  # more than a step holds: it waits, and the failure wakes it
+            await controller.select(0, 2, 2, timeout_s=30)
         assert isinstance(err.value.__cause__, SnapshotFailures) and writer.written == []
         await controller.shutdown()
 

@@ -95,7 +95,7 @@ def test_promote_lends_the_furthest_ready_future_group() -> None:
     add(buffer, "t5-running", start=0, target=5, ready=False)
     add(buffer, "t4", start=0, target=4)
     add(buffer, "t4b", start=0, target=4)
-    assert buffer.promote_ready_group(to_target_step=2) == 4
+    assert buffer.promote_ready_group(to_target_step=2) == (buffer.slots[2].group_id, 4)
     assert [(s.prompt_id, s.target_step) for s in buffer.slots if s.target_step == 2] == [("t4", 2)]
     assert buffer.slots[2].meta.target_step == 2
     assert buffer.count_for_target_step(4) == 1 and buffer.count_for_target_step(5) == 1
