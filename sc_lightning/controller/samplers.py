@@ -19,6 +19,7 @@ from typing import Any, ClassVar, Protocol, runtime_checkable
 
 from sc_lightning.config import samplers as cfg
 from sc_lightning.controller.buffer import GroupMeta, TQReplayBuffer
+from sc_lightning.controller.sampler_guard import GuardedSampler
 
 
 class SamplerError(ValueError):
@@ -277,4 +278,4 @@ def _custom_sampler(buffer: TQReplayBuffer, config: cfg.CustomSampler) -> Prompt
         raise SamplerError(
             f"async_rl.sampler.target {config.target} is not a PromptGroupSampler: it lacks {', '.join(missing)}"
         )
-    return sampler
+    return GuardedSampler(sampler, config.target)
