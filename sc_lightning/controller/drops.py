@@ -104,16 +104,16 @@ class DropLedger:
         self._dropped[step] += 1
         if target_step is None or target_step < current_step:
             return  # nothing waits for it: no shortfall to credit
-        self.shortfall[target_step] += 1
-        left, floor = self.target_groups(target_step), self.budgets.step_floor
-        if left < floor:
+        floor = self.budgets.step_floor
+        if self.target_groups(target_step) - 1 < floor:  # checked first: a step's target never goes below the floor
             raise StepBelowFloor(
-                f"step {target_step} lost {self.shortfall[target_step]} of {self.budgets.groups_per_step} prompt "
+                f"step {target_step} lost {self.shortfall[target_step] + 1} of {self.budgets.groups_per_step} prompt "
                 f"groups to dropped rollouts (last: prompt {prompt_id}), below the floor of {floor} = ceil("
                 f"{self.budgets.groups_per_step} x async_rl.rollout_failure.min_step_batch_fraction="
                 f"{self.budgets.min_step_batch_fraction}); lower the fraction, raise the retry budgets, or use "
                 "on_dropped_prompt: replace"
             )
+        self.shortfall[target_step] += 1
 
     def replaced(self, step: int) -> None:
         """A spare prompt's group committed in place of a dropped one, for ``step``."""

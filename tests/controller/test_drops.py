@@ -167,9 +167,10 @@ def test_shortfalls_shrink_steps_down_to_the_floor_and_close_with_their_step() -
     assert (ledger.target_groups(3), ledger.target_groups(2)) == (6, 8)
     with pytest.raises(StepBelowFloor, match=r"step 3 lost 3 of 8 .*prompt e.* floor of 6"):
         ledger.shrink(3, current_step=2, prompt_id="e")
+    assert ledger.target_groups(3) == 6  # never below the floor: the step waits until the failure stops the run
     restored = DropLedger(ledger.budgets)
     restored.load_state_dict(ledger.state_dict())
-    assert restored.target_groups(3) == 5 and restored.totals == ledger.totals
+    assert restored.target_groups(3) == 6 and restored.totals == ledger.totals
     assert ledger.close_step(2).dropped == 1
     assert ledger.close_step(3).dropped == 3 and ledger.target_groups(3) == 8  # forgotten once closed
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
@@ -30,8 +31,11 @@ class Score:
 
 
 def as_score(verdict: float | Score) -> Score:
-    """A plain float reward as an unmasked :class:`Score`; a Score unchanged."""
-    return verdict if isinstance(verdict, Score) else Score(float(verdict))
+    """A plain number as an unmasked :class:`Score`; a Score unchanged; RewardError for anything else."""
+    reward = verdict.reward if isinstance(verdict, Score) else verdict
+    if not isinstance(reward, numbers.Real):
+        raise RewardError(f"the environment returned {reward!r} ({type(reward).__name__}), not a number or a Score")
+    return verdict if isinstance(verdict, Score) else Score(float(reward))
 
 
 @runtime_checkable

@@ -1,0 +1,146 @@
+"""Fuzz (hypothesis): environments that answer with anything, under random retry and drop budgets.
+
+Whatever the environment returns — rewards, NaN, infinities, strings, None, masked scores, exceptions — the run
+either trains every step it can (each between the floor and N groups, finite rewards only, no prompt twice) or
+stops with an error naming a prompt; and the controller's books balance at every step boundary: buffer permits,
+buffer slots, data-plane rows and the commit/select/evict/drop counters. The engine is the FAKE ScriptedEngine;
+the controller, buffer, sampler, data plane, dataset and drop ledger are real.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import math
+import re
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from sc_lightning.controller.controller import RolloutPumpError, SingleController
+from sc_lightning.rollout.envs.arithmetic import ArithmeticEnvironment
+from sc_lightning.rollout.envs.base import RewardError, Score
+from sc_lightning.testing.scripted_engine import ScriptedEngine
+from tests.controller.test_controller import answer_correctly
+from tests.controller.test_drops import DATASET, drop_config, make
+
+OUTCOMES = ("ok", "nan", "inf", "string", "none", "masked", "reward_error", "key_error")
+N, STEPS = 3, 4
+
+
+class FuzzedEnvironment(ArithmeticEnvironment):
+    """Answers call k for a prompt with the outcome a seeded hash picks: the same whatever the interleaving."""
+
+    def __init__(self, seed: int, weights: dict[str, int]) -> None:
+        super().__init__()
+        self.seed, self.weights = seed, weights
+        self.calls: dict[str, int] = {}
+
+    def outcome(self, prompt_id: str, call: int) -> str:
+        """The outcome of ``prompt_id``'s call number ``call``."""
+        digest = hashlib.blake2b(f"{self.seed}/{prompt_id}/{call}".encode(), digest_size=8).digest()
+        pick = int.from_bytes(digest, "little") % sum(self.weights.values())
+        for outcome, weight in self.weights.items():
+            if pick < weight:
+                return outcome
+            pick -= weight
+        raise AssertionError("unreachable")
+
+    def score(self, prompt, completion_text):
+        """Whatever the seeded outcome says."""
+        call = self.calls[prompt.prompt_id] = self.calls.get(prompt.prompt_id, -1) + 1
+        outcome = self.outcome(prompt.prompt_id, call)
+        verdicts = {
+            "nan": float("nan"),
+            "inf": -math.inf,
+            "string": "1.0",
+            "none": None,
+            "masked": Score(0.5, mask_sample=True),
+        }
+        if outcome == "reward_error":
+            raise RewardError("cannot verify")
+        if outcome == "key_error":
+            raise KeyError("answer")
+        if outcome in verdicts:
+            return verdicts[outcome]
+        return super().score(prompt, completion_text)
+
+
+def check_books(controller: SingleController) -> None:
+    """The invariants that hold at a step boundary (after begin_refit: no claims, evicted rows deleted)."""
+    stats = controller.stats()
+    slots = controller.buffer.slots
+    ready = [slot for slot in slots if slot.ready]
+    assert len(slots) <= stats.buffer_permits_held <= controller.buffer_permits.total
+    assert stats.inflight <= controller.inflight_permits.held <= controller.inflight_permits.total
+    assert stats.committed == stats.selected + stats.evicted + len(ready)
+    stored = set(controller.data_plane.keys())
+    assert {key for slot in ready for key in slot.meta.keys} <= stored  # no committed row lost
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    seed=st.integers(0, 2**32),
+    weights=st.fixed_dictionaries({o: st.integers(0, 6) for o in OUTCOMES}).filter(lambda w: w["ok"] > 0),
+    data_attempts=st.integers(1, 3),
+    skipped=st.integers(0, 4),
+    fraction=st.sampled_from([0.3, 0.67, 1.0]),
+    replace=st.booleans(),
+    lookahead=st.integers(0, 1),
+)
+def test_any_environment_output_trains_or_fails_clearly_and_the_books_balance(
+    seed: int, weights: dict[str, int], data_attempts: int, skipped: int, fraction: float, replace: bool, lookahead: int
+) -> None:
+    cfg = drop_config(
+        n=N,
+        lookahead=lookahead,
+        max_data_attempts_per_prompt=data_attempts,
+        max_skipped_prompts=skipped,
+        min_step_batch_fraction=fraction,
+        on_dropped_prompt="replace" if replace else "shrink",
+        replacement_reserve_prompts=N if replace else 0,
+    )
+    controller = make(cfg, engine=ScriptedEngine(answer_correctly))
+    environment = controller.manager.environment = FuzzedEnvironment(seed, weights)
+    floor = max(1, math.ceil(N * fraction))
+    trained: list[str] = []
+
+    async def scenario() -> BaseException | None:
+        await controller.start()
+        try:
+            for version in range(STEPS):
+                step = []
+                while len(step) < N:
+                    chunk = await controller.select(version, 1, N - len(step), timeout_s=30)
+                    if chunk is None:  # replacements used up the dataset (16 prompts)
+                        assert not step and controller.stats().exhausted
+                        return None
+                    if not chunk:
+                        break  # closed short
+                    step += chunk
+                assert floor <= len(step) <= N
+                rows = controller.data_plane.get([k for g in step for k in g.keys], ["total_reward"])
+                assert all(math.isfinite(float(r)) for r in rows["total_reward"])
+                trained.extend(group.prompt_id for group in step)
+                await controller.begin_refit(version + 1)
+                check_books(controller)
+                await controller.finish_refit(version + 1)
+            return None
+        except RolloutPumpError as failure:
+            return failure
+        finally:
+            await controller.shutdown()
+
+    failure = asyncio.run(scenario())
+    assert len(trained) == len(set(trained)), "a prompt was trained twice"
+    assert set(trained) <= {prompt.prompt_id for prompt in DATASET}
+    stats = controller.stats()
+    assert stats.dropped <= skipped
+    if failure is not None:
+        assert re.search(r"prompt arithmetic-\d+", str(failure)), str(failure)
+    elif not stats.exhausted:
+        assert len(trained) >= STEPS * floor
+    bad = sum(w for o, w in weights.items() if o not in ("ok", "masked"))
+    if bad == 0:  # a well-behaved environment never fails, drops or retries
+        assert failure is None and (stats.data_failures, stats.dropped, len(trained)) == (0, 0, STEPS * N)
+    assert environment.calls, "the environment was never called"
