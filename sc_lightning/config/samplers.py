@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import importlib
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
+from sc_lightning.config.imports import import_class
 from sc_lightning.config.knobs import field_types, knob, section
 
 
@@ -18,21 +18,6 @@ class SamplerCapabilities:
 
 
 BUILTIN_CAPABILITIES = SamplerCapabilities(buffer_checkpoint=True, training_claims=True)
-
-
-def import_sampler_class(target: str) -> type:
-    """Import the class named by ``"module:ClassName"``; ValueError says what is wrong with ``target``."""
-    module_name, sep, class_name = target.partition(":")
-    if not sep or not module_name or not class_name:
-        raise ValueError(f'must look like "package.module:ClassName", got {target!r}')
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise ValueError(f"cannot import module {module_name!r}: {exc}") from exc
-    cls = getattr(module, class_name, None)
-    if not isinstance(cls, type):
-        raise ValueError(f"{class_name!r} in module {module_name!r} is not a class")
-    return cls
 
 
 def declared_capability(cls: type, attribute: str) -> bool:
@@ -178,7 +163,7 @@ class CustomSampler(_SamplerMode):
 
     def capabilities(self) -> SamplerCapabilities:
         """Read the class's supports_buffer_checkpoint / supports_training_claims flags (imports ``target``)."""
-        cls = import_sampler_class(self.target)
+        cls = import_class(self.target)
         return SamplerCapabilities(
             buffer_checkpoint=declared_capability(cls, "supports_buffer_checkpoint"),
             training_claims=declared_capability(cls, "supports_training_claims"),

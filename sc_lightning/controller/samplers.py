@@ -18,6 +18,7 @@ from collections.abc import Callable
 from typing import Any, ClassVar, Protocol, runtime_checkable
 
 from sc_lightning.config import samplers as cfg
+from sc_lightning.config.imports import import_class
 from sc_lightning.controller.buffer import GroupMeta, TQReplayBuffer
 from sc_lightning.controller.sampler_guard import GuardedSampler
 
@@ -268,7 +269,7 @@ def create_sampler(buffer: TQReplayBuffer, config: cfg.SamplerConfig) -> PromptG
 
 
 def _custom_sampler(buffer: TQReplayBuffer, config: cfg.CustomSampler) -> PromptGroupSampler:
-    cls = cfg.import_sampler_class(config.target)
+    cls = import_class(config.target)
     try:
         sampler = cls(buffer, **config.init_args)
     except TypeError as exc:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from sc_lightning.config.imports import import_class
 from sc_lightning.rollout.envs.arithmetic import ArithmeticEnvironment
 from sc_lightning.rollout.envs.base import Environment, RewardError, Score, as_score
 from sc_lightning.rollout.envs.math import MathEnvironment
@@ -19,10 +20,22 @@ ENVIRONMENTS: dict[str, Callable[[], Environment]] = {
 
 
 def build_environment(cfg: EnvConfig) -> Environment:
-    """The built-in environment named ``cfg.name``; RewardError listing the known names for any other."""
+    """The built-in environment named ``cfg.name``, or a custom class ``"package.module:ClassName"`` built without
+    arguments; RewardError naming ``env.name`` and what is wrong otherwise."""
+    if ":" in cfg.name:
+        try:
+            environment = import_class(cfg.name)()
+        except (ValueError, TypeError) as exc:
+            raise RewardError(f"env.name {cfg.name!r}: {exc}") from exc
+        if not isinstance(environment, Environment):
+            raise RewardError(f"env.name {cfg.name!r} is not an Environment: it needs a name and a score() method")
+        return environment
     factory = ENVIRONMENTS.get(cfg.name)
     if factory is None:
-        raise RewardError(f"unknown environment {cfg.name!r} (env.name); known: {', '.join(sorted(ENVIRONMENTS))}")
+        raise RewardError(
+            f"unknown environment {cfg.name!r} (env.name); known: {', '.join(sorted(ENVIRONMENTS))}, or a custom "
+            '"package.module:ClassName"'
+        )
     return factory()
 
 
