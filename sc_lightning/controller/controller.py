@@ -28,32 +28,29 @@ Lightning, so the same object runs in a Ray actor or on a background thread (see
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import itertools
 import logging
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
 
 from sc_lightning.config.runtime import RolloutRecoveryConfig
-from sc_lightning.controller.buffer import GroupMeta, TQReplayBuffer, replay_index
+from sc_lightning.controller.buffer import GroupMeta, TQReplayBuffer
+from sc_lightning.controller.checkpointing import ControllerCheckpointing
 from sc_lightning.controller.drops import DropBudgets, DropLedger, StepDrops
 from sc_lightning.controller.permits import Permits
 from sc_lightning.controller.recovery import PendingGroup, RecoveryPolicy
 from sc_lightning.controller.reserve import ReplacementReserve
 from sc_lightning.controller.samplers import PromptGroupSampler
-from sc_lightning.data_plane.base import DataPlane
 from sc_lightning.engines.base import EngineError
 from sc_lightning.rollout.failures import classify
 from sc_lightning.rollout.manager import RolloutError, RolloutManager
 from sc_lightning.rollout.prompts import PromptStream
 
-CHECKPOINT_STATE_VERSION = 1
 log = logging.getLogger(__name__)
 
 
@@ -91,7 +88,7 @@ class ControllerStats:
     last_step: StepDrops = StepDrops()  # what drops did to the step closed by the last begin_refit
 
 
-class SingleController:
+class SingleController(ControllerCheckpointing):
     """Owns the buffer, sampler, rollout manager and prompt stream; runs the rollout pump; serves the trainer."""
 
     def __init__(
@@ -430,112 +427,6 @@ class SingleController:
         self._end_warmup_window()
         self._dispatch_open.set()
         await self._notify()
-
-    # ------------------------------------------------------------------------------------------ checkpoints
-
-    @property
-    def data_plane(self) -> DataPlane:
-        """The data plane holding the committed groups' rows."""
-        return self.buffer.data_plane
-
-    @contextlib.asynccontextmanager
-    async def checkpoint_barrier(self) -> AsyncIterator[None]:
-        """Inside: trainer_version, the claims, the committed groups and the data plane's rows stay put.
-
-        It holds the claims lock (no refit releases a step's claims or deletes rows) and the buffer's commit
-        barrier (finished groups wait to commit); generation and dispatch go on.
-        """
-        async with self._claims_lock, self.buffer.commits_paused():
-            yield
-
-    async def snapshot(self, directory: str | Path | None) -> dict[str, Any]:
-        """Write the data plane's rows into ``directory`` and return :meth:`checkpoint_state` — at any moment.
-
-        The state indexes the saved rows when the sampler ``supports_buffer_checkpoint``; otherwise (shadow mode)
-        the rows are kept but not indexed, and the claimed and buffered groups are listed as pending instead. With
-        ``directory`` None no rows are saved and those groups are pending too: a resume generates them again.
-
-        Both are taken behind the buffer's commit barrier and the claims lock, so the rows and the replay index
-        describe the same committed groups (a group committing meanwhile waits and stays pending in this cut) and
-        the step being trained cannot publish its weights (release its claims) in between. Rows are deleted only
-        under that lock, so every indexed group's rows are saved; evicted groups' rows may be saved without being
-        indexed, and :meth:`restore` drops such orphans.
-        """
-        async with self.checkpoint_barrier():
-            if directory is not None:
-                await asyncio.to_thread(self.buffer.data_plane.save, directory)
-            return self.checkpoint_state(index_rows=directory is not None and self.sampler.supports_buffer_checkpoint)
-
-    def checkpoint_state(self, *, index_rows: bool = True) -> dict[str, Any]:
-        """Everything but the rows a resume needs: JSON-able plain data, for the trainer state of ``trainer_version``.
-
-        The trainer's version, the prompt stream's cursor, the sampler's dispatch index, the replay index of the
-        committed groups — the claimed ones (selected by the step being trained, ``claimed`` of them, first) and
-        the buffered ones; their rows are the data plane's own snapshot — and the *pending* prompts — taken from the
-        stream but not committed (in flight or waiting for permits) — with their target steps. Every prompt taken
-        from the stream is thus trained already (by a step of ``trainer_version``'s checkpoint), claimed, buffered,
-        or pending: none is lost or repeated by a resume.
-
-        Without ``index_rows`` the replay index is empty and the claimed and buffered groups come first in the
-        pending list instead (their rows will not be restored; with token capture their sealed generations are).
-        """
-        pending = [entry for _, entry in sorted(self._pending.items())]
-        if index_rows:
-            index = self.buffer.state_dict(claimed=self._claims)
-        else:
-            committed = [meta.group_id for meta in [*self._claims, *self.buffer.ready_metas()]]
-            unknown = [group_id for group_id in committed if group_id not in self._committed]
-            if unknown:  # restored from a replay index by a capable sampler: no prompt to regenerate them from
-                log.warning("checkpoint without rows: groups %s cannot be regenerated and are left out", unknown)
-            pending = [self._committed[g] for g in committed if g in self._committed] + pending
-            index = replay_index([])
-        return {
-            "version": CHECKPOINT_STATE_VERSION,
-            "trainer_version": self.trainer_version,
-            "prompts": self.prompts.state_dict(),
-            "dispatch_index": self.sampler.dispatch_index,
-            "replay_index": index,
-            "claimed": len(self._claims),
-            "rows_indexed": index_rows,
-            "pending": [entry.to_dict() for entry in pending],
-            "drops": self.drops.state_dict(),
-            "replacement_reserve": self.reserve.state_dict(),
-        }
-
-    async def restore(self, state: dict[str, Any], *, group_size: int) -> None:
-        """Load a :meth:`checkpoint_state` before :meth:`start` (the committed groups' rows already in the data plane).
-
-        Raises ValueError naming what does not fit (state version, prompt stream settings, replay index, capacity).
-        """
-        if self._pump is not None:
-            raise RuntimeError("restore() must come before start()")
-        if state.get("version") != CHECKPOINT_STATE_VERSION:
-            raise ValueError(f"controller state version {state.get('version')!r} is not {CHECKPOINT_STATE_VERSION}")
-        pending = [PendingGroup.from_dict(p, capture=self.recovery.token_capture) for p in state["pending"]]
-        groups, claimed = len(state["replay_index"]["groups"]), int(state.get("claimed", 0))
-        if groups + len(pending) - claimed > self.buffer_permits.total:  # claims (indexed or pending) were over it
-            raise ValueError(
-                f"the checkpoint holds {groups + len(pending) - claimed} buffered and pending groups, more than "
-                f"async_rl.max_buffered_rollouts={self.buffer_permits.total}; resume with at least that capacity"
-            )
-        self.prompts.load_state_dict(state["prompts"])
-        self.drops.load_state_dict(state.get("drops", {}))
-        self.reserve.load_state_dict(state.get("replacement_reserve", []))
-        self.sampler.restore_dispatch_index(int(state["dispatch_index"]))
-        self.buffer.load_state_dict(
-            state["replay_index"], max_groups=self.buffer_permits.total + claimed, expected_group_size=group_size
-        )
-        # the restored groups hold permits until selected or evicted; claimed ones (a step caught mid-way) were
-        # over the budget already, so dispatch waits until they are trained again
-        await self.buffer_permits.take_without_waiting(groups)
-        indexed = {key for group in state["replay_index"]["groups"] for key in group["keys"]}
-        stored = await asyncio.to_thread(self.buffer.data_plane.keys)
-        orphans = [key for key in stored if key not in indexed]
-        if orphans:  # rows of groups evicted before the snapshot, not deleted yet
-            await asyncio.to_thread(self.buffer.data_plane.clear, orphans)
-        self.trainer_version = self.manager.weight_version = int(state["trainer_version"])
-        self._end_warmup_window()  # a resume after the warm-up is back to the normal lookahead
-        self._resumed = pending
 
     def _end_warmup_window(self) -> None:
         if self._warmup_window is not None and self.trainer_version >= self._warmup_window[0]:
