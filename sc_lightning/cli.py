@@ -111,8 +111,20 @@ def fit(config: SCConfig, lightning: dict[str, Any]) -> int:
     )
     ckpt_path = str(resume.trainer_checkpoint) if resume and resume.trainer_checkpoint else None
     module = PPOModule(config) if config.is_ppo else GRPOModule(config)
-    cli.trainer.fit(module, ckpt_path=ckpt_path)
+    try:
+        cli.trainer.fit(module, ckpt_path=ckpt_path)
+    except _bad_input_errors() as err:  # found while setting up, before anything started
+        print(f"error: {err}", file=sys.stderr)
+        return EXIT_INVALID_CONFIG
     return 0
+
+
+def _bad_input_errors() -> tuple[type[Exception], ...]:
+    """What a fit reports as bad input (no traceback, exit code 2): the dataset, the tokenizer or their fit."""
+    from sc_lightning.rollout.datasets import DatasetError
+    from sc_lightning.tokenizer import TokenizerLoadError, TokenizerMismatchError
+
+    return DatasetError, TokenizerLoadError, TokenizerMismatchError
 
 
 def _resume_point(config: Any) -> Any:

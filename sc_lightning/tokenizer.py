@@ -44,6 +44,10 @@ class TokenizerLoadError(OSError):
     """A tokenizer could not be loaded; the message names the model or path that was asked for."""
 
 
+class TokenizerMismatchError(ValueError):
+    """A tokenizer can produce token ids the model has no embedding row for; the message names both and the fix."""
+
+
 class CharTokenizer:
     """A tiny deterministic character tokenizer for the built-in arithmetic tasks.
 
@@ -188,3 +192,39 @@ def prompt_token_ids(tokenizer: Tokenizer, text: str) -> tuple[int, ...]:
     ids = tokenizer.encode(text)
     bos = tokenizer.bos_token_id
     return tuple([bos, *ids] if bos is not None else ids)
+
+
+def check_tokenizer_fits_model(
+    tokenizer: Tokenizer,
+    model_vocab_size: int,
+    *,
+    model_name: str,
+    tokenizer_name: str | None = None,
+    model_knob: str = "policy.model_name",
+) -> None:
+    """TokenizerMismatchError when ``tokenizer`` can produce an id outside the model's ``range(model_vocab_size)``.
+
+    Checks the tokenizer's whole vocabulary (any id below its ``vocab_size`` may come out of ``encode``) and its
+    eos, pad and bos ids (written into every sequence). A model may have more rows than the tokenizer has ids (a
+    padded embedding table), never fewer. ``model_knob`` names the config key of the model (the PPO critic's is
+    ``value.model_name``).
+    """
+    vocab = tokenizer.vocab_size
+    specials = {"eos": tokenizer.eos_token_id, "pad": tokenizer.pad_token_id, "bos": tokenizer.bos_token_id}
+    problems = [f"it can produce ids {model_vocab_size}..{vocab - 1}"] if vocab > model_vocab_size else []
+    out_of_range = {role: i for role, i in specials.items() if i is not None and not 0 <= i < model_vocab_size}
+    problems += [f"its {role} id is {i}" for role, i in out_of_range.items()]
+    if not problems:
+        return
+    needed = max([vocab, *(i + 1 for i in out_of_range.values())])
+    source = (
+        f"policy.tokenizer_name={tokenizer_name!r}"
+        if tokenizer_name
+        else "the tokenizer of policy.model_name (policy.tokenizer_name is unset)"
+    )
+    raise TokenizerMismatchError(
+        f"tokenizer mismatch: {source} has a vocabulary of {vocab} ids but {model_knob}={model_name!r} has "
+        f"{model_vocab_size} embedding rows; {' and '.join(problems)}, which the model cannot embed. Fix: use the "
+        f"tokenizer made for this model (set policy.tokenizer_name to it, or leave it unset to use policy.model_name's "
+        f"own), or a model with at least {needed} vocabulary rows"
+    )

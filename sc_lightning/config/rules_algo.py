@@ -176,6 +176,26 @@ def generation_engine(config: SCConfig, report: Report) -> None:
 
 
 @ties(
+    "data.max_prompt_length",
+    "policy.max_total_sequence_length",
+    "policy.generation.backend",
+    "policy.generation.vllm_cfg.max_model_len",
+)
+def prompts_fit_the_context(config: SCConfig, report: Report) -> None:
+    """data.max_prompt_length must leave room in the engine's context (a completion is cut at its end)."""
+    gen, limit = config.policy.generation, config.data.max_prompt_length
+    context, knob = config.policy.max_total_sequence_length, "policy.max_total_sequence_length"
+    if gen.backend == "vllm" and gen.vllm_cfg.max_model_len is not None:
+        context, knob = gen.vllm_cfg.max_model_len, "policy.generation.vllm_cfg.max_model_len"
+    if limit >= context:
+        report.error(
+            "data.max_prompt_length",
+            f"({limit}) leaves no room for a completion in the {context}-token context ({knob}); the engine would "
+            f"refuse such prompts mid-run, so set it below {context} (or raise {knob})",
+        )
+
+
+@ties(
     "policy.megatron_cfg.enabled",
     "value.megatron_cfg.enabled",
     "policy.megatron_cfg.sequence_parallel",
@@ -369,6 +389,7 @@ ALGORITHM_RULES = (
     batch_matches_step,
     streaming_threshold_within_step,
     generation_engine,
+    prompts_fit_the_context,
     megatron_models,
     learning_rate_schedule,
     importance_sampling,

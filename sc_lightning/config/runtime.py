@@ -179,7 +179,19 @@ class DataConfig:
 
     dataset_name: str = knob("arithmetic", "Built-in task name or a path to a JSONL file of prompts.")
     shuffle: bool = knob(True, "Shuffle prompts each epoch (seeded by the algorithm block's seed).")
-    max_prompt_length: int = knob(256, "Prompts longer than this are rejected when loading.", unit="tokens", ge=1)
+    max_prompt_length: int = knob(
+        256,
+        "Prompts longer than this are rejected when loading (a JSONL row is skipped within data.max_skipped_rows).",
+        unit="tokens",
+        ge=1,
+    )
+    max_skipped_rows: int = knob(
+        0,
+        "Malformed or over-long dataset rows that may be skipped (each logged with file:line and reason); one more "
+        "is an error.",
+        unit="rows",
+        ge=0,
+    )
     train_data_log: bool = knob(
         False,
         "Write <trainer.default_root_dir>/train_data.jsonl, one JSON object per trained row (step, prompt_index, "

@@ -44,21 +44,36 @@ class PPOModule(GRPOModule):
         self.policy_trained = True  # whether the last step changed the policy (RefitCallback reads it)
 
     def configure_model(self) -> None:
-        """The policy (and reference) as for GRPO, plus the critic on ``value.model_name``'s backbone."""
+        """The policy (and reference) as for GRPO, plus the critic on ``value.model_name``'s backbone.
+
+        A critic whose vocabulary cannot embed every id of the policy's tokenizer is a TokenizerMismatchError.
+        """
         super().configure_model()
         if self.critic is not None:
             return
         from sc_lightning.lightning.warm_start import resolve_model_name
+        from sc_lightning.models.logprobs import real_vocab_size
         from sc_lightning.models.value import load_critic
+        from sc_lightning.tokenizer import check_tokenizer_fits_model
 
         value, seed = self.config.value, self.config.algo.seed
-        self.critic = load_critic(
+        critic = load_critic(
             resolve_model_name(value.model_name, seed=seed),
             precision=value.precision,
             seed=seed,
             tp=value.megatron_cfg.tensor_model_parallel_size,
             activation_checkpointing=value.megatron_cfg.activation_checkpointing,
         )
+        vocab = real_vocab_size(critic)  # recorded by build_gpt_model
+        assert vocab is not None
+        check_tokenizer_fits_model(  # the critic reads the policy's token ids
+            self.tokenizer,
+            vocab,
+            model_name=value.model_name,
+            tokenizer_name=self.config.policy.tokenizer_name,
+            model_knob="value.model_name",
+        )
+        self.critic = critic
 
     def configure_optimizers(self) -> Any:
         """Policy and critic AdamW, each with its schedule (the policy's spans its trained steps only)."""

@@ -1,7 +1,8 @@
 """SingleControllerStrategy: starts the data plane, the engine and the controller for a fit, and stops them.
 
-At ``setup`` (after the module built its policy) it starts, in order: the data plane, the generation engine
-(seeded with the policy's current weights), and the controller with its rollout pump (on a background thread).
+At ``setup`` (after the module built its policy) it loads the prompt dataset — a bad one fails here, before anything
+starts — then starts, in order: the data plane, the generation engine (seeded with the policy's current weights),
+and the controller with its rollout pump (on a background thread).
 With ``expose_http_server`` on (``vllm_cfg`` or ``mcore_generation_config``, by backend) it also serves the engine
 as an OpenAI-compatible completions endpoint on loopback (:attr:`endpoint_url`). At ``teardown`` — also after an
 exception or Ctrl-C — it stops them in reverse order. The module's train dataloader is :meth:`rl_steps`, one item
@@ -108,6 +109,7 @@ class SingleControllerStrategy(SingleDeviceStrategy):
 
         module = self.lightning_module
         config, tokenizer = self.config, module.tokenizer
+        dataset = build_dataset(config.data, tokenizer, seed=config.algo.seed)  # bad rows fail before anything starts
         self.data_plane = build_data_plane(config.data_plane)
         weights = [(name, tensor.detach().clone()) for name, tensor in export_hf_weights(module.policy, module.spec)]
         data_plane = self.data_plane
@@ -123,7 +125,7 @@ class SingleControllerStrategy(SingleDeviceStrategy):
                 engine=engine,
                 environment=build_environment(config.env),
                 tokenizer=tokenizer,
-                dataset=build_dataset(config.data, tokenizer, seed=config.algo.seed),
+                dataset=dataset,
             )
             if snapshotter is not None:
                 controller.add_background_task("rollout snapshots", snapshotter.run)

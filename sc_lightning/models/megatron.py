@@ -34,7 +34,7 @@ from sc_lightning.models.convert import (
 from sc_lightning.models.cpu_compat import apply_cpu_compat, seed_cpu_rng_tracker
 from sc_lightning.models.logprobs import REAL_VOCAB_ATTR
 from sc_lightning.models.spec import ModelSpec, builtin_spec
-from sc_lightning.tokenizer import Tokenizer, load_tokenizer
+from sc_lightning.tokenizer import Tokenizer, check_tokenizer_fits_model, load_tokenizer
 
 _DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
@@ -248,10 +248,13 @@ def load_policy(
     pp: int = 1,
     activation_checkpointing: bool = False,
     tokenizer_name: str | None = None,
+    check_tokenizer: bool = True,
 ) -> tuple[GPTModel, ModelSpec, Tokenizer]:
     """Build the policy ``model_name`` names: ``"builtin:<name>"`` (seeded random) or an HF directory/id (its weights).
 
-    Returns ``(model, spec, tokenizer)``; the tokenizer comes from ``tokenizer_name`` or else ``model_name``.
+    Returns ``(model, spec, tokenizer)``; the tokenizer comes from ``tokenizer_name`` or else ``model_name``. With
+    ``check_tokenizer`` a tokenizer that can produce ids past the model's vocabulary is a TokenizerMismatchError,
+    raised before the model is built.
     """
     if model_name.startswith("builtin:"):
         spec, hf_state = builtin_spec(model_name), None
@@ -263,6 +266,8 @@ def load_policy(
         spec = mcore_spec_from_hf_config(AutoConfig.from_pretrained(str(root), local_files_only=True))
         hf_state = read_hf_safetensors(root)
         tokenizer = load_tokenizer(tokenizer_name or str(root))
+    if check_tokenizer:
+        check_tokenizer_fits_model(tokenizer, spec.vocab_size, model_name=model_name, tokenizer_name=tokenizer_name)
     model = build_gpt_model(
         spec,
         precision=precision,

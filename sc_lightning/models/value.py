@@ -50,8 +50,11 @@ def token_values(critic: torch.nn.Module, input_ids: Tensor) -> Tensor:
 
 
 def load_critic(model_name: str, **policy_kwargs: Any) -> torch.nn.Module:
-    """A critic on the backbone ``model_name`` (``policy_kwargs`` as for ``load_policy``), with a fresh value head."""
+    """A critic on the backbone ``model_name`` (``policy_kwargs`` as for ``load_policy``), with a fresh value head.
+
+    The backbone's own tokenizer is not used (the critic reads the policy's token ids), so it is not checked here.
+    """
     from sc_lightning.models.megatron import load_policy
 
-    model, _, _ = load_policy(model_name, **policy_kwargs)
+    model, _, _ = load_policy(model_name, check_tokenizer=False, **policy_kwargs)
     return attach_value_head(model)

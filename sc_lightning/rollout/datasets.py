@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import json
+import logging
 import random
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
@@ -16,6 +17,9 @@ if TYPE_CHECKING:
 
 ARITHMETIC_DATASET_SIZE = 512
 BUILTIN_DATASETS = ("arithmetic",)
+LISTED_BAD_ROWS = 5
+"""How many bad rows a DatasetError over ``data.max_skipped_rows`` lists (with the total count)."""
+log = logging.getLogger(__name__)
 
 
 class DatasetError(ValueError):
@@ -33,14 +37,19 @@ class PromptDataset(Protocol):
         """The prompt at ``index`` (0 <= index < len)."""
 
 
+def prompt_length_problem(token_ids: Sequence[int], max_prompt_length: int | None) -> str | None:
+    """Why a prompt of ``token_ids`` is too long (``"has N tokens, more than ..."``), or None (None = no limit)."""
+    if max_prompt_length is not None and len(token_ids) > max_prompt_length:
+        return f"has {len(token_ids)} tokens, more than data.max_prompt_length={max_prompt_length}"
+    return None
+
+
 def check_prompt_length(prompt: Prompt, max_prompt_length: int | None, source: str = "") -> None:
     """DatasetError naming the prompt when it has more than ``max_prompt_length`` tokens (None = no limit)."""
-    if max_prompt_length is not None and len(prompt.token_ids) > max_prompt_length:
+    problem = prompt_length_problem(prompt.token_ids, max_prompt_length)
+    if problem:
         where = f" in {source}" if source else ""
-        raise DatasetError(
-            f"prompt {prompt.prompt_id}{where} has {len(prompt.token_ids)} tokens, more than "
-            f"data.max_prompt_length={max_prompt_length}"
-        )
+        raise DatasetError(f"prompt {prompt.prompt_id}{where} {problem}")
 
 
 class _ListDataset:
@@ -90,9 +99,16 @@ class ArithmeticDataset(_ListDataset):
 class JsonlPromptDataset(_ListDataset):
     """Prompts read from a local JSONL file: one JSON object per line, blank lines skipped.
 
-    Each object needs ``prompt_key`` (a string) and ``answer_key`` (a string or a number); any other fields go to
-    ``Prompt.extra``. Prompt ``i`` (counting records, not lines) has id ``{task}-{i:06d}``.
+    Each object needs ``prompt_key`` (a non-empty string) and ``answer_key`` (a string or a number); any other
+    fields go to ``Prompt.extra``. A bad row — not UTF-8, not JSON, not an object, a key missing or of a wrong type,
+    untokenizable, or longer than ``max_prompt_length`` tokens — is skipped when the file holds at most
+    ``max_skipped_rows`` of them (each logged as a warning with its ``file:line`` and reason, and listed in
+    :attr:`skipped_rows`); one more and loading fails with a DatasetError that lists the first few. Prompt ``i``
+    (counting kept records, not lines) has id ``{task}-{i:06d}`` and index ``i``.
     """
+
+    skipped_rows: list[tuple[str, str]]
+    """``(file:line, reason)`` of every bad row skipped, in file order."""
 
     def __init__(
         self,
@@ -103,70 +119,120 @@ class JsonlPromptDataset(_ListDataset):
         task: str = "math",
         *,
         max_prompt_length: int | None = None,
+        max_skipped_rows: int = 0,
     ) -> None:
         self.path = Path(path)
         self.task = task
         try:
-            lines = self.path.read_text(encoding="utf-8").splitlines()
+            lines = self.path.read_bytes().splitlines()
         except OSError as err:
             raise DatasetError(f"cannot read the prompt file {self.path}: {err}") from err
         self._prompts = []
+        self.skipped_rows = []
+        keys = (prompt_key, answer_key)
         for lineno, line in enumerate(lines, start=1):
             if not line.strip():
                 continue
-            where = f"{self.path}:{lineno}"
             try:
-                record = json.loads(line)
-            except json.JSONDecodeError as err:
-                raise DatasetError(f"{where}: not valid JSON: {err}") from err
-            if not isinstance(record, dict):
-                raise DatasetError(f"{where}: expected a JSON object, got {type(record).__name__}")
-            text = _field(record, prompt_key, where, allow_numbers=False)
-            answer = _field(record, answer_key, where, allow_numbers=True)
-            prompt_id = f"{task}-{len(self._prompts):06d}"
-            try:
-                token_ids = prompt_token_ids(tokenizer, text)
-            except ValueError as err:
-                raise DatasetError(f"{where}: cannot tokenize prompt {prompt_id}: {err}") from err
-            extra: Mapping[str, Any] = {k: v for k, v in record.items() if k not in (prompt_key, answer_key)}
-            prompt = Prompt(
-                prompt_id=prompt_id,
-                token_ids=token_ids,
-                text=text,
-                answer=answer,
-                task=task,
-                extra=extra,
-                index=len(self._prompts),
+                text, answer, token_ids, extra = _parse_row(line, lineno, tokenizer, keys, max_prompt_length)
+            except _BadRow as bad:
+                self.skipped_rows.append((f"{self.path}:{lineno}", str(bad)))
+                continue
+            i = len(self._prompts)
+            self._prompts.append(
+                Prompt(f"{task}-{i:06d}", token_ids, text=text, answer=answer, task=task, extra=extra, index=i)
             )
-            check_prompt_length(prompt, max_prompt_length, where)
-            self._prompts.append(prompt)
+        self._enforce_skip_budget(max_skipped_rows)
+
+    def _enforce_skip_budget(self, max_skipped_rows: int) -> None:
+        """Log the skipped rows when they fit ``max_skipped_rows``; else a DatasetError listing the first few."""
+        skipped = self.skipped_rows
+        if len(skipped) > max_skipped_rows:
+            listed = "\n".join(f"  - {where}: {reason}" for where, reason in skipped[:LISTED_BAD_ROWS])
+            more = f"\n  ... and {len(skipped) - LISTED_BAD_ROWS} more" if len(skipped) > LISTED_BAD_ROWS else ""
+            raise DatasetError(
+                f"the prompt file {self.path} has {len(skipped)} bad row(s), more than "
+                f"data.max_skipped_rows={max_skipped_rows} allows; fix them, or raise data.max_skipped_rows to skip "
+                f"them (each skip is logged):\n{listed}{more}"
+            )
+        for where, reason in skipped:
+            log.warning("skipped dataset row %s: %s", where, reason)
+        if skipped:
+            log.warning(
+                "skipped %d bad row(s) of %s (data.max_skipped_rows=%d); %d prompts kept",
+                len(skipped),
+                self.path,
+                max_skipped_rows,
+                len(self._prompts),
+            )
         if not self._prompts:
-            raise DatasetError(f"the prompt file {self.path} holds no records")
+            skipped_all = f" (all {len(skipped)} rows were bad and skipped)" if skipped else ""
+            raise DatasetError(f"the prompt file {self.path} holds no records{skipped_all}")
 
 
-def _field(record: dict[str, Any], key: str, where: str, *, allow_numbers: bool) -> str:
-    """``record[key]`` as a string; DatasetError naming the file and line when it is missing or of a wrong type."""
+class _BadRow(ValueError):
+    """One dataset row cannot be used; the message is the reason (the caller adds ``file:line``)."""
+
+
+def _parse_row(
+    line: bytes,
+    lineno: int,
+    tokenizer: Tokenizer,
+    keys: tuple[str, str],
+    max_prompt_length: int | None,
+) -> tuple[str, str, tuple[int, ...], Mapping[str, Any]]:
+    """``(text, answer, token_ids, extra)`` of one JSONL row; _BadRow naming the reason when it cannot be used."""
+    prompt_key, answer_key = keys
+    try:
+        decoded = line.decode("utf-8-sig" if lineno == 1 else "utf-8")  # a byte-order mark may open the file
+    except UnicodeDecodeError as err:
+        raise _BadRow(f"not valid UTF-8: {err}") from None
+    try:
+        record = json.loads(decoded)
+    except json.JSONDecodeError as err:
+        raise _BadRow(f"not valid JSON: {err}") from None
+    if not isinstance(record, dict):
+        raise _BadRow(f"expected a JSON object, got {type(record).__name__}")
+    text = _field(record, prompt_key, allow_numbers=False)
+    if not text:
+        raise _BadRow(f"key {prompt_key!r} is an empty string")
+    answer = _field(record, answer_key, allow_numbers=True)
+    try:
+        token_ids = prompt_token_ids(tokenizer, text)
+    except ValueError as err:
+        raise _BadRow(f"cannot tokenize the prompt: {err}") from None
+    too_long = prompt_length_problem(token_ids, max_prompt_length)
+    if too_long:
+        raise _BadRow(f"the prompt {too_long}")
+    return text, answer, token_ids, {k: v for k, v in record.items() if k not in keys}
+
+
+def _field(record: dict[str, Any], key: str, *, allow_numbers: bool) -> str:
+    """``record[key]`` as a string; _BadRow when it is missing or of a wrong type."""
     if key not in record:
-        raise DatasetError(f"{where}: missing key {key!r} (keys present: {', '.join(map(repr, record)) or 'none'})")
+        raise _BadRow(f"missing key {key!r} (keys present: {', '.join(map(repr, record)) or 'none'})")
     value = record[key]
     if isinstance(value, str):
         return value
     if allow_numbers and isinstance(value, int | float) and not isinstance(value, bool):
         return str(value)
     kind = "a string or a number" if allow_numbers else "a string"
-    raise DatasetError(f"{where}: key {key!r} must be {kind}, got {type(value).__name__}")
+    raise _BadRow(f"key {key!r} must be {kind}, got {type(value).__name__}")
 
 
 def build_dataset(cfg: DataConfig, tokenizer: Tokenizer, *, seed: int) -> PromptDataset:
     """The dataset named by ``cfg.dataset_name``: ``"arithmetic"`` (512 prompts from ``seed``) or a ``.jsonl`` path.
 
-    Every prompt is checked against ``cfg.max_prompt_length`` here, so a too-long prompt fails at load time.
+    Every prompt is checked against ``cfg.max_prompt_length`` here, so a too-long prompt fails at load time; a
+    JSONL file may have up to ``cfg.max_skipped_rows`` bad rows, which are skipped (and logged).
     """
     name = cfg.dataset_name
     if name == "arithmetic":
         return ArithmeticDataset(ARITHMETIC_DATASET_SIZE, seed, tokenizer, max_prompt_length=cfg.max_prompt_length)
     if name.endswith(".jsonl"):
-        return JsonlPromptDataset(name, tokenizer, max_prompt_length=cfg.max_prompt_length)
+        return JsonlPromptDataset(
+            name, tokenizer, max_prompt_length=cfg.max_prompt_length, max_skipped_rows=cfg.max_skipped_rows
+        )
     raise DatasetError(
         f"unknown dataset {name!r} (data.dataset_name); known: {', '.join(BUILTIN_DATASETS)}, "
         f"or a path to a local .jsonl file"

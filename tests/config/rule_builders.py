@@ -8,6 +8,7 @@ from tests.config.helpers import PPO_COMPANION
 from tests.conftest import variant
 
 NON_COLOCATED = {"policy": {"generation": {"colocated": {"enabled": False}}}}
+VLLM = {"policy": {"generation": {"backend": "vllm", "colocated": {"enabled": False}}}}
 CUSTOM = "tests.config.custom_samplers"
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from tests.config.helpers import PPO_COMPANION
-from tests.config.rule_builders import NON_COLOCATED, async_rl, ppo, sampler
+from tests.config.rule_builders import NON_COLOCATED, VLLM, async_rl, ppo, sampler
 from tests.conftest import variant
 
 ALGORITHM_CASES: list[tuple[str, dict[str, Any], dict[str, Any], str, str]] = [
@@ -134,6 +134,20 @@ ALGORITHM_CASES: list[tuple[str, dict[str, Any], dict[str, Any], str, str]] = [
         ),
         "policy.generation.vllm_cfg.async_engine",
         "async engine",
+    ),
+    (
+        "prompts fit the context",
+        variant({"data": {"max_prompt_length": 31}}),
+        variant({"data": {"max_prompt_length": 32}}),
+        "data.max_prompt_length",
+        "(32) leaves no room for a completion in the 32-token context (policy.max_total_sequence_length)",
+    ),
+    (
+        "prompts fit vLLM's context",
+        variant(VLLM, {"policy": {"generation": {"vllm_cfg": {"max_model_len": 17}}}}),
+        variant(VLLM, {"policy": {"generation": {"vllm_cfg": {"max_model_len": 16}}}}),
+        "data.max_prompt_length",
+        "16-token context (policy.generation.vllm_cfg.max_model_len)",
     ),
     (
         "decay floor above the peak",

@@ -67,11 +67,38 @@ def test_a_knob_of_another_sampler_mode_is_an_error() -> None:
             "rollout_recovery.agent_granularity_overrides.coder: must be one of 'sibling', 'prompt_group'",
         ),
         ({"async_rl": {"sampler": {"name": "custom"}}}, "async_rl.sampler.target: is required"),
+        ({"grpo": {"num_prompts_per_step": 8.5}}, "grpo.num_prompts_per_step: expected int, got float 8.5"),
+        ({"grpo": {"num_prompts_per_step": None}}, "grpo.num_prompts_per_step: expected int, got NoneType None"),
+        ({"grpo": {"num_prompts_per_step": {"n": 8}}}, "grpo.num_prompts_per_step: expected int, got dict {'n': 8}"),
+        ({"policy": {"generation": [1, 2]}}, "policy.generation: expected a mapping of GenerationConfig settings"),
+        ({"async_rl": {"sampler": "in_order"}}, "async_rl.sampler: expected dict, got str 'in_order'"),
+        ({"data": {"dataset_name": ["a.jsonl"]}}, "data.dataset_name: expected str, got list ['a.jsonl']"),
+        ({"data": {"max_skipped_rows": -1}}, "data.max_skipped_rows: must be >= 0, got -1"),
+        ({"data": {"max_skipped_rows": "ten"}}, "data.max_skipped_rows: expected int, got str 'ten'"),
     ],
 )
 def test_types_and_bounds(layer: dict, expected: str) -> None:
     errors = errors_of(variant(layer))
     assert any(expected in e for e in errors), errors
+
+
+def test_a_yaml_file_with_wrong_types_reports_every_dotpath_at_once(tmp_path) -> None:
+    """Wrong types as users write them in YAML (a word for a number, a bare ``no``, a list for a section) all come
+    back in one ConfigError, each with its dotpath and what was expected."""
+    path = tmp_path / "wrong.yaml"
+    path.write_text(
+        "grpo:\n  num_prompts_per_step: eight\n"
+        "policy:\n  generation:\n    - backend: megatron\n"
+        "data:\n  dataset_name: no\n  max_skipped_rows: 1.5\n"
+    )
+    with pytest.raises(ConfigError) as raised:
+        load_config(load_yaml_layers([*TEST_BASE, path]), extra_top_level=LIGHTNING_KEYS)
+    assert [str(issue) for issue in raised.value.issues] == [
+        "grpo.num_prompts_per_step: expected int, got str 'eight'",
+        "policy.generation: expected a mapping of GenerationConfig settings, got list [{'backend': 'megatron'}]",
+        "data.dataset_name: expected str, got bool False",
+        "data.max_skipped_rows: expected int, got float 1.5",
+    ]
 
 
 def test_floats_accept_ints_and_exponent_strings() -> None:

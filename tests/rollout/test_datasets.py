@@ -10,6 +10,7 @@ import pytest
 from sc_lightning.config.runtime import DataConfig
 from sc_lightning.rollout.datasets import (
     ARITHMETIC_DATASET_SIZE,
+    LISTED_BAD_ROWS,
     ArithmeticDataset,
     DatasetError,
     JsonlPromptDataset,
@@ -89,8 +90,9 @@ def test_jsonl_custom_keys_and_task(tmp_path: Path) -> None:
         (['["1+1=", "2"]'], r"p\.jsonl:1: expected a JSON object"),
         (['{"problem": 5, "expected_answer": "2"}'], r"p\.jsonl:1: key 'problem' must be a string"),
         (['{"problem": "1+1=", "expected_answer": null}'], r"p\.jsonl:1: key 'expected_answer' must be"),
-        (['{"problem": "hello", "expected_answer": "2"}'], r"p\.jsonl:1: cannot tokenize prompt math-000000"),
-        ([""], r"p\.jsonl holds no records"),
+        (['{"problem": "hello", "expected_answer": "2"}'], r"p\.jsonl:1: cannot tokenize the prompt"),
+        (['{"problem": "", "expected_answer": "2"}'], r"p\.jsonl:1: key 'problem' is an empty string"),
+        ([""], r"p\.jsonl holds no records$"),
     ],
 )
 def test_jsonl_errors_name_the_file_and_line(tmp_path: Path, lines: list[str], match: str) -> None:
@@ -112,7 +114,7 @@ def test_jsonl_over_the_length_limit_names_the_prompt(tmp_path: Path) -> None:
             json.dumps({"problem": "11+11=", "expected_answer": "22"}),
         ],
     )
-    with pytest.raises(DatasetError, match=r"prompt math-000001 in .*p\.jsonl:2 has 7 tokens.*=6"):
+    with pytest.raises(DatasetError, match=r"p\.jsonl:2: the prompt has 7 tokens, more than data\.max_prompt_length=6"):
         JsonlPromptDataset(path, TOK, max_prompt_length=6)
 
 
@@ -130,10 +132,103 @@ def test_build_dataset_jsonl(tmp_path: Path) -> None:
     ds = build_dataset(DataConfig(dataset_name=str(path)), TOK, seed=0)
     assert isinstance(ds, JsonlPromptDataset)
     assert ds[0].answer == "2"
-    with pytest.raises(DatasetError, match="math-000000"):
+    with pytest.raises(DatasetError, match=r"p\.jsonl:1: the prompt has 5 tokens"):
         build_dataset(DataConfig(dataset_name=str(path), max_prompt_length=2), TOK, seed=0)
 
 
 def test_build_dataset_unknown_name_lists_known_ones() -> None:
     with pytest.raises(DatasetError, match=r"'openmathinstruct2'.*arithmetic.*\.jsonl"):
         build_dataset(DataConfig(dataset_name="openmathinstruct2"), TOK, seed=0)
+
+
+GOOD = [json.dumps({"problem": f"{a}+{a}=", "expected_answer": str(2 * a)}) for a in range(4)]
+# one bad row of each kind, with (part of) the reason it must be reported with
+BAD = [
+    ("{not json", "not valid JSON"),
+    ('["1+1=", "2"]', "expected a JSON object, got list"),
+    ('{"problem": "1+1="}', "missing key 'expected_answer'"),
+    ('{"problem": 5, "expected_answer": "2"}', "key 'problem' must be a string, got int"),
+    ('{"problem": "hi", "expected_answer": "2"}', "cannot tokenize the prompt"),
+    ('{"problem": "1234567+1=", "expected_answer": "1234568"}', "the prompt has 11 tokens, more than"),
+    ('{"problem": "", "expected_answer": "0"}', "key 'problem' is an empty string"),
+]
+BAD_LINES = [2, 4, 6, 8, 9, 10, 11]  # where mixed_file puts them
+
+
+def mixed_file(tmp_path: Path) -> Path:
+    """GOOD[0], then each BAD row followed by the next GOOD row while they last (bad rows on BAD_LINES)."""
+    lines = [GOOD[0]]
+    for i, (bad, _) in enumerate(BAD):
+        lines += [bad, *GOOD[i + 1 : i + 2]]
+    return write_jsonl(tmp_path / "mixed.jsonl", lines)
+
+
+def test_bad_rows_within_the_budget_are_skipped_logged_and_counted(tmp_path: Path, caplog) -> None:
+    """Every kind of bad row is skipped with its file:line and reason; ids and indices stay dense."""
+    path = mixed_file(tmp_path)
+    with caplog.at_level("WARNING", logger="sc_lightning.rollout.datasets"):
+        ds = JsonlPromptDataset(path, TOK, max_prompt_length=10, max_skipped_rows=len(BAD))
+    assert [(p.prompt_id, p.index, p.text) for p in ds] == [
+        (f"math-{i:06d}", i, json.loads(GOOD[i])["problem"]) for i in range(4)
+    ]
+    assert [where for where, _ in ds.skipped_rows] == [f"{path}:{n}" for n in BAD_LINES]
+    for (_, reason), (_, expected) in zip(ds.skipped_rows, BAD, strict=True):
+        assert reason.startswith(expected)
+    assert [r.getMessage() for r in caplog.records] == [
+        *(f"skipped dataset row {where}: {reason}" for where, reason in ds.skipped_rows),
+        f"skipped 7 bad row(s) of {path} (data.max_skipped_rows=7); 4 prompts kept",
+    ]
+
+
+def test_one_bad_row_over_the_budget_fails_listing_the_first_few(tmp_path: Path, caplog) -> None:
+    """Budget + 1 bad rows: a DatasetError with the total, the knob, and the first LISTED_BAD_ROWS rows."""
+    path = mixed_file(tmp_path)
+    with caplog.at_level("WARNING"), pytest.raises(DatasetError) as raised:
+        JsonlPromptDataset(path, TOK, max_prompt_length=10, max_skipped_rows=len(BAD) - 1)
+    message = str(raised.value)
+    assert f"{path} has 7 bad row(s), more than data.max_skipped_rows=6 allows" in message
+    listed = [line for line in message.splitlines() if line.startswith("  - ")]
+    assert len(listed) == LISTED_BAD_ROWS == 5
+    for line, n, (_, reason) in zip(listed, BAD_LINES, BAD, strict=False):
+        assert line.startswith(f"  - {path}:{n}: {reason}")
+    assert message.endswith("\n  ... and 2 more")
+    assert not caplog.records  # nothing was skipped: the load failed
+
+
+def test_budget_zero_is_an_error_naming_the_knob(tmp_path: Path) -> None:
+    """The default budget (0) keeps a bad row an error; a budget of 1 skips it."""
+    path = write_jsonl(tmp_path / "p.jsonl", [GOOD[0], "{not json", GOOD[1]])
+    with pytest.raises(DatasetError, match=r"(?s)1 bad row\(s\), more than data\.max_skipped_rows=0.*p\.jsonl:2: not"):
+        JsonlPromptDataset(path, TOK)
+    assert len(JsonlPromptDataset(path, TOK, max_skipped_rows=1)) == 2
+
+
+def test_rows_that_are_not_utf8_are_bad_rows_and_a_byte_order_mark_is_not(tmp_path: Path) -> None:
+    """A line of invalid UTF-8 is one bad row (not a failed file); a BOM before the first line is ignored."""
+    path = tmp_path / "p.jsonl"
+    path.write_bytes(b"\xef\xbb\xbf" + GOOD[0].encode() + b"\n" + b'{"problem": "\xff"}\n' + GOOD[1].encode() + b"\n")
+    ds = JsonlPromptDataset(path, TOK, max_skipped_rows=1)
+    assert [p.text for p in ds] == ["0+0=", "1+1="]
+    ((where, reason),) = ds.skipped_rows
+    assert where == f"{path}:2" and reason.startswith("not valid UTF-8")
+
+
+def test_a_file_of_only_bad_rows_holds_no_records_even_within_the_budget(tmp_path: Path) -> None:
+    """Skipping may not leave an empty dataset."""
+    path = write_jsonl(tmp_path / "p.jsonl", ["{not json", "[]"])
+    with pytest.raises(DatasetError, match=r"p\.jsonl holds no records \(all 2 rows were bad and skipped\)"):
+        JsonlPromptDataset(path, TOK, max_skipped_rows=5)
+
+
+def test_build_dataset_skips_over_long_prompts_per_data_max_skipped_rows(tmp_path: Path) -> None:
+    """A prompt longer than data.max_prompt_length is a bad row: an error at budget 0, skipped within it."""
+    long = json.dumps({"problem": "11+11=", "expected_answer": "22"})  # 7 tokens with the bos
+    path = write_jsonl(tmp_path / "p.jsonl", [GOOD[0], long, GOOD[1]])
+    strict = DataConfig(dataset_name=str(path), max_prompt_length=6)
+    with pytest.raises(DatasetError, match=r"data\.max_skipped_rows=0 .*\n  - .*p\.jsonl:2: the prompt has 7 tokens"):
+        build_dataset(strict, TOK, seed=0)
+    lenient = DataConfig(dataset_name=str(path), max_prompt_length=6, max_skipped_rows=1)
+    ds = build_dataset(lenient, TOK, seed=0)
+    assert isinstance(ds, JsonlPromptDataset)
+    assert [(p.prompt_id, p.text) for p in ds] == [("math-000000", "0+0="), ("math-000001", "1+1=")]
+    assert ds.skipped_rows == [(f"{path}:2", "the prompt has 7 tokens, more than data.max_prompt_length=6")]
