@@ -67,6 +67,8 @@ BUILTIN_EXCLUDED_PATHS = (
     "policy.generation.refit_timeout_s",
     "data_plane.storage_capacity",
     "async_rl.stall_watchdog",
+    # a skip budget never changes which rows a file yields: rows are kept or skipped by their content alone
+    "data.max_skipped_rows",
     # the trainer's own optimisation does not change the meaning of rollouts already generated
     "policy.optimizer",
     "policy.scheduler",

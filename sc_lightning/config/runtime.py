@@ -203,4 +203,7 @@ class DataConfig:
 class EnvConfig:
     """The environment that scores completions."""
 
-    name: str = knob("arithmetic", "Built-in verifier (reward function) to use.")
+    name: str = knob(
+        "arithmetic",
+        'Built-in verifier (arithmetic, math), or a custom Environment class "package.module:ClassName".',
+    )
