@@ -1,4 +1,7 @@
-"""Fuzz (hypothesis): environments that answer with anything, under random retry and drop budgets.
+"""Fuzz (hypothesis): dataset files with any rows, and environments that answer with anything, under random budgets.
+
+A dataset file loads exactly its valid rows (ids dense) when its bad rows fit ``data.max_skipped_rows``, or fails
+naming a bad row's file:line and the knob; the controller then trains only those prompts.
 
 Whatever the environment returns — rewards, NaN, infinities, strings, None, masked scores, exceptions — the run
 either trains every step it can (each between the floor and N groups, finite rewards only, no prompt twice) or
@@ -11,17 +14,21 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import json
 import math
 import re
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from sc_lightning.controller.build import build_controller
 from sc_lightning.controller.controller import RolloutPumpError, SingleController
+from sc_lightning.data_plane.memory import MemoryDataPlane
+from sc_lightning.rollout.datasets import DatasetError, JsonlPromptDataset
 from sc_lightning.rollout.envs.arithmetic import ArithmeticEnvironment
 from sc_lightning.rollout.envs.base import RewardError, Score
 from sc_lightning.testing.scripted_engine import ScriptedEngine
-from tests.controller.test_controller import answer_correctly
+from tests.controller.test_controller import TOKENIZER, answer_correctly
 from tests.controller.test_drops import DATASET, drop_config, make
 
 OUTCOMES = ("ok", "nan", "inf", "string", "none", "masked", "reward_error", "key_error")
@@ -144,3 +151,61 @@ def test_any_environment_output_trains_or_fails_clearly_and_the_books_balance(
     if bad == 0:  # a well-behaved environment never fails, drops or retries
         assert failure is None and (stats.data_failures, stats.dropped, len(trained)) == (0, 0, STEPS * N)
     assert environment.calls, "the environment was never called"
+
+
+VALID_ROW = st.tuples(st.integers(0, 9), st.integers(0, 9)).map(
+    lambda ab: ("valid", json.dumps({"problem": f"{ab[0]}+{ab[1]}=", "expected_answer": str(sum(ab))}))
+)
+BAD_ROW = st.one_of(
+    st.text(alphabet='{}[]:,"abc 1', min_size=1, max_size=12).filter(lambda t: t.strip()).map(lambda t: ("bad", t)),
+    st.just(("bad", json.dumps(["1+1=", "2"]))),
+    st.just(("bad", json.dumps({"problem": "1+1="}))),
+    st.just(("bad", json.dumps({"problem": 7, "expected_answer": "7"}))),
+    st.just(("bad", json.dumps({"problem": "", "expected_answer": "0"}))),
+    st.just(("bad", json.dumps({"problem": "1+" * 20 + "1=", "expected_answer": "21"}))),  # over max_prompt_length
+    st.just(("bad", json.dumps({"problem": "hello", "expected_answer": "1"}))),  # not in the tokenizer's alphabet
+)
+
+
+@settings(
+    max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture]
+)
+@given(rows=st.lists(st.one_of(VALID_ROW, BAD_ROW), min_size=1, max_size=14), budget=st.integers(0, 4))
+def test_any_dataset_file_loads_its_valid_rows_or_fails_clearly_and_trains_only_them(
+    tmp_path_factory, rows: list[tuple[str, str]], budget: int
+) -> None:
+    path = tmp_path_factory.mktemp("rows") / "prompts.jsonl"
+    path.write_text("\n".join(line for _, line in rows) + "\n")
+    valid = [json.loads(line)["problem"] for kind, line in rows if kind == "valid"]
+    bad = len(rows) - len(valid)
+    try:
+        dataset = JsonlPromptDataset(path, TOKENIZER, max_prompt_length=16, max_skipped_rows=budget)
+    except DatasetError as error:
+        assert bad > budget or not valid
+        assert ("data.max_skipped_rows" in str(error) and f"{path}:" in str(error)) or "holds no records" in str(error)
+        return
+    assert bad <= budget and [p.text for p in dataset] == valid and len(dataset.skipped_rows) == bad
+    assert [p.prompt_id for p in dataset] == [f"math-{i:06d}" for i in range(len(valid))]  # dense over kept rows
+    if len(dataset) < 2:
+        return  # fewer prompts than a step: the prompt stream refuses it (tested elsewhere)
+    controller = build_controller(
+        drop_config(n=2),
+        data_plane=MemoryDataPlane(),
+        engine=ScriptedEngine(answer_correctly),
+        environment=ArithmeticEnvironment(),
+        tokenizer=TOKENIZER,
+        dataset=dataset,
+    )
+
+    async def scenario() -> list[str]:
+        await controller.start()
+        try:
+            step = await controller.select(0, 2, 2, timeout_s=30)
+            await controller.begin_refit(1)
+            check_books(controller)
+            return [group.prompt_id for group in step]
+        finally:
+            await controller.shutdown()
+
+    trained = asyncio.run(scenario())
+    assert [dataset[int(pid.split("-")[1])].text for pid in trained] == valid[:2]  # unshuffled: the first two
