@@ -2,7 +2,8 @@
 
 :class:`EngineRouter` sends each request to the healthy replica with the fewest requests outstanding (ties: the
 lowest index), refits every healthy replica concurrently, and tracks health: a replica whose Ray actor died is
-marked dead at its first failing call — that call's error names the replica — and gets no more requests. Errors
+marked dead at its first failing call (a request, or a refit when it died while idle) — a failing request's error
+names the replica — and gets no more requests; a refit that finds a replica dead succeeds on the survivors. Errors
 inside a healthy replica (a bad request) leave it healthy. With no healthy replica left, every call fails fast with
 an :class:`~sc_lightning.engines.base.EngineError` listing the dead ones. Retrying a failed request elsewhere is
 the rollout layer's job (``async_rl.rollout_failure``), not the router's.
@@ -77,7 +78,12 @@ class EngineRouter:
             self.outstanding[index] -= 1
 
     async def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
-        """Refit every healthy replica concurrently; the first failure is raised (it names its replica)."""
+        """Refit every healthy replica concurrently.
+
+        A replica found dead here (it died while idle) is marked dead like at a failing request, and the refit
+        succeeds on the survivors; with none left it fails listing the dead. Any other failure is raised (the
+        first one; it names its replica).
+        """
         tensors = list(named_tensors)  # every replica reads the same tensors
         replicas = self._healthy()
         results = await asyncio.gather(
@@ -87,8 +93,10 @@ class EngineRouter:
         for replica, error in failures:
             if isinstance(error, EngineError):
                 self._mark(replica, error)
-        if failures:
-            raise failures[0][1]
+        fatal = [error for replica, error in failures if replica.name not in self.dead]
+        if fatal:
+            raise fatal[0]
+        self._healthy()  # every replica died: fail listing them
 
     async def stand_down(self) -> None:
         """Stand every healthy replica down."""
