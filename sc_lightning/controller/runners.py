@@ -2,7 +2,9 @@
 
 Both runners take a zero-argument ``build`` function that constructs the controller *inside* its home (the
 thread or the actor), and expose the same blocking train-side API, so the Lightning loop (and the tests) can
-swap one for the other. Every blocking call has a deadline.
+swap one for the other. Every blocking call has a deadline, and the trainer side checks the controller is alive:
+a call that outlives its deadline raises :class:`ControllerUnresponsive` (its event loop is blocked or its process
+is gone), and a call to a Ray actor that died raises :class:`ControllerDied` — each naming the call.
 """
 
 from __future__ import annotations
@@ -24,6 +26,20 @@ ControllerFactory = Callable[[], SingleController]
 BeforeStart = Callable[[SingleController], Awaitable[None]]
 """Runs on the controller's loop after it is built and before its pump starts (e.g. restoring a checkpoint)."""
 DEFAULT_CALL_TIMEOUT_S = 600.0
+
+
+class ControllerUnresponsive(TimeoutError):
+    """The controller did not answer a call within its deadline."""
+
+    def __init__(self, call: str, timeout_s: float | None) -> None:
+        super().__init__(
+            f"the SingleController did not answer {call} within {timeout_s} s: its event loop is blocked (a "
+            "long synchronous call in an environment, a custom sampler or an engine client?) or its process is gone"
+        )
+
+
+class ControllerDied(RuntimeError):
+    """The controller's Ray actor died; the Ray error is the cause."""
 
 
 class ControllerClient(Protocol):
@@ -79,9 +95,20 @@ class LocalController:
         self.controller: SingleController = self.call(_build_and_start(build, before_start))
 
     def call(self, coroutine: Coroutine[Any, Any, T], timeout_s: float | None = None) -> T:
-        """Run a coroutine on the controller's event loop (e.g. a call on its engine) and return its result."""
+        """Run a coroutine on the controller's event loop (e.g. a call on its engine) and return its result.
+
+        ControllerUnresponsive if it does not finish within ``timeout_s`` (default ``call_timeout_s``).
+        """
+        limit = timeout_s if timeout_s is not None else self.call_timeout_s
+        name = getattr(coroutine, "__qualname__", "a call")
         future: Future[T] = asyncio.run_coroutine_threadsafe(coroutine, self._loop)
-        return future.result(timeout=timeout_s if timeout_s is not None else self.call_timeout_s)
+        try:
+            return future.result(timeout=limit)
+        except TimeoutError:
+            if future.done():  # the call itself raised a TimeoutError (e.g. SelectTimeout): that is its answer
+                raise
+            future.cancel()
+            raise ControllerUnresponsive(name, limit) from None
 
     def evict(self, trainer_version: int) -> list[GroupMeta]:
         """Drop groups that can never be trained at ``trainer_version``."""
@@ -142,56 +169,65 @@ class RayController:
         self.call_timeout_s = call_timeout_s
         actor_class = ray.remote(num_cpus=0, num_gpus=0, max_concurrency=64)(SingleControllerActor)
         self.actor = actor_class.remote(build)
-        self._get(self.actor.ready.remote())
+        self._call("ready")
 
-    def _get(self, ref: Any, timeout_s: float | None = None) -> Any:
-        return self._ray.get(ref, timeout=timeout_s if timeout_s is not None else self.call_timeout_s)
+    def _call(self, method: str, *args: Any, deadline_s: float | None = None, **kwargs: Any) -> Any:
+        """Call the actor's ``method`` and wait for its answer (``deadline_s``, default ``call_timeout_s``)."""
+        ref = getattr(self.actor, method).remote(*args, **kwargs)
+        call = f"SingleController.{method}"
+        limit = deadline_s if deadline_s is not None else self.call_timeout_s
+        try:
+            return self._ray.get(ref, timeout=limit)
+        except self._ray.exceptions.GetTimeoutError:
+            raise ControllerUnresponsive(call, limit) from None
+        except self._ray.exceptions.RayActorError as died:
+            raise ControllerDied(f"the SingleController's Ray actor died; {call} got no answer: {died}") from died
 
     def evict(self, trainer_version: int) -> list[GroupMeta]:
         """Drop groups that can never be trained at ``trainer_version``."""
-        return self._get(self.actor.evict.remote(trainer_version))
+        return self._call("evict", trainer_version)
 
     def select(
         self, trainer_version: int, min_groups: int, max_groups: int, *, timeout_s: float | None = None
     ) -> list[GroupMeta] | None:
         """Wait for and take trainable groups; None once rollouts are exhausted."""
-        ref = self.actor.select.remote(trainer_version, min_groups, max_groups, timeout_s=timeout_s)
-        return self._get(ref, None if timeout_s is None else timeout_s + 30)
+        deadline = None if timeout_s is None else timeout_s + 30  # the controller's own SelectTimeout comes first
+        return self._call("select", trainer_version, min_groups, max_groups, timeout_s=timeout_s, deadline_s=deadline)
 
     def begin_refit(self, next_version: int) -> int:
         """Close dispatch and abort doomed rollouts."""
-        return self._get(self.actor.begin_refit.remote(next_version))
+        return self._call("begin_refit", next_version)
 
     def push_weights(self, named_tensors: list[tuple[str, torch.Tensor]], version: int) -> None:
         """Load new weights into the generation engine (tensors travel by value)."""
-        self._get(self.actor.push_weights.remote(named_tensors, version))
+        self._call("push_weights", named_tensors, version)
 
     def stand_down_engine(self) -> None:
         """Release a colocated engine's accelerator for the train step."""
-        self._get(self.actor.stand_down_engine.remote())
+        self._call("stand_down_engine")
 
     def wake_engine(self) -> None:
         """Take the accelerator back for a colocated engine."""
-        self._get(self.actor.wake_engine.remote())
+        self._call("wake_engine")
 
     def finish_refit(self, version: int) -> None:
         """Stamp the new version and reopen dispatch."""
-        self._get(self.actor.finish_refit.remote(version))
+        self._call("finish_refit", version)
 
     def stats(self) -> ControllerStats:
         """Counters of the controller."""
-        return self._get(self.actor.stats.remote())
+        return self._call("stats")
 
     def snapshot(self, directory: str | None) -> dict[str, Any]:
         """Between steps: the data plane's rows into ``directory`` (a path the actor can write)."""
-        return self._get(self.actor.snapshot.remote(directory))
+        return self._call("snapshot", directory)
 
     def shutdown(self) -> None:
         """Stop the pump and end the actor (in order after its pending calls), so no Ray actor outlives the run."""
         try:
-            self._get(self.actor.shutdown.remote(), timeout_s=60)
-            with contextlib.suppress(self._ray.exceptions.RayActorError):  # it exited while answering: as asked
-                self._get(self.actor.__ray_terminate__.remote(), timeout_s=60)
+            with contextlib.suppress(ControllerDied):  # dead already, or exited while answering: as asked
+                self._call("shutdown", deadline_s=60)
+                self._call("__ray_terminate__", deadline_s=60)
         finally:
             self._ray.kill(self.actor)  # a no-op once it has exited; the last resort when it is stuck
 

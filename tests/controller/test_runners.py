@@ -2,9 +2,17 @@
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 
-from sc_lightning.controller.runners import ControllerClient, LocalController, RayController
+from sc_lightning.controller.runners import (
+    ControllerClient,
+    ControllerDied,
+    ControllerUnresponsive,
+    LocalController,
+    RayController,
+)
 from sc_lightning.data_plane.memory import MemoryDataPlane
 from sc_lightning.rollout.datasets import ArithmeticDataset
 from sc_lightning.rollout.envs.arithmetic import ArithmeticEnvironment
@@ -70,3 +78,27 @@ def test_thread_and_ray_actor_run_the_same_scenario_identically(ray_cluster) -> 
     assert local == remote  # same seeds, same prompts, same stamps, same weights
     with pytest.raises(ray_cluster.exceptions.RayActorError):  # shutdown left no actor behind
         ray_cluster.get(ray_client.actor.stats.remote(), timeout=30)
+
+
+def test_a_blocked_controller_loop_is_reported_by_the_trainer_side() -> None:
+    """A synchronous call blocking the controller's event loop: the trainer's next call fails naming itself."""
+    client = LocalController(build, call_timeout_s=0.5)
+    unblock = threading.Event()
+    try:
+        client._loop.call_soon_threadsafe(unblock.wait, 60)  # the fault: user code blocking the loop
+        with pytest.raises(ControllerUnresponsive, match=r"did not answer SingleController.evict within 0.5 s"):
+            client.evict(0)
+        unblock.set()
+        assert client.evict(0) == []  # unblocked, it answers again
+    finally:
+        unblock.set()
+        client.shutdown()
+
+
+@pytest.mark.slow
+def test_a_dead_controller_actor_is_reported_by_the_trainer_side(ray_cluster) -> None:
+    client = RayController(build)
+    ray_cluster.kill(client.actor)
+    with pytest.raises(ControllerDied, match=r"Ray actor died; SingleController.select got no answer"):
+        client.select(0, 2, 2, timeout_s=60)
+    client.shutdown()  # a dead controller shuts down quietly
