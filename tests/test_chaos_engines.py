@@ -351,3 +351,40 @@ def test_a_hung_engine_hits_the_generation_deadline_on_every_attempt(ray_cluster
     assert "engine megatron-0): generation exceeded generation_timeout_s=0.5" in str(error)
     assert getattr(error.__cause__, "__notes__", []) == ["gave up after 5 attempts (5 infra, 0 data)"]
     assert stats.infra_failures >= 5 and stats.committed == 0
+
+
+def test_a_hung_replica_behind_the_router_is_routed_around(ray_cluster: None) -> None:
+    """One of two replicas frozen from the start: its requests time out (infra failures, retried), the router
+    stops sending it requests once they go unanswered, and the step's groups all commit on the other replica."""
+    config = chaos_config("async_rl.rollout_failure.generation_timeout_s=1.0")
+    tokenizer = CharTokenizer()
+    replicas = [megatron_replica(config, f"megatron-{i}") for i in range(2)]
+    router = EngineRouter(replicas, name="router")
+
+    async def scenario() -> tuple[list, ControllerStats, list[int]]:
+        """Start both replicas, freeze the first, train-select one step through the controller."""
+        await asyncio.gather(*(replica.ready() for replica in replicas))
+        controller = build_controller(
+            config,
+            data_plane=MemoryDataPlane(),
+            engine=router,
+            environment=build_environment(config.env),
+            tokenizer=tokenizer,
+            dataset=build_dataset(config.data, tokenizer, seed=config.algo.seed),
+        )
+        pid = await actor_pid(replicas[0])
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            await controller.start()
+            chunk = await controller.select(0, 4, 4, timeout_s=120)
+            served = [(await replica.stats())["finished_requests"] for replica in replicas[1:]]
+            return chunk, controller.stats(), served
+        finally:
+            thaw([pid])
+            await controller.shutdown()
+
+    chunk, stats, served = asyncio.run(scenario())
+    assert chunk is not None and len(chunk) == 4, "the step's four groups committed"
+    assert stats.infra_failures >= 1 and stats.redispatched >= 1 and stats.data_failures == 0
+    assert router.unanswered[0] >= 1 and router.unanswered[1] == 0 and not router.dead
+    assert served[0] >= GENERATIONS_PER_STEP  # the live replica generated every committed generation

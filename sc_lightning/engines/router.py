@@ -1,12 +1,14 @@
 """Several engine replicas behind one :class:`~sc_lightning.engines.base.GenerationEngine`: routing and health.
 
-:class:`EngineRouter` sends each request to the healthy replica with the fewest requests outstanding (ties: the
-lowest index), refits every healthy replica concurrently, and tracks health: a replica whose Ray actor died is
-marked dead at its first failing call (a request, or a refit when it died while idle) — a failing request's error
-names the replica — and gets no more requests; a refit that finds a replica dead succeeds on the survivors. Errors
-inside a healthy replica (a bad request) leave it healthy. With no healthy replica left, every call fails fast with
-an :class:`~sc_lightning.engines.base.EngineError` listing the dead ones. Retrying a failed request elsewhere is
-the rollout layer's job (``async_rl.rollout_failure``), not the router's.
+:class:`EngineRouter` sends each request to the healthy replica with the fewest requests *left unanswered* since its
+last answer (abandoned before an answer: a deadline fired, or the group was aborted), then the fewest outstanding
+(ties: the lowest index) — so a replica that hangs without dying stops getting requests while others answer. It
+refits every healthy replica concurrently, and tracks health: a replica whose Ray actor died is marked dead at its
+first failing call (a request, or a refit when it died while idle) — a failing request's error names the replica —
+and gets no more requests; a refit that finds a replica dead succeeds on the survivors. Errors inside a healthy
+replica (a bad request) leave it healthy. With no healthy replica left, every call fails fast with an
+:class:`~sc_lightning.engines.base.EngineError` listing the dead ones. Retrying a failed request elsewhere is the
+rollout layer's job (``async_rl.rollout_failure``), not the router's.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ class EngineRouter:
         self.name = name
         self.replicas = list(replicas)
         self.outstanding = [0] * len(replicas)
+        self.unanswered = [0] * len(replicas)  # requests abandoned (cancelled) since the replica's last answer
         self.dead: dict[str, str] = {}  # replica name -> why it was marked dead
 
     @property
@@ -59,10 +62,10 @@ class EngineRouter:
             self.dead.setdefault(replica.name, str(error))
 
     def pick(self) -> int:
-        """Index of the healthy replica with the fewest outstanding requests."""
+        """Index of the healthy replica with the fewest unanswered, then outstanding, requests."""
         healthy = {replica.name for replica in self._healthy()}
         candidates = [i for i, replica in enumerate(self.replicas) if replica.name in healthy]
-        return min(candidates, key=lambda i: (self.outstanding[i], i))
+        return min(candidates, key=lambda i: (self.unanswered[i], self.outstanding[i], i))
 
     async def generate(self, prompt_token_ids: tuple[int, ...], sampling: SamplingParams, **kwargs: Any) -> Generation:
         """Sample one completion on the least-loaded healthy replica."""
@@ -70,10 +73,16 @@ class EngineRouter:
         replica = self.replicas[index]
         self.outstanding[index] += 1
         try:
-            return await replica.generate(prompt_token_ids, sampling, **kwargs)
+            generation = await replica.generate(prompt_token_ids, sampling, **kwargs)
         except EngineError as error:
             self._mark(replica, error)
             raise
+        except asyncio.CancelledError:  # abandoned: a deadline fired, or its group was aborted or failed elsewhere
+            self.unanswered[index] += 1
+            raise
+        else:
+            self.unanswered[index] = 0
+            return generation
         finally:
             self.outstanding[index] -= 1
 
