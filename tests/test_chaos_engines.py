@@ -40,6 +40,7 @@ from sc_lightning.config.yaml_io import load_yaml_layers
 from sc_lightning.controller.build import build_controller
 from sc_lightning.controller.controller import ControllerStats, RolloutPumpError
 from sc_lightning.data_plane.memory import MemoryDataPlane
+from sc_lightning.engines.base import EngineError
 from sc_lightning.engines.megatron_ray import RayMegatronEngine
 from sc_lightning.engines.router import EngineRouter
 from sc_lightning.lightning.module import GRPOModule
@@ -388,3 +389,31 @@ def test_a_hung_replica_behind_the_router_is_routed_around(ray_cluster: None) ->
     assert stats.infra_failures >= 1 and stats.redispatched >= 1 and stats.data_failures == 0
     assert router.unanswered[0] >= 1 and router.unanswered[1] == 0 and not router.dead
     assert served[0] >= GENERATIONS_PER_STEP  # the live replica generated every committed generation
+
+
+def test_control_calls_to_a_hung_engine_have_deadlines_and_shutdown_kills_it(ray_cluster: None) -> None:
+    """A frozen engine actor: stats fails after control_timeout_s naming the engine; shutdown still ends it."""
+    engine = megatron_replica(chaos_config(), "megatron-0")
+
+    async def scenario() -> tuple[str, float]:
+        """Freeze the started engine, ask it for stats, shut it down without thawing it."""
+        await engine.ready()
+        pid = await actor_pid(engine)
+        actor = engine.actor
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            engine.control_timeout_s = 0.5
+            with pytest.raises(EngineError) as failure:
+                await engine.stats()
+            started = time.monotonic()
+            await engine.shutdown()  # gets no answer within the deadline: kills the actor anyway
+            took = time.monotonic() - started
+            with pytest.raises(ray.exceptions.RayActorError):
+                await actor.stats.remote()
+            return str(failure.value), took
+        finally:
+            thaw([pid])
+
+    message, took = asyncio.run(scenario())
+    assert message == "engine 'megatron-0', stats: no answer within 0.5 s"
+    assert took < 10

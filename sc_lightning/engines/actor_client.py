@@ -5,10 +5,15 @@
 ``generate`` / ``update_weights`` / ``stats`` / ``ready`` forwarded to the actor (whose body implements them), Ray
 failures turned into :class:`~sc_lightning.engines.base.EngineError` naming the engine and the call, and a
 ``shutdown`` that stops the engine in the actor and then kills the actor. Subclasses start the actor.
+
+Every call has a deadline: requests and refits carry their callers' (``generation_timeout_s``,
+``refit_timeout_s``); startup, ``stats`` and ``shutdown`` have the client's own (``startup_timeout_s``,
+``control_timeout_s``): a hung actor is an EngineError, and a shutdown that gets no answer kills the actor anyway.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import Iterable
 from typing import Any
@@ -24,6 +29,8 @@ class ActorEngineClient:
 
     name: str
     _actor: Any
+    startup_timeout_s: float = 1800.0  # building the model in the actor (a large model on a GPU takes minutes)
+    control_timeout_s: float = 60.0  # stats and shutdown
 
     def __init__(self, name: str, actor: Any, weight_version: int = 0) -> None:
         self.name, self._actor, self._version = name, actor, weight_version
@@ -39,14 +46,17 @@ class ActorEngineClient:
         """The Ray actor handle (None after ``shutdown``)."""
         return self._actor
 
-    async def _call(self, what: str, method: str, *args: Any) -> Any:
-        """Await ``method`` of the actor; Ray failures become EngineError naming the engine and ``what``."""
+    async def _call(self, what: str, method: str, *args: Any, timeout_s: float | None = None) -> Any:
+        """Await ``method`` of the actor (within ``timeout_s``, None: the caller's deadline holds); Ray failures and
+        an expired deadline become EngineError naming the engine and ``what``."""
         import ray
 
         if self._actor is None:
             raise EngineError(f"engine {self.name!r}, {what}: the engine is shut down")
         try:
-            return await getattr(self._actor, method).remote(*args)
+            return await asyncio.wait_for(getattr(self._actor, method).remote(*args), timeout_s)
+        except TimeoutError:
+            raise EngineError(f"engine {self.name!r}, {what}: no answer within {timeout_s} s") from None
         except ray.exceptions.RayTaskError as err:
             cause = getattr(err, "cause", None)
             if isinstance(cause, EngineError):  # raised by the engine: its message already names engine and request
@@ -57,7 +67,7 @@ class ActorEngineClient:
 
     async def ready(self) -> None:
         """Wait until the actor has built its engine."""
-        await self._call("startup", "ready")
+        await self._call("startup", "ready", timeout_s=self.startup_timeout_s)
 
     async def generate(
         self, prompt_token_ids: tuple[int, ...], sampling: SamplingParams, *, stop_token_ids: Iterable[int] = ()
@@ -76,7 +86,7 @@ class ActorEngineClient:
 
     async def stats(self) -> dict[str, int]:
         """The actor engine's counters."""
-        return await self._call("stats", "stats")
+        return await self._call("stats", "stats", timeout_s=self.control_timeout_s)
 
     async def shutdown(self) -> None:
         """Stop the engine in the actor, then kill the actor; idempotent."""
@@ -85,6 +95,6 @@ class ActorEngineClient:
         actor, self._actor = self._actor, None
         if actor is None:
             return
-        with contextlib.suppress(ray.exceptions.RayError):
-            await actor.shutdown.remote()
+        with contextlib.suppress(ray.exceptions.RayError, TimeoutError):  # dead or hung: killed below anyway
+            await asyncio.wait_for(actor.shutdown.remote(), self.control_timeout_s)
         ray.kill(actor, no_restart=True)
