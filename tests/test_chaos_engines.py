@@ -38,9 +38,9 @@ from sc_lightning.checkpoint.snapshots import config_identity, resume_point
 from sc_lightning.config import SCConfig, load_config
 from sc_lightning.config.yaml_io import load_yaml_layers
 from sc_lightning.controller.build import build_controller
-from sc_lightning.controller.controller import ControllerStats, RolloutPumpError
+from sc_lightning.controller.controller import ControllerStats, RolloutPumpError, SingleController
 from sc_lightning.data_plane.memory import MemoryDataPlane
-from sc_lightning.engines.base import EngineError
+from sc_lightning.engines.base import EngineError, GenerationEngine
 from sc_lightning.engines.megatron_ray import RayMegatronEngine
 from sc_lightning.engines.router import EngineRouter
 from sc_lightning.lightning.module import GRPOModule
@@ -175,6 +175,20 @@ def kill_frozen(router: FreezingRouter) -> None:
 def finished_requests(trainer: Trainer, engine: RayMegatronEngine) -> int:
     """How many requests ``engine`` has finished (asked on the controller's loop, which owns the client)."""
     return trainer.strategy.controller.call(engine.stats())["finished_requests"]
+
+
+def controller_over(config: SCConfig, engine: GenerationEngine) -> SingleController:
+    """A controller (no trainer) over ``engine``, with the config's environment and dataset, the in-process data
+    plane and the character tokenizer."""
+    tokenizer = CharTokenizer()
+    return build_controller(
+        config,
+        data_plane=MemoryDataPlane(),
+        engine=engine,
+        environment=build_environment(config.env),
+        tokenizer=tokenizer,
+        dataset=build_dataset(config.data, tokenizer, seed=config.algo.seed),
+    )
 
 
 def fit(config: SCConfig, engines: Replicated, callbacks: Sequence[Callback], root: Path, **fit_kwargs: Any) -> Trainer:
@@ -316,20 +330,12 @@ def test_a_hung_engine_hits_the_generation_deadline_on_every_attempt(ray_cluster
     generation_timeout_s (infra failures, retried), then the pump stops with the timeout naming the prompt and the
     engine."""
     config = chaos_config("async_rl.rollout_failure.generation_timeout_s=0.5")
-    tokenizer = CharTokenizer()
     engine = megatron_replica(config, "megatron-0")
 
     async def scenario() -> tuple[float, RolloutPumpError, ControllerStats]:
         """Start the engine, freeze it, run the controller until it fails; thaw it and check it answers again."""
         await engine.ready()  # startup is not part of the deadline under test
-        controller = build_controller(
-            config,
-            data_plane=MemoryDataPlane(),
-            engine=engine,
-            environment=build_environment(config.env),
-            tokenizer=tokenizer,
-            dataset=build_dataset(config.data, tokenizer, seed=config.algo.seed),
-        )
+        controller = controller_over(config, engine)
         pid = await actor_pid(engine)
         os.kill(pid, signal.SIGSTOP)
         try:
@@ -358,21 +364,13 @@ def test_a_hung_replica_behind_the_router_is_routed_around(ray_cluster: None) ->
     """One of two replicas frozen from the start: its requests time out (infra failures, retried), the router
     stops sending it requests once they go unanswered, and the step's groups all commit on the other replica."""
     config = chaos_config("async_rl.rollout_failure.generation_timeout_s=1.0")
-    tokenizer = CharTokenizer()
     replicas = [megatron_replica(config, f"megatron-{i}") for i in range(2)]
     router = EngineRouter(replicas, name="router")
 
     async def scenario() -> tuple[list, ControllerStats, list[int]]:
         """Start both replicas, freeze the first, train-select one step through the controller."""
         await asyncio.gather(*(replica.ready() for replica in replicas))
-        controller = build_controller(
-            config,
-            data_plane=MemoryDataPlane(),
-            engine=router,
-            environment=build_environment(config.env),
-            tokenizer=tokenizer,
-            dataset=build_dataset(config.data, tokenizer, seed=config.algo.seed),
-        )
+        controller = controller_over(config, router)
         pid = await actor_pid(replicas[0])
         os.kill(pid, signal.SIGSTOP)
         try:
