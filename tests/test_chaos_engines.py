@@ -360,7 +360,7 @@ def test_a_hung_engine_hits_the_generation_deadline_on_every_attempt(ray_cluster
     assert stats.infra_failures >= 5 and stats.committed == 0
 
 
-def test_a_hung_replica_behind_the_router_is_routed_around(ray_cluster: None) -> None:
+def test_a_hung_replica_behind_the_router_is_routed_around(ray_cluster: None, caplog: pytest.LogCaptureFixture) -> None:
     """One of two replicas frozen from the start: its requests time out (infra failures, retried), the router
     stops sending it requests once they go unanswered, and the step's groups all commit on the other replica."""
     config = chaos_config("async_rl.rollout_failure.generation_timeout_s=1.0")
@@ -382,7 +382,9 @@ def test_a_hung_replica_behind_the_router_is_routed_around(ray_cluster: None) ->
             thaw([pid])
             await controller.shutdown()
 
-    chunk, stats, served = asyncio.run(scenario())
+    with caplog.at_level("WARNING", logger="sc_lightning.engines.router"):
+        chunk, stats, served = asyncio.run(scenario())
+    assert "replica 'megatron-0' left 3 requests in a row unanswered" in caplog.text  # the log names the hung one
     assert chunk is not None and len(chunk) == 4, "the step's four groups committed"
     assert stats.infra_failures >= 1 and stats.redispatched >= 1 and stats.data_failures == 0
     assert router.unanswered[0] >= 1 and router.unanswered[1] == 0 and not router.dead

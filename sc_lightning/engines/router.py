@@ -14,6 +14,7 @@ rollout layer's job (``async_rl.rollout_failure``), not the router's.
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -23,6 +24,8 @@ from sc_lightning.engines.base import EngineError, GenerationEngine
 from sc_lightning.types import Generation, SamplingParams
 
 DEATH_MARKERS = ("actor died", "is shut down")
+UNANSWERED_WARNING = 3  # requests abandoned in a row before the router says it is routing around a replica
+log = logging.getLogger(__name__)
 
 
 def is_replica_death(error: EngineError) -> bool:
@@ -79,6 +82,14 @@ class EngineRouter:
             raise
         except asyncio.CancelledError:  # abandoned: a deadline fired, or its group was aborted or failed elsewhere
             self.unanswered[index] += 1
+            if self.unanswered[index] == UNANSWERED_WARNING:
+                log.warning(
+                    "engine %r: replica %r left %d requests in a row unanswered (deadlines or aborts); routing new "
+                    "requests to the replicas that answer",
+                    self.name,
+                    replica.name,
+                    UNANSWERED_WARNING,
+                )
             raise
         else:
             self.unanswered[index] = 0
