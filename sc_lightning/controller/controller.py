@@ -172,7 +172,7 @@ class SingleController(ControllerCheckpointing):
                 if batch is None:
                     break
                 if self.reserve.wants_batch(self._sampler_has_stamped):
-                    self.reserve.spares.extend(batch)  # no await since next(): the cursor and the reserve agree
+                    self.reserve.add(batch)  # no await since next(): the cursor and the reserve agree
                     continue
                 await self._admit(group, batch)
             while True:  # the dataset is exhausted: the spares left are trained as whole steps
@@ -247,8 +247,8 @@ class SingleController(ControllerCheckpointing):
             self._last_progress = time.monotonic()
             self._counts["committed"] += 1
             self.drops.on_commit()
-            if spares:
-                self.drops.replaced(self.trainer_version if meta.target_step is None else meta.target_step)
+            if spares and meta.target_step is not None:  # spares replace stamped groups only
+                self.drops.replaced(meta.target_step)
         except asyncio.CancelledError:
             if self._aborting:  # aborted by a refit (doomed by the sampler): dropped on purpose, not pending
                 self._pending.pop(sequence, None)

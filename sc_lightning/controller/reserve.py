@@ -12,6 +12,7 @@ is not trained (logged). The reserve is saved with the prompt stream's cursor in
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,6 +30,10 @@ class ReplacementReserve:
     def wants_batch(self, sampler_has_stamped: bool) -> bool:
         """Whether the next dataset batch should be diverted into the reserve instead of admitted."""
         return self.size > 0 and sampler_has_stamped and len(self.spares) < self.size
+
+    def add(self, batch: Sequence[Prompt]) -> None:
+        """Hold a diverted dataset batch as spares."""
+        self.spares.extend(batch)
 
     def take(self, attempts_so_far: int) -> Prompt | None:
         """A spare for a dropped slot that has used ``attempts_so_far`` spares, or None (the step shrinks)."""

@@ -41,7 +41,7 @@ from sc_lightning.data_plane.codec import (
     packed_to_wire,
     to_wire,
 )
-from sc_lightning.data_plane.memory import read_manifest, read_rows_snapshot, write_manifest
+from sc_lightning.data_plane.snapshot_files import read_manifest, read_rows_snapshot, write_manifest
 from sc_lightning.data_plane.tq_runtime import (
     NATIVE_DIR,
     WIRE_POOL_BYTES,

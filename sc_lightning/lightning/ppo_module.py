@@ -52,28 +52,26 @@ class PPOModule(GRPOModule):
         if self.critic is not None:
             return
         from sc_lightning.lightning.warm_start import resolve_model_name
-        from sc_lightning.models.logprobs import real_vocab_size
+        from sc_lightning.models.megatron import model_spec
         from sc_lightning.models.value import load_critic
         from sc_lightning.tokenizer import check_tokenizer_fits_model
 
         value, seed = self.config.value, self.config.algo.seed
-        critic = load_critic(
-            resolve_model_name(value.model_name, seed=seed),
+        name = resolve_model_name(value.model_name, seed=seed)
+        check_tokenizer_fits_model(  # the critic reads the policy's token ids; checked before it is built
+            self.tokenizer,
+            model_spec(name).vocab_size,
+            model_name=value.model_name,
+            tokenizer_name=self.config.policy.tokenizer_name,
+            model_knob="value.model_name",
+        )
+        self.critic = load_critic(
+            name,
             precision=value.precision,
             seed=seed,
             tp=value.megatron_cfg.tensor_model_parallel_size,
             activation_checkpointing=value.megatron_cfg.activation_checkpointing,
         )
-        vocab = real_vocab_size(critic)  # recorded by build_gpt_model
-        assert vocab is not None
-        check_tokenizer_fits_model(  # the critic reads the policy's token ids
-            self.tokenizer,
-            vocab,
-            model_name=value.model_name,
-            tokenizer_name=self.config.policy.tokenizer_name,
-            model_knob="value.model_name",
-        )
-        self.critic = critic
 
     def configure_optimizers(self) -> Any:
         """Policy and critic AdamW, each with its schedule (the policy's spans its trained steps only)."""

@@ -239,6 +239,17 @@ def resolve_model_dir(model_name: str) -> Path:
         ) from err
 
 
+def model_spec(model_name: str) -> ModelSpec:
+    """The architecture ``model_name`` names (a ``"builtin:<name>"`` or an HF directory/id's config), read without
+    building the model."""
+    if model_name.startswith("builtin:"):
+        return builtin_spec(model_name)
+    from transformers import AutoConfig
+
+    root = resolve_model_dir(model_name)
+    return mcore_spec_from_hf_config(AutoConfig.from_pretrained(str(root), local_files_only=True))
+
+
 def load_policy(
     model_name: str,
     *,
@@ -256,14 +267,12 @@ def load_policy(
     ``check_tokenizer`` a tokenizer that can produce ids past the model's vocabulary is a TokenizerMismatchError,
     raised before the model is built.
     """
+    spec = model_spec(model_name)
     if model_name.startswith("builtin:"):
-        spec, hf_state = builtin_spec(model_name), None
+        hf_state = None
         tokenizer = load_tokenizer(tokenizer_name or model_name)
     else:
-        from transformers import AutoConfig
-
         root = resolve_model_dir(model_name)
-        spec = mcore_spec_from_hf_config(AutoConfig.from_pretrained(str(root), local_files_only=True))
         hf_state = read_hf_safetensors(root)
         tokenizer = load_tokenizer(tokenizer_name or str(root))
     if check_tokenizer:
