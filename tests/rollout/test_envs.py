@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import threading
 
 import pytest
@@ -12,6 +13,8 @@ from sc_lightning.rollout.envs import (
     Environment,
     MathEnvironment,
     RewardError,
+    Score,
+    as_score,
     build_environment,
 )
 from sc_lightning.rollout.envs.math import last_boxed_content
@@ -138,3 +141,34 @@ def test_build_environment(name: str, cls: type) -> None:
 def test_build_environment_unknown_name_lists_known_ones() -> None:
     with pytest.raises(RewardError, match=r"'nope'.*arithmetic, math"):
         build_environment(EnvConfig(name="nope"))
+
+
+class NotAnEnvironment:
+    """Has a name but no score method."""
+
+    name = "broken"
+
+
+def test_a_custom_environment_class_path_builds_it() -> None:
+    env = build_environment(EnvConfig(name="sc_lightning.rollout.envs.arithmetic:ArithmeticEnvironment"))
+    assert isinstance(env, ArithmeticEnvironment)
+
+
+@pytest.mark.parametrize(
+    ("name", "message"),
+    [
+        ("tests.rollout.test_envs:NotAnEnvironment", r"is not an Environment: it needs a name and a score\(\) method"),
+        ("no_such_module:Env", r"env.name 'no_such_module:Env': cannot import module 'no_such_module'"),
+        ("tests.rollout.test_envs:missing", r"'missing' in module 'tests.rollout.test_envs' is not a class"),
+    ],
+)
+def test_a_bad_custom_environment_names_env_name_and_what_is_wrong(name: str, message: str) -> None:
+    with pytest.raises(RewardError, match=message):
+        build_environment(EnvConfig(name=name))
+
+
+@pytest.mark.parametrize("verdict", ["1.0", None, [1.0]])
+def test_a_reward_that_is_not_a_number_is_a_reward_error_naming_it(verdict: object) -> None:
+    with pytest.raises(RewardError, match=rf"returned {re.escape(repr(verdict))} \({type(verdict).__name__}\)"):
+        as_score(verdict)
+    assert as_score(True).reward == 1.0 and as_score(Score(0.5, mask_sample=True)).mask_sample
