@@ -46,6 +46,7 @@ class ControllerCheckpointing:
     trainer_version: int
     _pump: asyncio.Task | None
     _pending: dict[int, PendingGroup]
+    _holding_permit: set[int]
     _resumed: list[PendingGroup]
     _claims: list[GroupMeta]
     _committed: dict[str, PendingGroup]
@@ -91,7 +92,8 @@ class ControllerCheckpointing:
         The trainer's version, the prompt stream's cursor, the sampler's dispatch index, the replay index of the
         committed groups — the claimed ones (selected by the step being trained, ``claimed`` of them, first) and
         the buffered ones; their rows are the data plane's own snapshot — and the *pending* prompts — taken from the
-        stream but not committed (in flight or waiting for permits) — with their target steps. Every prompt taken
+        stream but not committed (in flight or waiting for permits; the first ``pending_holding_permits`` of them
+        were launched and held buffer permits) — with their target steps. Every prompt taken
         from the stream is thus trained already (by a step of ``trainer_version``'s checkpoint), claimed, buffered,
         or pending: none is lost or repeated by a resume.
 
@@ -99,24 +101,30 @@ class ControllerCheckpointing:
         pending list instead (their rows will not be restored; with token capture their sealed generations are).
         """
         pending = [entry for _, entry in sorted(self._pending.items())]
+        holding = len(self._holding_permit & self._pending.keys())  # launched; the others wait for a permit
+        claimed = len(self._claims)
         if index_rows:
             index = self.buffer.state_dict(claimed=self._claims)
         else:
-            committed = [meta.group_id for meta in [*self._claims, *self.buffer.ready_metas()]]
-            unknown = [group_id for group_id in committed if group_id not in self._committed]
+            claims = [meta.group_id for meta in self._claims]
+            buffered = [meta.group_id for meta in self.buffer.ready_metas()]
+            unknown = [group_id for group_id in claims + buffered if group_id not in self._committed]
             if unknown:  # restored from a replay index by a capable sampler: no prompt to regenerate them from
                 log.warning("checkpoint without rows: groups %s cannot be regenerated and are left out", unknown)
-            pending = [self._committed[g] for g in committed if g in self._committed] + pending
-            index = replay_index([])
+            regenerated = [self._committed[g] for g in claims + buffered if g in self._committed]
+            pending = regenerated + pending
+            holding += sum(g in self._committed for g in buffered)  # buffered groups held permits too
+            claimed, index = 0, replay_index([])
         return {
             "version": CHECKPOINT_STATE_VERSION,
             "trainer_version": self.trainer_version,
             "prompts": self.prompts.state_dict(),
             "dispatch_index": self.sampler.dispatch_index,
             "replay_index": index,
-            "claimed": len(self._claims),
+            "claimed": claimed,
             "rows_indexed": index_rows,
             "pending": [entry.to_dict() for entry in pending],
+            "pending_holding_permits": holding,
             "drops": self.drops.state_dict(),
             "replacement_reserve": self.reserve.state_dict(),
         }
@@ -132,10 +140,14 @@ class ControllerCheckpointing:
             raise ValueError(f"controller state version {state.get('version')!r} is not {CHECKPOINT_STATE_VERSION}")
         pending = [PendingGroup.from_dict(p, capture=self.recovery.token_capture) for p in state["pending"]]
         groups, claimed = len(state["replay_index"]["groups"]), int(state.get("claimed", 0))
-        if groups + len(pending) - claimed > self.buffer_permits.total:  # claims (indexed or pending) were over it
+        # what held buffer permits at the cut: the buffered groups and the launched pending prompts (the step's
+        # claims had given theirs back; prompts still waiting for a permit wait again after the resume)
+        buffered, holding = groups - claimed, int(state.get("pending_holding_permits", len(pending)))
+        if buffered + holding > self.buffer_permits.total:
             raise ValueError(
-                f"the checkpoint holds {groups + len(pending) - claimed} buffered and pending groups, more than "
-                f"async_rl.max_buffered_rollouts={self.buffer_permits.total}; resume with at least that capacity"
+                f"the checkpoint holds {buffered} buffered and {holding} dispatched prompt groups, more than "
+                f"async_rl.max_buffered_rollouts={self.buffer_permits.total}; resume with at least "
+                f"{buffered + holding}"
             )
         self.prompts.load_state_dict(state["prompts"])
         self.drops.load_state_dict(state.get("drops", {}))

@@ -130,6 +130,9 @@ class SingleController(ControllerCheckpointing):
         # prompts taken from the stream whose groups are not committed yet (in flight or waiting for permits), by
         # dispatch sequence: what a checkpoint must redispatch; restored ones are dispatched first after a resume
         self._pending: dict[int, PendingGroup] = {}
+        # the pending prompts that hold a buffer permit (launched, not committed): the rest wait for one, so a
+        # checkpoint's capacity check counts only these
+        self._holding_permit: set[int] = set()
         self._sequence = itertools.count()
         self._resumed: list[PendingGroup] = []
         self._aborting = False
@@ -162,10 +165,11 @@ class SingleController(ControllerCheckpointing):
     async def _rollout_pump(self) -> None:
         async with asyncio.TaskGroup() as group:
             resumed, self._resumed = self._resumed, []
-            for sequence, entry in enumerate(resumed):  # a restored checkpoint's pending prompts first
-                self._pending[-1 - sequence] = entry
-            for sequence, entry in enumerate(resumed):
-                await self._launch(group, entry, -1 - sequence)
+            # a restored checkpoint's pending prompts first, in their order (sequences -n..-1 sort before new ones)
+            sequences = range(-len(resumed), 0)
+            self._pending.update(zip(sequences, resumed, strict=True))
+            for sequence, entry in zip(sequences, resumed, strict=True):
+                await self._launch(group, entry, sequence)
             while True:
                 await self._wait_for_admission()
                 batch = next(self.prompts, None)  # taken only once admitted, so the cursor never runs ahead
@@ -203,24 +207,29 @@ class SingleController(ControllerCheckpointing):
 
     async def _launch(self, group: asyncio.TaskGroup, entry: PendingGroup, sequence: int) -> None:
         await self.buffer_permits.acquire()
+        self._holding_permit.add(sequence)
         try:
             await self.inflight_permits.acquire()
         except BaseException:
-            self.buffer_permits.release()
+            self._release_buffer_permit(sequence)
             raise
         try:
             await self._dispatch_open.wait()
         except BaseException:
-            self._release_both()
+            self._release_both(sequence)
             raise
         started = asyncio.Event()
         task = group.create_task(self._dispatch_one(entry, started, sequence), name=f"rollout {entry.prompt.prompt_id}")
-        task.add_done_callback(lambda t: None if started.is_set() else self._release_both())
+        task.add_done_callback(lambda t: None if started.is_set() else self._release_both(sequence))
         self._counts["dispatched"] += 1
         await self._notify()
 
-    def _release_both(self) -> None:
+    def _release_buffer_permit(self, sequence: int) -> None:
+        self._holding_permit.discard(sequence)
         self.buffer_permits.release()
+
+    def _release_both(self, sequence: int) -> None:
+        self._release_buffer_permit(sequence)
         self.inflight_permits.release()
 
     async def _dispatch_one(self, entry: PendingGroup, started: asyncio.Event, sequence: int) -> None:
@@ -255,8 +264,10 @@ class SingleController(ControllerCheckpointing):
             raise
         finally:
             self.inflight_permits.release()
-            if not committed:
-                self.buffer_permits.release()
+            if committed:
+                self._holding_permit.discard(sequence)  # the committed group holds it now, not a pending prompt
+            else:
+                self._release_buffer_permit(sequence)
             await self._notify()
 
     async def _after_drop(
