@@ -85,6 +85,7 @@ def build_controller(
             max_skipped_prompts=failure.max_skipped_prompts,
             max_consecutive_dropped_prompts=failure.max_consecutive_dropped_prompts,
             min_step_batch_fraction=failure.min_step_batch_fraction,
+            replacing=failure.on_dropped_prompt == "replace",
         ),
         reserve=_replacement_reserve(config),
     )

@@ -1,6 +1,7 @@
 """SingleController: the rollout pump plus the train-side API the Lightning loop calls, on one event loop.
 
-    rollout pump:  for batch in prompts (then the replacement reserve's spares, a step at a time):
+    rollout pump:  for batch in prompts (then, once every dataset rollout has committed or dropped, the
+                   replacement reserve's spares, a step at a time):
                        wait until sampler.can_admit(trainer_version)
                        (replace mode) divert the batch into the replacement reserve while it is short
                        target = sampler.admit()
@@ -179,6 +180,9 @@ class SingleController(ControllerCheckpointing):
                     self.reserve.add(batch)  # no await since next(): the cursor and the reserve agree
                     continue
                 await self._admit(group, batch)
+            if len(self.reserve):  # spares stay available until every dataset rollout has committed or dropped
+                async with self._changed:  # (each rollout is bounded by its own deadlines)
+                    await self._changed.wait_for(lambda: not self._pending)
             while True:  # the dataset is exhausted: the spares left are trained as whole steps
                 await self._wait_for_admission()
                 spares = self.reserve.take_step(self.drops.budgets.groups_per_step)

@@ -40,6 +40,7 @@ class DropBudgets:
     max_skipped_prompts: int = 0
     max_consecutive_dropped_prompts: int = 0
     min_step_batch_fraction: float = 0.9
+    replacing: bool = False  # on_dropped_prompt: replace (a shrink then means no spare was left for the slot)
 
     @property
     def step_floor(self) -> int:
@@ -104,14 +105,19 @@ class DropLedger:
         self._dropped[step] += 1
         if target_step is None or target_step < current_step:
             return  # nothing waits for it: no shortfall to credit
-        floor = self.budgets.step_floor
-        if self.target_groups(target_step) - 1 < floor:  # checked first: a step's target never goes below the floor
+        b = self.budgets
+        if self.target_groups(target_step) - 1 < b.step_floor:  # checked first: a target never goes below the floor
+            remedy = (
+                "raise async_rl.rollout_failure.replacement_reserve_prompts or max_replacement_attempts (no spare "
+                "was left for the slot)"
+                if b.replacing
+                else "use async_rl.rollout_failure.on_dropped_prompt: replace"
+            )
             raise StepBelowFloor(
-                f"step {target_step} lost {self.shortfall[target_step] + 1} of {self.budgets.groups_per_step} prompt "
-                f"groups to dropped rollouts (last: prompt {prompt_id}), below the floor of {floor} = ceil("
-                f"{self.budgets.groups_per_step} x async_rl.rollout_failure.min_step_batch_fraction="
-                f"{self.budgets.min_step_batch_fraction}); lower the fraction, raise the retry budgets, or use "
-                "on_dropped_prompt: replace"
+                f"step {target_step} lost {self.shortfall[target_step] + 1} of {b.groups_per_step} prompt groups to "
+                f"dropped rollouts (last: prompt {prompt_id}), below the floor of {b.step_floor} = ceil("
+                f"{b.groups_per_step} x async_rl.rollout_failure.min_step_batch_fraction="
+                f"{b.min_step_batch_fraction}); lower the fraction, raise the retry budgets, or {remedy}"
             )
         self.shortfall[target_step] += 1
 

@@ -93,10 +93,13 @@ def make(cfg: SCConfig, *, engine: ScriptedEngine | None = None, bad_data: Colle
     )
 
 
-async def train(controller: SingleController, steps: int, n: int) -> tuple[list[list[str]], list[ControllerStats]]:
-    """Act as the train pump: select until the step is full or closed short, refit; prompt ids and stats per step."""
+async def train(
+    controller: SingleController, steps: int, n: int, *, first: int = 0
+) -> tuple[list[list[str]], list[ControllerStats]]:
+    """Act as the train pump from step ``first``: select until the step is full or closed short, refit; prompt ids
+    and stats per step."""
     trained, stats = [], []
-    for version in range(steps):
+    for version in range(first, first + steps):
         step: list[GroupMeta] = []
         while len(step) < n:
             chunk = await controller.select(version, 1, n - len(step), timeout_s=30)
@@ -165,7 +168,7 @@ def test_shortfalls_shrink_steps_down_to_the_floor_and_close_with_their_step() -
     ledger.shrink(None, current_step=2, prompt_id="c")  # unstamped: counted for the current step, nothing waits
     ledger.shrink(1, current_step=2, prompt_id="d")  # a step already trained: nothing waits for it either
     assert (ledger.target_groups(3), ledger.target_groups(2)) == (6, 8)
-    with pytest.raises(StepBelowFloor, match=r"step 3 lost 3 of 8 .*prompt e.* floor of 6"):
+    with pytest.raises(StepBelowFloor, match=r"step 3 lost 3 of 8 .*prompt e.* floor of 6.*on_dropped_prompt: replace"):
         ledger.shrink(3, current_step=2, prompt_id="e")
     assert ledger.target_groups(3) == 6  # never below the floor: the step waits until the failure stops the run
     restored = DropLedger(ledger.budgets)
@@ -226,6 +229,49 @@ def test_a_spare_from_the_reserve_replaces_a_dropped_group() -> None:
     assert [s.last_step.replaced for s in stats] == [0, 1, 0, 0, 0, 0, 0]
     assert (stats[-1].dropped, stats[-1].replaced, stats[-1].promoted) == (1, 1, 0)
     assert [p.prompt_id for p in controller.reserve.spares] == [prompt_id(7)]  # fewer than a step: not trained
+
+
+def test_a_replacing_run_below_the_floor_is_told_to_hold_more_spares_not_to_replace() -> None:
+    ledger = DropLedger(DropBudgets(groups_per_step=2, min_step_batch_fraction=1.0, replacing=True))
+    with pytest.raises(StepBelowFloor, match=r"replacement_reserve_prompts or max_replacement_attempts") as raised:
+        ledger.shrink(0, current_step=0, prompt_id="a")
+    assert "on_dropped_prompt: replace" not in str(raised.value)
+
+
+@pytest.mark.parametrize("fraction", [1.0, 0.5])
+def test_spares_wait_for_the_last_dataset_rollouts_before_they_train_as_a_step_of_their_own(fraction) -> None:
+    """The dispatch gate is wide open, so the pump reaches the dataset's end at once; the last dataset prompt (15)
+    is held until six steps have trained and then dropped: a spare must still be there to take its place."""
+    engine = ScriptedEngine(answer_correctly, gated=True)
+    cfg = drop_config(
+        n=2,
+        lookahead=7,
+        max_skipped_prompts=1,
+        on_dropped_prompt="replace",
+        replacement_reserve_prompts=2,
+        min_step_batch_fraction=fraction,
+    )
+    controller = make(cfg, engine=engine, bad_data=[15])
+
+    async def scenario():
+        for index in range(15):
+            engine.release(DATASET[index].token_ids)
+        await controller.start()
+        try:
+            trained, _ = await train(controller, 6, n=2)  # batch 1 (prompts 2, 3) went to the reserve
+            engine.release(DATASET[15].token_ids)  # its scoring fails twice: dropped
+            last, stats = await train(controller, 1, n=2, first=6)
+            leftover = await controller.select(7, 1, 2, timeout_s=30)
+            return trained + last, stats[-1], leftover
+        finally:
+            await controller.shutdown()
+
+    trained, stats, leftover = asyncio.run(scenario())
+    # spare 2 took the dropped prompt's place in the last dataset step, which stayed whole; spare 3 is fewer than a
+    # step, so no step of spares trains
+    assert trained == [ids(0, 1), *(ids(k, k + 1) for k in range(4, 13, 2)), ids(2, 14)]
+    assert (stats.last_step.dropped, stats.last_step.replaced, stats.dropped, stats.replaced) == (0, 1, 1, 1)
+    assert leftover is None and [p.prompt_id for p in controller.reserve.spares] == [prompt_id(3)]
 
 
 def test_a_dropped_group_borrows_a_ready_group_of_a_later_step() -> None:
