@@ -2,11 +2,11 @@
 
 The rollout pump keeps the reserve at ``replacement_reserve_prompts`` or more by diverting whole dataset batches
 into it instead of admitting them — only after the sampler has stamped a target step once, so the first batch is
-always trained and no target step is burned by a diverted batch. When a stamped group is dropped, its dispatch
-takes spares (at most ``max_replacement_attempts`` per dropped slot); without one, its step shrinks. Once the
-dataset is exhausted and every dataset rollout has committed or been dropped, the spares left are dispatched as
-whole steps of their own; a remainder smaller than a step is not trained (logged). The reserve is saved with the prompt stream's cursor in every checkpoint
-(``replacement_reserve.pt``), so no spare is lost or repeated by a resume.
+always trained and no target step is burned by a diverted batch. When a stamped group is dropped, its dispatch takes
+spares (at most ``max_replacement_attempts`` per dropped slot); without one, its step shrinks. Once the dataset is
+exhausted and every dataset rollout has committed or been dropped, the spares left are dispatched as whole steps of
+their own; a remainder smaller than a step is not trained (logged). The reserve is saved with the prompt stream's
+cursor in every checkpoint (``replacement_reserve.pt``), so no spare is lost or repeated by a resume.
 """
 
 from __future__ import annotations
