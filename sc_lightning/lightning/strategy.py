@@ -86,23 +86,28 @@ class SingleControllerStrategy(SingleDeviceStrategy):
     def setup(self, trainer: Any) -> None:
         """Set up the model as usual, then start the data plane, engine and controller.
 
-        The whole RL run is one Lightning epoch (dataset epochs are ``max_num_epochs``, counted by the controller),
-        so the fit loop gets ``max_epochs = 1`` (see :meth:`on_train_start` for resumed runs): when rollouts run
-        out the epoch ends and so does the fit, instead of Lightning opening empty epochs until ``max_steps``.
+        The whole RL run is one Lightning epoch (dataset epochs are ``max_num_epochs``, counted by the controller):
+        see :meth:`_allow_one_more_epoch`.
         """
         super().setup(trainer)
-        trainer.fit_loop.max_epochs = 1
         self._start()
 
-    def on_train_start(self) -> None:
-        """Allow exactly one more Lightning epoch than the restored loop has finished.
+    def _allow_one_more_epoch(self) -> None:
+        """Let the fit loop run exactly one Lightning epoch more than its restored state has finished.
 
-        A run resumed from the bundle of its last step (to train longer, with a larger ``max_num_steps``) restores
-        a finished epoch; without this it would stop at once.
+        When rollouts run out, that epoch ends and so does the fit, instead of Lightning opening empty epochs until
+        ``max_steps``. A resumed run (with the same or a larger ``max_num_steps``) may restore an epoch that is
+        finished, or one that the loop marks finished when it restarts on its last batch. Lightning decides whether
+        to run at all after restoring its loops and asking for the train dataloader (:meth:`rl_steps`), and marks a
+        restarted last batch's epoch finished just before ``on_train_start``: both call this.
         """
-        super().on_train_start()
         fit_loop = self.lightning_module.trainer.fit_loop
         fit_loop.max_epochs = fit_loop.epoch_progress.current.processed + 1
+
+    def on_train_start(self) -> None:
+        """Allow one more epoch than the (restarted) loop has finished."""
+        super().on_train_start()
+        self._allow_one_more_epoch()
 
     def _start(self) -> None:
         from sc_lightning.models import export_hf_weights
@@ -172,6 +177,7 @@ class SingleControllerStrategy(SingleDeviceStrategy):
         if self.controller is None or self.data_plane is None:
             raise RuntimeError("the Single-Controller strategy has not been set up")
         trainer = self.lightning_module.trainer
+        self._allow_one_more_epoch()  # the loops are restored by now, and Lightning has not yet decided to run
         settings = StepSettings.from_config(self.config, pad_token_id=self.lightning_module.tokenizer.pad_token_id)
         return RLStepStream(
             self.controller,
