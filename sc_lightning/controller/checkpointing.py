@@ -102,7 +102,6 @@ class ControllerCheckpointing:
         """
         pending = [entry for _, entry in sorted(self._pending.items())]
         holding = len(self._holding_permit & self._pending.keys())  # launched; the others wait for a permit
-        claimed = len(self._claims)
         if index_rows:
             index = self.buffer.state_dict(claimed=self._claims)
         else:
@@ -114,14 +113,14 @@ class ControllerCheckpointing:
             regenerated = [self._committed[g] for g in claims + buffered if g in self._committed]
             pending = regenerated + pending
             holding += sum(g in self._committed for g in buffered)  # buffered groups held permits too
-            claimed, index = 0, replay_index([])
+            index = replay_index([])
         return {
             "version": CHECKPOINT_STATE_VERSION,
             "trainer_version": self.trainer_version,
             "prompts": self.prompts.state_dict(),
             "dispatch_index": self.sampler.dispatch_index,
             "replay_index": index,
-            "claimed": claimed,
+            "claimed": len(self._claims),
             "rows_indexed": index_rows,
             "pending": [entry.to_dict() for entry in pending],
             "pending_holding_permits": holding,
@@ -142,7 +141,8 @@ class ControllerCheckpointing:
         groups, claimed = len(state["replay_index"]["groups"]), int(state.get("claimed", 0))
         # what held buffer permits at the cut: the buffered groups and the launched pending prompts (the step's
         # claims had given theirs back; prompts still waiting for a permit wait again after the resume)
-        buffered, holding = groups - claimed, int(state.get("pending_holding_permits", len(pending)))
+        buffered = groups - (claimed if groups else 0)  # without rows the claims are pending, not indexed
+        holding = int(state.get("pending_holding_permits", len(pending)))
         if buffered + holding > self.buffer_permits.total:
             raise ValueError(
                 f"the checkpoint holds {buffered} buffered and {holding} dispatched prompt groups, more than "

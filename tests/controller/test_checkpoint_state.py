@@ -117,7 +117,8 @@ def test_restore_refuses_a_state_that_does_not_fit() -> None:
         with pytest.raises(ValueError, match="version"):
             await small.restore({**state, "version": 99}, group_size=2)
         state["pending"] = [{"prompt": {"prompt_id": f"p{i}", "token_ids": [2]}, "target_step": 0} for i in range(3)]
-        with pytest.raises(ValueError, match=r"more than async_rl.max_buffered_rollouts=2"):
+        state["pending_holding_permits"] = 3
+        with pytest.raises(ValueError, match=r"0 buffered and 3 dispatched .*max_buffered_rollouts=2; .*at least 3"):
             await small.restore(state, group_size=2)
         await small.start()
         with pytest.raises(RuntimeError, match="before start"):
@@ -126,3 +127,32 @@ def test_restore_refuses_a_state_that_does_not_fit() -> None:
         await source.shutdown()
 
     asyncio.run(scenario())
+
+
+def test_a_windowed_pump_waiting_for_permits_resumes_with_the_same_capacity() -> None:
+    """Windowed dispatch is ungated: with room for one step, the pump holds batch 0 in flight and has taken batch 1,
+    which waits for permits. Those prompts hold none, so the same capacity resumes and trains each prompt once."""
+    cfg = config({"name": "windowed", "max_staleness_versions": 1}, buffered=2)
+
+    async def first_run() -> dict:
+        engine = ScriptedEngine(answer_correctly, gated=True)
+        controller = make(cfg, engine, dataset_size=PROMPTS)
+        await controller.start()
+        await engine.wait_for_requests(4, timeout_s=30)  # batch 0: 2 prompts x 2 generations
+        await controller.wait_until(lambda: controller.prompts.position == 2, timeout_s=30)  # batch 1 taken
+        state = controller.checkpoint_state()
+        await controller.shutdown()
+        return state
+
+    async def second_run(state: dict) -> list:
+        controller = make(cfg, ScriptedEngine(answer_correctly), dataset_size=PROMPTS)
+        await controller.restore(state, group_size=2)
+        await controller.start()
+        trained = await train_until_exhausted(controller, state["trainer_version"])
+        await controller.shutdown()
+        return trained
+
+    state = asyncio.run(first_run())
+    assert (len(state["pending"]), state["pending_holding_permits"]) == (4, 2)
+    prompts = Counter(group.prompt_id for step in asyncio.run(second_run(state)) for group in step)
+    assert sorted(prompts) == sorted(f"arithmetic-{i:06d}" for i in range(PROMPTS)) and set(prompts.values()) == {1}

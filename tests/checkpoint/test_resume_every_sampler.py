@@ -1,0 +1,110 @@
+"""Every sampler mode resumes with the same command, through the CLI, from its newest bundle and from a rollout
+snapshot, and the history in ``train_data.jsonl`` trains every prompt at most once, in whole groups.
+
+Each mode runs one version ahead with a buffer of two steps (colocated engine and in-process data plane, so no Ray
+and quick runs), so the pump holds dispatched groups — and, for the ungated windowed and custom modes, a batch
+waiting for buffer permits — when a checkpoint is cut. Per mode: 2 steps; then the same command resumes from the
+``step_2`` bundle (its rollout snapshots removed) and runs to step 4 taking rollout snapshots; then the bundles
+newer than the newest snapshot's anchor are removed (a crash before they were renamed) and the same command resumes
+from that snapshot and runs to step 5. Real CLI, megatron-core policy, Megatron engine, controller and data plane.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from sc_lightning.checkpoint.atomic import complete_bundles
+from sc_lightning.checkpoint.snapshots import SNAPSHOTS_DIR, snapshot_dirs
+from tests.conftest import REPO, TINY
+from tests.test_recovery import RENDEZVOUS
+
+pytestmark = pytest.mark.slow
+
+GROUPS, GENERATIONS = 4, 4
+SAMPLERS = {
+    "in_order": ["--async_rl.sampler.max_lookahead_versions", "1"],
+    "weight_fifo": ["--async_rl.sampler.max_staleness_versions", "1"],
+    "ready_first": ["--async_rl.sampler.max_staleness_versions", "1"],
+    "windowed": ["--async_rl.sampler.max_staleness_versions", "1"],
+    "custom": [
+        "--async_rl.sampler.target", "tests.controller.custom:LatestOnly",
+        "--async_rl.sampler.init_args", "{keep: 1}",
+    ],
+}  # fmt: skip
+
+
+def fit(tmp_path: Path, sampler: str, steps: int) -> str:
+    """Run the mode's one command to ``steps`` steps; its stderr (the run must succeed)."""
+    argv = [
+        sys.executable, "-m", "sc_lightning", "fit",
+        "--config", str(TINY), "--config", str(REPO / "tests" / "small_steps.yaml"),
+        "--policy.generation.colocated.enabled", "true",
+        "--async_rl.sampler", f"{{name: {sampler}}}", *SAMPLERS[sampler],
+        "--async_rl.max_buffered_rollouts", str(2 * GROUPS),
+        "--async_rl.max_inflight_prompts", str(2 * GROUPS),
+        "--data_plane.backend", "memory",
+        "--grpo.max_num_steps", str(steps),
+        "--checkpointing.enabled", "true",
+        "--checkpointing.checkpoint_dir", str(tmp_path / "checkpoints"),
+        "--checkpointing.save_data_plane", "true",
+        "--checkpointing.save_period", "1",
+        "--rollout_checkpointing.snapshot_attempt_interval_s", "0.1",
+        "--token_capture.enabled", "true",
+        "--data.train_data_log", "true",
+        "--trainer.default_root_dir", str(tmp_path),
+        "--trainer.enable_progress_bar", "false",
+    ]  # fmt: skip
+    env = {k: v for k, v in os.environ.items() if k not in RENDEZVOUS}
+    done = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done.stderr
+
+
+def resumed_from(stderr: str) -> str:
+    """The restore point a run reported."""
+    lines = [line for line in stderr.splitlines() if line.startswith("resuming from")]
+    assert len(lines) == 1, stderr[-3000:]
+    return lines[0]
+
+
+def assert_history_exactly_once(tmp_path: Path, steps: int) -> None:
+    """Steps 0..steps-1 each trained GROUPS whole groups, and no prompt was trained twice."""
+    rows = [json.loads(line) for line in (tmp_path / "train_data.jsonl").read_text().splitlines()]
+    assert Counter(row["step"] for row in rows) == {step: GROUPS * GENERATIONS for step in range(steps)}
+    per_group = Counter(row["group_id"] for row in rows)
+    assert set(per_group.values()) == {GENERATIONS}, "whole groups"
+    prompts_of_group = {(row["group_id"], row["prompt_index"]) for row in rows}
+    per_prompt = Counter(prompt for _, prompt in prompts_of_group)
+    assert len(prompts_of_group) == len(per_group) and set(per_prompt.values()) == {1}, "no prompt twice"
+
+
+def newest_snapshot_anchor(checkpoints: Path) -> int:
+    """The step of the newest trainer bundle that has rollout snapshots."""
+    anchors = [step for step, bundle in complete_bundles(checkpoints) if snapshot_dirs(bundle)]
+    assert anchors, "the run wrote no rollout snapshot under a trainer bundle"
+    return anchors[-1]
+
+
+@pytest.mark.parametrize("sampler", list(SAMPLERS))
+def test_every_sampler_resumes_from_its_bundle_and_from_a_rollout_snapshot(tmp_path: Path, sampler: str) -> None:
+    checkpoints = tmp_path / "checkpoints"
+    fit(tmp_path, sampler, steps=2)
+    for _, bundle in complete_bundles(checkpoints):
+        shutil.rmtree(bundle / SNAPSHOTS_DIR, ignore_errors=True)
+    assert resumed_from(fit(tmp_path, sampler, steps=4)).endswith(f"{checkpoints / 'step_2'}")
+    assert_history_exactly_once(tmp_path, steps=4)
+
+    anchor = newest_snapshot_anchor(checkpoints)
+    for step, bundle in complete_bundles(checkpoints):
+        if step > anchor:
+            shutil.rmtree(bundle)  # as if the run had died before renaming them
+    assert SNAPSHOTS_DIR in resumed_from(fit(tmp_path, sampler, steps=5))
+    assert_history_exactly_once(tmp_path, steps=5)
