@@ -49,7 +49,11 @@ def knob(
     le: float | None = None,
     factory: Any = MISSING,
 ) -> Any:
-    """Declare a config field with its one-line meaning, unit and numeric bounds (checked when loading)."""
+    """Declare a config field with its one-line meaning, unit and numeric bounds (checked when loading).
+
+    Code outside ``sc_lightning/config/`` must read the new field where it takes effect; the silent-knobs test
+    (``tests/config/test_silent_knobs.py``) fails otherwise.
+    """
     metadata = {"doc": doc, "unit": unit, "ge": ge, "gt": gt, "le": le}
     if factory is not MISSING:
         return dataclasses.field(default_factory=factory, metadata=metadata)
@@ -304,17 +308,37 @@ def to_plain(value: Any) -> Any:
     return value
 
 
+class SchemaField(typing.NamedTuple):
+    """One field of a section, at its dotpath: ``owner`` is the section class that has it (a sampler mode's own)."""
+
+    path: str
+    owner: type
+    name: str
+    type: Any
+
+
+def nested_sections(tp: Any) -> list[type]:
+    """The section classes a field of type ``tp`` holds: every member of a discriminated union, or the one section."""
+    choices = discriminated_choices(tp)
+    return list(choices.values()) if choices else [a for a in _flatten_optional(tp) if is_section(a)]
+
+
+def walk_fields(cls: type, path: str = "") -> typing.Iterator[SchemaField]:
+    """Every field under section ``cls``, depth first; a dotpath repeats once per union member that has it."""
+    for name, tp in field_types(cls).items():
+        here = _join(path, name)
+        yield SchemaField(here, cls, name, tp)
+        for sub in nested_sections(tp):
+            yield from walk_fields(sub, here)
+
+
 def key_index(cls: type, path: str = "") -> dict[str, list[str]]:
     """Every key name under section ``cls`` mapped to the dotpaths where it is valid (sampler modes included)."""
     index: dict[str, list[str]] = {}
-    for name, tp in field_types(cls).items():
-        here = _join(path, name)
-        index.setdefault(name, []).append(here)
-        choices = discriminated_choices(tp)
-        nested = list(choices.values()) if choices else [a for a in _flatten_optional(tp) if is_section(a)]
-        for sub in nested:
-            for key, paths in key_index(sub, here).items():
-                index.setdefault(key, []).extend(p for p in paths if p not in index.get(key, []))
+    for fld in walk_fields(cls, path):
+        paths = index.setdefault(fld.name, [])
+        if fld.path not in paths:
+            paths.append(fld.path)
     return index
 
 

@@ -24,6 +24,9 @@ A config is one YAML file (or several, merged in order) with these top-level sec
 `trainer:` and `seed_everything:`. Unknown keys are errors that name the closest known key. `null` knobs
 take the derived default their meaning states. Cross-field rules are listed at the end; every violated rule
 is reported at once, naming the dotpaths, values and fix.
+
+Every knob has an effect: `tests/config/test_silent_knobs.py` fails for a knob that nothing outside
+`sc_lightning/config/` reads, unless it is listed there with the reason only validation or migration reads it.
 """
 
 
