@@ -199,13 +199,14 @@ def prompts_fit_the_context(config: SCConfig, report: Report) -> None:
     "policy.megatron_cfg.enabled",
     "value.megatron_cfg.enabled",
     "policy.megatron_cfg.sequence_parallel",
-    "policy.megatron_cfg.tensor_model_parallel_size",
+    "policy.megatron_cfg.pipeline_model_parallel_size",
     "value.megatron_cfg.sequence_parallel",
-    "value.megatron_cfg.tensor_model_parallel_size",
+    "value.megatron_cfg.pipeline_model_parallel_size",
     "policy.is_vlm",
 )
 def megatron_models(config: SCConfig, report: Report) -> None:
-    """megatron-core is the only trainer (and Megatron generation needs it); VLM is not supported yet."""
+    """megatron-core is the only trainer (and Megatron generation needs it); VLM, pipeline and sequence
+    parallelism are not supported yet."""
     if not config.policy.megatron_cfg.enabled:
         report.error("policy.megatron_cfg.enabled", "is false; megatron-core is the only trainer, set it to true")
     if config.value is not None and not config.value.megatron_cfg.enabled:
@@ -215,10 +216,15 @@ def megatron_models(config: SCConfig, report: Report) -> None:
         if section is None:
             continue
         mcfg = section.megatron_cfg
-        if mcfg.sequence_parallel and mcfg.tensor_model_parallel_size < 2:
+        if mcfg.pipeline_model_parallel_size != 1:
+            report.error(
+                f"{model}.megatron_cfg.pipeline_model_parallel_size",
+                f"is {mcfg.pipeline_model_parallel_size} but pipeline parallelism is not supported yet; set 1",
+            )
+        if mcfg.sequence_parallel:
             report.error(
                 f"{model}.megatron_cfg.sequence_parallel",
-                "is true with tensor_model_parallel_size 1; raise the TP size or set it to false",
+                "is true but sequence parallelism is not supported yet (it needs Transformer Engine norms); set false",
             )
     if config.policy.is_vlm:
         report.error("policy.is_vlm", "is true but vision-language policies are not supported yet; set false")

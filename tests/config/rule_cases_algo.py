@@ -171,11 +171,18 @@ ALGORITHM_CASES: list[tuple[str, dict[str, Any], dict[str, Any], str, str]] = [
         "Megatron",
     ),
     (
-        "sequence parallel needs TP",
+        "sequence parallel is not supported yet",
+        variant({"policy": {"megatron_cfg": {"tensor_model_parallel_size": 2}}}),
         variant({"policy": {"megatron_cfg": {"sequence_parallel": True, "tensor_model_parallel_size": 2}}}),
-        variant({"policy": {"megatron_cfg": {"sequence_parallel": True}}}),
         "policy.megatron_cfg.sequence_parallel",
-        "tensor_model_parallel_size 1",
+        "not supported yet",
+    ),
+    (
+        "pipeline parallel is not supported yet",
+        ppo(),
+        ppo({"value": {"megatron_cfg": {"pipeline_model_parallel_size": 2}}}),
+        "value.megatron_cfg.pipeline_model_parallel_size",
+        "not supported yet",
     ),
     ("vlm", variant(), variant({"policy": {"is_vlm": True}}), "policy.is_vlm", "not supported"),
     (

@@ -101,6 +101,14 @@ READ_ONLY_BY_VALIDATION: dict[str, str] = {
     "value.megatron_cfg.enabled": "the critic must be a Megatron model: megatron_models rejects false",
     "policy.generation.vllm_cfg.async_engine": "vLLM always runs its async engine: generation_engine rejects false",
     "policy.is_vlm": "vision-language policies are not supported yet: megatron_models rejects true",
+    **{
+        f"{model}.megatron_cfg.{knob}": f"{what} is not supported yet: megatron_models rejects anything but {default}"
+        for model in ("policy", "value")
+        for knob, what, default in (
+            ("pipeline_model_parallel_size", "pipeline parallelism", "1"),
+            ("sequence_parallel", "sequence parallelism", "false"),
+        )
+    },
 }
 
 
