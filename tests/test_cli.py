@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from sc_lightning.cli import main
-from tests.conftest import REPO
+from tests.conftest import REPO, TEST_BASE
 
 TINY = "configs/grpo_tiny.yaml"
 
@@ -142,7 +142,32 @@ def test_colocated_fit_trains_on_policy_with_a_faithful_refit(tmp_path) -> None:
     assert [int(r["step"]) for r in steps] == [0, 1]
     # the engine's logprobs of what it sampled equal the trainer's: a faithful refit
     assert all(float(r["train/token_mult_prob_error"]) == pytest.approx(1.0, abs=1e-4) for r in steps)
+    # ... for every sequence, not only on average; no grpo.seq_logprob_error_threshold: logged, nothing masked
+    seq_errors = [f"train/{s}_seq_mult_prob_error{m}" for s in ("max", "mean", "min") for m in ("", "_after_mask")]
+    assert all(float(r[name]) == pytest.approx(1.0, abs=1e-4) for r in steps for name in seq_errors)
+    assert all(float(r["train/num_masked_seqs_by_logprob_error"]) == 0 for r in steps)
+    assert all(float(r["train/masked_correct_pct"]) == 0 for r in steps)  # 0 when nothing was masked
     assert all(float(r["train/staleness_max"]) == 0 for r in steps)  # colocated and synchronous: on-policy
+
+
+def test_a_seq_logprob_error_threshold_below_every_error_stops_the_run_naming_the_knob(tmp_path) -> None:
+    """A sequence's error is a mean of exp|...| >= 1, so 0.5 masks all of step 0: refused like any empty step."""
+    result = run(
+        "fit",
+        *[arg for path in TEST_BASE for arg in ("--config", str(path))],
+        "--data_plane.backend",
+        "memory",
+        "--grpo.max_num_steps",
+        "2",
+        "--grpo.seq_logprob_error_threshold",
+        "0.5",
+        f"--trainer.default_root_dir={tmp_path}",
+        "--trainer.enable_progress_bar=false",
+    )
+    assert result.returncode != 0
+    assert "RL step 0: all 16 completions were filtered out" in result.stderr
+    assert "grpo.seq_logprob_error_threshold=0.5 masked 16 of 16 sequences" in result.stderr
+    assert "raise grpo.seq_logprob_error_threshold, or set it to null" in result.stderr
 
 
 @pytest.mark.parametrize(

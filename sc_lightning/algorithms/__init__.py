@@ -1,6 +1,7 @@
-"""RL math as pure torch functions: advantage estimators (GRPO, GAE) and the policy/value losses.
+"""RL math as pure torch functions: advantages (GRPO, GAE), policy/value losses, sequence logprob error.
 
-Imports only torch. Shape legend and the chunking contract are documented in :mod:`.advantages` and :mod:`.losses`.
+Imports only torch. Shape legend and the chunking contract are documented in :mod:`.advantages` and :mod:`.losses`;
+the sequence-level logprob-error screen (per-row error, threshold mask) in :mod:`.seq_logprob_error`.
 """
 
 from sc_lightning.algorithms.advantages import (
@@ -19,6 +20,11 @@ from sc_lightning.algorithms.losses import (
     loss_mask,
     valid_counts,
 )
+from sc_lightning.algorithms.seq_logprob_error import (
+    seq_logprob_error_mask,
+    seq_logprob_error_metrics,
+    seq_mult_prob_error,
+)
 
 __all__ = [
     "METRIC_REDUCTIONS",
@@ -30,6 +36,9 @@ __all__ = [
     "grpo_advantages_by_group",
     "kl_estimate",
     "loss_mask",
+    "seq_logprob_error_mask",
+    "seq_logprob_error_metrics",
+    "seq_mult_prob_error",
     "terminal_token_rewards",
     "valid_counts",
     "whiten",

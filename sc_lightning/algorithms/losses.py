@@ -62,6 +62,16 @@ METRIC_REDUCTIONS: dict[str, Reduction] = {
     "vf_clipfrac": "sum",  # fraction of valid tokens where the clipped value term was the larger one
     "values_mean": "sum",  # mean over valid tokens of V
     "returns_mean": "sum",  # mean over valid tokens of the return target R
+    # seq_logprob_error (err_b = a row's mean exp|log pi_gen - log pi_old|); "sum" entries are raw sums that the
+    # step divides by its valid rows (before masking), kept rows (_after_mask) or masked rows (masked_correct_pct)
+    "max_seq_mult_prob_error": "max",  # max over rows with valid tokens of err_b
+    "min_seq_mult_prob_error": "min",  # min over rows with valid tokens of err_b
+    "mean_seq_mult_prob_error": "sum",  # mean over rows with valid tokens of err_b
+    "max_seq_mult_prob_error_after_mask": "max",  # the same three over the rows the threshold kept
+    "min_seq_mult_prob_error_after_mask": "min",
+    "mean_seq_mult_prob_error_after_mask": "sum",
+    "num_masked_seqs_by_logprob_error": "sum",  # rows masked by seq_logprob_error_threshold (a count)
+    "masked_correct_pct": "sum",  # fraction of the masked rows with reward == 1 (0 when none was masked)
 }
 """How each metric combines over the micro-batches (and data-parallel ranks) of one step."""
 

@@ -66,7 +66,10 @@ class AlgorithmConfig:
     use_dynamic_sampling: bool = knob(False, "DAPO dynamic sampling (rejected until supported).")
     overlong_filtering: bool = knob(False, "Exclude truncated completions from the loss through sample_mask.")
     seq_logprob_error_threshold: float | None = knob(
-        None, "Mask sequences whose generation-vs-trainer logprob error exceeds this (null = metrics only).", gt=0
+        None,
+        "Drop from the loss each sequence whose mean exp|log pi_gen - log pi_old| over its tokens (>= 1; 1 = the "
+        "engine and trainer agree) exceeds this; null = log the error only.",
+        gt=0,
     )
     skip_reference_policy_logprobs_calculation: bool = knob(
         False, "Skip the reference-model logprob pass; requires loss_fn.reference_policy_kl_penalty: 0."

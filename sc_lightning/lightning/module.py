@@ -3,7 +3,7 @@
 training_step(step):
     begin: zero grads
     for chunk in step.chunks():          # whole prompt groups, streamed as the controller releases them
-        forward/backward its micro-batches (raw sums)
+        forward, mask rows above grpo.seq_logprob_error_threshold, backward (raw sums), per micro-batch
     finish: normalise by the step's valid tokens, clip, one optimizer step, one scheduler step
 """
 
@@ -119,6 +119,8 @@ class GRPOModule(LightningModule):
             vocab_size=self.spec.vocab_size,
             reference_model=self.reference,
             temperature=scoring_temperature(self.config.policy.generation.temperature),
+            seq_logprob_error_threshold=self.config.algo.seq_logprob_error_threshold,
+            seq_logprob_error_knob=f"{self.config.algo_name}.seq_logprob_error_threshold",
         )
 
     def on_train_start(self) -> None:

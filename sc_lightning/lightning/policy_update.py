@@ -8,6 +8,11 @@ depend on how the step was chunked or micro-batched: grad_norm and the new weigh
 On GRPO the policy does not change inside a step, so the trainer's old logprobs equal the current ones: prev =
 logprobs.detach() (ratio 1 with a gradient), and the importance weight exp(prev − gen) corrects for the engine.
 PPO with several epochs over one batch sets the chunk's ``prev_logprobs`` (pi_old, fixed at the step's start).
+
+Each micro-batch, between the forward and the loss, measures every row's sequence logprob error (mean over its
+valid tokens of exp|gen − prev|, see :mod:`sc_lightning.algorithms.seq_logprob_error`). With
+``seq_logprob_error_threshold`` set, rows above it leave the loss: their mask is zeroed before the step's valid
+tokens and sequences are counted, so the normaliser counts only the kept rows. Without it, only the metrics.
 """
 
 from __future__ import annotations
@@ -17,7 +22,15 @@ from dataclasses import dataclass, field
 
 import torch
 
-from sc_lightning.algorithms import METRIC_REDUCTIONS, ClippedPGLoss, loss_mask, valid_counts
+from sc_lightning.algorithms import (
+    METRIC_REDUCTIONS,
+    ClippedPGLoss,
+    loss_mask,
+    seq_logprob_error_mask,
+    seq_logprob_error_metrics,
+    seq_mult_prob_error,
+    valid_counts,
+)
 from sc_lightning.lightning.step_data import TrainChunk
 from sc_lightning.models.logprobs import token_logprobs
 
@@ -28,8 +41,9 @@ class EmptyStepError(RuntimeError):
 
 @dataclass
 class _StepTotals:
-    tokens: float = 0.0
-    seqs: float = 0.0
+    tokens: float = 0.0  # valid tokens kept for the loss
+    seqs: float = 0.0  # valid sequences kept for the loss
+    checked_seqs: float = 0.0  # valid sequences before the logprob-error mask
     rows: int = 0
     step: int | None = None
     group_ids: dict[str, None] = field(default_factory=dict)  # insertion-ordered set
@@ -76,6 +90,8 @@ class PolicyUpdate:
         vocab_size: int | None = None,
         reference_model: torch.nn.Module | None = None,
         temperature: float = 1.0,
+        seq_logprob_error_threshold: float | None = None,
+        seq_logprob_error_knob: str = "grpo.seq_logprob_error_threshold",
     ) -> None:
         if loss_fn.reference_policy_kl_penalty > 0 and reference_model is None:
             raise ValueError("loss_fn.reference_policy_kl_penalty > 0 needs a reference model for the KL term")
@@ -85,6 +101,8 @@ class PolicyUpdate:
         self.micro_batch_size, self.clip_grad, self.scheduler = micro_batch_size, clip_grad, scheduler
         self.backward = backward or (lambda loss: loss.backward())
         self.vocab_size = vocab_size
+        self.seq_logprob_error_threshold = seq_logprob_error_threshold  # rows above it leave the loss; None: log only
+        self.seq_logprob_error_knob = seq_logprob_error_knob  # the threshold's config dotpath, named in errors
         self._totals: _StepTotals | None = None
 
     def begin(self, step: int | None = None) -> None:
@@ -102,15 +120,21 @@ class PolicyUpdate:
         totals.group_ids.update(dict.fromkeys(chunk.group_ids))
         for batch in chunk.microbatches(self.micro_batch_size):
             mask = loss_mask(batch.token_mask, batch.sample_mask)
-            tokens, seqs = valid_counts(mask)
-            if tokens == 0:
+            if valid_counts(mask)[0] == 0:
                 continue  # every row filtered: consumed, not trained
             logprobs = token_logprobs(
                 self.model, batch.input_ids, vocab_size=self.vocab_size, temperature=self.temperature
             )
+            prev_logprobs = logprobs.detach() if batch.prev_logprobs is None else batch.prev_logprobs
+            mask = self._mask_seq_logprob_error(batch, prev_logprobs, mask, totals)
+            tokens, seqs = valid_counts(mask)
+            totals.tokens += float(tokens)
+            totals.seqs += float(seqs)
+            if tokens == 0:
+                continue  # every row masked by the sequence logprob error
             loss, metrics = self.loss_fn(
                 logprobs,
-                prev_logprobs=logprobs.detach() if batch.prev_logprobs is None else batch.prev_logprobs,
+                prev_logprobs=prev_logprobs,
                 generation_logprobs=batch.generation_logprobs,
                 advantages=batch.advantages,
                 mask=mask,
@@ -119,9 +143,17 @@ class PolicyUpdate:
                 reference_logprobs=self._reference_logprobs(batch),
             )
             self.backward(loss)
-            totals.tokens += float(tokens)
-            totals.seqs += float(seqs)
             totals.add(metrics)
+
+    def _mask_seq_logprob_error(
+        self, batch: TrainChunk, prev_logprobs: torch.Tensor, mask: torch.Tensor, totals: _StepTotals
+    ) -> torch.Tensor:
+        """``mask`` (B, T) with the rows above the sequence logprob-error threshold zeroed; counts their metrics."""
+        errors = seq_mult_prob_error(batch.generation_logprobs, prev_logprobs, mask)  # (B,), NaN: no valid token
+        masked = seq_logprob_error_mask(errors, self.seq_logprob_error_threshold)  # (B,) bool
+        totals.checked_seqs += float((~errors.isnan()).sum())
+        totals.add(seq_logprob_error_metrics(errors, masked, batch.rewards))
+        return mask * (~masked).to(mask.dtype).unsqueeze(-1)
 
     def _reference_logprobs(self, batch: TrainChunk) -> torch.Tensor | None:
         if self.reference_model is None:
@@ -136,28 +168,51 @@ class PolicyUpdate:
         totals = self._open_step()
         self._totals = None
         if totals.tokens == 0:
-            step = "the step" if totals.step is None else f"RL step {totals.step}"
-            raise EmptyStepError(
-                f"{step}: all {totals.rows} completions were filtered out (overlong filtering or "
-                f"environment masks), nothing to train on; groups: {', '.join(totals.group_ids)}"
-            )
+            raise EmptyStepError(self._empty_step_message(totals))
         normaliser = totals.tokens if self.loss_fn.token_level_loss else totals.seqs
         grad_norm, lr = normalised_step(self.model, self.optimizer, normaliser, self.clip_grad)
         if self.scheduler is not None:
             self.scheduler.step()
-        metrics = {name: value / self._denominator(name, totals) for name, value in totals.sums.items()}
+        metrics = {}
+        for name, value in totals.sums.items():
+            denominator = self._denominator(name, totals)
+            metrics[name] = value / denominator if denominator else 0.0  # 0 masked rows: masked_correct_pct = 0
         metrics.update(totals.extremes)
         metrics.update(grad_norm=grad_norm, lr=lr, global_valid_toks=totals.tokens, global_valid_seqs=totals.seqs)
         return metrics
 
+    def _empty_step_message(self, totals: _StepTotals) -> str:
+        step = "the step" if totals.step is None else f"RL step {totals.step}"
+        groups = f"groups: {', '.join(totals.group_ids)}"
+        masked = int(totals.sums.get("num_masked_seqs_by_logprob_error", 0.0))
+        if masked == 0:
+            return (
+                f"{step}: all {totals.rows} completions were filtered out (overlong filtering or "
+                f"environment masks), nothing to train on; {groups}"
+            )
+        knob = f"{self.seq_logprob_error_knob}={self.seq_logprob_error_threshold}"
+        return (
+            f"{step}: all {totals.rows} completions were filtered out, nothing to train on: {knob} masked {masked} "
+            f"of {int(totals.checked_seqs)} sequences (each one's mean over its tokens of exp|log pi_gen - log "
+            f"pi_old| is above it; that error is never below 1); raise {self.seq_logprob_error_knob}, or set it to "
+            f"null to only log the error; {groups}"
+        )
+
     def _denominator(self, name: str, totals: _StepTotals) -> float:
         loss_fn = self.loss_fn
+        seq_error_counts = {
+            "mean_seq_mult_prob_error": totals.checked_seqs,
+            "mean_seq_mult_prob_error_after_mask": totals.seqs,
+            "masked_correct_pct": totals.sums.get("num_masked_seqs_by_logprob_error", 0.0),
+        }
+        if name in seq_error_counts:
+            return seq_error_counts[name]
         if name in ("loss", "kl_penalty"):
             return totals.tokens if loss_fn.token_level_loss else totals.seqs
         if name == "is_oob_ratio":
             per_seq = loss_fn.truncated_importance_sampling_type == "seq-mask-tis"
             return totals.seqs if per_seq or loss_fn.sequence_level_importance_ratios else totals.tokens
-        if name == "num_valid_samples":
+        if name in ("num_valid_samples", "num_masked_seqs_by_logprob_error"):
             return 1.0
         return totals.tokens
 

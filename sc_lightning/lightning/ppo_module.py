@@ -142,7 +142,11 @@ class PPOModule(GRPOModule):
         )
 
     def _train_policy(self, batch: TrainChunk, index: int) -> dict[str, float]:
-        """``ppo_epochs`` optimizer steps over the batch; the last one is Lightning's counted step."""
+        """``ppo_epochs`` optimizer steps over the batch; the last one is Lightning's counted step.
+
+        The step reports the last epoch's metrics. The sequence logprob-error mask depends only on pi_old and
+        pi_gen, both fixed over the step, so every epoch masks the same rows and its metrics are counted once.
+        """
         epochs = self.config.ppo.ppo_epochs
         if epochs > 1:  # later epochs must measure their ratio against the policy the step started with
             batch = dataclasses.replace(batch, prev_logprobs=self._logprobs(batch))

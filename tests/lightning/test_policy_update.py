@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
+import math
+
 import pytest
 import torch
 
@@ -9,6 +12,7 @@ from sc_lightning.algorithms import ClippedPGLoss
 from sc_lightning.lightning.policy_update import EmptyStepError, PolicyUpdate
 from sc_lightning.lightning.step_data import TrainChunk
 from sc_lightning.models import build_gpt_model, builtin_spec
+from sc_lightning.models.logprobs import token_logprobs
 
 SPEC = builtin_spec("builtin:tiny")
 
@@ -33,10 +37,13 @@ def step_rows(seed: int, groups: int = 4, gens: int = 4, length: int = 12) -> Tr
     )
 
 
-def run_step(model, chunks: list[TrainChunk], *, micro_batch_size: int, token_level: bool = True, step: int = 0):
+def run_step(
+    model, chunks: list[TrainChunk], *, micro_batch_size: int, token_level: bool = True, step: int = 0, **kwargs
+):
+    """One step over ``chunks``; ``kwargs`` go to PolicyUpdate (e.g. ``seq_logprob_error_threshold``)."""
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
     loss_fn = ClippedPGLoss(token_level_loss=token_level, reference_policy_kl_penalty=0.0)
-    update = PolicyUpdate(model, optimizer, loss_fn, micro_batch_size=micro_batch_size, clip_grad=1.0)
+    update = PolicyUpdate(model, optimizer, loss_fn, micro_batch_size=micro_batch_size, clip_grad=1.0, **kwargs)
     update.begin(step=step)
     for chunk in chunks:
         update.train_chunk(chunk)
@@ -112,3 +119,86 @@ def test_a_kl_penalty_needs_a_reference_model() -> None:
         PolicyUpdate(
             model, torch.optim.SGD(model.parameters(), lr=0.0), ClippedPGLoss(), micro_batch_size=4, clip_grad=1.0
         )
+
+
+def off_by(rows: TrainChunk, offsets: dict[int, float]) -> TrainChunk:
+    """``rows`` whose generation logprobs are the fresh policy's own, plus ``offsets[row]`` on each of the row's
+    tokens: row r's sequence logprob error is exp(|offsets[r]|), and 1 for a row without an offset."""
+    model = fresh().train()
+    with torch.no_grad():
+        own = token_logprobs(model, rows.input_ids)  # (B, T): what PolicyUpdate's forward computes as pi_old
+    shift = torch.zeros(len(rows))
+    shift[list(offsets)] = torch.tensor(list(offsets.values()))
+    return dataclasses.replace(rows, generation_logprobs=(own + shift[:, None]) * rows.token_mask)
+
+
+FAR = {1: 2.0, 6: -2.0, 7: 1.5, 12: 2.0}  # errors e^2, e^2, e^1.5 (4.48), e^2: above a threshold of 3
+NEAR = {0: 0.5, 2: -0.5}  # errors e^0.5 (1.65): below it; the other 10 rows: 1
+
+
+def test_rows_above_the_logprob_error_threshold_leave_the_loss_as_if_their_sample_mask_were_0() -> None:
+    rows = off_by(step_rows(4), FAR | NEAR)
+    rows.rewards = torch.zeros(len(rows))
+    rows.rewards[[1, 7, 12]] = 1.0  # 3 of the 4 far rows are correct answers
+    by_threshold, by_sample_mask, unmasked = fresh(), fresh(), fresh()
+    # micro-batches of 2: rows 6 and 7 form one that the threshold masks whole (forward, no backward)
+    masked = run_step(by_threshold, [rows], micro_batch_size=2, seq_logprob_error_threshold=3.0)
+    filtered = dataclasses.replace(rows, sample_mask=rows.sample_mask.clone())
+    filtered.sample_mask[list(FAR)] = 0.0
+    reference = run_step(by_sample_mask, [filtered], micro_batch_size=16)
+    assert masked["global_valid_seqs"] == reference["global_valid_seqs"] == 12.0
+    assert masked["global_valid_toks"] == reference["global_valid_toks"]  # the normaliser counts kept tokens only
+    assert masked["grad_norm"] == pytest.approx(reference["grad_norm"], rel=1e-5)
+    assert masked["loss"] == pytest.approx(reference["loss"], rel=1e-5, abs=1e-7)
+    for a, b in zip(by_threshold.parameters(), by_sample_mask.parameters(), strict=True):
+        torch.testing.assert_close(a.grad, b.grad, rtol=1e-4, atol=1e-8)  # the normalised, clipped gradients
+    logged_only = run_step(unmasked, [rows], micro_batch_size=16)  # no threshold: the far rows train
+    assert logged_only["global_valid_seqs"] == 16.0
+    assert logged_only["grad_norm"] != pytest.approx(masked["grad_norm"], rel=1e-3)
+
+
+def test_the_step_metrics_of_the_logprob_error_are_exact_over_micro_batches() -> None:
+    rows = off_by(step_rows(4), FAR | NEAR)
+    rows.rewards = torch.zeros(len(rows))
+    rows.rewards[[1, 7, 12]] = 1.0
+    e = math.exp
+    expected = {
+        "max_seq_mult_prob_error": e(2.0),
+        "min_seq_mult_prob_error": 1.0,
+        "mean_seq_mult_prob_error": (3 * e(2.0) + e(1.5) + 2 * e(0.5) + 10 * 1.0) / 16,
+        "max_seq_mult_prob_error_after_mask": e(0.5),
+        "min_seq_mult_prob_error_after_mask": 1.0,
+        "mean_seq_mult_prob_error_after_mask": (2 * e(0.5) + 10 * 1.0) / 12,
+        "num_masked_seqs_by_logprob_error": 4.0,
+        "masked_correct_pct": 3 / 4,
+    }
+    for micro_batch_size in (16, 3, 2):  # 3: rows 6-8 hold two masked rows; 2: rows 6-7 are masked whole
+        metrics = run_step(fresh(), [rows], micro_batch_size=micro_batch_size, seq_logprob_error_threshold=3.0)
+        assert {k: metrics[k] for k in expected} == pytest.approx(expected, rel=1e-5)
+    metrics = run_step(fresh(), [rows], micro_batch_size=3)  # null: the same errors, nothing masked
+    assert metrics["num_masked_seqs_by_logprob_error"] == 0.0 and metrics["masked_correct_pct"] == 0.0
+    assert metrics["mean_seq_mult_prob_error"] == pytest.approx(expected["mean_seq_mult_prob_error"], rel=1e-5)
+    assert metrics["mean_seq_mult_prob_error_after_mask"] == metrics["mean_seq_mult_prob_error"]
+    assert metrics["max_seq_mult_prob_error_after_mask"] == metrics["max_seq_mult_prob_error"]
+
+
+def test_rows_without_valid_tokens_are_not_counted_by_the_logprob_error() -> None:
+    rows = off_by(step_rows(4), FAR)
+    rows.sample_mask[[1, 6]] = 0.0  # two of the far rows were filtered before (overlong, environment)
+    metrics = run_step(fresh(), [rows], micro_batch_size=5, seq_logprob_error_threshold=3.0)
+    assert metrics["num_masked_seqs_by_logprob_error"] == 2.0  # rows 7 and 12
+    assert metrics["mean_seq_mult_prob_error"] == pytest.approx((math.exp(1.5) + math.exp(2.0) + 12 * 1.0) / 14)
+    assert metrics["max_seq_mult_prob_error"] == pytest.approx(math.exp(2.0))
+    assert metrics["global_valid_seqs"] == 12.0  # 16 rows - 2 filtered - 2 masked
+
+
+def test_a_step_the_threshold_masks_entirely_is_an_error_naming_the_knob() -> None:
+    rows = step_rows(2)
+    rows.sample_mask[:4] = 0.0  # the first group was filtered anyway: 12 sequences left to check
+    expected = (
+        r"^RL step 5: all 16 completions were filtered out, nothing to train on: "
+        r"grpo\.seq_logprob_error_threshold=0\.5 masked 12 of 12 sequences .*"
+        r"raise grpo\.seq_logprob_error_threshold, or set it to null .*groups: g0, g1, g2, g3$"
+    )
+    with pytest.raises(EmptyStepError, match=expected):
+        run_step(fresh(), [rows], micro_batch_size=5, step=5, seq_logprob_error_threshold=0.5)  # every error is >= 1

@@ -25,7 +25,7 @@ from sc_lightning.controller.build import rollout_settings
 from sc_lightning.data_plane.memory import MemoryDataPlane
 from sc_lightning.lightning.critic_update import CriticUpdate, value_targets
 from sc_lightning.lightning.module import adamw
-from sc_lightning.lightning.policy_update import PolicyUpdate
+from sc_lightning.lightning.policy_update import EmptyStepError, PolicyUpdate
 from sc_lightning.lightning.ppo_module import PPOModule, optimizer_state_to
 from sc_lightning.lightning.step_data import load_chunk
 from sc_lightning.lightning.strategy import SingleControllerStrategy
@@ -181,6 +181,34 @@ def test_several_epochs_measure_the_ratio_against_the_policy_the_step_started_wi
     fit(ppo_config("ppo.ppo_epochs=3", "ppo.critic_ppo_epochs=2", "ppo.max_num_steps=2"), [recorder])
     # the last of 3 epochs sees a moved policy: its ratio to pi_old is no longer exactly 1
     assert any(m["probs_ratio_max"] != pytest.approx(1.0, abs=1e-9) for m in recorder.step_metrics)
+
+
+def test_several_epochs_mask_the_same_rows_by_logprob_error_and_report_them_once() -> None:
+    """The mask depends on pi_old and pi_gen, both fixed over the step: every epoch masks the same rows, and the
+    step reports them once (the last epoch's metrics), not once per epoch."""
+    knobs = ("ppo.max_num_steps=1", "ppo.ppo_epochs=2")
+    logged_only = Recorder()
+    fit(ppo_config(*knobs), [logged_only])
+    (free,) = logged_only.step_metrics
+    low, high = free["min_seq_mult_prob_error"], free["max_seq_mult_prob_error"]
+    assert 1.0 <= low < high, "the scripted engine's constant logprobs give rows different errors"
+    threshold = (low + high) / 2
+    masking = Recorder()
+    fit(ppo_config(*knobs, f"ppo.seq_logprob_error_threshold={threshold}"), [masking])
+    (step,) = masking.step_metrics
+    masked = step["num_masked_seqs_by_logprob_error"]
+    assert 0 < masked < 16 and step["global_valid_seqs"] == free["global_valid_seqs"] - masked
+    # the same first step's rows and pi_old: the statistics before the mask are those of the unmasked run
+    for name in ("max_seq_mult_prob_error", "min_seq_mult_prob_error", "mean_seq_mult_prob_error"):
+        assert step[name] == pytest.approx(free[name], rel=1e-6)
+    assert step["max_seq_mult_prob_error_after_mask"] <= threshold < step["max_seq_mult_prob_error"]
+    assert free["num_masked_seqs_by_logprob_error"] == 0.0 and free["masked_correct_pct"] == 0.0
+
+
+def test_a_ppo_step_masked_whole_by_logprob_error_names_the_ppo_knob() -> None:
+    config = ppo_config("ppo.max_num_steps=1", "ppo.seq_logprob_error_threshold=0.5")  # every error is >= 1
+    with pytest.raises(EmptyStepError, match=r"ppo\.seq_logprob_error_threshold=0\.5 masked 16 of 16 sequences"):
+        fit(config)
 
 
 def test_offloading_moves_the_adam_moments_and_leaves_the_step_counters() -> None:
