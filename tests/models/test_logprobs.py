@@ -47,9 +47,11 @@ def test_right_padding_does_not_change_real_tokens(qwen: tuple) -> None:
     padded = torch.cat([ids, random_ids(3, 13, seed=5)], dim=1)  # junk after the real tokens
     with torch.no_grad():
         short, long = token_logprobs(model, ids), token_logprobs(model, padded)
-    assert torch.allclose(long[:, :20], short, rtol=0, atol=1e-6)
+    # equal up to fp32 rounding (another sequence length changes the matmul blocking: a few ulps, ~1e-6 here); a
+    # padding token leaking into attention would move the logprobs by orders of magnitude more
+    assert torch.allclose(long[:, :20], short, rtol=1e-6, atol=1e-6)
     one = token_logprobs(model, ids[1:2])  # batch composition does not matter either
-    assert torch.allclose(one, short[1:2], rtol=0, atol=1e-6)
+    assert torch.allclose(one, short[1:2], rtol=1e-6, atol=1e-6)
 
 
 def test_gradient_matches_a_plain_log_softmax(qwen: tuple) -> None:
