@@ -37,8 +37,9 @@ from sc_lightning.callbacks.refit import RefitCallback
 from sc_lightning.checkpoint.snapshots import config_identity, resume_point
 from sc_lightning.config import SCConfig, load_config
 from sc_lightning.config.yaml_io import load_yaml_layers
+from sc_lightning.controller.api import ControllerStats, RolloutPumpError
 from sc_lightning.controller.build import build_controller
-from sc_lightning.controller.controller import ControllerStats, RolloutPumpError, SingleController
+from sc_lightning.controller.controller import SingleController
 from sc_lightning.data_plane.memory import MemoryDataPlane
 from sc_lightning.engines.base import EngineError, GenerationEngine
 from sc_lightning.engines.megatron_ray import RayMegatronEngine

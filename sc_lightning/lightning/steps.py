@@ -14,8 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sc_lightning.config import SCConfig, resolve
-from sc_lightning.controller.buffer import GroupMeta
-from sc_lightning.controller.runners import ControllerClient
+from sc_lightning.controller.api import ControllerClient, GroupMeta
 from sc_lightning.data_plane.base import DataPlane
 from sc_lightning.lightning.step_data import TrainChunk, load_chunk
 
