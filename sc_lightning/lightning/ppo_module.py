@@ -27,10 +27,12 @@ import torch
 
 from sc_lightning.config import SCConfig
 from sc_lightning.engines.sampling import scoring_temperature
-from sc_lightning.lightning.critic_update import CriticUpdate, value_targets
-from sc_lightning.lightning.module import GRPOModule, RLStep, adamw
-from sc_lightning.lightning.step_data import TrainChunk, concat_chunks
+from sc_lightning.lightning.module import GRPOModule
 from sc_lightning.models.logprobs import token_logprobs
+from sc_lightning.trainer.chunks import TrainChunk, concat_chunks
+from sc_lightning.trainer.critic_update import CriticUpdate, value_targets
+from sc_lightning.trainer.optim import adamw, optimizer_state_to
+from sc_lightning.trainer.step_stream import RLStep
 
 
 class PPOModule(GRPOModule):
@@ -177,14 +179,6 @@ class PPOModule(GRPOModule):
         optimizer.zero_grad(set_to_none=True)
         optimizer.step()
         return {"lr": 0.0}
-
-
-def optimizer_state_to(optimizer: torch.optim.Optimizer, device: torch.device) -> None:
-    """Move ``optimizer``'s state tensors (AdamW moments; the step counters stay where torch keeps them)."""
-    for state in optimizer.state.values():
-        for name, value in state.items():
-            if isinstance(value, torch.Tensor) and name != "step":
-                state[name] = value.to(device, non_blocking=True)
 
 
 def load_critic_checkpoint(module: PPOModule, source: Path) -> None:

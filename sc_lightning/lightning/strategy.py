@@ -34,9 +34,9 @@ from sc_lightning.data_plane import build_data_plane
 from sc_lightning.data_plane.base import DataPlane
 from sc_lightning.engines.base import GenerationEngine
 from sc_lightning.engines.http_endpoint import CompletionsEndpoint
-from sc_lightning.lightning.steps import RLStepStream, StepSettings
 from sc_lightning.rollout.datasets import build_dataset
 from sc_lightning.rollout.envs import build_environment
+from sc_lightning.trainer.step_stream import RLStepStream, StepSettings
 
 EngineFactory = Callable[[SCConfig, list[tuple[str, torch.Tensor]]], GenerationEngine]
 """Builds the generation engine from the config and the policy's initial (HF-named) weights."""

@@ -21,8 +21,7 @@ import torch
 
 from sc_lightning.algorithms import expand_to_tokens, grpo_advantages_by_group
 from sc_lightning.controller.api import READ_FIELDS, TRAIN_DTYPES, GroupMeta
-from sc_lightning.data_plane.base import DataPlane
-from sc_lightning.data_plane.codec import pad_rows
+from sc_lightning.data_plane.base import DataPlane, pad_rows
 
 
 @dataclass

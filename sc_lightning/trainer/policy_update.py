@@ -31,8 +31,8 @@ from sc_lightning.algorithms import (
     seq_mult_prob_error,
     valid_counts,
 )
-from sc_lightning.lightning.step_data import TrainChunk
 from sc_lightning.models.logprobs import token_logprobs
+from sc_lightning.trainer.chunks import TrainChunk
 
 
 class EmptyStepError(RuntimeError):

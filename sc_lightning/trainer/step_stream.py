@@ -9,14 +9,25 @@ controller releases them — that is what lets a streamed step start training be
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from sc_lightning.config import SCConfig, resolve
 from sc_lightning.controller.api import ControllerClient, GroupMeta
 from sc_lightning.data_plane.base import DataPlane
-from sc_lightning.lightning.step_data import TrainChunk, load_chunk
+from sc_lightning.trainer.chunks import TrainChunk, load_chunk
+
+
+class RLStep(Protocol):
+    """What the loop hands to training_step: the step's chunks, produced lazily as groups become ready."""
+
+    version: int
+    first_wait_s: float
+    chunk_wait_s: float
+
+    def chunks(self) -> Iterable[TrainChunk]:
+        """The step's chunks of whole prompt groups."""
 
 
 class RolloutsExhausted(RuntimeError):
