@@ -46,7 +46,7 @@ from sc_lightning.engines.megatron_ray import RayMegatronEngine
 from sc_lightning.engines.router import EngineRouter
 from sc_lightning.lightning.module import GRPOModule
 from sc_lightning.lightning.strategy import SingleControllerStrategy
-from sc_lightning.lightning.warm_start import resolve_model_name
+from sc_lightning.models.warm_start import resolve_model_name
 from sc_lightning.rollout.datasets import build_dataset
 from sc_lightning.rollout.envs import build_environment
 from sc_lightning.tokenizer import CharTokenizer

@@ -46,8 +46,8 @@ class GRPOModule(LightningModule):
         """Build (or import) the policy, and a frozen reference copy when the loss has a KL term."""
         if self.policy is not None:
             return
-        from sc_lightning.lightning.warm_start import resolve_model_name
         from sc_lightning.models import load_policy
+        from sc_lightning.models.warm_start import resolve_model_name
 
         policy_cfg, seed = self.config.policy, self.config.algo.seed
         tp = policy_cfg.megatron_cfg.tensor_model_parallel_size

@@ -25,9 +25,9 @@ from sc_lightning.controller.build import rollout_settings
 from sc_lightning.data_plane.memory import MemoryDataPlane
 from sc_lightning.lightning.ppo_module import PPOModule
 from sc_lightning.lightning.strategy import SingleControllerStrategy
-from sc_lightning.lightning.warm_start import resolve_model_name
 from sc_lightning.models import load_policy
 from sc_lightning.models.value import load_critic
+from sc_lightning.models.warm_start import resolve_model_name
 from sc_lightning.rollout.datasets import build_dataset
 from sc_lightning.rollout.envs import build_environment
 from sc_lightning.rollout.manager import RolloutManager
