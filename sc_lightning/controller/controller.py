@@ -1,4 +1,4 @@
-"""SingleController: the rollout pump plus the train-side API the Lightning loop calls, on one event loop.
+"""SingleController: the rollout pump plus the train-side API the train pump calls, on one event loop.
 
     rollout pump:  for batch in prompts (then, once every dataset rollout has committed or dropped, the
                    replacement reserve's spares, a step at a time):

@@ -1,10 +1,11 @@
 """Where a SingleController runs: on a background event-loop thread in this process, or in a Ray actor.
 
 Both runners take a zero-argument ``build`` function that constructs the controller *inside* its home (the
-thread or the actor), and expose the same blocking train-side API, so the Lightning loop (and the tests) can
+thread or the actor), and expose the same blocking train-side API, so the train pump (and the tests) can
 swap one for the other. Every blocking call has a deadline, and the trainer side checks the controller is alive:
 a call that outlives its deadline raises :class:`ControllerUnresponsive` (its event loop is blocked or its process
-is gone), and a call to a Ray actor that died raises :class:`ControllerDied` — each naming the call.
+is gone), and a call to a Ray actor that died raises :class:`ControllerDied` — each naming the call (both errors and
+the :class:`ControllerClient` protocol the runners implement are in ``api.py``).
 """
 
 from __future__ import annotations
