@@ -28,10 +28,10 @@ import torch
 from sc_lightning.config import SCConfig
 from sc_lightning.engines.sampling import scoring_temperature
 from sc_lightning.lightning.module import GRPOModule
-from sc_lightning.models.logprobs import token_logprobs
 from sc_lightning.trainer.chunks import TrainChunk, concat_chunks
 from sc_lightning.trainer.critic_update import CriticUpdate, value_targets
 from sc_lightning.trainer.optim import adamw, optimizer_state_to
+from sc_lightning.trainer.policy_update import frozen_logprobs
 from sc_lightning.trainer.step_stream import RLStep
 
 
@@ -151,7 +151,14 @@ class PPOModule(GRPOModule):
         """
         epochs = self.config.ppo.ppo_epochs
         if epochs > 1:  # later epochs must measure their ratio against the policy the step started with
-            batch = dataclasses.replace(batch, prev_logprobs=self._logprobs(batch))
+            prev_logprobs = frozen_logprobs(
+                self.policy,
+                batch,
+                micro_batch_size=self.config.policy.train_micro_batch_size,
+                vocab_size=self.spec.vocab_size,
+                temperature=scoring_temperature(self.config.policy.generation.temperature),
+            )
+            batch = dataclasses.replace(batch, prev_logprobs=prev_logprobs)
         metrics: dict[str, float] = {}
         for epoch in range(epochs):
             last = epoch == epochs - 1
@@ -161,17 +168,6 @@ class PPOModule(GRPOModule):
             update.train_chunk(batch)
             metrics = update.finish()
         return metrics
-
-    def _logprobs(self, batch: TrainChunk) -> torch.Tensor:
-        temperature = scoring_temperature(self.config.policy.generation.temperature)
-        size = self.config.policy.train_micro_batch_size
-        with torch.no_grad():
-            self.policy.eval()
-            parts = [
-                token_logprobs(self.policy, rows.input_ids, vocab_size=self.spec.vocab_size, temperature=temperature)
-                for rows in batch.microbatches(size)
-            ]
-        return torch.cat(parts)
 
     def _count_untrained_step(self) -> dict[str, float]:
         """Critic warm-up: step the policy optimizer without gradients (no parameter moves), so the step counts."""

@@ -74,6 +74,19 @@ def normalised_step(
     return float(grad_norm), lr
 
 
+def frozen_logprobs(
+    model: torch.nn.Module, chunk: TrainChunk, *, micro_batch_size: int, vocab_size: int | None, temperature: float
+) -> torch.Tensor:
+    """``model``'s (B, T) logprobs of ``chunk``'s tokens, without gradient, by micro-batch: PPO's fixed pi_old."""
+    with torch.no_grad():
+        model.eval()
+        parts = [
+            token_logprobs(model, rows.input_ids, vocab_size=vocab_size, temperature=temperature)
+            for rows in chunk.microbatches(micro_batch_size)
+        ]
+    return torch.cat(parts)
+
+
 class PolicyUpdate:
     """Accumulates one RL step's gradients over chunks of rows and applies a single optimizer step."""
 
