@@ -25,6 +25,7 @@ class RLStep(Protocol):
     version: int
     first_wait_s: float
     chunk_wait_s: float
+    trained_rows: list[dict[str, Any]]  # filled as chunks are trained, with data.train_data_log
 
     def chunks(self) -> Iterable[TrainChunk]:
         """The step's chunks of whole prompt groups."""
