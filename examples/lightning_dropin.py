@@ -17,7 +17,7 @@ from lightning.pytorch.loggers import CSVLogger
 from sc_lightning import load_config, validate_single_controller_config
 from sc_lightning.callbacks.refit import RefitCallback
 from sc_lightning.config.yaml_io import load_yaml_layers
-from sc_lightning.lightning.engine_factory import default_engine_factory
+from sc_lightning.engines.factory import default_engine_factory
 from sc_lightning.lightning.module import GRPOModule
 from sc_lightning.lightning.strategy import SingleControllerStrategy
 

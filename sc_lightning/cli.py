@@ -81,8 +81,8 @@ def fit(config: SCConfig, lightning: dict[str, Any]) -> int:
             return EXIT_INVALID_CONFIG
     from sc_lightning.callbacks.checkpoint import BundleCheckpoint
     from sc_lightning.callbacks.refit import RefitCallback
+    from sc_lightning.engines.factory import default_engine_factory
     from sc_lightning.lightning.cli_parser import SCLightningCLI
-    from sc_lightning.lightning.engine_factory import default_engine_factory
     from sc_lightning.lightning.module import GRPOModule
     from sc_lightning.lightning.ppo_module import PPOModule
     from sc_lightning.lightning.strategy import SingleControllerStrategy

@@ -37,15 +37,16 @@ from sc_lightning.callbacks.refit import RefitCallback
 from sc_lightning.checkpoint.snapshots import config_identity, resume_point
 from sc_lightning.config import SCConfig, load_config
 from sc_lightning.config.yaml_io import load_yaml_layers
+from sc_lightning.controller.api import ControllerStats, RolloutPumpError
 from sc_lightning.controller.build import build_controller
-from sc_lightning.controller.controller import ControllerStats, RolloutPumpError, SingleController
+from sc_lightning.controller.controller import SingleController
 from sc_lightning.data_plane.memory import MemoryDataPlane
 from sc_lightning.engines.base import EngineError, GenerationEngine
 from sc_lightning.engines.megatron_ray import RayMegatronEngine
 from sc_lightning.engines.router import EngineRouter
 from sc_lightning.lightning.module import GRPOModule
 from sc_lightning.lightning.strategy import SingleControllerStrategy
-from sc_lightning.lightning.warm_start import resolve_model_name
+from sc_lightning.models.warm_start import resolve_model_name
 from sc_lightning.rollout.datasets import build_dataset
 from sc_lightning.rollout.envs import build_environment
 from sc_lightning.tokenizer import CharTokenizer

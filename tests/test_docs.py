@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 from sc_lightning.config import SECTION_NAMES
 from sc_lightning.config.reference import render_reference
 from tests.conftest import REPO
@@ -38,3 +40,38 @@ def test_every_rule_declares_the_knobs_it_ties_and_they_exist() -> None:
         ties = rule_ties(rule)
         assert ties, f"{rule.__name__} declares no @ties(...)"
         assert set(ties) <= valid, f"{rule.__name__} ties unknown dotpaths {set(ties) - valid}"
+
+
+PACKAGE_PATH = re.compile(r"sc_lightning/[\w./-]*\w/?")
+
+
+def _named_package_paths(text: str) -> set[str]:
+    return set(PACKAGE_PATH.findall(text))
+
+
+def test_architecture_page_names_only_paths_that_exist() -> None:
+    named = _named_package_paths((REPO / "docs" / "architecture.md").read_text())
+    assert len(named) >= 30, sorted(named)  # it walks the step through the files
+    missing = sorted(path for path in named if not (REPO / path).exists())
+    assert not missing, missing
+
+
+def test_every_package_path_in_the_docs_exists() -> None:
+    missing = []
+    for doc in [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]:
+        missing += [f"{doc.name}: {p}" for p in _named_package_paths(doc.read_text()) if not (REPO / p).exists()]
+    assert not missing, missing
+
+
+def test_the_rows_table_matches_the_row_schema() -> None:
+    from sc_lightning.controller.api import TRAINED_ROW
+
+    text = (REPO / "docs" / "controller.md").read_text()
+    table = text[text.index("| field | per | dtype | meaning |") :].split("\n\n")[0].splitlines()[2:]
+    documented = {}
+    for line in table:
+        names, per, dtype = (cell.strip() for cell in line.strip("|").split("|")[:3])
+        for name in re.findall(r"`(\w+)`", names):
+            documented[name] = (per, dtype)
+    schema = {field.name: (field.per, str(field.stored).removeprefix("torch.")) for field in TRAINED_ROW}
+    assert documented == schema

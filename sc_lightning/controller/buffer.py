@@ -20,6 +20,7 @@ from collections.abc import AsyncIterator, Iterable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from sc_lightning.controller.api import GroupMeta
 from sc_lightning.controller.rows import group_to_columns
 from sc_lightning.data_plane.base import DataPlane
 from sc_lightning.types import ScoredGroup
@@ -30,19 +31,6 @@ log = logging.getLogger(__name__)
 
 class BufferError(RuntimeError):
     """A buffer operation named a group that is not in the buffer, or a replay index that does not fit."""
-
-
-@dataclass(frozen=True)
-class GroupMeta:
-    """A committed group as the trainer sees it: the data-plane keys of its rows and its weight versions."""
-
-    group_id: str
-    prompt_id: str
-    keys: tuple[str, ...]
-    sequence_lengths: tuple[int, ...]
-    start_weight: int
-    end_weight: int
-    target_step: int | None
 
 
 @dataclass

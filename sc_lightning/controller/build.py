@@ -1,6 +1,17 @@
-"""Assemble a SingleController from a validated config and its parts (data plane, engine, environment, data)."""
+"""Assemble a SingleController from a validated config and its parts (data plane, engine, environment, data).
+
+With :mod:`sc_lightning.controller.api`, this is the only module outside code imports from the controller: the
+composition surface. A composition root (the Lightning strategy) builds the controller here, hosts it in a
+:class:`LocalController` (a background event-loop thread) and, on a resume, restores it with
+:func:`resume_restorer` before its pump starts.
+"""
 
 from __future__ import annotations
+
+import logging
+from typing import Any
+
+import torch
 
 from sc_lightning.config import SCConfig, resolve
 from sc_lightning.controller.buffer import TQReplayBuffer
@@ -8,6 +19,7 @@ from sc_lightning.controller.controller import SingleController
 from sc_lightning.controller.drops import DropBudgets
 from sc_lightning.controller.recovery import RecoveryPolicy
 from sc_lightning.controller.reserve import ReplacementReserve
+from sc_lightning.controller.runners import BeforeStart, LocalController
 from sc_lightning.controller.samplers import SamplerError, create_sampler
 from sc_lightning.controller.watchdog import StallWatchdog
 from sc_lightning.data_plane.base import DataPlane
@@ -18,6 +30,9 @@ from sc_lightning.rollout.manager import RolloutManager, RolloutSettings
 from sc_lightning.rollout.prompts import PromptStream
 from sc_lightning.tokenizer import Tokenizer
 from sc_lightning.types import SamplingParams
+
+__all__ = ["BeforeStart", "LocalController", "build_controller", "resume_restorer", "rollout_settings"]
+log = logging.getLogger(__name__)
 
 
 def rollout_settings(config: SCConfig) -> RolloutSettings:
@@ -111,3 +126,20 @@ def _warmup_window(config: SCConfig) -> tuple[int, int] | None:
     if config.ppo is None or warmup is None:
         return None
     return config.ppo.policy_training_start_step, sampler.max_lookahead_versions
+
+
+def resume_restorer(
+    state: dict[str, Any], weights: list[tuple[str, torch.Tensor]], *, group_size: int, source: object
+) -> BeforeStart:
+    """Restore a controller from a checkpoint's controller ``state``, and load ``weights`` into its engine.
+
+    Runs on the controller's loop before its pump starts; ``source`` (the bundle or snapshot) is named in the log.
+    """
+
+    async def restore(controller: SingleController) -> None:
+        """Load the controller state, then give the engine the restored weights at the trainer's version."""
+        await controller.restore(state, group_size=group_size)
+        await controller.manager.engine.update_weights(weights, int(state["trainer_version"]))
+        log.info("resumed from %s at RL step %d", source, state["trainer_version"])
+
+    return restore

@@ -16,7 +16,8 @@ from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from sc_lightning.controller.buffer import GroupMeta, TQReplayBuffer, replay_index
+from sc_lightning.controller.api import GroupMeta
+from sc_lightning.controller.buffer import TQReplayBuffer, replay_index
 from sc_lightning.controller.recovery import PendingGroup, RecoveryPolicy
 from sc_lightning.data_plane.base import DataPlane
 

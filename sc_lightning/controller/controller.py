@@ -1,4 +1,4 @@
-"""SingleController: the rollout pump plus the train-side API the Lightning loop calls, on one event loop.
+"""SingleController: the rollout pump plus the train-side API the train pump calls, on one event loop.
 
     rollout pump:  for batch in prompts (then, once every dataset rollout has committed or dropped, the
                    replacement reserve's spares, a step at a time):
@@ -34,15 +34,15 @@ import logging
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from sc_lightning.config.runtime import RolloutRecoveryConfig
-from sc_lightning.controller.buffer import GroupMeta, TQReplayBuffer
+from sc_lightning.controller.api import ControllerStats, GroupMeta, RolloutPumpError, SelectTimeout, StepDrops
+from sc_lightning.controller.buffer import TQReplayBuffer
 from sc_lightning.controller.checkpointing import ControllerCheckpointing
-from sc_lightning.controller.drops import DropBudgets, DropLedger, StepDrops
+from sc_lightning.controller.drops import DropBudgets, DropLedger
 from sc_lightning.controller.permits import Permits
 from sc_lightning.controller.recovery import PendingGroup, RecoveryPolicy
 from sc_lightning.controller.reserve import ReplacementReserve
@@ -53,40 +53,6 @@ from sc_lightning.rollout.manager import RolloutError, RolloutManager
 from sc_lightning.rollout.prompts import PromptStream
 
 log = logging.getLogger(__name__)
-
-
-class RolloutPumpError(RuntimeError):
-    """The rollout pump stopped on a failure; the message names the prompt and group that failed."""
-
-
-class SelectTimeout(TimeoutError):
-    """The trainer waited longer than its deadline for enough ready groups."""
-
-
-@dataclass(frozen=True)
-class ControllerStats:
-    """Counters and gauges of the controller, for logging and tests."""
-
-    trainer_version: int
-    dispatch_index: int
-    dispatched: int
-    committed: int
-    selected: int
-    evicted: int
-    aborted: int
-    inflight: int
-    buffered: int
-    ready: int
-    buffer_permits_held: int
-    exhausted: bool
-    idle_s: float  # since the last commit or completed step
-    infra_failures: int = 0  # failed rollout attempts by kind, and the retries they led to
-    data_failures: int = 0
-    redispatched: int = 0
-    dropped: int = 0  # groups dropped within the drop budgets, run total
-    replaced: int = 0  # spares committed in place of dropped groups, run total
-    promoted: int = 0  # later steps' groups lent to steps that lost one, run total
-    last_step: StepDrops = StepDrops()  # what drops did to the step closed by the last begin_refit
 
 
 class SingleController(ControllerCheckpointing):

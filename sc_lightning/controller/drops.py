@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sc_lightning.config.resolved import step_floor
+from sc_lightning.controller.api import StepDrops
 from sc_lightning.rollout.failures import FailureKind
 
 
@@ -46,15 +47,6 @@ class DropBudgets:
     def step_floor(self) -> int:
         """The fewest groups a shrunk step may keep: ``ceil(N x min_step_batch_fraction)``, at least 1."""
         return step_floor(self.groups_per_step, self.min_step_batch_fraction)
-
-
-@dataclass(frozen=True)
-class StepDrops:
-    """What drops did to one closed step (logged as ``train/*_prompt_groups``)."""
-
-    dropped: int = 0
-    replaced: int = 0
-    promoted: int = 0
 
 
 @dataclass

@@ -1,10 +1,11 @@
 """Where a SingleController runs: on a background event-loop thread in this process, or in a Ray actor.
 
 Both runners take a zero-argument ``build`` function that constructs the controller *inside* its home (the
-thread or the actor), and expose the same blocking train-side API, so the Lightning loop (and the tests) can
+thread or the actor), and expose the same blocking train-side API, so the train pump (and the tests) can
 swap one for the other. Every blocking call has a deadline, and the trainer side checks the controller is alive:
 a call that outlives its deadline raises :class:`ControllerUnresponsive` (its event loop is blocked or its process
-is gone), and a call to a Ray actor that died raises :class:`ControllerDied` — each naming the call.
+is gone), and a call to a Ray actor that died raises :class:`ControllerDied` — each naming the call (both errors and
+the :class:`ControllerClient` protocol the runners implement are in ``api.py``).
 """
 
 from __future__ import annotations
@@ -14,68 +15,18 @@ import contextlib
 import threading
 from collections.abc import Awaitable, Callable, Coroutine
 from concurrent.futures import Future
-from typing import Any, Protocol, TypeVar
+from typing import Any, TypeVar
 
 import torch
 
-from sc_lightning.controller.buffer import GroupMeta
-from sc_lightning.controller.controller import ControllerStats, SingleController
+from sc_lightning.controller.api import ControllerDied, ControllerStats, ControllerUnresponsive, GroupMeta
+from sc_lightning.controller.controller import SingleController
 
 T = TypeVar("T")
 ControllerFactory = Callable[[], SingleController]
 BeforeStart = Callable[[SingleController], Awaitable[None]]
 """Runs on the controller's loop after it is built and before its pump starts (e.g. restoring a checkpoint)."""
 DEFAULT_CALL_TIMEOUT_S = 600.0
-
-
-class ControllerUnresponsive(TimeoutError):
-    """The controller did not answer a call within its deadline."""
-
-    def __init__(self, call: str, timeout_s: float | None) -> None:
-        super().__init__(
-            f"the SingleController did not answer {call} within {timeout_s} s: its event loop is blocked (a "
-            "long synchronous call in an environment, a custom sampler or an engine client?) or its process is gone"
-        )
-
-
-class ControllerDied(RuntimeError):
-    """The controller's Ray actor died; the Ray error is the cause."""
-
-
-class ControllerClient(Protocol):
-    """The blocking train-side API of a running controller."""
-
-    def evict(self, trainer_version: int) -> list[GroupMeta]:
-        """Drop groups that can never be trained at ``trainer_version``."""
-
-    def select(
-        self, trainer_version: int, min_groups: int, max_groups: int, *, timeout_s: float | None = None
-    ) -> list[GroupMeta] | None:
-        """Wait for and take trainable groups; None once rollouts are exhausted."""
-
-    def begin_refit(self, next_version: int) -> int:
-        """Close dispatch and abort doomed rollouts."""
-
-    def push_weights(self, named_tensors: list[tuple[str, torch.Tensor]], version: int) -> None:
-        """Load new weights into the generation engine."""
-
-    def stand_down_engine(self) -> None:
-        """Release a colocated engine's accelerator for the train step."""
-
-    def wake_engine(self) -> None:
-        """Take the accelerator back for a colocated engine."""
-
-    def finish_refit(self, version: int) -> None:
-        """Stamp the new version and reopen dispatch."""
-
-    def stats(self) -> ControllerStats:
-        """Counters of the controller."""
-
-    def snapshot(self, directory: str | None) -> dict[str, Any]:
-        """Between steps: the data plane's rows into ``directory``; returns the controller's checkpoint state."""
-
-    def shutdown(self) -> None:
-        """Stop the controller and release its home (thread or actor)."""
 
 
 class LocalController:

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
-from sc_lightning.controller.buffer import GroupMeta
+from sc_lightning.controller.api import GroupMeta
 
 if TYPE_CHECKING:
     from sc_lightning.controller.samplers import PromptGroupSampler

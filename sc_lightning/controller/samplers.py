@@ -19,7 +19,8 @@ from typing import Any, ClassVar, Protocol, runtime_checkable
 
 from sc_lightning.config import samplers as cfg
 from sc_lightning.config.imports import import_class
-from sc_lightning.controller.buffer import GroupMeta, TQReplayBuffer
+from sc_lightning.controller.api import GroupMeta
+from sc_lightning.controller.buffer import TQReplayBuffer
 from sc_lightning.controller.sampler_guard import GuardedSampler
 
 

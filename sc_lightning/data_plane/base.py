@@ -70,3 +70,21 @@ class DataPlane(Protocol):
 
     def close(self) -> None:
         """Release the backend's resources; idempotent."""
+
+
+def pad_rows(rows: Sequence[torch.Tensor], pad_value: float | int | bool = 0) -> torch.Tensor:
+    """Jagged rows -> one ``(B, T_max, *trailing)`` tensor, ``pad_value`` after each row's end; scalars -> ``(B,)``.
+
+    How a reader turns the rows a ``get`` returns into a batch; the rows are checked as ``put`` checks them.
+    """
+    from sc_lightning.data_plane.codec import pack_rows  # codec builds on this module: imported at call time
+
+    packed = pack_rows("rows", rows)
+    if packed.lengths is None:
+        return packed.values
+    lengths = torch.tensor(packed.lengths, dtype=torch.int64)
+    longest = max(packed.lengths)
+    out = packed.values.new_full((len(packed.lengths), longest, *packed.values.shape[1:]), pad_value)
+    mask = torch.arange(longest) < lengths[:, None]  # (B, T_max): True where a row has a value
+    out[mask] = packed.values
+    return out

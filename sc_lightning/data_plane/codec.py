@@ -334,19 +334,6 @@ def wire_to_rows(field: str, value: Any) -> list[torch.Tensor]:
     return list(value.unbind())
 
 
-def pad_rows(rows: Sequence[torch.Tensor], pad_value: float | int | bool = 0) -> torch.Tensor:
-    """Jagged rows -> one ``(B, T_max, *trailing)`` tensor, ``pad_value`` after each row's end; scalars -> ``(B,)``."""
-    packed = pack_rows("rows", rows)
-    if packed.lengths is None:
-        return packed.values
-    lengths = torch.tensor(packed.lengths, dtype=torch.int64)
-    longest = max(packed.lengths)
-    out = packed.values.new_full((len(packed.lengths), longest, *packed.values.shape[1:]), pad_value)
-    mask = torch.arange(longest) < lengths[:, None]  # (B, T_max): True where a row has a value
-    out[mask] = packed.values
-    return out
-
-
 def row_lengths(rows: Sequence[torch.Tensor]) -> torch.Tensor:
     """First-dim length of each row as an int64 ``(B,)`` tensor; DataPlaneError for 0-d rows or non-tensors."""
     lengths = []

@@ -1,1 +1,1 @@
-"""The Lightning side of sc_lightning: strategy, the train-pump loop, modules and the CLI's trainer parser."""
+"""The Lightning adapter: the strategy, the GRPO and PPO modules and the CLI's trainer parser (train pump: trainer/)."""

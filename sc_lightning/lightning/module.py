@@ -5,52 +5,27 @@ training_step(step):
     for chunk in step.chunks():          # whole prompt groups, streamed as the controller releases them
         forward, mask rows above grpo.seq_logprob_error_threshold, backward (raw sums), per micro-batch
     finish: normalise by the step's valid tokens, clip, one optimizer step, one scheduler step
+
+The step's pieces are Lightning-free, in ``sc_lightning/trainer/`` (its docstring walks the whole RL step).
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import torch
 from lightning.pytorch import LightningModule
 
 from sc_lightning.algorithms import ClippedPGLoss
 from sc_lightning.config import SCConfig
-from sc_lightning.config.model import OptimizerConfig
 from sc_lightning.engines.sampling import scoring_temperature
-from sc_lightning.lightning.lr_schedule import lr_multiplier
-from sc_lightning.lightning.policy_update import PolicyUpdate
-from sc_lightning.lightning.step_data import TrainChunk
-from sc_lightning.lightning.train_data_log import FILENAME as TRAIN_DATA_FILENAME
-from sc_lightning.lightning.train_data_log import TrainDataLog
-
-
-class RLStep(Protocol):
-    """What the loop hands to training_step: the step's chunks, produced lazily as groups become ready."""
-
-    version: int
-    first_wait_s: float
-    chunk_wait_s: float
-
-    def chunks(self) -> Iterable[TrainChunk]:
-        """The step's chunks of whole prompt groups."""
-
-
-def adamw(
-    model: torch.nn.Module, opt_cfg: OptimizerConfig, total_steps: int
-) -> tuple[torch.optim.AdamW, torch.optim.lr_scheduler.LambdaLR]:
-    """AdamW over ``model`` and its learning-rate schedule (``total_steps`` bounds the decay)."""
-    optimizer = torch.optim.AdamW(
-        model.parameters(),
-        lr=opt_cfg.lr,
-        betas=(opt_cfg.adam_beta1, opt_cfg.adam_beta2),
-        eps=opt_cfg.adam_eps,
-        weight_decay=opt_cfg.weight_decay,
-    )
-    return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, lr_multiplier(opt_cfg, total_steps=total_steps))
+from sc_lightning.trainer.optim import adamw
+from sc_lightning.trainer.policy_update import PolicyUpdate
+from sc_lightning.trainer.step_stream import RLStep
+from sc_lightning.trainer.train_data_log import FILENAME as TRAIN_DATA_FILENAME
+from sc_lightning.trainer.train_data_log import TrainDataLog
 
 
 class GRPOModule(LightningModule):
@@ -71,8 +46,8 @@ class GRPOModule(LightningModule):
         """Build (or import) the policy, and a frozen reference copy when the loss has a KL term."""
         if self.policy is not None:
             return
-        from sc_lightning.lightning.warm_start import resolve_model_name
         from sc_lightning.models import load_policy
+        from sc_lightning.models.warm_start import resolve_model_name
 
         policy_cfg, seed = self.config.policy, self.config.algo.seed
         tp = policy_cfg.megatron_cfg.tensor_model_parallel_size

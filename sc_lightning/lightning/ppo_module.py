@@ -27,10 +27,12 @@ import torch
 
 from sc_lightning.config import SCConfig
 from sc_lightning.engines.sampling import scoring_temperature
-from sc_lightning.lightning.critic_update import CriticUpdate, value_targets
-from sc_lightning.lightning.module import GRPOModule, RLStep, adamw
-from sc_lightning.lightning.step_data import TrainChunk, concat_chunks
-from sc_lightning.models.logprobs import token_logprobs
+from sc_lightning.lightning.module import GRPOModule
+from sc_lightning.trainer.chunks import TrainChunk, concat_chunks
+from sc_lightning.trainer.critic_update import CriticUpdate, value_targets
+from sc_lightning.trainer.optim import adamw, optimizer_state_to
+from sc_lightning.trainer.policy_update import frozen_logprobs
+from sc_lightning.trainer.step_stream import RLStep
 
 
 class PPOModule(GRPOModule):
@@ -51,9 +53,9 @@ class PPOModule(GRPOModule):
         super().configure_model()
         if self.critic is not None:
             return
-        from sc_lightning.lightning.warm_start import resolve_model_name
         from sc_lightning.models.megatron import model_spec
         from sc_lightning.models.value import load_critic
+        from sc_lightning.models.warm_start import resolve_model_name
         from sc_lightning.tokenizer import check_tokenizer_fits_model
 
         value, seed = self.config.value, self.config.algo.seed
@@ -149,7 +151,14 @@ class PPOModule(GRPOModule):
         """
         epochs = self.config.ppo.ppo_epochs
         if epochs > 1:  # later epochs must measure their ratio against the policy the step started with
-            batch = dataclasses.replace(batch, prev_logprobs=self._logprobs(batch))
+            prev_logprobs = frozen_logprobs(
+                self.policy,
+                batch,
+                micro_batch_size=self.config.policy.train_micro_batch_size,
+                vocab_size=self.spec.vocab_size,
+                temperature=scoring_temperature(self.config.policy.generation.temperature),
+            )
+            batch = dataclasses.replace(batch, prev_logprobs=prev_logprobs)
         metrics: dict[str, float] = {}
         for epoch in range(epochs):
             last = epoch == epochs - 1
@@ -160,31 +169,12 @@ class PPOModule(GRPOModule):
             metrics = update.finish()
         return metrics
 
-    def _logprobs(self, batch: TrainChunk) -> torch.Tensor:
-        temperature = scoring_temperature(self.config.policy.generation.temperature)
-        size = self.config.policy.train_micro_batch_size
-        with torch.no_grad():
-            self.policy.eval()
-            parts = [
-                token_logprobs(self.policy, rows.input_ids, vocab_size=self.spec.vocab_size, temperature=temperature)
-                for rows in batch.microbatches(size)
-            ]
-        return torch.cat(parts)
-
     def _count_untrained_step(self) -> dict[str, float]:
         """Critic warm-up: step the policy optimizer without gradients (no parameter moves), so the step counts."""
         optimizer = self.policy_optimizer()
         optimizer.zero_grad(set_to_none=True)
         optimizer.step()
         return {"lr": 0.0}
-
-
-def optimizer_state_to(optimizer: torch.optim.Optimizer, device: torch.device) -> None:
-    """Move ``optimizer``'s state tensors (AdamW moments; the step counters stay where torch keeps them)."""
-    for state in optimizer.state.values():
-        for name, value in state.items():
-            if isinstance(value, torch.Tensor) and name != "step":
-                state[name] = value.to(device, non_blocking=True)
 
 
 def load_critic_checkpoint(module: PPOModule, source: Path) -> None:

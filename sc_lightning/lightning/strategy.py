@@ -23,16 +23,20 @@ from sc_lightning.checkpoint.bundle import CONTROLLER_FILE, DATA_PLANE_DIR, read
 from sc_lightning.checkpoint.periodic import RolloutSnapshotter
 from sc_lightning.checkpoint.snapshots import config_identity
 from sc_lightning.config import SCConfig
-from sc_lightning.controller.build import build_controller, rollout_settings
-from sc_lightning.controller.controller import SingleController
-from sc_lightning.controller.runners import BeforeStart, LocalController
+from sc_lightning.controller.build import (
+    BeforeStart,
+    LocalController,
+    build_controller,
+    resume_restorer,
+    rollout_settings,
+)
 from sc_lightning.data_plane import build_data_plane
 from sc_lightning.data_plane.base import DataPlane
 from sc_lightning.engines.base import GenerationEngine
 from sc_lightning.engines.http_endpoint import CompletionsEndpoint
-from sc_lightning.lightning.steps import RLStepStream, StepSettings
 from sc_lightning.rollout.datasets import build_dataset
 from sc_lightning.rollout.envs import build_environment
+from sc_lightning.trainer.step_stream import RLStepStream, StepSettings
 
 EngineFactory = Callable[[SCConfig, list[tuple[str, torch.Tensor]]], GenerationEngine]
 """Builds the generation engine from the config and the policy's initial (HF-named) weights."""
@@ -163,14 +167,7 @@ class SingleControllerStrategy(SingleDeviceStrategy):
         state = read_controller_state(bundle)
         if state.get("rows_indexed", True):  # shadow mode or no save_data_plane: the groups are pending instead
             self.data_plane.load(bundle / DATA_PLANE_DIR)
-        group_size = self.config.algo.num_generations_per_prompt
-
-        async def restore(controller: SingleController) -> None:
-            await controller.restore(state, group_size=group_size)
-            await controller.manager.engine.update_weights(weights, int(state["trainer_version"]))
-            log.info("resumed from %s at RL step %d", bundle, state["trainer_version"])
-
-        return restore
+        return resume_restorer(state, weights, group_size=self.config.algo.num_generations_per_prompt, source=bundle)
 
     def rl_steps(self) -> RLStepStream:
         """The train dataloader: one RL step per item, ``max_num_steps`` items at most."""

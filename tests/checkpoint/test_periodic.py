@@ -11,7 +11,7 @@ from sc_lightning.checkpoint.atomic import verify_bundle, write_atomically
 from sc_lightning.checkpoint.bundle import DATA_PLANE_DIR, read_controller_state
 from sc_lightning.checkpoint.periodic import RolloutSnapshotter, SnapshotFailures
 from sc_lightning.checkpoint.snapshots import BOOTSTRAP_DIR, snapshot_dirs
-from sc_lightning.controller.controller import RolloutPumpError
+from sc_lightning.controller.api import RolloutPumpError
 from sc_lightning.data_plane.memory import MemoryDataPlane
 from sc_lightning.testing.scripted_engine import ScriptedEngine
 from tests.controller.test_controller import answer_correctly, config, make

@@ -7,8 +7,8 @@ import asyncio
 import pytest
 import torch
 
+from sc_lightning.controller.api import ROW_FIELDS
 from sc_lightning.controller.buffer import BufferError, TQReplayBuffer
-from sc_lightning.controller.rows import ROW_FIELDS
 from sc_lightning.data_plane.memory import MemoryDataPlane
 from tests.controller.helpers import GROUP_SIZE, add, new_buffer, scored
 

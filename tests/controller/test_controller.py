@@ -10,8 +10,9 @@ import asyncio
 import pytest
 
 from sc_lightning.config import SCConfig, load_config
+from sc_lightning.controller.api import RolloutPumpError, SelectTimeout
 from sc_lightning.controller.build import build_controller
-from sc_lightning.controller.controller import RolloutPumpError, SelectTimeout, SingleController
+from sc_lightning.controller.controller import SingleController
 from sc_lightning.data_plane.memory import MemoryDataPlane
 from sc_lightning.rollout.datasets import ArithmeticDataset
 from sc_lightning.rollout.envs.arithmetic import ArithmeticEnvironment

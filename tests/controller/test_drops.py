@@ -13,9 +13,9 @@ from collections.abc import Collection
 import pytest
 
 from sc_lightning.config import SCConfig, load_config
-from sc_lightning.controller.buffer import GroupMeta
+from sc_lightning.controller.api import ControllerStats, GroupMeta, RolloutPumpError
 from sc_lightning.controller.build import build_controller
-from sc_lightning.controller.controller import ControllerStats, RolloutPumpError, SingleController
+from sc_lightning.controller.controller import SingleController
 from sc_lightning.controller.drops import DropBudgetExhausted, DropBudgets, DropLedger, StepBelowFloor
 from sc_lightning.data_plane.memory import MemoryDataPlane
 from sc_lightning.engines.base import EngineError

@@ -21,8 +21,9 @@ import re
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from sc_lightning.controller.api import RolloutPumpError
 from sc_lightning.controller.build import build_controller
-from sc_lightning.controller.controller import RolloutPumpError, SingleController
+from sc_lightning.controller.controller import SingleController
 from sc_lightning.data_plane.memory import MemoryDataPlane
 from sc_lightning.rollout.datasets import DatasetError, JsonlPromptDataset
 from sc_lightning.rollout.envs.arithmetic import ArithmeticEnvironment

@@ -6,13 +6,8 @@ import threading
 
 import pytest
 
-from sc_lightning.controller.runners import (
-    ControllerClient,
-    ControllerDied,
-    ControllerUnresponsive,
-    LocalController,
-    RayController,
-)
+from sc_lightning.controller.api import ControllerClient, ControllerDied, ControllerUnresponsive
+from sc_lightning.controller.runners import LocalController, RayController
 from sc_lightning.data_plane.memory import MemoryDataPlane
 from sc_lightning.rollout.datasets import ArithmeticDataset
 from sc_lightning.rollout.envs.arithmetic import ArithmeticEnvironment

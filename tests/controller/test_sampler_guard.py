@@ -9,7 +9,7 @@ import asyncio
 
 import pytest
 
-from sc_lightning.controller.controller import RolloutPumpError
+from sc_lightning.controller.api import RolloutPumpError
 from sc_lightning.controller.sampler_guard import CustomSamplerFailure
 from sc_lightning.testing.scripted_engine import ScriptedEngine
 from tests.controller.test_controller import answer_correctly, config, make, train_steps

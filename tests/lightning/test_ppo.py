@@ -23,20 +23,20 @@ from sc_lightning.config.yaml_io import apply_override, load_yaml_layers, merge_
 from sc_lightning.controller.buffer import TQReplayBuffer
 from sc_lightning.controller.build import rollout_settings
 from sc_lightning.data_plane.memory import MemoryDataPlane
-from sc_lightning.lightning.critic_update import CriticUpdate, value_targets
-from sc_lightning.lightning.module import adamw
-from sc_lightning.lightning.policy_update import EmptyStepError, PolicyUpdate
-from sc_lightning.lightning.ppo_module import PPOModule, optimizer_state_to
-from sc_lightning.lightning.step_data import load_chunk
+from sc_lightning.lightning.ppo_module import PPOModule
 from sc_lightning.lightning.strategy import SingleControllerStrategy
-from sc_lightning.lightning.warm_start import resolve_model_name
 from sc_lightning.models import load_policy
 from sc_lightning.models.value import load_critic
+from sc_lightning.models.warm_start import resolve_model_name
 from sc_lightning.rollout.datasets import build_dataset
 from sc_lightning.rollout.envs import build_environment
 from sc_lightning.rollout.manager import RolloutManager
 from sc_lightning.rollout.prompts import PromptStream
 from sc_lightning.testing.scripted_engine import ScriptedEngine
+from sc_lightning.trainer.chunks import load_chunk
+from sc_lightning.trainer.critic_update import CriticUpdate, value_targets
+from sc_lightning.trainer.optim import adamw, optimizer_state_to
+from sc_lightning.trainer.policy_update import EmptyStepError, PolicyUpdate
 from tests.config.helpers import PPO_COMPANION
 from tests.conftest import TEST_BASE
 from tests.lightning.test_train_pump import TOKENIZER, Alternating, Recorder

@@ -9,8 +9,8 @@ from sc_lightning.callbacks.refit import RefitCallback
 from sc_lightning.engines.megatron import MegatronEngine
 from sc_lightning.lightning.module import GRPOModule
 from sc_lightning.lightning.strategy import SingleControllerStrategy
-from sc_lightning.lightning.warm_start import resolve_model_name
 from sc_lightning.models import token_logprobs
+from sc_lightning.models.warm_start import resolve_model_name
 from sc_lightning.types import SamplingParams
 from tests.lightning.test_train_pump import tiny_config
 

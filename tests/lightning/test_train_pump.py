@@ -24,17 +24,18 @@ from sc_lightning.config.yaml_io import load_yaml_layers
 from sc_lightning.controller.buffer import TQReplayBuffer
 from sc_lightning.controller.build import rollout_settings
 from sc_lightning.data_plane.memory import MemoryDataPlane
-from sc_lightning.lightning.module import GRPOModule, adamw
-from sc_lightning.lightning.policy_update import PolicyUpdate
-from sc_lightning.lightning.step_data import load_chunk
+from sc_lightning.lightning.module import GRPOModule
 from sc_lightning.lightning.strategy import SingleControllerStrategy
-from sc_lightning.lightning.warm_start import resolve_model_name
 from sc_lightning.models import load_policy
+from sc_lightning.models.warm_start import resolve_model_name
 from sc_lightning.rollout.datasets import build_dataset
 from sc_lightning.rollout.envs import build_environment
 from sc_lightning.rollout.manager import RolloutManager
 from sc_lightning.testing.scripted_engine import ScriptedEngine
 from sc_lightning.tokenizer import CharTokenizer
+from sc_lightning.trainer.chunks import load_chunk
+from sc_lightning.trainer.optim import adamw
+from sc_lightning.trainer.policy_update import PolicyUpdate
 from tests.conftest import TEST_BASE
 
 TOKENIZER = CharTokenizer()

@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from sc_lightning.controller.controller import RolloutPumpError
+from sc_lightning.controller.api import RolloutPumpError
 from sc_lightning.engines.base import EngineError
 from sc_lightning.rollout.envs.arithmetic import ArithmeticEnvironment
 from sc_lightning.rollout.envs.base import RewardError

@@ -3,7 +3,8 @@
 A chunk holds whole prompt groups (the sampler never splits a group), so each group's baseline is computed
 inside its chunk and chunking a step never changes an advantage.
 
-    shapes: B = rows in the chunk (groups x generations), T = longest row in the chunk
+    shapes: B = rows in the chunk (groups x generations), T = longest row in the chunk; the fields read and
+    their dtypes are the row schema's (``controller/api.py``: ``READ_FIELDS``, ``TRAIN_DTYPES``)
     input_ids            (B, T) long     prompt + completion, right-padded with the tokenizer's pad id
     token_mask           (B, T) float    1 on completion tokens
     generation_logprobs  (B, T) float    the engine's logprob of each completion token
@@ -19,11 +20,8 @@ from dataclasses import dataclass, field, fields
 import torch
 
 from sc_lightning.algorithms import expand_to_tokens, grpo_advantages_by_group
-from sc_lightning.controller.buffer import GroupMeta
-from sc_lightning.data_plane.base import DataPlane
-from sc_lightning.data_plane.codec import pad_rows
-
-READ_FIELDS = ("input_ids", "token_mask", "generation_logprobs", "total_reward", "sample_mask", "truncated")
+from sc_lightning.controller.api import READ_FIELDS, TRAIN_DTYPES, GroupMeta
+from sc_lightning.data_plane.base import DataPlane, pad_rows
 
 
 @dataclass
@@ -87,18 +85,18 @@ def load_chunk(
 ) -> TrainChunk:
     """Read the rows of ``groups`` and build their padded tensors and GRPO advantages."""
     keys = [key for group in groups for key in group.keys]
-    rows = data_plane.get(keys, list(READ_FIELDS))
+    rows, dtype = data_plane.get(keys, list(READ_FIELDS)), TRAIN_DTYPES
     group_ids = [group.group_id for group in groups for _ in group.keys]
-    rewards = torch.stack(rows["total_reward"]).float()
-    sample_mask = torch.stack(rows["sample_mask"]).float()
+    rewards = torch.stack(rows["total_reward"]).to(dtype["total_reward"])
+    sample_mask = torch.stack(rows["sample_mask"]).to(dtype["sample_mask"])
     if overlong_filtering:
-        sample_mask = sample_mask * (~torch.stack(rows["truncated"]).bool()).float()
-    token_mask = pad_rows(rows["token_mask"], pad_value=0).float()
+        sample_mask = sample_mask * (~torch.stack(rows["truncated"]).to(dtype["truncated"])).to(sample_mask.dtype)
+    token_mask = pad_rows(rows["token_mask"], pad_value=0).to(dtype["token_mask"])
     per_row = grpo_advantages_by_group(rewards, group_ids, leave_one_out=leave_one_out, normalize=normalize_rewards)
     return TrainChunk(
-        input_ids=pad_rows(rows["input_ids"], pad_value=pad_token_id).long(),
+        input_ids=pad_rows(rows["input_ids"], pad_value=pad_token_id).to(dtype["input_ids"]),
         token_mask=token_mask,
-        generation_logprobs=pad_rows(rows["generation_logprobs"], pad_value=0).float(),
+        generation_logprobs=pad_rows(rows["generation_logprobs"], pad_value=0).to(dtype["generation_logprobs"]),
         sample_mask=sample_mask,
         advantages=expand_to_tokens(per_row, token_mask),
         rewards=rewards,

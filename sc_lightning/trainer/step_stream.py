@@ -9,15 +9,26 @@ controller releases them — that is what lets a streamed step start training be
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from sc_lightning.config import SCConfig, resolve
-from sc_lightning.controller.buffer import GroupMeta
-from sc_lightning.controller.runners import ControllerClient
+from sc_lightning.controller.api import ControllerClient, GroupMeta
 from sc_lightning.data_plane.base import DataPlane
-from sc_lightning.lightning.step_data import TrainChunk, load_chunk
+from sc_lightning.trainer.chunks import TrainChunk, load_chunk
+
+
+class RLStep(Protocol):
+    """What the loop hands to training_step: the step's chunks, produced lazily as groups become ready."""
+
+    version: int
+    first_wait_s: float
+    chunk_wait_s: float
+    trained_rows: list[dict[str, Any]]  # filled as chunks are trained, with data.train_data_log
+
+    def chunks(self) -> Iterable[TrainChunk]:
+        """The step's chunks of whole prompt groups."""
 
 
 class RolloutsExhausted(RuntimeError):

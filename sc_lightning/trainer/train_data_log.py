@@ -16,17 +16,11 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from sc_lightning.controller.api import ROW_TAGS
+
 FILENAME = "train_data.jsonl"
-FIELDS = (
-    "prompt_index",
-    "prompt_id",
-    "group_id",
-    "generation_index",
-    "weight_version",
-    "end_weight",
-    "target_step",
-    "reward",
-)
+FIELDS = (*ROW_TAGS, "reward")
+"""What each line records of a row (besides ``step``): its tags, with ``weight_version`` written as ``start_weight``."""
 
 
 class TrainDataLog:

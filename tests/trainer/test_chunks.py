@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from sc_lightning.lightning.step_data import TrainChunk, concat_chunks
+from sc_lightning.trainer.chunks import TrainChunk, concat_chunks
 
 
 def chunk(rows: int, width: int, fill: float, group: str) -> TrainChunk:

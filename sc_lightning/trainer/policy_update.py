@@ -31,8 +31,8 @@ from sc_lightning.algorithms import (
     seq_mult_prob_error,
     valid_counts,
 )
-from sc_lightning.lightning.step_data import TrainChunk
 from sc_lightning.models.logprobs import token_logprobs
+from sc_lightning.trainer.chunks import TrainChunk
 
 
 class EmptyStepError(RuntimeError):
@@ -72,6 +72,19 @@ def normalised_step(
     lr = optimizer.param_groups[0]["lr"]
     optimizer.step()
     return float(grad_norm), lr
+
+
+def frozen_logprobs(
+    model: torch.nn.Module, chunk: TrainChunk, *, micro_batch_size: int, vocab_size: int | None, temperature: float
+) -> torch.Tensor:
+    """``model``'s (B, T) logprobs of ``chunk``'s tokens, without gradient, by micro-batch: PPO's fixed pi_old."""
+    with torch.no_grad():
+        model.eval()
+        parts = [
+            token_logprobs(model, rows.input_ids, vocab_size=vocab_size, temperature=temperature)
+            for rows in chunk.microbatches(micro_batch_size)
+        ]
+    return torch.cat(parts)
 
 
 class PolicyUpdate:

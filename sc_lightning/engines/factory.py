@@ -22,7 +22,7 @@ import torch
 
 from sc_lightning.config import SCConfig
 from sc_lightning.engines.base import GenerationEngine
-from sc_lightning.lightning.warm_start import resolve_model_name
+from sc_lightning.models.warm_start import resolve_model_name
 
 
 def default_engine_factory(

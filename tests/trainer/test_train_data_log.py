@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from sc_lightning.lightning.train_data_log import TrainDataLog
+from sc_lightning.trainer.train_data_log import TrainDataLog
 
 
 def rows(n: int) -> list[dict]:

@@ -7,7 +7,7 @@ import math
 import pytest
 
 from sc_lightning.config.model import OptimizerConfig
-from sc_lightning.lightning.lr_schedule import lr_multiplier
+from sc_lightning.trainer.lr_schedule import lr_multiplier
 
 
 def rates(total_steps: int = 14, **knobs: object) -> list[float]:

@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from sc_lightning.config.algorithm import GAEAdvantage, ValueLossConfig
-from sc_lightning.lightning.critic_update import CriticUpdate, explained_variance, value_targets
-from sc_lightning.lightning.step_data import TrainChunk
 from sc_lightning.models.value import load_critic
+from sc_lightning.trainer.chunks import TrainChunk
+from sc_lightning.trainer.critic_update import CriticUpdate, explained_variance, value_targets
 
 pytestmark = pytest.mark.usefixtures("model_parallel")
 

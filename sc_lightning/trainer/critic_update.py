@@ -29,9 +29,9 @@ from sc_lightning.algorithms import (
     whiten,
 )
 from sc_lightning.config.algorithm import GAEAdvantage, ValueLossConfig
-from sc_lightning.lightning.policy_update import normalised_step
-from sc_lightning.lightning.step_data import TrainChunk
 from sc_lightning.models.value import token_values
+from sc_lightning.trainer.chunks import TrainChunk
+from sc_lightning.trainer.policy_update import normalised_step
 
 
 @dataclass

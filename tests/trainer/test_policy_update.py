@@ -9,10 +9,10 @@ import pytest
 import torch
 
 from sc_lightning.algorithms import ClippedPGLoss
-from sc_lightning.lightning.policy_update import EmptyStepError, PolicyUpdate
-from sc_lightning.lightning.step_data import TrainChunk
 from sc_lightning.models import build_gpt_model, builtin_spec
 from sc_lightning.models.logprobs import token_logprobs
+from sc_lightning.trainer.chunks import TrainChunk
+from sc_lightning.trainer.policy_update import EmptyStepError, PolicyUpdate
 
 SPEC = builtin_spec("builtin:tiny")
 

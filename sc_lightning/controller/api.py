@@ -1,0 +1,200 @@
+"""The one port between the pumps: everything the train side needs from the controller, and nothing else.
+
+- :class:`GroupMeta` — a committed prompt group as the trainer sees it (data-plane keys and weight versions);
+- :class:`ControllerClient` — the blocking train-side calls of a running controller (in a thread or a Ray actor);
+- :class:`ControllerStats` (with :class:`StepDrops`) — the counters the trainer logs;
+- the errors a train-side call raises: :class:`RolloutPumpError`, :class:`SelectTimeout`,
+  :class:`ControllerUnresponsive`, :class:`ControllerDied`;
+- the trained row's schema, :data:`TRAINED_ROW`: the fields the rollout pump writes for each generation, their
+  dtypes in the data plane and as the trainer reads them, and :data:`ROW_TAGS`.
+
+Metadata crosses this port, never tensors: the trainer reads a group's rows from the data plane by key. Everything
+here is plain Python and torch, so the trainer imports it without importing the controller's machinery.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal, Protocol
+
+import torch
+
+# ------------------------------------------------------------------------------------------------ group metadata
+
+
+@dataclass(frozen=True)
+class GroupMeta:
+    """A committed group as the trainer sees it: the data-plane keys of its rows and its weight versions."""
+
+    group_id: str
+    prompt_id: str
+    keys: tuple[str, ...]
+    sequence_lengths: tuple[int, ...]
+    start_weight: int
+    end_weight: int
+    target_step: int | None
+
+
+# ------------------------------------------------------------------------------------------------ the trained row
+
+
+@dataclass(frozen=True)
+class RowField:
+    """One field of a trained row: per token or per row, its dtype in the data plane and as the trainer reads it."""
+
+    name: str
+    per: Literal["token", "row"]
+    stored: torch.dtype  # as the rollout pump writes it to the data plane
+    trained: torch.dtype | None  # as the trainer reads it (after padding); None: the trainer does not read it
+    meaning: str
+
+
+TRAINED_ROW: tuple[RowField, ...] = (
+    RowField("input_ids", "token", torch.int32, torch.int64, "prompt + completion tokens"),
+    RowField("token_mask", "token", torch.int8, torch.float32, "1 on completion tokens"),
+    RowField(
+        "generation_logprobs",
+        "token",
+        torch.float32,
+        torch.float32,
+        "the engine's logprob of each completion token (0 on the prompt)",
+    ),
+    RowField("input_lengths", "row", torch.int32, None, "prompt + completion length"),
+    RowField("prompt_lengths", "row", torch.int32, None, "prompt length"),
+    RowField("total_reward", "row", torch.float32, torch.float32, "the environment's reward"),
+    RowField(
+        "sample_mask",
+        "row",
+        torch.float32,
+        torch.float32,
+        "0.0 when the environment flagged the completion (`Score(reward, mask_sample=True)`), else 1.0",
+    ),
+    RowField("truncated", "row", torch.bool, torch.bool, "the completion hit `max_new_tokens`"),
+)
+"""The fields written at commit, one entry per field (per-token fields are jagged and aligned with input_ids)."""
+
+ROW_FIELDS: tuple[str, ...] = tuple(field.name for field in TRAINED_ROW)
+"""The names of every field of a trained row, in schema order."""
+
+READ_FIELDS: tuple[str, ...] = tuple(field.name for field in TRAINED_ROW if field.trained is not None)
+"""The fields the trainer reads from the data plane."""
+
+ROW_DTYPES: dict[str, torch.dtype] = {field.name: field.stored for field in TRAINED_ROW}
+"""Field name -> its dtype in the data plane."""
+
+TRAIN_DTYPES: dict[str, torch.dtype] = {field.name: field.trained for field in TRAINED_ROW if field.trained is not None}
+"""Field name -> its dtype as the trainer reads it."""
+
+ROW_TAGS: tuple[str, ...] = (
+    "prompt_index",
+    "prompt_id",
+    "group_id",
+    "generation_index",
+    "weight_version",
+    "end_weight",
+    "target_step",
+)
+"""The tags of a trained row: the prompt's position in its dataset and id, its group and generation index, its
+start weight (``weight_version``), end weight and the step it was stamped for."""
+
+
+# ------------------------------------------------------------------------------------------------ stats
+
+
+@dataclass(frozen=True)
+class StepDrops:
+    """What drops did to one closed step (logged as ``train/*_prompt_groups``)."""
+
+    dropped: int = 0
+    replaced: int = 0
+    promoted: int = 0
+
+
+@dataclass(frozen=True)
+class ControllerStats:
+    """Counters and gauges of the controller, for logging and tests."""
+
+    trainer_version: int
+    dispatch_index: int
+    dispatched: int
+    committed: int
+    selected: int
+    evicted: int
+    aborted: int
+    inflight: int
+    buffered: int
+    ready: int
+    buffer_permits_held: int
+    exhausted: bool
+    idle_s: float  # since the last commit or completed step
+    infra_failures: int = 0  # failed rollout attempts by kind, and the retries they led to
+    data_failures: int = 0
+    redispatched: int = 0
+    dropped: int = 0  # groups dropped within the drop budgets, run total
+    replaced: int = 0  # spares committed in place of dropped groups, run total
+    promoted: int = 0  # later steps' groups lent to steps that lost one, run total
+    last_step: StepDrops = StepDrops()  # what drops did to the step closed by the last begin_refit
+
+
+# ------------------------------------------------------------------------------------------------ errors
+
+
+class RolloutPumpError(RuntimeError):
+    """The rollout pump stopped on a failure; the message names the prompt and group that failed."""
+
+
+class SelectTimeout(TimeoutError):
+    """The trainer waited longer than its deadline for enough ready groups."""
+
+
+class ControllerUnresponsive(TimeoutError):
+    """The controller did not answer a call within its deadline."""
+
+    def __init__(self, call: str, timeout_s: float | None) -> None:
+        super().__init__(
+            f"the SingleController did not answer {call} within {timeout_s} s: its event loop is blocked (a "
+            "long synchronous call in an environment, a custom sampler or an engine client?) or its process is gone"
+        )
+
+
+class ControllerDied(RuntimeError):
+    """The controller's Ray actor died; the Ray error is the cause."""
+
+
+# ------------------------------------------------------------------------------------------------ the client
+
+
+class ControllerClient(Protocol):
+    """The blocking train-side API of a running controller."""
+
+    def evict(self, trainer_version: int) -> list[GroupMeta]:
+        """Drop groups that can never be trained at ``trainer_version``."""
+
+    def select(
+        self, trainer_version: int, min_groups: int, max_groups: int, *, timeout_s: float | None = None
+    ) -> list[GroupMeta] | None:
+        """Wait for and take trainable groups; None once rollouts are exhausted."""
+
+    def begin_refit(self, next_version: int) -> int:
+        """Close dispatch and abort doomed rollouts."""
+
+    def push_weights(self, named_tensors: list[tuple[str, torch.Tensor]], version: int) -> None:
+        """Load new weights into the generation engine."""
+
+    def stand_down_engine(self) -> None:
+        """Release a colocated engine's accelerator for the train step."""
+
+    def wake_engine(self) -> None:
+        """Take the accelerator back for a colocated engine."""
+
+    def finish_refit(self, version: int) -> None:
+        """Stamp the new version and reopen dispatch."""
+
+    def stats(self) -> ControllerStats:
+        """Counters of the controller."""
+
+    def snapshot(self, directory: str | None) -> dict[str, Any]:
+        """Between steps: the data plane's rows into ``directory``; returns the controller's checkpoint state."""
+
+    def shutdown(self) -> None:
+        """Stop the controller and release its home (thread or actor)."""

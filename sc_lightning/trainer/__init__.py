@@ -1,0 +1,44 @@
+"""The train pump, Lightning-free: RL-step stream, chunks, policy and critic updates, lr schedule, train-data log.
+
+Lightning drives it (``sc_lightning/lightning/`` is the adapter), but nothing here imports Lightning: each piece is
+plain torch over the controller's port (``controller/api.py``) and the data plane's contract. One RL step ``v``
+(= ``trainer.global_step`` = the weight version it trains from), and where each phase runs:
+
+    # --- select: Lightning's data fetcher asks the train dataloader for its next item (no hook) ---
+    step = next(RLStepStream)                      step_stream.py; the dataloader is strategy.rl_steps()
+        first = client.select(v, min, max)        the controller evicts what can never train at v, then waits
+                                                   (None: rollouts exhausted, the epoch and the fit end)
+    on_train_batch_start                           callbacks/refit.py: a colocated engine stands down
+    # --- training_step(step), lightning/module.py (GRPO) ---
+    update = PolicyUpdate(...); update.begin(v)    policy_update.py: zero grads, open the step's totals
+    for chunk in step.chunks():                    step_stream.py: whole prompt groups, as they become ready
+        chunk = load_chunk(data_plane, groups)    chunks.py: read READ_FIELDS by key, pad, GRPO advantages
+        update.train_chunk(chunk)                 per micro-batch: forward, seq logprob-error mask, loss as a
+                                                   raw sum, backward (gradients accumulate)
+        groups = client.select(v, min, left)      until groups_per_step ([]: the step closes short)
+    update.finish()                                normalise once by the step's valid tokens (or seqs), clip,
+                                                   optimizer.step (global_step -> v + 1), scheduler.step
+                                                   (optimizer and schedule: optim.py, lr_schedule.py)
+    train_data_log.write(v, step.trained_rows)     train_data_log.py (data.train_data_log)
+    log train/*, timing/train/*
+    # --- on_train_batch_end: refit, then bundle (callbacks run in registration order) ---
+    client.begin_refit(v + 1)                      callbacks/refit.py: release the step's rows, close dispatch,
+                                                   abort rollouts that can never train
+    client.push_weights(export_hf(policy), v + 1)  (skipped while PPO's critic warms up)
+    client.finish_refit(v + 1)                     new rollouts are stamped v + 1; dispatch reopens
+    if (v + 1) % save_period == 0 or last:         callbacks/checkpoint.py: trainer.ckpt + controller state +
+        write bundle step_{v+1}                    data-plane rows, atomically
+
+PPO (lightning/ppo_module.py) replaces the body of training_step:
+
+    batch = concat_chunks(list(step.chunks()))     chunks.py: PPO trains a step as one batch
+    targets = value_targets(critic, batch, gae)    critic_update.py: V_old, terminal rewards, GAE, whitening
+                                                   (the policy's AdamW state waits on the CPU meanwhile:
+                                                   optim.optimizer_state_to, policy.offload_optimizer_for_logprob)
+    CriticUpdate.train(batch, targets, epochs)     critic_ppo_epochs optimizer steps (not counted as RL steps)
+    if v >= ppo.policy_training_start_step:
+        ppo_epochs x PolicyUpdate over the batch   advantages = GAE; pi_old fixed at the step's start; only the
+                                                   last epoch's optimizer step is Lightning's counted step
+    else:                                          critic warm-up: the policy optimizer steps without gradients
+                                                   (the step still counts), and the refit skips push_weights
+"""
