@@ -45,7 +45,7 @@ def seq_mult_prob_error(generation_logprobs: Tensor, prev_logprobs: Tensor, mask
 def seq_logprob_error_mask(errors: Tensor, threshold: float | None) -> Tensor:
     """(B,) bool: rows whose error (from :func:`seq_mult_prob_error`) is above ``threshold``.
 
-    None when ``threshold`` is None (metrics only); a row without valid tokens (NaN) is never masked.
+    No row when ``threshold`` is None (metrics only); a row without valid tokens (NaN) is never masked.
     """
     if threshold is None:
         return torch.zeros_like(errors, dtype=torch.bool)
