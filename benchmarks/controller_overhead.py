@@ -1,10 +1,10 @@
-"""Per-group controller overhead: dispatch → (instant) generate → score → commit → select → clear.
+"""Per-group controller overhead: dispatch → (instant) generate → score → commit → select → refit.
 
 The engine is the FAKE ScriptedEngine answering instantly, so every microsecond measured is controller, buffer,
 sampler, permits, environment and data-plane work. Three homes for the controller, in one run:
   in-process   the train side awaits the controller on the same event loop
   thread       LocalController: the train side calls from another thread (one hop per select)
-  ray          RayController: the controller in a Ray actor (one RPC per select)
+  ray          RayController (benchmarks/ray_controller.py): the controller in a Ray actor (one RPC per call)
 Target (design.md): <= 1 ms per group in process.
 
     python benchmarks/controller_overhead.py [--groups 2048] [--per-step 32]
@@ -17,9 +17,11 @@ import asyncio
 import statistics
 import time
 
+from ray_controller import RayController  # benchmarks/ray_controller.py (the script's folder is on sys.path)
+
 from sc_lightning.config import load_config
 from sc_lightning.controller.build import build_controller
-from sc_lightning.controller.runners import LocalController, RayController
+from sc_lightning.controller.runners import LocalController
 from sc_lightning.data_plane.memory import MemoryDataPlane
 from sc_lightning.rollout.datasets import ArithmeticDataset
 from sc_lightning.rollout.envs.arithmetic import ArithmeticEnvironment
@@ -58,12 +60,13 @@ def make_builder(groups: int, per_step: int):
 
 def drain_sync(client, groups: int, per_step: int) -> float:
     """Train side over a blocking client: select up to a step's groups at a time until `groups` are consumed."""
-    started, consumed = time.perf_counter(), 0
+    started, consumed, version = time.perf_counter(), 0, 0
     while consumed < groups:
-        chunk = client.select(0, 1, per_step, timeout_s=120)
+        chunk = client.select(version, 1, per_step, timeout_s=120)
         if chunk is None:
             break
-        client.clear(chunk)
+        version += 1
+        client.refit(version, None)  # releases the chunk's rows; no weights to push
         consumed += len(chunk)
     elapsed = time.perf_counter() - started
     client.shutdown()
@@ -74,13 +77,14 @@ def drain_sync(client, groups: int, per_step: int) -> float:
 async def drain_in_process(build, groups: int, per_step: int) -> float:
     """Train side on the controller's own event loop."""
     controller = build()
-    started, consumed = time.perf_counter(), 0
+    started, consumed, version = time.perf_counter(), 0, 0
     await controller.start()
     while consumed < groups:
-        chunk = await controller.select(0, 1, per_step, timeout_s=120)
+        chunk = await controller.select(version, 1, per_step, timeout_s=120)
         if chunk is None:
             break
-        await controller.clear(chunk)
+        version += 1
+        await controller.refit(version, None)
         consumed += len(chunk)
     elapsed = time.perf_counter() - started
     await controller.shutdown()

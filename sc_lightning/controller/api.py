@@ -2,7 +2,8 @@
 
 - :class:`GroupMeta` — a committed prompt group as the trainer sees it (data-plane keys and weight versions);
 - :class:`ControllerClient` — the blocking train-side calls of a running controller (in a thread or a Ray actor);
-- :class:`ControllerStats` (with :class:`StepDrops`) — the counters the trainer logs;
+- :class:`ControllerStats` (with :class:`StepDrops`) — the counters the trainer logs, and :class:`RefitReport`, what
+  one refit returns;
 - the errors a train-side call raises: :class:`RolloutPumpError`, :class:`SelectTimeout`,
   :class:`ControllerUnresponsive`, :class:`ControllerDied`;
 - the trained row's schema, :data:`TRAINED_ROW`: the fields the rollout pump writes for each generation, their
@@ -136,6 +137,14 @@ class ControllerStats:
     last_step: StepDrops = StepDrops()  # what drops did to the step closed by the last begin_refit
 
 
+@dataclass(frozen=True)
+class RefitReport:
+    """What one refit did: the in-flight rollouts it aborted, and the controller's counters once dispatch reopened."""
+
+    aborted: int
+    stats: ControllerStats
+
+
 # ------------------------------------------------------------------------------------------------ errors
 
 
@@ -174,6 +183,12 @@ class ControllerClient(Protocol):
         self, trainer_version: int, min_groups: int, max_groups: int, *, timeout_s: float | None = None
     ) -> list[GroupMeta] | None:
         """Wait for and take trainable groups; None once rollouts are exhausted."""
+
+    def refit(
+        self, version: int, named_tensors: list[tuple[str, torch.Tensor]] | None, *, wake: bool = False
+    ) -> RefitReport:
+        """One whole refit: begin, push the weights (None: the policy is unchanged), wake a colocated engine,
+        finish."""
 
     def begin_refit(self, next_version: int) -> int:
         """Close dispatch and abort doomed rollouts."""

@@ -39,7 +39,14 @@ from typing import Any
 import torch
 
 from sc_lightning.config.runtime import RolloutRecoveryConfig
-from sc_lightning.controller.api import ControllerStats, GroupMeta, RolloutPumpError, SelectTimeout, StepDrops
+from sc_lightning.controller.api import (
+    ControllerStats,
+    GroupMeta,
+    RefitReport,
+    RolloutPumpError,
+    SelectTimeout,
+    StepDrops,
+)
 from sc_lightning.controller.buffer import TQReplayBuffer
 from sc_lightning.controller.checkpointing import ControllerCheckpointing
 from sc_lightning.controller.drops import DropBudgets, DropLedger
@@ -408,6 +415,18 @@ class SingleController(ControllerCheckpointing):
         self._end_warmup_window()
         self._dispatch_open.set()
         await self._notify()
+
+    async def refit(
+        self, version: int, named_tensors: list[tuple[str, torch.Tensor]] | None, *, wake: bool = False
+    ) -> RefitReport:
+        """The whole refit after step ``version - 1``, in one call: begin, push (unless None), wake, finish."""
+        aborted = await self.begin_refit(version)
+        if named_tensors is not None:
+            await self.push_weights(named_tensors, version)
+        if wake:
+            await self.wake_engine()
+        await self.finish_refit(version)
+        return RefitReport(aborted, self.stats())
 
     def _end_warmup_window(self) -> None:
         if self._warmup_window is not None and self.trainer_version >= self._warmup_window[0]:

@@ -1,17 +1,20 @@
-"""Where a SingleController runs: on a background event-loop thread in this process, or in a Ray actor.
+"""Where a SingleController runs for the trainer: its train-side API written once, over a transport.
 
-Both runners take a zero-argument ``build`` function that constructs the controller *inside* its home (the
-thread or the actor), and expose the same blocking train-side API, so the train pump (and the tests) can
-swap one for the other. Every blocking call has a deadline, and the trainer side checks the controller is alive:
-a call that outlives its deadline raises :class:`ControllerUnresponsive` (its event loop is blocked or its process
-is gone), and a call to a Ray actor that died raises :class:`ControllerDied` — each naming the call (both errors and
-the :class:`ControllerClient` protocol the runners implement are in ``api.py``).
+:class:`ControllerHandle` holds the blocking train-side calls (select, refit, stats, snapshot, ...); each becomes
+one :meth:`ControllerHandle._invoke` of a controller method by name, and a home implements only that transport and
+``shutdown``. The product's home is :class:`LocalController`: the controller on a private event loop in a daemon
+thread of the trainer's process. (A Ray-actor home, measured in ``benchmarks/controller_overhead.py``, lives with
+that benchmark: a multi-rank trainer selects on rank 0 and shares the selection over its own process group, so no
+rank needs a controller reachable over Ray.)
+
+Every blocking call has a deadline: one that outlives it raises :class:`ControllerUnresponsive` naming the call
+(the errors and the :class:`ControllerClient` protocol a handle implements are in ``api.py``).
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
+import inspect
 import threading
 from collections.abc import Awaitable, Callable, Coroutine
 from concurrent.futures import Future
@@ -19,7 +22,7 @@ from typing import Any, TypeVar
 
 import torch
 
-from sc_lightning.controller.api import ControllerDied, ControllerStats, ControllerUnresponsive, GroupMeta
+from sc_lightning.controller.api import ControllerStats, ControllerUnresponsive, GroupMeta, RefitReport
 from sc_lightning.controller.controller import SingleController
 
 T = TypeVar("T")
@@ -27,9 +30,103 @@ ControllerFactory = Callable[[], SingleController]
 BeforeStart = Callable[[SingleController], Awaitable[None]]
 """Runs on the controller's loop after it is built and before its pump starts (e.g. restoring a checkpoint)."""
 DEFAULT_CALL_TIMEOUT_S = 600.0
+SELECT_GRACE_S = 30.0
+"""How much longer than its own ``timeout_s`` a select may take to answer: the controller's SelectTimeout comes
+first."""
+
+TRAIN_SIDE_METHODS = frozenset(
+    {
+        "evict",
+        "select",
+        "refit",
+        "begin_refit",
+        "push_weights",
+        "stand_down_engine",
+        "wake_engine",
+        "finish_refit",
+        "stats",
+        "snapshot",
+    }
+)
+"""The controller methods a handle may invoke by name."""
 
 
-class LocalController:
+async def invoke(controller: SingleController, method: str, args: tuple, kwargs: dict[str, Any]) -> Any:
+    """Call the train-side ``method`` of ``controller`` (a coroutine or a plain method) and return its result."""
+    if method not in TRAIN_SIDE_METHODS:
+        raise AttributeError(f"{method!r} is not a train-side method of the controller: {sorted(TRAIN_SIDE_METHODS)}")
+    result = getattr(controller, method)(*args, **kwargs)
+    return await result if inspect.isawaitable(result) else result
+
+
+async def build_and_start(build: ControllerFactory, before_start: BeforeStart | None = None) -> SingleController:
+    """Build the controller in its home, run ``before_start`` on it, then start its pump."""
+    controller = build()
+    if before_start is not None:
+        await before_start(controller)
+    await controller.start()
+    return controller
+
+
+class ControllerHandle:
+    """The blocking train-side API of a running controller; a subclass supplies the transport."""
+
+    def _invoke(self, method: str, *args: Any, deadline_s: float | None = None, **kwargs: Any) -> Any:
+        """Run the controller's ``method`` in its home and wait for the answer (``deadline_s``: the home's
+        default)."""
+        raise NotImplementedError
+
+    def shutdown(self) -> None:
+        """Stop the controller and release its home."""
+        raise NotImplementedError
+
+    def evict(self, trainer_version: int) -> list[GroupMeta]:
+        """Drop groups that can never be trained at ``trainer_version``."""
+        return self._invoke("evict", trainer_version)
+
+    def select(
+        self, trainer_version: int, min_groups: int, max_groups: int, *, timeout_s: float | None = None
+    ) -> list[GroupMeta] | None:
+        """Wait for and take trainable groups; None once rollouts are exhausted."""
+        deadline = None if timeout_s is None else timeout_s + SELECT_GRACE_S
+        return self._invoke("select", trainer_version, min_groups, max_groups, timeout_s=timeout_s, deadline_s=deadline)
+
+    def refit(
+        self, version: int, named_tensors: list[tuple[str, torch.Tensor]] | None, *, wake: bool = False
+    ) -> RefitReport:
+        """One whole refit in one call: begin, push (None: the policy is unchanged), wake, finish."""
+        return self._invoke("refit", version, named_tensors, wake=wake)
+
+    def begin_refit(self, next_version: int) -> int:
+        """Close dispatch and abort doomed rollouts."""
+        return self._invoke("begin_refit", next_version)
+
+    def push_weights(self, named_tensors: list[tuple[str, torch.Tensor]], version: int) -> None:
+        """Load new weights into the generation engine."""
+        self._invoke("push_weights", named_tensors, version)
+
+    def stand_down_engine(self) -> None:
+        """Release a colocated engine's accelerator for the train step."""
+        self._invoke("stand_down_engine")
+
+    def wake_engine(self) -> None:
+        """Take the accelerator back for a colocated engine."""
+        self._invoke("wake_engine")
+
+    def finish_refit(self, version: int) -> None:
+        """Stamp the new version and reopen dispatch."""
+        self._invoke("finish_refit", version)
+
+    def stats(self) -> ControllerStats:
+        """Counters of the controller."""
+        return self._invoke("stats")
+
+    def snapshot(self, directory: str | None) -> dict[str, Any]:
+        """Between steps: the data plane's rows into ``directory``; returns the controller's checkpoint state."""
+        return self._invoke("snapshot", directory)
+
+
+class LocalController(ControllerHandle):
     """Runs a SingleController on a private event loop in a daemon thread of this process."""
 
     def __init__(
@@ -43,7 +140,7 @@ class LocalController:
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="sc-controller", daemon=True)
         self._thread.start()
-        self.controller: SingleController = self.call(_build_and_start(build, before_start))
+        self.controller: SingleController = self.call(build_and_start(build, before_start))
 
     def call(self, coroutine: Coroutine[Any, Any, T], timeout_s: float | None = None) -> T:
         """Run a coroutine on the controller's event loop (e.g. a call on its engine) and return its result.
@@ -59,46 +156,13 @@ class LocalController:
             if future.done():  # the call itself raised a TimeoutError (e.g. SelectTimeout): that is its answer
                 raise
             future.cancel()
-            raise ControllerUnresponsive(name, limit) from None
+            raise ControllerUnresponsive(f"SingleController.{name}", limit) from None
 
-    def evict(self, trainer_version: int) -> list[GroupMeta]:
-        """Drop groups that can never be trained at ``trainer_version``."""
-        return self.call(self.controller.evict(trainer_version))
-
-    def select(
-        self, trainer_version: int, min_groups: int, max_groups: int, *, timeout_s: float | None = None
-    ) -> list[GroupMeta] | None:
-        """Wait for and take trainable groups; None once rollouts are exhausted."""
-        call = self.controller.select(trainer_version, min_groups, max_groups, timeout_s=timeout_s)
-        return self.call(call, None if timeout_s is None else timeout_s + 5)
-
-    def begin_refit(self, next_version: int) -> int:
-        """Close dispatch and abort doomed rollouts."""
-        return self.call(self.controller.begin_refit(next_version))
-
-    def push_weights(self, named_tensors: list[tuple[str, torch.Tensor]], version: int) -> None:
-        """Load new weights into the generation engine."""
-        self.call(self.controller.push_weights(named_tensors, version))
-
-    def stand_down_engine(self) -> None:
-        """Release a colocated engine's accelerator for the train step."""
-        self.call(self.controller.stand_down_engine())
-
-    def wake_engine(self) -> None:
-        """Take the accelerator back for a colocated engine."""
-        self.call(self.controller.wake_engine())
-
-    def finish_refit(self, version: int) -> None:
-        """Stamp the new version and reopen dispatch."""
-        self.call(self.controller.finish_refit(version))
-
-    def stats(self) -> ControllerStats:
-        """Counters of the controller."""
-        return self.call(_stats(self.controller))
-
-    def snapshot(self, directory: str | None) -> dict[str, Any]:
-        """Between steps: the data plane's rows into ``directory``; returns the controller's checkpoint state."""
-        return self.call(self.controller.snapshot(directory))
+    def _invoke(self, method: str, *args: Any, deadline_s: float | None = None, **kwargs: Any) -> Any:
+        """Run the controller's ``method`` on its loop; ControllerUnresponsive past the deadline."""
+        coroutine = invoke(self.controller, method, args, kwargs)
+        coroutine.__qualname__ = method  # what ControllerUnresponsive names
+        return self.call(coroutine, deadline_s)
 
     def shutdown(self) -> None:
         """Stop the pump, then the loop and its thread."""
@@ -108,150 +172,3 @@ class LocalController:
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(timeout=self.call_timeout_s)
         self._loop.close()
-
-
-class RayController:
-    """Runs a SingleController inside a CPU-only Ray actor; the handle's calls block with a deadline."""
-
-    def __init__(self, build: ControllerFactory, *, call_timeout_s: float = DEFAULT_CALL_TIMEOUT_S) -> None:
-        import ray
-
-        self._ray = ray
-        self.call_timeout_s = call_timeout_s
-        actor_class = ray.remote(num_cpus=0, num_gpus=0, max_concurrency=64)(SingleControllerActor)
-        self.actor = actor_class.remote(build)
-        self._call("ready")
-
-    def _call(self, method: str, *args: Any, deadline_s: float | None = None, **kwargs: Any) -> Any:
-        """Call the actor's ``method`` and wait for its answer (``deadline_s``, default ``call_timeout_s``)."""
-        ref = getattr(self.actor, method).remote(*args, **kwargs)
-        call = f"SingleController.{method}"
-        limit = deadline_s if deadline_s is not None else self.call_timeout_s
-        try:
-            return self._ray.get(ref, timeout=limit)
-        except self._ray.exceptions.GetTimeoutError:
-            raise ControllerUnresponsive(call, limit) from None
-        except self._ray.exceptions.RayActorError as died:
-            raise ControllerDied(f"the SingleController's Ray actor died; {call} got no answer: {died}") from died
-
-    def evict(self, trainer_version: int) -> list[GroupMeta]:
-        """Drop groups that can never be trained at ``trainer_version``."""
-        return self._call("evict", trainer_version)
-
-    def select(
-        self, trainer_version: int, min_groups: int, max_groups: int, *, timeout_s: float | None = None
-    ) -> list[GroupMeta] | None:
-        """Wait for and take trainable groups; None once rollouts are exhausted."""
-        deadline = None if timeout_s is None else timeout_s + 30  # the controller's own SelectTimeout comes first
-        return self._call("select", trainer_version, min_groups, max_groups, timeout_s=timeout_s, deadline_s=deadline)
-
-    def begin_refit(self, next_version: int) -> int:
-        """Close dispatch and abort doomed rollouts."""
-        return self._call("begin_refit", next_version)
-
-    def push_weights(self, named_tensors: list[tuple[str, torch.Tensor]], version: int) -> None:
-        """Load new weights into the generation engine (tensors travel by value)."""
-        self._call("push_weights", named_tensors, version)
-
-    def stand_down_engine(self) -> None:
-        """Release a colocated engine's accelerator for the train step."""
-        self._call("stand_down_engine")
-
-    def wake_engine(self) -> None:
-        """Take the accelerator back for a colocated engine."""
-        self._call("wake_engine")
-
-    def finish_refit(self, version: int) -> None:
-        """Stamp the new version and reopen dispatch."""
-        self._call("finish_refit", version)
-
-    def stats(self) -> ControllerStats:
-        """Counters of the controller."""
-        return self._call("stats")
-
-    def snapshot(self, directory: str | None) -> dict[str, Any]:
-        """Between steps: the data plane's rows into ``directory`` (a path the actor can write)."""
-        return self._call("snapshot", directory)
-
-    def shutdown(self) -> None:
-        """Stop the pump and end the actor (in order after its pending calls), so no Ray actor outlives the run."""
-        try:
-            with contextlib.suppress(ControllerDied):  # dead already, or exited while answering: as asked
-                self._call("shutdown", deadline_s=60)
-                self._call("__ray_terminate__", deadline_s=60)
-        finally:
-            self._ray.kill(self.actor)  # a no-op once it has exited; the last resort when it is stuck
-
-
-class SingleControllerActor:
-    """The Ray actor body: builds the controller inside the actor and forwards the async train-side API."""
-
-    def __init__(self, build: ControllerFactory) -> None:
-        self._build = build
-        self.controller: SingleController | None = None
-
-    async def ready(self) -> bool:
-        """Build the controller and start its pump on the actor's event loop."""
-        self.controller = await _build_and_start(self._build)
-        return True
-
-    async def evict(self, trainer_version: int) -> list[GroupMeta]:
-        """See SingleController.evict."""
-        return await self._controller.evict(trainer_version)
-
-    async def select(
-        self, trainer_version: int, min_groups: int, max_groups: int, *, timeout_s: float | None = None
-    ) -> list[GroupMeta] | None:
-        """See SingleController.select."""
-        return await self._controller.select(trainer_version, min_groups, max_groups, timeout_s=timeout_s)
-
-    async def begin_refit(self, next_version: int) -> int:
-        """See SingleController.begin_refit."""
-        return await self._controller.begin_refit(next_version)
-
-    async def push_weights(self, named_tensors: list[tuple[str, torch.Tensor]], version: int) -> None:
-        """See SingleController.push_weights."""
-        await self._controller.push_weights(named_tensors, version)
-
-    async def stand_down_engine(self) -> None:
-        """See SingleController.stand_down_engine."""
-        await self._controller.stand_down_engine()
-
-    async def wake_engine(self) -> None:
-        """See SingleController.wake_engine."""
-        await self._controller.wake_engine()
-
-    async def finish_refit(self, version: int) -> None:
-        """See SingleController.finish_refit."""
-        await self._controller.finish_refit(version)
-
-    async def stats(self) -> ControllerStats:
-        """See SingleController.stats."""
-        return self._controller.stats()
-
-    async def snapshot(self, directory: str | None) -> dict[str, Any]:
-        """See SingleController.snapshot."""
-        return await self._controller.snapshot(directory)
-
-    async def shutdown(self) -> None:
-        """See SingleController.shutdown."""
-        if self.controller is not None:
-            await self.controller.shutdown()
-
-    @property
-    def _controller(self) -> SingleController:
-        if self.controller is None:
-            raise RuntimeError("the controller actor was not started (call ready() first)")
-        return self.controller
-
-
-async def _build_and_start(build: ControllerFactory, before_start: BeforeStart | None = None) -> SingleController:
-    controller = build()
-    if before_start is not None:
-        await before_start(controller)
-    await controller.start()
-    return controller
-
-
-async def _stats(controller: SingleController) -> ControllerStats:
-    return controller.stats()

@@ -1,4 +1,4 @@
-"""The same scenario through both homes of the controller: a background thread and a Ray actor."""
+"""The same scenario through both homes of the controller: the product's thread and the benchmarked Ray actor."""
 
 from __future__ import annotations
 
@@ -6,8 +6,9 @@ import threading
 
 import pytest
 
+from benchmarks.ray_controller import RayController
 from sc_lightning.controller.api import ControllerClient, ControllerDied, ControllerUnresponsive
-from sc_lightning.controller.runners import LocalController, RayController
+from sc_lightning.controller.runners import LocalController
 from sc_lightning.data_plane.memory import MemoryDataPlane
 from sc_lightning.rollout.datasets import ArithmeticDataset
 from sc_lightning.rollout.envs.arithmetic import ArithmeticEnvironment
@@ -38,8 +39,8 @@ def scenario(client: ControllerClient) -> list[tuple[str, int | None, int]]:
             chunk = client.select(version, 2, 2, timeout_s=60)
             assert chunk is not None
             trained += [(g.prompt_id, g.target_step, g.start_weight) for g in chunk]
-            client.begin_refit(version + 1)
-            client.finish_refit(version + 1)
+            report = client.refit(version + 1, None)
+            assert report.stats.trainer_version == version + 1
         assert client.select(4, 2, 2, timeout_s=60) is None
         stats = client.stats()
         assert (stats.committed, stats.selected, stats.buffer_permits_held) == (8, 8, 0)
@@ -72,7 +73,7 @@ def test_thread_and_ray_actor_run_the_same_scenario_identically(ray_cluster) -> 
     assert targets == [0, 0, 1, 1, 2, 2, 3, 3]
     assert local == remote  # same seeds, same prompts, same stamps, same weights
     with pytest.raises(ray_cluster.exceptions.RayActorError):  # shutdown left no actor behind
-        ray_cluster.get(ray_client.actor.stats.remote(), timeout=30)
+        ray_cluster.get(ray_client.actor.invoke.remote("stats", (), {}), timeout=30)
 
 
 def test_a_blocked_controller_loop_is_reported_by_the_trainer_side() -> None:
@@ -97,3 +98,14 @@ def test_a_dead_controller_actor_is_reported_by_the_trainer_side(ray_cluster) ->
     with pytest.raises(ControllerDied, match=r"Ray actor died; SingleController.select got no answer"):
         client.select(0, 2, 2, timeout_s=60)
     client.shutdown()  # a dead controller shuts down quietly
+
+
+def test_a_handle_invokes_only_train_side_methods() -> None:
+    """The transport runs controller methods by name: anything outside the train-side API is refused."""
+    client = LocalController(build)
+    try:
+        with pytest.raises(AttributeError, match="'shutdown' is not a train-side method"):
+            client._invoke("shutdown")
+        assert client.stats().trainer_version == 0  # the controller still runs
+    finally:
+        client.shutdown()
