@@ -1,9 +1,9 @@
 """RefitCallback: after every RL step, push the policy's new weights to the generation engine.
 
-on_train_batch_end (the optimizer step is done, global_step = v):
-    begin_refit(v)     close dispatch; abort in-flight rollouts the sampler says can never be trained
+on_train_batch_end (the optimizer step is done, global_step = v): ``trainer.strategy.refit(v)``, one controller call
+    begin_refit(v)     release the step's rows; close dispatch; abort in-flight rollouts that can never be trained
     push_weights(v)    export the policy under HF names and load it into the engine (skipped while a PPO
-                       critic warm-up leaves the policy unchanged: ``pl_module.policy_trained`` is False)
+                       critic warm-up leaves the policy unchanged: the module's ``policy_trained`` is False)
     finish_refit(v)    new rollouts are stamped with version v; dispatch reopens
 """
 
@@ -28,7 +28,7 @@ class RefitCallback(Callback):
     def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:
         """Colocated: the engine stands down for the whole train step (its requests and deadlines freeze)."""
         if self.colocated:
-            trainer.strategy.controller.stand_down_engine()
+            trainer.strategy.stand_down_engine()
 
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         """Start the step clock."""
@@ -38,20 +38,8 @@ class RefitCallback(Callback):
         self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
         """Refit the engine to the weights the step just produced."""
-        from sc_lightning.models import export_hf_weights
-
-        controller = trainer.strategy.controller
-        version = trainer.global_step
         started = time.monotonic()
-        aborted = controller.begin_refit(version)
-        if getattr(pl_module, "policy_trained", True):  # PPO critic warm-up: the policy did not change
-            weights = [
-                (name, tensor.detach().clone()) for name, tensor in export_hf_weights(pl_module.policy, pl_module.spec)
-            ]
-            controller.push_weights(weights, version)
-        if self.colocated:
-            controller.wake_engine()
-        controller.finish_refit(version)
+        report = trainer.strategy.refit(trainer.global_step, wake=self.colocated)
         now = time.monotonic()
         pl_module.log("timing/train/weight_sync", now - started, on_step=True, batch_size=1)
         if self._last_step_end is not None:
@@ -59,9 +47,9 @@ class RefitCallback(Callback):
             pl_module.log("timing/train/total_step_time", step_time, on_step=True, batch_size=1)
             pl_module.log("step_s", step_time, prog_bar=True, logger=False, on_step=True, batch_size=1)
         self._last_step_end = now
-        stats = controller.stats()
+        stats = report.stats
         step = {
-            "aborted_stale_inflight_groups": aborted,
+            "aborted_stale_inflight_groups": report.aborted,
             "dropped_prompt_groups": stats.last_step.dropped,
             "replaced_prompt_groups": stats.last_step.replaced,
             "promoted_prompt_groups": stats.last_step.promoted,

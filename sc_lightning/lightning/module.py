@@ -41,6 +41,9 @@ class GRPOModule(LightningModule):
         self.tokenizer: Any = None
         self.loss_fn = ClippedPGLoss.from_config(config.loss_fn)
         self._train_data_log: TrainDataLog | None = None
+        self.policy_trained = True
+        """Whether the last training step changed the policy (the refit pushes weights only then); PPO's critic
+        warm-up sets it False."""
 
     def configure_model(self) -> None:
         """Build (or import) the policy, and a frozen reference copy when the loss has a KL term."""

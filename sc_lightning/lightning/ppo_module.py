@@ -43,7 +43,6 @@ class PPOModule(GRPOModule):
             raise ValueError("PPOModule needs a config with ppo:, value: and value_loss_fn: blocks")
         super().__init__(config)
         self.critic: torch.nn.Module | None = None
-        self.policy_trained = True  # whether the last step changed the policy (RefitCallback reads it)
 
     def configure_model(self) -> None:
         """The policy (and reference) as for GRPO, plus the critic on ``value.model_name``'s backbone.

@@ -23,6 +23,7 @@ from sc_lightning.checkpoint.bundle import CONTROLLER_FILE, DATA_PLANE_DIR, read
 from sc_lightning.checkpoint.periodic import RolloutSnapshotter
 from sc_lightning.checkpoint.snapshots import config_identity
 from sc_lightning.config import SCConfig
+from sc_lightning.controller.api import RefitReport
 from sc_lightning.controller.build import (
     BeforeStart,
     LocalController,
@@ -113,14 +114,36 @@ class SingleControllerStrategy(SingleDeviceStrategy):
         super().on_train_start()
         self._allow_one_more_epoch()
 
-    def _start(self) -> None:
+    def policy_weights(self) -> list[tuple[str, torch.Tensor]]:
+        """The module's policy under HF names, detached copies: what the engine loads at start and at each refit."""
         from sc_lightning.models import export_hf_weights
 
+        module = self.lightning_module
+        return [(name, tensor.detach().clone()) for name, tensor in export_hf_weights(module.policy, module.spec)]
+
+    def refit(self, version: int, *, wake: bool = False) -> RefitReport:
+        """After the optimizer step that made ``version``: release the step, push the policy, reopen dispatch.
+
+        The weights are pushed only when the module's ``policy_trained`` says the step changed the policy (a PPO
+        critic warm-up does not); ``wake`` wakes a colocated engine before dispatch reopens. One controller call.
+        """
+        if self.controller is None:
+            raise RuntimeError("the Single-Controller strategy has not been set up")
+        weights = self.policy_weights() if self.lightning_module.policy_trained else None
+        return self.controller.refit(version, weights, wake=wake)
+
+    def stand_down_engine(self) -> None:
+        """Colocated: the engine releases the accelerator for the train step (its requests and deadlines freeze)."""
+        if self.controller is None:
+            raise RuntimeError("the Single-Controller strategy has not been set up")
+        self.controller.stand_down_engine()
+
+    def _start(self) -> None:
         module = self.lightning_module
         config, tokenizer = self.config, module.tokenizer
         dataset = build_dataset(config.data, tokenizer, seed=config.algo.seed)  # bad rows fail before anything starts
         self.data_plane = build_data_plane(config.data_plane)
-        weights = [(name, tensor.detach().clone()) for name, tensor in export_hf_weights(module.policy, module.spec)]
+        weights = self.policy_weights()
         data_plane = self.data_plane
         engine = self.engine_factory(config, weights)  # here, on the main thread (it may start Ray)
 
