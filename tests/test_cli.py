@@ -235,7 +235,7 @@ def assert_reward_climbs(steps: list[dict[str, str]], by: float = 0.3) -> None:
 
 @pytest.mark.timeout(900)  # the subprocess's own 600 s deadline is the bar; this only outlasts it
 def test_the_tiny_example_visibly_learns(tmp_path) -> None:
-    """The shipped default (async in_order, TQ on Ray, Megatron engine in a Ray actor): reward climbs >= 0.3.
+    """The shipped default (async in_order, in-process data plane, Megatron engine in a Ray actor): reward climbs >= 0.3.
 
     It takes about 3 minutes on 2 cores.
     """
@@ -274,6 +274,8 @@ def test_vllm_fit_runs_the_full_single_controller_path(tmp_path) -> None:
         "8",
         "--async_rl.max_inflight_prompts",
         "8",
+        "--data_plane.backend",
+        "simple",  # TransferQueue on Ray, the production data plane
         f"--trainer.default_root_dir={tmp_path}",
         "--trainer.enable_progress_bar=false",
     )

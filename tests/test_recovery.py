@@ -49,6 +49,7 @@ def command(tmp_path: Path, layers: tuple[Path, ...] = TEST_BASE, *extra: str) -
         "--checkpointing.checkpoint_dir", str(tmp_path / "checkpoints"),
         "--checkpointing.save_data_plane", "true",
         "--data.train_data_log", "true",
+        "--data_plane.backend", "simple",  # TransferQueue on Ray: recovery through the production data plane
         "--trainer.default_root_dir", str(tmp_path),
         "--trainer.enable_progress_bar", "false",
         *extra,
