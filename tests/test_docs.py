@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import re
 
+import pytest
+
 from sc_lightning.config import SECTION_NAMES
 from sc_lightning.config.reference import render_reference
 from tests.conftest import REPO
@@ -75,3 +77,28 @@ def test_the_rows_table_matches_the_row_schema() -> None:
             documented[name] = (per, dtype)
     schema = {field.name: (field.per, str(field.stored).removeprefix("torch.")) for field in TRAINED_ROW}
     assert documented == schema
+
+
+@pytest.mark.slow
+def test_the_readme_python_snippet_trains_with_root_imports_only(tmp_path) -> None:
+    """The "Using it from Python" block, as printed (but 2 steps): it imports only from the package root, and runs."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.test_cli import RENDEZVOUS
+
+    readme = (REPO / "README.md").read_text()
+    snippet = re.search(r"## Using it from Python\n\n```python\n(.*?)```", readme, re.S).group(1)
+    imports = re.findall(r"^from (\S+) import", snippet, re.M)
+    assert imports == ["lightning.pytorch", "sc_lightning"], imports  # the public surface is the package root
+    assert "grpo.max_num_steps=1000" in snippet
+    (tmp_path / "configs").symlink_to(REPO / "configs")
+    check = "\nprint('trained steps:', trainer.global_step)\n"
+    (tmp_path / "snippet.py").write_text(snippet.replace("grpo.max_num_steps=1000", "grpo.max_num_steps=2") + check)
+    env = {k: v for k, v in os.environ.items() if k not in RENDEZVOUS}  # a fresh process, as a user starts it
+    result = subprocess.run(
+        [sys.executable, "snippet.py"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600, check=False
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "trained steps: 2" in result.stdout
