@@ -235,7 +235,7 @@ def assert_reward_climbs(steps: list[dict[str, str]], by: float = 0.3) -> None:
 
 @pytest.mark.timeout(900)  # the subprocess's own 600 s deadline is the bar; this only outlasts it
 def test_the_tiny_example_visibly_learns(tmp_path) -> None:
-    """The shipped default (async in_order, in-process data plane, Megatron engine in a Ray actor): reward climbs >= 0.3.
+    """The shipped default (async in_order, Megatron engine in a Ray actor): the reward climbs by >= 0.3.
 
     It takes about 3 minutes on 2 cores.
     """
