@@ -87,7 +87,7 @@ def fit(config: SCConfig, lightning: dict[str, Any]) -> int:
     from sc_lightning.lightning.ppo_module import PPOModule
     from sc_lightning.lightning.strategy import SingleControllerStrategy
 
-    callbacks: list[Any] = [RefitCallback(colocated=config.policy.generation.colocated.enabled)]
+    callbacks: list[Any] = [RefitCallback()]
     resume = None
     if config.checkpointing.enabled:
         from sc_lightning.checkpoint.atomic import BundleError

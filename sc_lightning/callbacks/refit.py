@@ -18,16 +18,16 @@ from lightning.pytorch import Callback, LightningModule, Trainer
 class RefitCallback(Callback):
     """Syncs weights to the engine after each RL step; logs the weight-sync and step times and ``rollout/*``.
 
-    With ``colocated=True`` the engine also stands down for each train step and wakes after the refit.
+    When the strategy's engine is colocated (``policy.generation.colocated.enabled``), the engine also stands down
+    for each train step and wakes with the refit.
     """
 
-    def __init__(self, *, colocated: bool = False) -> None:
-        self.colocated = colocated
+    def __init__(self) -> None:
         self._last_step_end: float | None = None
 
     def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:
         """Colocated: the engine stands down for the whole train step (its requests and deadlines freeze)."""
-        if self.colocated:
+        if trainer.strategy.colocated:
             trainer.strategy.stand_down_engine()
 
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
@@ -39,7 +39,7 @@ class RefitCallback(Callback):
     ) -> None:
         """Refit the engine to the weights the step just produced."""
         started = time.monotonic()
-        report = trainer.strategy.refit(trainer.global_step, wake=self.colocated)
+        report = trainer.strategy.refit(trainer.global_step, wake=trainer.strategy.colocated)
         now = time.monotonic()
         pl_module.log("timing/train/weight_sync", now - started, on_step=True, batch_size=1)
         if self._last_step_end is not None:

@@ -114,6 +114,11 @@ class SingleControllerStrategy(SingleDeviceStrategy):
         super().on_train_start()
         self._allow_one_more_epoch()
 
+    @property
+    def colocated(self) -> bool:
+        """Whether the engine shares the trainer's accelerator (``policy.generation.colocated.enabled``)."""
+        return self.config.policy.generation.colocated.enabled
+
     def policy_weights(self) -> list[tuple[str, torch.Tensor]]:
         """The module's policy under HF names, detached copies: what the engine loads at start and at each refit."""
         from sc_lightning.models import export_hf_weights

@@ -56,7 +56,7 @@ def test_after_each_step_the_colocated_engine_stood_down_and_scores_like_the_tra
         enable_checkpointing=False,
         enable_progress_bar=False,
         enable_model_summary=False,
-        callbacks=[RefitCallback(colocated=True), check],  # the check runs after the refit of the same step
+        callbacks=[RefitCallback(), check],  # the check runs after the refit of the same step
     )
     trainer.fit(GRPOModule(config))
     assert check.versions == [1, 2, 3]
