@@ -107,7 +107,8 @@ def fit(config: SCConfig, lightning: dict[str, Any]) -> int:
         lightning,
         instantiate=True,
         trainer_kwargs={"strategy": strategy, "max_steps": config.algo.max_num_steps},
-        trainer_defaults={"callbacks": callbacks},
+        # with checkpointing.enabled the bundle is the run's Lightning checkpoint; without it, no Lightning default
+        trainer_defaults={"callbacks": callbacks, "enable_checkpointing": config.checkpointing.enabled},
     )
     ckpt_path = str(resume.trainer_checkpoint) if resume and resume.trainer_checkpoint else None
     module = PPOModule(config) if config.is_ppo else GRPOModule(config)

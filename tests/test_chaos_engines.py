@@ -31,6 +31,7 @@ import pytest
 import ray
 import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
+from lightning.pytorch.callbacks import Checkpoint
 
 from sc_lightning.callbacks.checkpoint import BundleCheckpoint
 from sc_lightning.callbacks.refit import RefitCallback
@@ -199,7 +200,7 @@ def fit(config: SCConfig, engines: Replicated, callbacks: Sequence[Callback], ro
         default_root_dir=root,
         max_steps=config.algo.max_num_steps,
         logger=False,
-        enable_checkpointing=False,
+        enable_checkpointing=any(isinstance(callback, Checkpoint) for callback in callbacks),
         enable_progress_bar=False,
         enable_model_summary=False,
         callbacks=[RefitCallback(), *callbacks],

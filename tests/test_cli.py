@@ -11,6 +11,7 @@ import pytest
 import yaml
 
 from sc_lightning.cli import main
+from sc_lightning.config import ConfigError
 from tests.conftest import REPO, TEST_BASE
 
 TINY = "configs/grpo_tiny.yaml"
@@ -96,6 +97,15 @@ def test_cross_field_errors_and_trainer_errors_come_together() -> None:
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert "policy.train_global_batch_size: is 15" in result.stderr
     assert "trainer.max_steps: is 4 but grpo.max_num_steps is 1000" in result.stderr
+
+
+def test_bundles_need_lightning_checkpointing_left_on() -> None:
+    """BundleCheckpoint is a Lightning checkpoint callback: a config that turns Lightning's checkpointing off fails."""
+    from sc_lightning.cli import load_and_check
+
+    with pytest.raises(ConfigError, match=r"trainer.enable_checkpointing: is false but checkpointing.enabled is true"):
+        load_and_check([str(REPO / TINY)], ["checkpointing.enabled=true", "trainer.enable_checkpointing=false"])
+    load_and_check([str(REPO / TINY)], ["trainer.enable_checkpointing=false"])  # without bundles: the user's choice
 
 
 def test_trainer_types_are_checked_by_lightning() -> None:

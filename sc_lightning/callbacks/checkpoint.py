@@ -1,7 +1,9 @@
 """BundleCheckpoint: every ``checkpointing.save_period`` RL steps (and after the last), write a whole bundle.
 
-It runs after the refit of the step (register it after :class:`~sc_lightning.callbacks.refit.RefitCallback`), when
-no selected group is left untrained: the bundle's trainer state and controller state describe the same moment.
+It is a Lightning :class:`~lightning.pytorch.callbacks.Checkpoint`, so Lightning runs it after every other callback:
+after the step's refit (:class:`~sc_lightning.callbacks.refit.RefitCallback`), when no selected group is left
+untrained, whatever the registration order. The bundle's trainer state and controller state describe the same
+moment. (Being a checkpoint callback, it needs the Trainer's ``enable_checkpointing`` left on, its default.)
 Writing goes through :func:`~sc_lightning.checkpoint.atomic.write_atomically` (temporary directory, manifest,
 fsync, rename), so a crash during a write leaves the previous bundles as they were. Generation goes on during the
 write; commits wait at the buffer's barrier only while the data plane is being snapshotted. With
@@ -15,7 +17,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from lightning.pytorch import Callback, LightningModule, Trainer
+from lightning.pytorch import LightningModule, Trainer
+from lightning.pytorch.callbacks import Checkpoint
 
 from sc_lightning.checkpoint.atomic import write_atomically
 from sc_lightning.checkpoint.bundle import DATA_PLANE_DIR, TRAINER_FILE, bundle_name, write_controller_files
@@ -23,7 +26,7 @@ from sc_lightning.checkpoint.retention import bundles_beyond_top_k, remove_bundl
 from sc_lightning.config.runtime import CheckpointingConfig
 
 
-class BundleCheckpoint(Callback):
+class BundleCheckpoint(Checkpoint):
     """Writes ``checkpoint_dir/step_N`` bundles (trainer, controller, data plane); logs their write time."""
 
     def __init__(self, config: CheckpointingConfig, *, max_steps: int) -> None:

@@ -63,7 +63,11 @@ class SCLightningCLI(LightningCLI):
 
 def parse_trainer_arguments(lightning: dict[str, Any], config: SCConfig) -> dict[str, Any]:
     """Type-check the Lightning keys; returns them fully resolved. Raises ConfigError naming every problem."""
-    issues = trainer_key_issues(lightning.get("trainer") or {}) + _step_budget_issues(lightning, config)
+    issues = [
+        *trainer_key_issues(lightning.get("trainer") or {}),
+        *_step_budget_issues(lightning, config),
+        *_checkpointing_issues(lightning, config),
+    ]
     if issues:
         raise ConfigError(issues)
     try:
@@ -106,3 +110,18 @@ def _step_budget_issues(lightning: dict[str, Any], config: SCConfig) -> list[Con
             )
         ]
     return []
+
+
+def _checkpointing_issues(lightning: dict[str, Any], config: SCConfig) -> list[ConfigIssue]:
+    trainer = lightning.get("trainer") or {}
+    if not isinstance(trainer, dict) or trainer.get("enable_checkpointing") is not False:
+        return []
+    if not config.checkpointing.enabled:
+        return []
+    return [
+        ConfigIssue(
+            "trainer.enable_checkpointing",
+            "is false but checkpointing.enabled is true: sc_lightning's bundles are written by a Lightning "
+            "checkpoint callback (BundleCheckpoint); delete trainer.enable_checkpointing",
+        )
+    ]

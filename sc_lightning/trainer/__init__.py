@@ -21,7 +21,7 @@ plain torch over the controller's port (``controller/api.py``) and the data plan
                                                    (optimizer and schedule: optim.py, lr_schedule.py)
     train_data_log.write(v, step.trained_rows)     train_data_log.py (data.train_data_log)
     log train/*, timing/train/*
-    # --- on_train_batch_end: refit, then bundle (callbacks run in registration order) ---
+    # --- on_train_batch_end: refit, then bundle (Lightning runs Checkpoint callbacks after all others) ---
     strategy.refit(v + 1)                          callbacks/refit.py -> lightning/strategy.py: one controller call
         begin_refit(v + 1)                        release the step's rows, close dispatch, abort rollouts that
                                                    can never train

@@ -83,9 +83,10 @@ def step_pattern(*, colocated: bool, ppo: bool) -> str:
     else:  # GRPO trains each chunk as it arrives: backward, then the next select
         train = r"backward (select backward )*optimizer_step "
     refit = "refit-wake " if colocated else "refit "
-    # callbacks run in registration order: the refit callback stands the engine down before the recorder sees the
-    # batch start, and refits before the recorder sees its end; Lightning runs BundleCheckpoint's hook after both
-    return f"select {stand_down}batch_start {train}{refit}bundle snapshot batch_end "
+    # callbacks run in registration order (the refit callback first: the engine stands down before the recorder
+    # sees the batch start, and the refit comes before the recorder sees its end), except that Lightning runs
+    # Checkpoint callbacks last: the bundle, registered first, is written after every other callback's hook
+    return f"select {stand_down}batch_start {train}{refit}batch_end bundle snapshot "
 
 
 @pytest.mark.parametrize("colocated", [False, True], ids=["separate", "colocated"])

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 from lightning.pytorch import Callback, Trainer
-from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.callbacks import Checkpoint, ModelCheckpoint
 
 from sc_lightning.algorithms import ClippedPGLoss
 from sc_lightning.callbacks.refit import RefitCallback
@@ -62,7 +62,6 @@ def tiny_config(*overrides: str) -> SCConfig:
 def fit(
     config: SCConfig,
     callbacks: list[Callback],
-    checkpointing: bool = False,
     root: Path | None = None,
     ckpt_path: str | None = None,
     engine: ScriptedEngine | None = None,
@@ -75,7 +74,7 @@ def fit(
         default_root_dir=root,
         max_steps=config.algo.max_num_steps,
         logger=False,
-        enable_checkpointing=checkpointing,
+        enable_checkpointing=any(isinstance(callback, Checkpoint) for callback in callbacks),
         enable_progress_bar=False,
         enable_model_summary=False,
         callbacks=[RefitCallback(), *callbacks],
@@ -144,7 +143,7 @@ def test_hook_order_for_two_rl_steps() -> None:
 def test_model_checkpoint_saves_per_rl_step_and_holds_the_trained_weights(tmp_path) -> None:
     """Lightning's ModelCheckpoint works unchanged: one file per RL step, named and stamped by the RL step count."""
     saver = ModelCheckpoint(dirpath=tmp_path, every_n_train_steps=1, save_top_k=-1, filename="{step}")
-    trainer, module = fit(tiny_config("grpo.max_num_steps=2"), [saver], checkpointing=True)
+    trainer, module = fit(tiny_config("grpo.max_num_steps=2"), [saver])
     assert sorted(p.name for p in tmp_path.iterdir()) == ["step=1.ckpt", "step=2.ckpt"]
     first, last = (torch.load(tmp_path / f"step={n}.ckpt", weights_only=False) for n in (1, 2))
     assert (first["global_step"], last["global_step"]) == (1, 2)
