@@ -43,8 +43,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from sc_lightning.data_plane.codec import to_wire  # noqa: E402
 from sc_lightning.data_plane.memory import MemoryDataPlane  # noqa: E402
+from sc_lightning.data_plane.wire import to_wire  # noqa: E402
 
 MIB = 2**20
 TIGHT_WARMUP = 25
@@ -157,7 +157,7 @@ def tq_runners(rows: list[torch.Tensor], plane: object) -> list[PutGet]:
     import transfer_queue as tq
     from tensordict import TensorDict
 
-    from sc_lightning.data_plane.codec import wire_to_rows
+    from sc_lightning.data_plane.wire import wire_to_rows
 
     wire = to_wire({"input_ids": rows}, len(rows))  # built once: raw calls get the wire form for free
     raw = PutGet(

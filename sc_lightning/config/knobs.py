@@ -185,37 +185,49 @@ class _Builder:
             return self.tagged(choices, value, path)
         origin = typing.get_origin(tp)
         if origin in (Union, types.UnionType):
-            args = typing.get_args(tp)
-            if value is None and type(None) in args:
-                return None
-            inner = [a for a in args if a is not type(None)]
-            if len(inner) == 1:
-                return self.value(inner[0], value, path, meta)
-            return self.mismatch(path, tp, value)
+            return self.optional(tp, value, path, meta)
         if origin is Literal:
-            options = typing.get_args(tp)
-            if value in options:
-                return value
-            guess = closest(str(value), [str(o) for o in options])
-            extra = f"; did you mean {guess!r}?" if guess else ""
-            self.fail(path, f"must be one of {', '.join(repr(o) for o in options)}, got {value!r}{extra}")
-            return _INVALID
-        if origin in (list, tuple):
-            if not isinstance(value, list | tuple):
-                return self.mismatch(path, tp, value)
-            item_tp = typing.get_args(tp)[0]
-            items = [self.value(item_tp, v, f"{path}[{i}]", {}) for i, v in enumerate(value)]
-            return _INVALID if _INVALID in items else tuple(items)
-        if origin is dict:
+            return self.literal(tp, value, path)
+        if origin in (list, tuple, dict):
+            return self.container(tp, value, path)
+        if is_section(tp):
+            built = self.section(tp, value, path)
+            return _INVALID if built is None else built
+        return self.scalar(tp, value, path, meta)
+
+    def optional(self, tp: Any, value: Any, path: str, meta: Mapping[str, Any]) -> Any:
+        """``X | None``: None, or the value converted to X (other unions are not knob types)."""
+        args = typing.get_args(tp)
+        if value is None and type(None) in args:
+            return None
+        inner = [a for a in args if a is not type(None)]
+        if len(inner) == 1:
+            return self.value(inner[0], value, path, meta)
+        return self.mismatch(path, tp, value)
+
+    def literal(self, tp: Any, value: Any, path: str) -> Any:
+        """One of a ``Literal``'s options, or an error naming them (and the closest)."""
+        options = typing.get_args(tp)
+        if value in options:
+            return value
+        guess = closest(str(value), [str(o) for o in options])
+        extra = f"; did you mean {guess!r}?" if guess else ""
+        self.fail(path, f"must be one of {', '.join(repr(o) for o in options)}, got {value!r}{extra}")
+        return _INVALID
+
+    def container(self, tp: Any, value: Any, path: str) -> Any:
+        """A list/tuple (as a tuple) or a dict, each item converted to the item type."""
+        if typing.get_origin(tp) is dict:
             if not isinstance(value, Mapping):
                 return self.mismatch(path, tp, value)
             _, val_tp = typing.get_args(tp)
             items = {str(k): self.value(val_tp, v, _join(path, str(k)), {}) for k, v in value.items()}
             return _INVALID if _INVALID in items.values() else items
-        if is_section(tp):
-            built = self.section(tp, value, path)
-            return _INVALID if built is None else built
-        return self.scalar(tp, value, path, meta)
+        if not isinstance(value, list | tuple):
+            return self.mismatch(path, tp, value)
+        item_tp = typing.get_args(tp)[0]
+        converted = [self.value(item_tp, v, f"{path}[{i}]", {}) for i, v in enumerate(value)]
+        return _INVALID if _INVALID in converted else tuple(converted)
 
     def tagged(self, choices: dict[str, type], value: Any, path: str) -> Any:
         """Build the variant of a union that the mapping's ``name`` selects."""

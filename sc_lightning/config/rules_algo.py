@@ -373,16 +373,23 @@ def ppo_rules(config: SCConfig, report: Report) -> None:
             "is false; PPO keeps the policy optimizer off the accelerator while the critic runs, set it to true",
         )
     if warmup is not None:
-        if config.ppo.policy_training_start_step == 0:
-            report.error(
-                "async_rl.sampler.warmup_lookahead_versions",
-                "is set but ppo.policy_training_start_step is 0 (no warm-up); set the start step or drop the knob",
-            )
-        if warmup < sampler.max_lookahead_versions:
-            report.error(
-                "async_rl.sampler.warmup_lookahead_versions",
-                f"({warmup}) is below max_lookahead_versions ({sampler.max_lookahead_versions}); raise it",
-            )
+        _ppo_warmup_window_rules(config, warmup, report)
+
+
+def _ppo_warmup_window_rules(config: SCConfig, warmup: int, report: Report) -> None:
+    """``warmup_lookahead_versions`` needs a warm-up to apply to, and at least the steady-state lookahead."""
+    assert config.ppo is not None
+    if config.ppo.policy_training_start_step == 0:
+        report.error(
+            "async_rl.sampler.warmup_lookahead_versions",
+            "is set but ppo.policy_training_start_step is 0 (no warm-up); set the start step or drop the knob",
+        )
+    lookahead = config.async_rl.sampler.max_lookahead_versions
+    if warmup < lookahead:
+        report.error(
+            "async_rl.sampler.warmup_lookahead_versions",
+            f"({warmup}) is below max_lookahead_versions ({lookahead}); raise it",
+        )
 
 
 ALGORITHM_RULES = (

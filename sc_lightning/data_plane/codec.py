@@ -1,12 +1,10 @@
-"""Column form <-> packed buffers <-> TransferQueue's wire form, argument checks, and padding helpers.
+"""Column form <-> packed buffers: packing with its checks, unpacking, and the buffer pool.
 
 Column form (what callers put and get): field name -> one tensor per row. A row of a field is either a 0-d tensor
 (a per-row scalar) or a tensor of one or more dims whose first dim may differ between rows (jagged, e.g. tokens);
 all rows of a field share dtype and trailing dims. Packed form (``PackedRows``): the rows of one field copied into
-one contiguous buffer, concatenated along dim 0 (stacked for scalars), plus the row lengths. Wire form (what
-TransferQueue's KV API takes and returns): a TensorDict whose scalar fields are dense ``(N,)`` tensors and whose
-other fields are ``torch.nested`` jagged tensors. TransferQueue returns every field of one or more dims per row as
-jagged, even uniform ones; ``from_wire`` turns any of these back into column form.
+one contiguous buffer, concatenated along dim 0 (stacked for scalars), plus the row lengths. TransferQueue's wire
+form is in ``wire.py``; the checks of keys, fields and tags in ``checks.py``.
 """
 
 from __future__ import annotations
@@ -16,23 +14,17 @@ import itertools
 import math
 import operator
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
-from sc_lightning.data_plane.base import Columns, DataPlaneError
-
-if TYPE_CHECKING:
-    from tensordict import TensorDict
+from sc_lightning.data_plane.base import DataPlaneError
 
 _SERIAL_CAT_ELEMENTS = 32_768
 """ATen's GRAIN_SIZE: a CPU ``torch.cat`` whose output is smaller takes the serial memcpy kernel. Above it, cat
 builds one TensorIterator per input, which costs about 0.5 us per row; ``concat`` batches rows under the limit."""
-
-TAG_TYPES = (str, int, float, bool, type(None))
-"""Types a tag value may have: primitives that survive every backend unchanged."""
 
 
 @dataclass(frozen=True)
@@ -174,7 +166,9 @@ Allocate = Callable[[torch.dtype, tuple[int, ...]], torch.Tensor]
 """Returns an uninitialised contiguous CPU tensor of the given dtype and shape (e.g. from a buffer pool)."""
 
 
-def pack_rows(
+# noqa reason: per-row checks and the copy plan share one pass over the rows (shapes, dtypes, lengths), so a
+# large put costs one Python loop, not one per check (benchmarks/data_plane.py)
+def pack_rows(  # noqa: C901
     field: str,
     rows: Sequence[torch.Tensor] | torch.Tensor,
     num_rows: int | None = None,
@@ -292,48 +286,6 @@ def _raise_shape(field: str, shapes: Sequence[torch.Size], expected: str) -> Non
             )
 
 
-def to_wire(columns: Columns, num_rows: int, allocate: Allocate | None = None) -> TensorDict:
-    """Columns -> TransferQueue's wire TensorDict: scalar fields dense ``(N,)``, others jagged nested tensors."""
-    from tensordict import TensorDict
-
-    wire: dict[str, torch.Tensor] = {}
-    for field, rows in columns.items():
-        if not isinstance(field, str):
-            raise DataPlaneError(f"field names must be strings, got {field!r}")
-        packed = pack_rows(field, rows, num_rows, allocate)
-        wire[field] = packed_to_wire(packed)
-    return TensorDict(wire, batch_size=[num_rows])
-
-
-def packed_to_wire(packed: PackedRows) -> torch.Tensor:
-    """One packed field as a wire tensor: the ``(N,)`` values for scalars, else a jagged nested tensor."""
-    if packed.lengths is None:
-        return packed.values
-    offsets = torch.tensor(packed.offsets(), dtype=torch.int64)
-    return torch.nested.nested_tensor_from_jagged(packed.values, offsets=offsets)
-
-
-def from_wire(wire: Mapping[str, Any], fields: Sequence[str] | None = None) -> dict[str, list[torch.Tensor]]:
-    """Wire TensorDict (as TransferQueue returns it) -> columns; rows are views of the returned buffers."""
-    names = list(wire.keys()) if fields is None else list(fields)
-    return {field: wire_to_rows(field, wire[field]) for field in names}
-
-
-def wire_to_rows(field: str, value: Any) -> list[torch.Tensor]:
-    """One wire field as per-row tensors: jagged nested -> its components, dense ``(N, ...)`` -> its rows."""
-    if not isinstance(value, torch.Tensor):
-        raise DataPlaneError(f"field {field!r} came back as a {type(value).__name__}, not a tensor")
-    if not value.is_nested:
-        return list(value.unbind(0))
-    if value.layout is torch.jagged and value.lengths() is None:
-        bounds = value.offsets().tolist()
-        values = value.values().detach()  # splitting the view values() returns costs 3x more per row
-        if bounds[0] != 0 or bounds[-1] != values.shape[0]:
-            values = values[bounds[0] : bounds[-1]]
-        return list(values.split([end - start for start, end in itertools.pairwise(bounds)]))
-    return list(value.unbind())
-
-
 def row_lengths(rows: Sequence[torch.Tensor]) -> torch.Tensor:
     """First-dim length of each row as an int64 ``(B,)`` tensor; DataPlaneError for 0-d rows or non-tensors."""
     lengths = []
@@ -343,66 +295,3 @@ def row_lengths(rows: Sequence[torch.Tensor]) -> torch.Tensor:
             raise DataPlaneError(f"row {index} is a {what}; row_lengths needs tensors of one or more dims")
         lengths.append(row.shape[0])
     return torch.tensor(lengths, dtype=torch.int64)
-
-
-def check_keys(keys: Sequence[str], *, unique: bool = True) -> list[str]:
-    """Keys as a list of strings; DataPlaneError for a bare string, non-string keys or (if ``unique``) repeats."""
-    if isinstance(keys, str | bytes) or not isinstance(keys, Sequence):
-        raise DataPlaneError(f"keys must be a sequence of strings, got {type(keys).__name__}")
-    keys = list(keys)
-    if set(map(type, keys)) - {str}:  # exactly str: a subclass would not survive a weights_only snapshot load
-        bad = next(key for key in keys if type(key) is not str)
-        raise DataPlaneError(f"keys must be strings, got {bad!r} ({type(bad).__name__})")
-    if unique and len(set(keys)) != len(keys):
-        seen: set[str] = set()
-        repeated = [key for key in keys if key in seen or seen.add(key)]
-        raise DataPlaneError(f"keys must be unique within one call; repeated: {name_list(repeated)}")
-    return keys
-
-
-def check_fields(fields: Sequence[str]) -> list[str]:
-    """Field names as a list of strings without repeats (order kept); DataPlaneError for a bare string."""
-    if isinstance(fields, str | bytes) or not isinstance(fields, Sequence):
-        raise DataPlaneError(f"fields must be a sequence of field names, got {type(fields).__name__}")
-    if not all(isinstance(field, str) for field in fields):
-        raise DataPlaneError(f"field names must be strings, got {list(fields)!r}")
-    return list(dict.fromkeys(fields))
-
-
-def check_tags(tags: Sequence[Mapping[str, Any]] | None, num_rows: int) -> list[dict[str, Any]] | None:
-    """Copies of the per-row tag dicts; DataPlaneError unless there is one mapping of primitives per row."""
-    if tags is None:
-        return None
-    if isinstance(tags, Mapping) or not isinstance(tags, Sequence):
-        raise DataPlaneError(f"tags must be a sequence with one dict per row, got {type(tags).__name__}")
-    if len(tags) != num_rows:
-        raise DataPlaneError(f"{len(tags)} tag dicts given for {num_rows} keys")
-    copies = []
-    for index, tag in enumerate(tags):
-        if not isinstance(tag, Mapping):
-            raise DataPlaneError(f"tags of row {index} must be a dict, got {type(tag).__name__}")
-        for name, value in tag.items():
-            if not isinstance(name, str) or not isinstance(value, TAG_TYPES):
-                raise DataPlaneError(
-                    f"tag {name!r} of row {index} is {value!r} ({type(value).__name__}); "
-                    "tag names are strings and values are str, int, float, bool or None"
-                )
-        copies.append(dict(tag))
-    return copies
-
-
-def name_list(names: Sequence[str], limit: int = 8) -> str:
-    """``['a', 'b', ...]`` with at most ``limit`` names, then how many more there are."""
-    shown = ", ".join(repr(name) for name in names[:limit])
-    more = len(names) - limit
-    return f"[{shown}{f', ... ({more} more)' if more > 0 else ''}]"
-
-
-def missing_message(partition_id: str, unknown: Sequence[str], missing_fields: Mapping[str, Sequence[str]]) -> str:
-    """The MissingRowsError message: unknown keys, then each field and the requested rows that lack it."""
-    parts = []
-    if unknown:
-        parts.append(f"{len(unknown)} key(s) not stored: {name_list(unknown)}")
-    for field, keys in missing_fields.items():
-        parts.append(f"field {field!r} missing on {len(keys)} row(s): {name_list(keys)}")
-    return f"data plane partition {partition_id!r}: " + "; ".join(parts)

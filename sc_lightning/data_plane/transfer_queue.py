@@ -29,18 +29,8 @@ from typing import Any, NoReturn, TypeVar
 import torch
 
 from sc_lightning.data_plane.base import Columns, DataPlaneError, MissingRowsError
-from sc_lightning.data_plane.codec import (
-    BufferPool,
-    PackedRows,
-    check_fields,
-    check_keys,
-    check_tags,
-    from_wire,
-    missing_message,
-    pack_rows,
-    packed_to_wire,
-    to_wire,
-)
+from sc_lightning.data_plane.checks import check_fields, check_keys, check_tags, missing_message
+from sc_lightning.data_plane.codec import BufferPool, PackedRows, pack_rows
 from sc_lightning.data_plane.snapshot_files import read_manifest, read_rows_snapshot, write_manifest
 from sc_lightning.data_plane.tq_runtime import (
     NATIVE_DIR,
@@ -53,6 +43,7 @@ from sc_lightning.data_plane.tq_runtime import (
     run_with_deadline,
     tq_thread_env,
 )
+from sc_lightning.data_plane.wire import from_wire, packed_to_wire, to_wire
 
 log = logging.getLogger(__name__)
 _T = TypeVar("_T")

@@ -9,7 +9,8 @@ from hypothesis import strategies as st
 
 from sc_lightning.data_plane import DataPlaneError
 from sc_lightning.data_plane.base import pad_rows
-from sc_lightning.data_plane.codec import from_wire, pack_rows, row_lengths, to_wire
+from sc_lightning.data_plane.codec import pack_rows, row_lengths
+from sc_lightning.data_plane.wire import from_wire, to_wire
 from tests.data_plane.test_contract import assert_columns_equal, assert_rows_equal, rand_rows
 
 # ---- codec -----------------------------------------------------------------------------------------------------
