@@ -5,7 +5,7 @@ from __future__ import annotations
 import copy
 import importlib.util
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +30,27 @@ def variant(*layers: dict[str, Any], base: dict[str, Any] | None = None) -> dict
     for layer in layers:
         merge_into(raw, layer)
     return raw
+
+
+@pytest.fixture(scope="module")
+def ray_cluster() -> Iterator[Any]:
+    """The tests' one local Ray instance, per module: 4 logical CPUs (room for three engine actors), no dashboard.
+
+    Ray actors unpickle classes and functions by reference, so their workers import this repository's modules too.
+    Yields the ``ray`` module.
+    """
+    import ray
+
+    ray.init(
+        num_cpus=4,
+        include_dashboard=False,
+        log_to_driver=False,
+        runtime_env={"env_vars": {"PYTHONPATH": str(REPO)}},
+    )
+    try:
+        yield ray
+    finally:
+        ray.shutdown()
 
 
 @pytest.fixture

@@ -23,7 +23,7 @@ import os
 import signal
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -64,16 +64,6 @@ CHAOS = (
     "data_plane.backend=memory",
     "async_rl.rollout_failure.backoff_base_s=0.05",
 )
-
-
-@pytest.fixture(scope="module")
-def ray_cluster() -> Iterator[None]:
-    """A local Ray instance with room for three engine actors, shut down after the module."""
-    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
-    try:
-        yield
-    finally:
-        ray.shutdown()
 
 
 def chaos_config(*overrides: str) -> SCConfig:

@@ -13,7 +13,6 @@ from sc_lightning.data_plane.memory import MemoryDataPlane
 from sc_lightning.rollout.datasets import ArithmeticDataset
 from sc_lightning.rollout.envs.arithmetic import ArithmeticEnvironment
 from sc_lightning.testing.scripted_engine import ScriptedEngine
-from tests.conftest import REPO
 from tests.controller.test_controller import TOKENIZER, answer_correctly, config
 
 
@@ -47,21 +46,6 @@ def scenario(client: ControllerClient) -> list[tuple[str, int | None, int]]:
     finally:
         client.shutdown()
     return trained
-
-
-@pytest.fixture(scope="module")
-def ray_cluster():
-    import ray
-
-    # the actor unpickles build() by reference: its worker must import this repository's modules
-    ray.init(
-        num_cpus=2,
-        include_dashboard=False,
-        log_to_driver=False,
-        runtime_env={"env_vars": {"PYTHONPATH": str(REPO)}},
-    )
-    yield ray
-    ray.shutdown()
 
 
 @pytest.mark.slow

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -20,15 +19,3 @@ def tiny_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         "b": make(root / "b", seed=1, arch="qwen2"),
         "llama": make(root / "llama", seed=2, arch="llama", tie_word_embeddings=True),
     }
-
-
-@pytest.fixture
-def ray_cluster() -> Iterator[None]:
-    """A local Ray instance with room for two engine actors and no dashboard, shut down afterwards."""
-    import ray
-
-    ray.init(num_cpus=3, include_dashboard=False, log_to_driver=False)
-    try:
-        yield
-    finally:
-        ray.shutdown()

@@ -11,7 +11,6 @@ import time
 from collections.abc import Iterator
 
 import pytest
-import ray
 import torch
 
 from sc_lightning.engines.base import EngineError, GenerationEngine
@@ -39,16 +38,6 @@ class Versions:
         """A version no refit has used yet."""
         self.last += 1
         return self.last
-
-
-@pytest.fixture(scope="module")
-def ray_cluster() -> Iterator[None]:
-    """A local Ray instance for the module (a vLLM actor takes one CPU)."""
-    ray.init(num_cpus=3, include_dashboard=False, log_to_driver=False)
-    try:
-        yield
-    finally:
-        ray.shutdown()
 
 
 @pytest.fixture(scope="module")
