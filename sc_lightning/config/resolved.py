@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from sc_lightning.config.samplers import WindowedSampler
+from sc_lightning.config.samplers import WindowedSamplerConfig
 from sc_lightning.config.schema import SCConfig
 
 
@@ -25,14 +25,19 @@ def step_floor(groups_per_step: int, min_step_batch_fraction: float) -> int:
     return max(1, math.ceil(groups_per_step * min_step_batch_fraction))
 
 
+def gated_buffer_capacity(groups_per_step: int, gate_window: int) -> int:
+    """The buffer a gated sampler needs: one step's groups for each version dispatch may lead by, plus the current."""
+    return groups_per_step * (gate_window + 1)
+
+
 def required_buffer_capacity(config: SCConfig) -> int | None:
     """Smallest ``max_buffered_rollouts`` that cannot deadlock the rollout pump (None: checked at setup)."""
     n = config.algo.num_prompts_per_step
     sampler = config.async_rl.sampler
     window = sampler.gate_window()
     if window is not None:
-        return n * (window + 1)
-    if isinstance(sampler, WindowedSampler):
+        return gated_buffer_capacity(n, window)
+    if isinstance(sampler, WindowedSamplerConfig):
         # Dispatch is ungated, but the trainer waits for min_groups ready groups: fewer permits never get there.
         return min_groups_for_streaming_train(config)
     return None
@@ -48,7 +53,7 @@ def default_buffer_capacity(config: SCConfig) -> int:
     """``max_buffered_rollouts`` when left null: the gated capacity, or twice the window for windowed."""
     sampler = config.async_rl.sampler
     n = config.algo.num_prompts_per_step
-    if isinstance(sampler, WindowedSampler):
+    if isinstance(sampler, WindowedSamplerConfig):
         return 2 * n * (sampler.max_staleness_versions + 1)
     return required_buffer_capacity(config) or n
 

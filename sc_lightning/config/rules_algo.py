@@ -5,7 +5,7 @@ from __future__ import annotations
 from sc_lightning.config.algorithm import GAEAdvantage, GRPOAdvantage
 from sc_lightning.config.report import Report, ties
 from sc_lightning.config.resolved import min_groups_for_streaming_train
-from sc_lightning.config.samplers import InOrderSampler, ReadyFirstSampler
+from sc_lightning.config.samplers import InOrderSamplerConfig, ReadyFirstSamplerConfig
 from sc_lightning.config.schema import SCConfig
 
 
@@ -269,7 +269,7 @@ def importance_sampling(config: SCConfig, report: Report) -> None:
             "loss_fn.use_importance_sampling_correction",
             f"is false but the {sampler.name} sampler ({knob}) admits off-policy data; set it to true",
         )
-    if isinstance(sampler, ReadyFirstSampler) and loss.force_on_policy_ratio:
+    if isinstance(sampler, ReadyFirstSamplerConfig) and loss.force_on_policy_ratio:
         report.error(
             "loss_fn.force_on_policy_ratio",
             "is true; ready_first trains on stale groups and needs the real prev_logprobs ratio, set it to false",
@@ -344,7 +344,7 @@ def loss_consistency(config: SCConfig, report: Report) -> None:
 def ppo_rules(config: SCConfig, report: Report) -> None:
     """PPO: in_order only, no drop budgets, whole-step chunks, offloaded optimizer, warm-up knobs coherent."""
     sampler = config.async_rl.sampler
-    warmup = sampler.warmup_lookahead_versions if isinstance(sampler, InOrderSampler) else None
+    warmup = sampler.warmup_lookahead_versions if isinstance(sampler, InOrderSamplerConfig) else None
     if config.ppo is None:
         if warmup is not None:
             report.error(
@@ -352,7 +352,7 @@ def ppo_rules(config: SCConfig, report: Report) -> None:
                 "is a PPO critic-warm-up knob; delete it from this GRPO config",
             )
         return
-    if not isinstance(sampler, InOrderSampler):
+    if not isinstance(sampler, InOrderSamplerConfig):
         report.error("async_rl.sampler.name", f"is {sampler.name!r}; PPO runs support only in_order for now")
     failure = config.async_rl.rollout_failure
     for budget in ("max_skipped_prompts", "max_consecutive_dropped_prompts"):

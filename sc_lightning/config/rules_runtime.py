@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from sc_lightning.config.report import Report, ties
 from sc_lightning.config.resolved import required_buffer_capacity, step_floor
-from sc_lightning.config.samplers import CustomSampler, InOrderSampler, SamplerCapabilities
+from sc_lightning.config.samplers import CustomSamplerConfig, InOrderSamplerConfig, SamplerCapabilities
 from sc_lightning.config.schema import SCConfig
 
 
@@ -50,7 +50,7 @@ def _capacity_formula(config: SCConfig) -> str:
 @ties("async_rl.sampler.target")
 def custom_sampler_importable(config: SCConfig, report: Report) -> None:
     """A custom sampler's target must import and declare its capabilities as plain booleans."""
-    if isinstance(config.async_rl.sampler, CustomSampler):
+    if isinstance(config.async_rl.sampler, CustomSamplerConfig):
         _capabilities(config, report)
 
 
@@ -103,7 +103,8 @@ def _drop_warnings(config: SCConfig, report: Report, budget: int) -> None:
         return
     n = config.algo.num_prompts_per_step
     floor = step_floor(n, failure.min_step_batch_fraction)
-    if isinstance(sampler, InOrderSampler) and budget > 0 and failure.on_dropped_prompt == "shrink" and floor >= n:
+    shrinking = budget > 0 and failure.on_dropped_prompt == "shrink"
+    if isinstance(sampler, InOrderSamplerConfig) and shrinking and floor >= n:
         report.warn(
             f"{prefix}.min_step_batch_fraction",
             f"ceil({n} x {failure.min_step_batch_fraction}) = {floor} leaves no room to shrink; the first drop "
@@ -153,7 +154,7 @@ def data_plane_checkpoints(config: SCConfig, report: Report) -> None:
         report.error("checkpointing.save_data_plane", "is true but checkpointing.enabled is false; enable both")
     if not ckpt.enabled:
         return
-    if isinstance(config.async_rl.sampler, CustomSampler):
+    if isinstance(config.async_rl.sampler, CustomSamplerConfig):
         capabilities = _capabilities(config, report)
         if capabilities is None:
             return

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Literal
 
 from sc_lightning.config.knobs import knob, section
-from sc_lightning.config.samplers import InOrderSampler, SamplerConfig
+from sc_lightning.config.samplers import InOrderSamplerConfig, SamplerConfig
 
 Granularity = Literal["sibling", "prompt_group"]
 
@@ -64,7 +64,9 @@ class StallWatchdogConfig:
 class AsyncRLConfig:
     """Knobs of the asynchronous Single-Controller runtime."""
 
-    sampler: SamplerConfig = knob(doc="Staleness sampler; pick the mode with sampler.name.", factory=InOrderSampler)
+    sampler: SamplerConfig = knob(
+        doc="Staleness sampler; pick the mode with sampler.name.", factory=InOrderSamplerConfig
+    )
     max_buffered_rollouts: int | None = knob(
         None,
         "Hard cap on unconsumed groups in the buffer (null = the sampler's required capacity; "

@@ -48,11 +48,11 @@ class _SamplerMode:
 
     def never_stamps_target_steps(self) -> bool:
         """True for built-ins whose batches carry no target step, so a dropped group cannot shrink its step."""
-        return isinstance(self, WeightFifoSampler | ReadyFirstSampler | WindowedSampler)
+        return isinstance(self, WeightFifoSamplerConfig | ReadyFirstSamplerConfig | WindowedSamplerConfig)
 
 
 @section
-class InOrderSampler(_SamplerMode):
+class InOrderSamplerConfig(_SamplerMode):
     """Exact batch→step matching: each admitted batch is stamped with the step that must train it."""
 
     name: Literal["in_order"] = knob("in_order", "Sampler mode.")
@@ -81,7 +81,7 @@ class InOrderSampler(_SamplerMode):
 
 
 @section
-class WeightFifoSampler(_SamplerMode):
+class WeightFifoSamplerConfig(_SamplerMode):
     """Strict weight-version FIFO: drain the oldest in-window start_weight first, waiting for its batch to fill."""
 
     name: Literal["weight_fifo"] = knob("weight_fifo", "Sampler mode.")
@@ -101,7 +101,7 @@ class WeightFifoSampler(_SamplerMode):
 
 
 @section
-class ReadyFirstSampler(_SamplerMode):
+class ReadyFirstSamplerConfig(_SamplerMode):
     """Completion-order streaming: any ready group no newer than the trainer, late stragglers included."""
 
     name: Literal["ready_first"] = knob("ready_first", "Sampler mode.")
@@ -119,7 +119,7 @@ class ReadyFirstSampler(_SamplerMode):
 
 
 @section
-class WindowedSampler(_SamplerMode):
+class WindowedSamplerConfig(_SamplerMode):
     """Over-sampled streaming: ungated dispatch, train on any ready group inside the staleness window."""
 
     name: Literal["windowed"] = knob("windowed", "Sampler mode.")
@@ -140,7 +140,7 @@ class WindowedSampler(_SamplerMode):
 
 
 @section
-class CustomSampler(_SamplerMode):
+class CustomSamplerConfig(_SamplerMode):
     """A user sampler class implementing the PromptGroupSampler protocol, imported from ``target``."""
 
     name: Literal["custom"] = knob("custom", "Sampler mode.")
@@ -170,6 +170,18 @@ class CustomSampler(_SamplerMode):
         )
 
 
-SamplerConfig = InOrderSampler | WeightFifoSampler | ReadyFirstSampler | WindowedSampler | CustomSampler
-SAMPLER_MODES: tuple[type, ...] = (InOrderSampler, WeightFifoSampler, ReadyFirstSampler, WindowedSampler, CustomSampler)
-GATED_MODES: tuple[type, ...] = (InOrderSampler, WeightFifoSampler, ReadyFirstSampler)
+SamplerConfig = (
+    InOrderSamplerConfig
+    | WeightFifoSamplerConfig
+    | ReadyFirstSamplerConfig
+    | WindowedSamplerConfig
+    | CustomSamplerConfig
+)
+SAMPLER_MODES: tuple[type, ...] = (
+    InOrderSamplerConfig,
+    WeightFifoSamplerConfig,
+    ReadyFirstSamplerConfig,
+    WindowedSamplerConfig,
+    CustomSamplerConfig,
+)
+GATED_MODES: tuple[type, ...] = (InOrderSamplerConfig, WeightFifoSamplerConfig, ReadyFirstSamplerConfig)

@@ -19,6 +19,7 @@ from typing import Any, ClassVar, Protocol, runtime_checkable
 
 from sc_lightning.config import samplers as cfg
 from sc_lightning.config.imports import import_class
+from sc_lightning.config.resolved import gated_buffer_capacity
 from sc_lightning.controller.api import GroupMeta
 from sc_lightning.controller.buffer import TQReplayBuffer
 from sc_lightning.controller.sampler_guard import GuardedSampler
@@ -170,7 +171,7 @@ class GatedSampler(BaseSampler):
 
     def required_buffer_capacity(self, groups_per_step: int) -> int | None:
         """One step's groups for each version dispatch may lead by, plus the current one."""
-        return groups_per_step * (self.gate_window + 1)
+        return gated_buffer_capacity(groups_per_step, self.gate_window)
 
 
 class InOrderSampler(GatedSampler):
@@ -256,20 +257,20 @@ class WindowedSampler(BaseSampler):
 def create_sampler(buffer: TQReplayBuffer, config: cfg.SamplerConfig) -> PromptGroupSampler:
     """Build the sampler a config names (custom classes are imported and type-checked)."""
     builders: dict[type, Callable[[], Any]] = {
-        cfg.InOrderSampler: lambda: InOrderSampler(buffer, gate_window=config.gate_window()),
-        cfg.WeightFifoSampler: lambda: WeightFifoSampler(buffer, gate_window=config.max_staleness_versions),
-        cfg.ReadyFirstSampler: lambda: ReadyFirstSampler(buffer, gate_window=config.max_staleness_versions),
-        cfg.WindowedSampler: lambda: WindowedSampler(
+        cfg.InOrderSamplerConfig: lambda: InOrderSampler(buffer, gate_window=config.gate_window()),
+        cfg.WeightFifoSamplerConfig: lambda: WeightFifoSampler(buffer, gate_window=config.max_staleness_versions),
+        cfg.ReadyFirstSamplerConfig: lambda: ReadyFirstSampler(buffer, gate_window=config.max_staleness_versions),
+        cfg.WindowedSamplerConfig: lambda: WindowedSampler(
             buffer,
             max_staleness_versions=config.max_staleness_versions,
             sample_freshest_first=config.sample_freshest_first,
         ),
-        cfg.CustomSampler: lambda: _custom_sampler(buffer, config),
+        cfg.CustomSamplerConfig: lambda: _custom_sampler(buffer, config),
     }
     return builders[type(config)]()
 
 
-def _custom_sampler(buffer: TQReplayBuffer, config: cfg.CustomSampler) -> PromptGroupSampler:
+def _custom_sampler(buffer: TQReplayBuffer, config: cfg.CustomSamplerConfig) -> PromptGroupSampler:
     cls = import_class(config.target)
     try:
         sampler = cls(buffer, **config.init_args)

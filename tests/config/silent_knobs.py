@@ -22,7 +22,7 @@ SELF_NAMES = frozenset({"self", "cls"})
 class Knob:
     """A leaf knob of the schema, as the check sees it."""
 
-    label: str  # the dotpath, plus the owning class where several hold it: "a.sampler.s (WindowedSampler)"
+    label: str  # the dotpath, plus the owning class where several hold it: "a.sampler.s (WindowedSamplerConfig)"
     name: str  # the field name, which is what code reads
     family: type  # the base-most class declaring the field: an override of a base's field is the same knob
     qualifiers: frozenset[str]  # the enclosing section's field name, the owning and declaring class names

@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from sc_lightning.cli import LIGHTNING_KEYS
 from sc_lightning.config import ConfigError, config_to_dict, load_config
-from sc_lightning.config.samplers import WindowedSampler
+from sc_lightning.config.samplers import WindowedSamplerConfig
 from sc_lightning.config.yaml_io import apply_override, load_yaml_layers, merge_into
 from tests.config.helpers import errors_of
 from tests.conftest import TEST_BASE, tiny_raw, variant
@@ -121,7 +121,7 @@ def test_sampler_mode_switch_in_a_later_layer_replaces_the_old_mode(tmp_path) ->
     raw = load_yaml_layers([*TEST_BASE, overlay])
     assert raw["async_rl"]["sampler"] == {"name": "windowed", "max_staleness_versions": 2}
     config = load_config(raw, extra_top_level=LIGHTNING_KEYS)
-    assert isinstance(config.async_rl.sampler, WindowedSampler)
+    assert isinstance(config.async_rl.sampler, WindowedSamplerConfig)
 
 
 def test_layers_merge_key_by_key_within_a_mode() -> None:

@@ -7,7 +7,7 @@ A knob that is parsed and documented but read by nothing has no effect, and no o
 test checks) gives every field at its dotpath; a leaf knob is a field that holds no section. Each member of a
 discriminated union (every sampler mode, every advantage estimator) contributes its own fields; free-form mappings
 (``init_args``) are leaves. Where several classes hold one dotpath the label adds the class:
-``async_rl.sampler.max_staleness_versions (WindowedSampler)``.
+``async_rl.sampler.max_staleness_versions (WindowedSamplerConfig)``.
 
 **Reads.** Every ``sc_lightning/**/*.py`` outside ``config/`` is parsed (``cli.py`` included; ``sc_lightning/testing/``
 is left out: the package never imports it, see test_layout, so a read there changes no run). A file reads a name by
@@ -123,7 +123,7 @@ def test_the_knobs_checked_are_the_documented_leaves_union_members_included() ->
     assert all(f"`{label.split(' ')[0]}`" in reference for label in labels)
     assert {
         "async_rl.sampler.init_args",
-        "async_rl.sampler.max_staleness_versions (WindowedSampler)",
+        "async_rl.sampler.max_staleness_versions (WindowedSamplerConfig)",
         "ppo.adv_estimator.gae_lambda",
         "grpo.seq_logprob_error_threshold",
     } <= labels

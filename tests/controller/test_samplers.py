@@ -181,20 +181,20 @@ def test_on_policy_flags() -> None:
 
 def test_create_sampler_from_config() -> None:
     buffer = new_buffer()
-    sampler = create_sampler(buffer, cfg.InOrderSampler(max_lookahead_versions=0, warmup_lookahead_versions=2))
+    sampler = create_sampler(buffer, cfg.InOrderSamplerConfig(max_lookahead_versions=0, warmup_lookahead_versions=2))
     assert isinstance(sampler, InOrderSampler) and sampler.required_buffer_capacity(4) == 12
-    windowed = create_sampler(buffer, cfg.WindowedSampler(max_staleness_versions=2, sample_freshest_first=True))
+    windowed = create_sampler(buffer, cfg.WindowedSamplerConfig(max_staleness_versions=2, sample_freshest_first=True))
     assert isinstance(windowed, WindowedSampler) and windowed.sample_freshest_first
 
 
 def test_custom_sampler_gets_kwargs_and_is_type_checked() -> None:
     buffer = new_buffer()
-    custom = cfg.CustomSampler(target="tests.controller.custom:LatestOnly", init_args={"keep": 3})
+    custom = cfg.CustomSamplerConfig(target="tests.controller.custom:LatestOnly", init_args={"keep": 3})
     sampler = create_sampler(buffer, custom)
     assert sampler.keep == 3 and sampler.buffer is buffer
-    broken = cfg.CustomSampler(target="tests.config.custom_samplers:CapableSampler")
+    broken = cfg.CustomSamplerConfig(target="tests.config.custom_samplers:CapableSampler")
     with pytest.raises(SamplerError, match="cannot build it"):
         create_sampler(buffer, broken)
-    incomplete = cfg.CustomSampler(target="tests.controller.custom:Incomplete")
+    incomplete = cfg.CustomSamplerConfig(target="tests.controller.custom:Incomplete")
     with pytest.raises(SamplerError, match="lacks .*can_admit, admit, select, evict"):
         create_sampler(buffer, incomplete)
