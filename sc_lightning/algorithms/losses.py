@@ -28,6 +28,8 @@ from typing import TYPE_CHECKING, Literal
 import torch
 from torch import Tensor
 
+from sc_lightning.config.algorithm import truncated_importance_sampling_issues
+
 if TYPE_CHECKING:
     from sc_lightning.config.algorithm import LossConfig
 
@@ -218,15 +220,14 @@ class ClippedPGLoss:
     sequence_level_importance_ratios: bool = False
 
     def __post_init__(self) -> None:
-        problems = []
-        kind = self.truncated_importance_sampling_type
-        if kind is not None:
-            if not self.use_importance_sampling_correction:
-                problems.append(f"{kind!r} truncation needs use_importance_sampling_correction")
-            if self.truncated_importance_sampling_ratio is None:
-                problems.append(f"{kind!r} truncation needs truncated_importance_sampling_ratio")
-            if kind != "tis" and self.truncated_importance_sampling_ratio_min is None:
-                problems.append(f"{kind!r} truncation needs truncated_importance_sampling_ratio_min")
+        truncation = truncated_importance_sampling_issues(
+            self.truncated_importance_sampling_type,
+            self.truncated_importance_sampling_ratio,
+            self.truncated_importance_sampling_ratio_min,
+            use_importance_sampling_correction=self.use_importance_sampling_correction,
+            sequence_level_importance_ratios=self.sequence_level_importance_ratios,
+        )
+        problems = [f"{knob} {problem}" for knob, problem in truncation]
         if self.ratio_clip_c is not None and self.ratio_clip_c <= 1:
             problems.append(f"ratio_clip_c must be > 1, got {self.ratio_clip_c}")
         if self.reference_policy_kl_type not in ("k1", "k2", "k3"):

@@ -138,3 +138,35 @@ class ValueLossConfig:
 
     value_clip_epsilon: float | None = knob(0.2, "Clip of V around V_old; null disables clipping.", gt=0)
     value_loss_coef: float = knob(1.0, "Scale of 0.5 * max((V - R)^2, (V_clip - R)^2).", gt=0)
+
+
+def truncated_importance_sampling_issues(
+    kind: str | None,
+    high: float | None,
+    low: float | None,
+    *,
+    use_importance_sampling_correction: bool,
+    sequence_level_importance_ratios: bool,
+) -> list[tuple[str, str]]:
+    """What is wrong with a truncated-IS setting, as (``loss_fn`` knob, problem) pairs; empty when it is coherent.
+
+    The one statement of these rules: the config validation and :class:`~sc_lightning.algorithms.ClippedPGLoss` both
+    report from it.
+    """
+    prefix = "truncated_importance_sampling"
+    if kind is None:
+        if high is not None or low is not None:
+            return [(f"{prefix}_type", "is null but truncation bounds are set; name the variant or drop the bounds")]
+        return []
+    issues = []
+    if not use_importance_sampling_correction:
+        issues.append((f"{prefix}_type", f"is {kind!r} without loss_fn.use_importance_sampling_correction: true"))
+    if high is None:
+        issues.append((f"{prefix}_ratio", f"is required by truncated_importance_sampling_type {kind!r}"))
+    if kind in ("icepop", "seq-mask-tis") and low is None:
+        issues.append((f"{prefix}_ratio_min", f"is required by truncated_importance_sampling_type {kind!r}"))
+    if high is not None and low is not None and low > high:
+        issues.append((f"{prefix}_ratio_min", f"({low}) exceeds truncated_importance_sampling_ratio ({high})"))
+    if kind == "seq-mask-tis" and sequence_level_importance_ratios:
+        issues.append((f"{prefix}_type", "seq-mask-tis cannot be combined with sequence_level_importance_ratios"))
+    return issues

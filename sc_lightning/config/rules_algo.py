@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from sc_lightning.config.algorithm import GAEAdvantage, GRPOAdvantage
+from sc_lightning.config.algorithm import GAEAdvantage, GRPOAdvantage, truncated_importance_sampling_issues
 from sc_lightning.config.report import Report, ties
 from sc_lightning.config.resolved import min_groups_for_streaming_train
 from sc_lightning.config.samplers import InOrderSamplerConfig, ReadyFirstSamplerConfig
@@ -286,26 +286,14 @@ def importance_sampling(config: SCConfig, report: Report) -> None:
 def truncated_importance_sampling(config: SCConfig, report: Report) -> None:
     """Truncated-IS variants need IS correction, their bounds, and no sequence-level ratios for seq-mask-tis."""
     loss = config.loss_fn
-    kind, high, low = (
+    for knob, problem in truncated_importance_sampling_issues(
         loss.truncated_importance_sampling_type,
         loss.truncated_importance_sampling_ratio,
         loss.truncated_importance_sampling_ratio_min,
-    )
-    prefix = "loss_fn.truncated_importance_sampling"
-    if kind is None:
-        if high is not None or low is not None:
-            report.error(f"{prefix}_type", "is null but truncation bounds are set; name the variant or drop the bounds")
-        return
-    if not loss.use_importance_sampling_correction:
-        report.error(f"{prefix}_type", f"is {kind!r} without loss_fn.use_importance_sampling_correction: true")
-    if high is None:
-        report.error(f"{prefix}_ratio", f"is required by truncated_importance_sampling_type {kind!r}")
-    if kind in ("icepop", "seq-mask-tis") and low is None:
-        report.error(f"{prefix}_ratio_min", f"is required by truncated_importance_sampling_type {kind!r}")
-    if high is not None and low is not None and low > high:
-        report.error(f"{prefix}_ratio_min", f"({low}) exceeds truncated_importance_sampling_ratio ({high})")
-    if kind == "seq-mask-tis" and loss.sequence_level_importance_ratios:
-        report.error(f"{prefix}_type", "seq-mask-tis cannot be combined with sequence_level_importance_ratios")
+        use_importance_sampling_correction=loss.use_importance_sampling_correction,
+        sequence_level_importance_ratios=loss.sequence_level_importance_ratios,
+    ):
+        report.error(f"loss_fn.{knob}", problem)
 
 
 @ties(

@@ -24,7 +24,10 @@ CONFIGS = st.fixed_dictionaries(
 
 
 def make_loss(config: dict) -> ClippedPGLoss:
-    if config["truncated_importance_sampling_type"] is None or not config["use_importance_sampling_correction"]:
+    """The loss of ``config``, its truncation made coherent (the combinations the config validation refuses, off)."""
+    kind = config["truncated_importance_sampling_type"]
+    seq_mask_on_seq_ratios = kind == "seq-mask-tis" and config["sequence_level_importance_ratios"]
+    if kind is None or not config["use_importance_sampling_correction"] or seq_mask_on_seq_ratios:
         config = {**config, "truncated_importance_sampling_type": None}
     else:
         config = {**config, "truncated_importance_sampling_ratio": 1.5, "truncated_importance_sampling_ratio_min": 0.7}

@@ -338,12 +338,19 @@ def test_gspo_truncation_counts_sequences() -> None:
 
 
 def test_truncation_settings_are_validated() -> None:
-    with pytest.raises(ValueError, match="needs use_importance_sampling_correction"):
+    """The loss reports from the same rules as the config validation (config.algorithm)."""
+    with pytest.raises(ValueError, match="'tis' without loss_fn.use_importance_sampling_correction: true"):
         ClippedPGLoss(**PLAIN, truncated_importance_sampling_type="tis", truncated_importance_sampling_ratio=2.0)
-    with pytest.raises(ValueError, match="needs truncated_importance_sampling_ratio"):
+    with pytest.raises(ValueError, match="truncated_importance_sampling_ratio is required by .* 'tis'"):
         ClippedPGLoss(truncated_importance_sampling_type="tis")
-    with pytest.raises(ValueError, match="ratio_min"):
+    with pytest.raises(ValueError, match="ratio_min is required by .* 'icepop'"):
         ClippedPGLoss(truncated_importance_sampling_type="icepop", truncated_importance_sampling_ratio=2.0)
+    with pytest.raises(ValueError, match=r"ratio_min \(3.0\) exceeds truncated_importance_sampling_ratio \(2.0\)"):
+        ClippedPGLoss(
+            truncated_importance_sampling_type="icepop",
+            truncated_importance_sampling_ratio=2.0,
+            truncated_importance_sampling_ratio_min=3.0,
+        )
     with pytest.raises(ValueError, match="ratio_clip_c"):
         ClippedPGLoss(ratio_clip_c=1.0)
 
