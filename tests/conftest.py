@@ -5,7 +5,7 @@ from __future__ import annotations
 import copy
 import importlib.util
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +30,37 @@ def variant(*layers: dict[str, Any], base: dict[str, Any] | None = None) -> dict
     for layer in layers:
         merge_into(raw, layer)
     return raw
+
+
+def tiny_trainer(
+    config: Any,
+    engine_factory: Callable[..., Any],
+    callbacks: Sequence[Any] = (),
+    *,
+    root: Path | None = None,
+    resume_state: Path | None = None,
+    max_steps: int | None = None,
+) -> Any:
+    """The tests' one Trainer: the Single-Controller strategy over ``engine_factory``, RefitCallback, ``callbacks``.
+
+    Quiet (no logger, progress bar or model summary); Lightning's checkpointing is on only when ``callbacks`` hold a
+    checkpoint callback (a BundleCheckpoint or ModelCheckpoint). ``max_steps`` defaults to the config's budget.
+    """
+    from lightning.pytorch import Trainer
+    from lightning.pytorch.callbacks import Checkpoint
+
+    from sc_lightning import RefitCallback, SingleControllerStrategy
+
+    return Trainer(
+        strategy=SingleControllerStrategy(config, engine_factory, resume_state=resume_state),
+        default_root_dir=root,
+        max_steps=config.algo.max_num_steps if max_steps is None else max_steps,
+        logger=False,
+        enable_checkpointing=any(isinstance(callback, Checkpoint) for callback in callbacks),
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[RefitCallback(), *callbacks],
+    )
 
 
 @pytest.fixture(scope="module")

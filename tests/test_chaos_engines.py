@@ -31,10 +31,8 @@ import pytest
 import ray
 import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
-from lightning.pytorch.callbacks import Checkpoint
 
 from sc_lightning.callbacks.checkpoint import BundleCheckpoint
-from sc_lightning.callbacks.refit import RefitCallback
 from sc_lightning.checkpoint.snapshots import config_identity, resume_point
 from sc_lightning.config import SCConfig, load_config
 from sc_lightning.config.yaml_io import load_yaml_layers
@@ -46,13 +44,12 @@ from sc_lightning.engines.base import EngineError, GenerationEngine
 from sc_lightning.engines.megatron_ray import RayMegatronEngine
 from sc_lightning.engines.router import EngineRouter
 from sc_lightning.lightning.module import GRPOModule
-from sc_lightning.lightning.strategy import SingleControllerStrategy
 from sc_lightning.models.warm_start import resolve_model_name
 from sc_lightning.rollout.datasets import build_dataset
 from sc_lightning.rollout.envs import build_environment
 from sc_lightning.tokenizer import CharTokenizer
 from sc_lightning.types import SamplingParams
-from tests.conftest import TEST_BASE
+from tests.conftest import TEST_BASE, tiny_trainer
 
 pytestmark = pytest.mark.slow
 
@@ -185,16 +182,8 @@ def controller_over(config: SCConfig, engine: GenerationEngine) -> SingleControl
 
 def fit(config: SCConfig, engines: Replicated, callbacks: Sequence[Callback], root: Path, **fit_kwargs: Any) -> Trainer:
     """One in-process fit: our strategy with ``engines`` as the engine factory, the refit callback, ``callbacks``."""
-    trainer = Trainer(
-        strategy=SingleControllerStrategy(config, engines, resume_state=fit_kwargs.pop("resume_state", None)),
-        default_root_dir=root,
-        max_steps=config.algo.max_num_steps,
-        logger=False,
-        enable_checkpointing=any(isinstance(callback, Checkpoint) for callback in callbacks),
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        callbacks=[RefitCallback(), *callbacks],
-    )
+    resume_state = fit_kwargs.pop("resume_state", None)
+    trainer = tiny_trainer(config, engines, callbacks, root=root, resume_state=resume_state)
     trainer.fit(GRPOModule(config), **fit_kwargs)
     return trainer
 

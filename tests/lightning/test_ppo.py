@@ -16,7 +16,6 @@ from lightning.pytorch import Callback, Trainer
 
 from sc_lightning.algorithms import ClippedPGLoss
 from sc_lightning.callbacks.checkpoint import BundleCheckpoint
-from sc_lightning.callbacks.refit import RefitCallback
 from sc_lightning.checkpoint.bundle import TRAINER_FILE, latest_bundle
 from sc_lightning.config import SCConfig, load_config
 from sc_lightning.config.yaml_io import apply_override, load_yaml_layers, merge_into
@@ -24,7 +23,6 @@ from sc_lightning.controller.buffer import TQReplayBuffer
 from sc_lightning.controller.build import rollout_settings
 from sc_lightning.data_plane.memory import MemoryDataPlane
 from sc_lightning.lightning.ppo_module import PPOModule
-from sc_lightning.lightning.strategy import SingleControllerStrategy
 from sc_lightning.models import load_policy
 from sc_lightning.models.value import load_critic
 from sc_lightning.models.warm_start import resolve_model_name
@@ -38,7 +36,7 @@ from sc_lightning.trainer.critic_update import CriticUpdate, value_targets
 from sc_lightning.trainer.optim import adamw, optimizer_state_to
 from sc_lightning.trainer.policy_update import EmptyStepError, PolicyUpdate
 from tests.config.helpers import PPO_COMPANION
-from tests.conftest import TEST_BASE
+from tests.conftest import TEST_BASE, tiny_trainer
 from tests.lightning.test_train_pump import TOKENIZER, Alternating, Recorder
 from tests.lightning.test_train_pump import fit as train_pump_fit
 
@@ -248,15 +246,7 @@ def test_a_resume_in_the_middle_of_warm_up_continues_it(tmp_path: Path) -> None:
     # warm start: a fresh run seeds its critic from the bundle of step 2
     seeded = ppo_config("ppo.max_num_steps=1", f"ppo.warm_start_value_checkpoint={tmp_path / 'step_2'}")
     module = PPOModule(seeded)
-    trainer = Trainer(
-        strategy=SingleControllerStrategy(seeded, lambda c, w: ScriptedEngine(Alternating())),
-        max_steps=0,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        callbacks=[RefitCallback()],
-    )
+    trainer = tiny_trainer(seeded, lambda c, w: ScriptedEngine(Alternating()), max_steps=0)
     trainer.fit(module)
     assert all(torch.equal(critic_at_2[k], v) for k, v in module.critic.state_dict().items() if k in critic_at_2)
 

@@ -3,15 +3,14 @@
 from __future__ import annotations
 
 import torch
-from lightning.pytorch import Callback, Trainer
+from lightning.pytorch import Callback
 
-from sc_lightning.callbacks.refit import RefitCallback
 from sc_lightning.engines.megatron import MegatronEngine
 from sc_lightning.lightning.module import GRPOModule
-from sc_lightning.lightning.strategy import SingleControllerStrategy
 from sc_lightning.models import token_logprobs
 from sc_lightning.models.warm_start import resolve_model_name
 from sc_lightning.types import SamplingParams
+from tests.conftest import tiny_trainer
 from tests.lightning.test_train_pump import tiny_config
 
 PROMPT = (2, 8, 13, 9, 16)  # "<s>5+6="
@@ -49,15 +48,7 @@ class EngineMatchesTrainer(Callback):
 def test_after_each_step_the_colocated_engine_stood_down_and_scores_like_the_trainer() -> None:
     config = tiny_config("grpo.max_num_steps=3")
     check = EngineMatchesTrainer()
-    trainer = Trainer(
-        strategy=SingleControllerStrategy(config, engine_factory),
-        max_steps=3,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        callbacks=[RefitCallback(), check],  # the check runs after the refit of the same step
-    )
+    trainer = tiny_trainer(config, engine_factory, [check])  # the check runs after the refit of the same step
     trainer.fit(GRPOModule(config))
     assert check.versions == [1, 2, 3]
     assert check.stood_down_while_training == [True, True, True]  # colocated: down for each train step, then woken

@@ -15,17 +15,15 @@ from pathlib import Path
 import pytest
 import torch
 from lightning.pytorch import Callback, Trainer
-from lightning.pytorch.callbacks import Checkpoint, ModelCheckpoint
+from lightning.pytorch.callbacks import ModelCheckpoint
 
 from sc_lightning.algorithms import ClippedPGLoss
-from sc_lightning.callbacks.refit import RefitCallback
 from sc_lightning.config import SCConfig, load_config
 from sc_lightning.config.yaml_io import load_yaml_layers
 from sc_lightning.controller.buffer import TQReplayBuffer
 from sc_lightning.controller.build import rollout_settings
 from sc_lightning.data_plane.memory import MemoryDataPlane
 from sc_lightning.lightning.module import GRPOModule
-from sc_lightning.lightning.strategy import SingleControllerStrategy
 from sc_lightning.models import load_policy
 from sc_lightning.models.warm_start import resolve_model_name
 from sc_lightning.rollout.datasets import build_dataset
@@ -36,7 +34,7 @@ from sc_lightning.tokenizer import CharTokenizer
 from sc_lightning.trainer.chunks import load_chunk
 from sc_lightning.trainer.optim import adamw
 from sc_lightning.trainer.policy_update import PolicyUpdate
-from tests.conftest import TEST_BASE
+from tests.conftest import TEST_BASE, tiny_trainer
 
 TOKENIZER = CharTokenizer()
 
@@ -68,17 +66,7 @@ def fit(
     module_class: type[GRPOModule] = GRPOModule,
 ) -> tuple[Trainer, GRPOModule]:
     engine = engine or ScriptedEngine(Alternating())
-    strategy = SingleControllerStrategy(config, lambda c, w: engine)
-    trainer = Trainer(
-        strategy=strategy,
-        default_root_dir=root,
-        max_steps=config.algo.max_num_steps,
-        logger=False,
-        enable_checkpointing=any(isinstance(callback, Checkpoint) for callback in callbacks),
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        callbacks=[RefitCallback(), *callbacks],
-    )
+    trainer = tiny_trainer(config, lambda c, w: engine, callbacks, root=root)
     module = module_class(config)
     trainer.fit(module, ckpt_path=ckpt_path)
     return trainer, module
