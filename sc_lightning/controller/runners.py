@@ -142,13 +142,14 @@ class LocalController(ControllerHandle):
         self._thread.start()
         self.controller: SingleController = self.call(build_and_start(build, before_start))
 
-    def call(self, coroutine: Coroutine[Any, Any, T], timeout_s: float | None = None) -> T:
+    def call(self, coroutine: Coroutine[Any, Any, T], timeout_s: float | None = None, *, name: str | None = None) -> T:
         """Run a coroutine on the controller's event loop (e.g. a call on its engine) and return its result.
 
-        ControllerUnresponsive if it does not finish within ``timeout_s`` (default ``call_timeout_s``).
+        ControllerUnresponsive, naming ``name`` (default: the coroutine's), if it does not finish within ``timeout_s``
+        (default ``call_timeout_s``).
         """
         limit = timeout_s if timeout_s is not None else self.call_timeout_s
-        name = getattr(coroutine, "__qualname__", "a call")
+        name = name or getattr(coroutine, "__qualname__", "a call")
         future: Future[T] = asyncio.run_coroutine_threadsafe(coroutine, self._loop)
         try:
             return future.result(timeout=limit)
@@ -160,9 +161,7 @@ class LocalController(ControllerHandle):
 
     def _invoke(self, method: str, *args: Any, deadline_s: float | None = None, **kwargs: Any) -> Any:
         """Run the controller's ``method`` on its loop; ControllerUnresponsive past the deadline."""
-        coroutine = invoke(self.controller, method, args, kwargs)
-        coroutine.__qualname__ = method  # what ControllerUnresponsive names
-        return self.call(coroutine, deadline_s)
+        return self.call(invoke(self.controller, method, args, kwargs), deadline_s, name=method)
 
     def shutdown(self) -> None:
         """Stop the pump, then the loop and its thread."""

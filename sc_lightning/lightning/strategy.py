@@ -132,16 +132,18 @@ class SingleControllerStrategy(SingleDeviceStrategy):
         The weights are pushed only when the module's ``policy_trained`` says the step changed the policy (a PPO
         critic warm-up does not); ``wake`` wakes a colocated engine before dispatch reopens. One controller call.
         """
-        if self.controller is None:
-            raise RuntimeError("the Single-Controller strategy has not been set up")
         weights = self.policy_weights() if self.lightning_module.policy_trained else None
-        return self.controller.refit(version, weights, wake=wake)
+        return self._running_controller().refit(version, weights, wake=wake)
 
     def stand_down_engine(self) -> None:
         """Colocated: the engine releases the accelerator for the train step (its requests and deadlines freeze)."""
+        self._running_controller().stand_down_engine()
+
+    def _running_controller(self) -> LocalController:
+        """The started controller; RuntimeError before ``setup`` or after ``teardown``."""
         if self.controller is None:
             raise RuntimeError("the Single-Controller strategy has not been set up")
-        self.controller.stand_down_engine()
+        return self.controller
 
     def _start(self) -> None:
         module = self.lightning_module
