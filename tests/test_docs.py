@@ -102,3 +102,19 @@ def test_the_readme_python_snippet_trains_with_root_imports_only(tmp_path) -> No
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert "trained steps: 2" in result.stdout
+
+
+def test_importing_the_package_loads_no_framework() -> None:
+    """``import sc_lightning`` stays cheap: Lightning, Ray and megatron-core load only when a root name is used."""
+    import subprocess
+    import sys
+
+    probe = (
+        "import sys, sc_lightning\n"
+        "heavy = [m for m in ('lightning', 'ray', 'megatron') if m in sys.modules]\n"
+        "assert not heavy, heavy\n"
+        "sc_lightning.RefitCallback\n"
+        "assert 'lightning' in sys.modules\n"
+    )
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=300, check=False)
+    assert result.returncode == 0, result.stderr[-2000:]
