@@ -126,8 +126,11 @@ class BaseSampler:
         """Unconstrained by default."""
         return None
 
-    def eligible(self, trainer_version: int) -> list[int]:
-        """Buffer indices of the ready groups a step at ``trainer_version`` may take, in preference order."""
+    def eligible(self, trainer_version: int, min_groups: int = 1) -> list[int]:
+        """Buffer indices of the ready groups a step at ``trainer_version`` may take, in preference order.
+
+        ``min_groups`` is the chunk's lower bound; only ``weight_fifo`` looks at it (see there).
+        """
         raise NotImplementedError
 
     async def select(self, *, trainer_version: int, min_groups: int, max_groups: int) -> list[GroupMeta] | None:
@@ -136,7 +139,7 @@ class BaseSampler:
             raise SamplerError(f"min_groups must be >= 1, got {min_groups}")
         if max_groups < min_groups:
             raise SamplerError(f"max_groups ({max_groups}) must be >= min_groups ({min_groups})")
-        eligible = self.eligible(trainer_version)
+        eligible = self.eligible(trainer_version, min_groups)
         if len(eligible) < min_groups:
             return None
         return self.buffer.take(eligible[:max_groups])
@@ -182,7 +185,7 @@ class InOrderSampler(GatedSampler):
         self._dispatch_index += 1
         return self._dispatch_index
 
-    def eligible(self, trainer_version: int) -> list[int]:
+    def eligible(self, trainer_version: int, min_groups: int = 1) -> list[int]:
         """Ready groups stamped for this step, in dispatch order."""
         return [i for i, s in enumerate(self.buffer.slots) if s.ready and s.target_step == trainer_version]
 
@@ -199,14 +202,25 @@ class InOrderSampler(GatedSampler):
 class WeightFifoSampler(GatedSampler):
     """Strict FIFO over weight versions: train the oldest in-window start_weight, waiting for its whole batch."""
 
-    def eligible(self, trainer_version: int) -> list[int]:
-        """Ready groups of the oldest start_weight in the window (unready ones count: we wait for them)."""
+    def eligible(self, trainer_version: int, min_groups: int = 1) -> list[int]:
+        """Ready groups of the oldest in-window start_weight (unready ones count: we wait for them).
+
+        Once that weight has nothing left in flight but holds fewer than ``min_groups`` ready groups, the next
+        weights' ready groups follow, oldest first, under the same rule: no new group can ever take an older weight,
+        so waiting would never end (a batch split across a refit, or a resume whose sealed generations keep the
+        weight they were made with).
+        """
         oldest = max(0, trainer_version - self.gate_window)
-        in_window = [s.start_weight for s in self.buffer.slots if oldest <= s.start_weight <= trainer_version]
-        if not in_window:
-            return []
-        target = min(in_window)
-        return [i for i, s in enumerate(self.buffer.slots) if s.ready and s.start_weight == target]
+        slots = self.buffer.slots
+        weights = sorted({s.start_weight for s in slots if oldest <= s.start_weight <= trainer_version})
+        chosen: list[int] = []
+        for weight in weights:
+            of_weight = [i for i, s in enumerate(slots) if s.start_weight == weight]
+            ready = [i for i in of_weight if slots[i].ready]
+            chosen += ready
+            if len(ready) < len(of_weight) or len(chosen) >= min_groups:
+                break
+        return chosen
 
 
 class ReadyFirstSampler(GatedSampler):
@@ -217,7 +231,7 @@ class ReadyFirstSampler(GatedSampler):
         """Stragglers of any age stay selectable."""
         return False
 
-    def eligible(self, trainer_version: int) -> list[int]:
+    def eligible(self, trainer_version: int, min_groups: int = 1) -> list[int]:
         """Every ready group with start_weight <= trainer version, in buffer order."""
         return [i for i, s in enumerate(self.buffer.slots) if s.ready and s.start_weight <= trainer_version]
 
@@ -240,7 +254,7 @@ class WindowedSampler(BaseSampler):
         """The staleness window."""
         return self.max_staleness_versions
 
-    def eligible(self, trainer_version: int) -> list[int]:
+    def eligible(self, trainer_version: int, min_groups: int = 1) -> list[int]:
         """In-window ready groups, in buffer order or freshest first (ties in buffer order)."""
         oldest = max(0, trainer_version - self.max_staleness_versions)
         slots = self.buffer.slots

@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from sc_lightning.config import samplers as cfg
 from sc_lightning.controller.samplers import (
@@ -126,6 +128,44 @@ def test_weight_fifo_waits_for_the_oldest_weight_instead_of_skipping_ahead() -> 
     assert names(select(sampler, 1, min_groups=1, max_groups=2)) == ["w0-done"]  # never w1 while w0 is open
     assert names(evict(sampler, 2)) == []  # w1 is in [1, 2]; w0-running is unready
     assert names(evict(sampler, 3)) == ["w1-done"]
+
+
+def test_weight_fifo_moves_on_once_a_short_oldest_weight_has_nothing_in_flight() -> None:
+    # a resumed batch whose sealed generations kept weight 1 for three of its groups; the others restarted at 2
+    buffer = new_buffer()
+    sampler = WeightFifoSampler(buffer, gate_window=1)
+    for name in ("a", "b", "c"):
+        add(buffer, f"w1-{name}", start=1)
+    for name in ("d", "e", "f", "g", "h"):
+        add(buffer, f"w2-{name}", start=2)
+    assert names(select(sampler, 2, min_groups=4, max_groups=4)) == ["w1-a", "w1-b", "w1-c", "w2-d"]
+    assert names(select(sampler, 2, min_groups=4, max_groups=4)) == ["w2-e", "w2-f", "w2-g", "w2-h"]
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    slots=st.lists(st.tuples(st.integers(0, 4), st.booleans()), max_size=12),
+    version=st.integers(0, 4),
+    window=st.integers(0, 2),
+    min_groups=st.integers(1, 4),
+)
+def test_weight_fifo_never_skips_an_unfinished_weight_and_never_waits_in_vain(
+    slots: list[tuple[int, bool]], version: int, window: int, min_groups: int
+) -> None:
+    buffer = new_buffer()
+    sampler = WeightFifoSampler(buffer, gate_window=window)
+    for index, (weight, ready) in enumerate(sorted(slots, key=lambda slot: slot[0])):  # dispatch order
+        add(buffer, f"{index}", start=weight, ready=ready)
+    oldest = max(0, version - window)
+    in_window = [(w, ready) for w, ready in slots if oldest <= w <= version]
+    chosen = select(sampler, version, min_groups=min_groups, max_groups=8)
+    weight_of = {f"{i}": w for i, (w, _) in enumerate(sorted(slots, key=lambda slot: slot[0]))}
+    unfinished = [w for w, ready in in_window if not ready]
+    for name in names(chosen):
+        assert oldest <= weight_of[name] <= version
+        assert not unfinished or weight_of[name] <= min(unfinished), "a newer weight while an older one generates"
+    if not unfinished and len(in_window) >= min_groups:
+        assert chosen, "every in-window group is ready and enough of them: waiting would never end"
 
 
 def test_ready_first_never_evicts_and_never_takes_a_newer_weight() -> None:
