@@ -26,7 +26,7 @@ from sc_lightning.data_plane.base import DataPlane
 from sc_lightning.engines.base import GenerationEngine
 from sc_lightning.rollout.datasets import PromptDataset
 from sc_lightning.rollout.envs.base import Environment
-from sc_lightning.rollout.manager import RolloutManager, RolloutSettings
+from sc_lightning.rollout.manager import RolloutManager, RolloutSettings, ServedPolicy
 from sc_lightning.rollout.prompts import PromptStream
 from sc_lightning.tokenizer import Tokenizer
 from sc_lightning.types import SamplingParams
@@ -78,7 +78,8 @@ def build_controller(
             f"async_rl.max_buffered_rollouts ({resolved.max_buffered_rollouts}) is below the sampler's required "
             f"capacity ({required}); the rollout pump would deadlock"
         )
-    manager = RolloutManager(engine, environment, tokenizer, buffer, rollout_settings(config), weight_version)
+    served = ServedPolicy(engine, weight_version)
+    manager = RolloutManager(served, environment, tokenizer, buffer, rollout_settings(config))
     prompts = PromptStream(
         dataset,
         resolved.groups_per_step,
@@ -89,6 +90,7 @@ def build_controller(
     controller = SingleController(
         buffer=buffer,
         sampler=sampler,
+        served=served,
         manager=manager,
         prompts=prompts,
         max_buffered_rollouts=resolved.max_buffered_rollouts,
@@ -139,7 +141,7 @@ def resume_restorer(
     async def restore(controller: SingleController) -> None:
         """Load the controller state, then give the engine the restored weights at the trainer's version."""
         await controller.restore(state, group_size=group_size)
-        await controller.manager.engine.update_weights(weights, int(state["trainer_version"]))
+        await controller.push_weights(weights, int(state["trainer_version"]))
         log.info("resumed from %s at RL step %d", source, state["trainer_version"])
 
     return restore

@@ -1,93 +1,59 @@
-"""The checkpoint half of the SingleController: a consistent cut of its state, and restoring one before start.
+"""The SingleController's checkpoint collaborator: a consistent cut of its state, and restoring one before start.
 
 A cut holds the trainer's version, the prompt stream's cursor, the sampler's dispatch index, the replay index of
 the committed groups (claimed by the step being trained, then buffered) — their rows are the data plane's own
 snapshot — the pending prompt groups (taken from the stream, not committed), the drop budgets spent with the
-shortfalls of open steps, and the replacement reserve. It is taken behind :meth:`checkpoint_barrier`, so rows,
-index and ledgers describe the same moment while generation goes on.
+shortfalls of open steps, and the replacement reserve. It is taken behind :meth:`ControllerCheckpoint.barrier`, so rows,
+index and ledgers describe the same moment while generation goes on. The controller owns one
+:class:`ControllerCheckpoint` over its parts and its :class:`~sc_lightning.controller.ledger.RecoveryLedger`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
-from collections.abc import AsyncIterator, Callable
-from pathlib import Path
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from sc_lightning.controller.api import GroupMeta
 from sc_lightning.controller.buffer import TQReplayBuffer, replay_index
+from sc_lightning.controller.ledger import RecoveryLedger
 from sc_lightning.controller.recovery import PendingGroup, RecoveryPolicy
-from sc_lightning.data_plane.base import DataPlane
 
 if TYPE_CHECKING:
     from sc_lightning.controller.drops import DropLedger
     from sc_lightning.controller.permits import Permits
     from sc_lightning.controller.reserve import ReplacementReserve
     from sc_lightning.controller.samplers import PromptGroupSampler
-    from sc_lightning.rollout.manager import RolloutManager
     from sc_lightning.rollout.prompts import PromptStream
 
 CHECKPOINT_STATE_VERSION = 1
-log = logging.getLogger(__name__)
 
 
-class ControllerCheckpointing:
-    """Checkpoint and restore for :class:`~sc_lightning.controller.controller.SingleController` (a mixin)."""
+@dataclass
+class ControllerCheckpoint:
+    """Cuts and restores the controller's state: the parts it reads, and the recovery ledger it shares with the pump."""
 
     buffer: TQReplayBuffer
     sampler: PromptGroupSampler
-    manager: RolloutManager
     prompts: PromptStream
     recovery: RecoveryPolicy
     drops: DropLedger
     reserve: ReplacementReserve
     buffer_permits: Permits
-    trainer_version: int
-    _pump: asyncio.Task | None
-    _pending: dict[int, PendingGroup]
-    _holding_permit: set[int]
-    _resumed: list[PendingGroup]
-    _claims: list[GroupMeta]
-    _committed: dict[str, PendingGroup]
-    _claims_lock: asyncio.Lock
-    _end_warmup_window: Callable[[], None]
-
-    @property
-    def data_plane(self) -> DataPlane:
-        """The data plane holding the committed groups' rows."""
-        return self.buffer.data_plane
+    ledger: RecoveryLedger
 
     @contextlib.asynccontextmanager
-    async def checkpoint_barrier(self) -> AsyncIterator[None]:
+    async def barrier(self) -> AsyncIterator[None]:
         """Inside: trainer_version, the claims, the committed groups and the data plane's rows stay put.
 
         It holds the claims lock (no refit releases a step's claims or deletes rows) and the buffer's commit
         barrier (finished groups wait to commit); generation and dispatch go on.
         """
-        async with self._claims_lock, self.buffer.commits_paused():
+        async with self.ledger.claims_lock, self.buffer.commits_paused():
             yield
 
-    async def snapshot(self, directory: str | Path | None) -> dict[str, Any]:
-        """Write the data plane's rows into ``directory`` and return :meth:`checkpoint_state` — at any moment.
-
-        The state indexes the saved rows when the sampler ``supports_buffer_checkpoint``; otherwise (shadow mode)
-        the rows are kept but not indexed, and the claimed and buffered groups are listed as pending instead. With
-        ``directory`` None no rows are saved and those groups are pending too: a resume generates them again.
-
-        Both are taken behind the buffer's commit barrier and the claims lock, so the rows and the replay index
-        describe the same committed groups (a group committing meanwhile waits and stays pending in this cut) and
-        the step being trained cannot publish its weights (release its claims) in between. Rows are deleted only
-        under that lock, so every indexed group's rows are saved; evicted groups' rows may be saved without being
-        indexed, and :meth:`restore` drops such orphans.
-        """
-        async with self.checkpoint_barrier():
-            if directory is not None:
-                await asyncio.to_thread(self.buffer.data_plane.save, directory)
-            return self.checkpoint_state(index_rows=directory is not None and self.sampler.supports_buffer_checkpoint)
-
-    def checkpoint_state(self, *, index_rows: bool = True) -> dict[str, Any]:
+    def state(self, trainer_version: int, *, index_rows: bool = True) -> dict[str, Any]:
         """Everything but the rows a resume needs: JSON-able plain data, for the trainer state of ``trainer_version``.
 
         The trainer's version, the prompt stream's cursor, the sampler's dispatch index, the replay index of the
@@ -101,27 +67,23 @@ class ControllerCheckpointing:
         Without ``index_rows`` the replay index is empty and the claimed and buffered groups come first in the
         pending list instead (their rows will not be restored; with token capture their sealed generations are).
         """
-        pending = [entry for _, entry in sorted(self._pending.items())]
-        holding = len(self._holding_permit & self._pending.keys())  # launched; the others wait for a permit
+        ledger = self.ledger
+        pending, holding = ledger.pending_in_order(), ledger.pending_holding_permits()
         if index_rows:
-            index = self.buffer.state_dict(claimed=self._claims)
+            index = self.buffer.state_dict(claimed=ledger.claims)
         else:
-            claims = [meta.group_id for meta in self._claims]
+            claims = [meta.group_id for meta in ledger.claims]
             buffered = [meta.group_id for meta in self.buffer.ready_metas()]
-            unknown = [group_id for group_id in claims + buffered if group_id not in self._committed]
-            if unknown:  # restored from a replay index by a capable sampler: no prompt to regenerate them from
-                log.warning("checkpoint without rows: groups %s cannot be regenerated and are left out", unknown)
-            regenerated = [self._committed[g] for g in claims + buffered if g in self._committed]
-            pending = regenerated + pending
-            holding += sum(g in self._committed for g in buffered)  # buffered groups held permits too
+            pending = ledger.regenerable(claims + buffered) + pending
+            holding += sum(group_id in ledger.committed for group_id in buffered)  # buffered groups held permits too
             index = replay_index([])
         return {
             "version": CHECKPOINT_STATE_VERSION,
-            "trainer_version": self.trainer_version,
+            "trainer_version": trainer_version,
             "prompts": self.prompts.state_dict(),
             "dispatch_index": self.sampler.dispatch_index,
             "replay_index": index,
-            "claimed": len(self._claims),
+            "claimed": len(ledger.claims),
             "rows_indexed": index_rows,
             "pending": [entry.to_dict() for entry in pending],
             "pending_holding_permits": holding,
@@ -129,13 +91,11 @@ class ControllerCheckpointing:
             "replacement_reserve": self.reserve.state_dict(),
         }
 
-    async def restore(self, state: dict[str, Any], *, group_size: int) -> None:
-        """Load a :meth:`checkpoint_state` before :meth:`start` (the committed groups' rows already in the data plane).
+    async def restore(self, state: dict[str, Any], *, group_size: int) -> int:
+        """Load a :meth:`state` (the committed groups' rows already in the data plane); returns its trainer version.
 
         Raises ValueError naming what does not fit (state version, prompt stream settings, replay index, capacity).
         """
-        if self._pump is not None:
-            raise RuntimeError("restore() must come before start()")
         if state.get("version") != CHECKPOINT_STATE_VERSION:
             raise ValueError(f"controller state version {state.get('version')!r} is not {CHECKPOINT_STATE_VERSION}")
         pending = [PendingGroup.from_dict(p, capture=self.recovery.token_capture) for p in state["pending"]]
@@ -165,6 +125,5 @@ class ControllerCheckpointing:
         orphans = [key for key in stored if key not in indexed]
         if orphans:  # rows of groups evicted before the snapshot, not deleted yet
             await asyncio.to_thread(self.buffer.data_plane.clear, orphans)
-        self.trainer_version = self.manager.weight_version = int(state["trainer_version"])
-        self._end_warmup_window()  # a resume after the warm-up is back to the normal lookahead
-        self._resumed = pending
+        self.ledger.resumed = pending
+        return int(state["trainer_version"])

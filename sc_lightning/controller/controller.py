@@ -29,11 +29,12 @@ Lightning, so the same object runs in a Ray actor or on a background thread (see
 from __future__ import annotations
 
 import asyncio
-import itertools
+import contextlib
 import logging
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -48,28 +49,32 @@ from sc_lightning.controller.api import (
     StepDrops,
 )
 from sc_lightning.controller.buffer import TQReplayBuffer
-from sc_lightning.controller.checkpointing import ControllerCheckpointing
+from sc_lightning.controller.checkpointing import ControllerCheckpoint
 from sc_lightning.controller.drops import DropBudgets, DropLedger
+from sc_lightning.controller.ledger import RecoveryLedger
 from sc_lightning.controller.permits import Permits
 from sc_lightning.controller.recovery import PendingGroup, RecoveryPolicy
 from sc_lightning.controller.reserve import ReplacementReserve
 from sc_lightning.controller.samplers import PromptGroupSampler
+from sc_lightning.data_plane.base import DataPlane
 from sc_lightning.engines.base import EngineError
 from sc_lightning.rollout.failures import classify
-from sc_lightning.rollout.manager import RolloutError, RolloutManager
+from sc_lightning.rollout.manager import RolloutError, RolloutManager, ServedPolicy
 from sc_lightning.rollout.prompts import PromptStream
 
 log = logging.getLogger(__name__)
 
 
-class SingleController(ControllerCheckpointing):
-    """Owns the buffer, sampler, rollout manager and prompt stream; runs the rollout pump; serves the trainer."""
+class SingleController:
+    """Owns the buffer, sampler, served policy, rollout manager and prompt stream; runs the rollout pump; serves
+    the trainer. Its recovery ledger is shared with its checkpoint collaborator."""
 
     def __init__(
         self,
         *,
         buffer: TQReplayBuffer,
         sampler: PromptGroupSampler,
+        served: ServedPolicy,
         manager: RolloutManager,
         prompts: PromptStream,
         max_buffered_rollouts: int,
@@ -81,8 +86,12 @@ class SingleController(ControllerCheckpointing):
     ) -> None:
         """``warmup_window = (start_step, lookahead)``: PPO critic warm-up — the sampler was built with the wider
         warm-up lookahead; once the trainer reaches ``start_step`` its gate window narrows to ``lookahead``.
-        ``drop_budgets`` default to none (a group whose retries are spent stops the run); ``reserve`` to empty."""
-        self.buffer, self.sampler, self.manager, self.prompts = buffer, sampler, manager, prompts
+        ``drop_budgets`` default to none (a group whose retries are spent stops the run); ``reserve`` to empty.
+        ``served`` is the engine and the version new rollouts are stamped with: the controller advances it at each
+        refit; ``manager`` (built over the same ``served``) only reads it."""
+        if manager.served is not served:
+            raise ValueError("the rollout manager must read the controller's served policy")
+        self.buffer, self.sampler, self.served, self.manager, self.prompts = buffer, sampler, served, manager, prompts
         self.recovery = recovery or RecoveryPolicy(RolloutRecoveryConfig(), token_capture=False)
         self.drops = DropLedger(drop_budgets or DropBudgets(groups_per_step=prompts.batch_size))
         self.reserve = reserve if reserve is not None else ReplacementReserve()
@@ -92,7 +101,7 @@ class SingleController(ControllerCheckpointing):
         self._warmup_window = warmup_window
         self.buffer_permits = Permits(max_buffered_rollouts, "async_rl.max_buffered_rollouts")
         self.inflight_permits = Permits(max_inflight_prompts, "async_rl.max_inflight_prompts")
-        self.trainer_version = manager.weight_version
+        self.trainer_version = served.version
         self._changed = asyncio.Condition()
         self._dispatch_open = asyncio.Event()
         self._dispatch_open.set()
@@ -101,18 +110,11 @@ class SingleController(ControllerCheckpointing):
         self._exhausted = False
         self._counts = {"dispatched": 0, "committed": 0, "selected": 0, "evicted": 0, "aborted": 0}
         self._last_progress = time.monotonic()
-        # prompts taken from the stream whose groups are not committed yet (in flight or waiting for permits), by
-        # dispatch sequence: what a checkpoint must redispatch; restored ones are dispatched first after a resume
-        self._pending: dict[int, PendingGroup] = {}
-        # the pending prompts that hold a buffer permit (launched, not committed): the rest wait for one, so a
-        # checkpoint's capacity check counts only these
-        self._holding_permit: set[int] = set()
-        self._sequence = itertools.count()
-        self._resumed: list[PendingGroup] = []
+        self.ledger = RecoveryLedger()
+        self.checkpoints = ControllerCheckpoint(
+            buffer, sampler, prompts, self.recovery, self.drops, self.reserve, self.buffer_permits, self.ledger
+        )
         self._aborting = False
-        self._claims: list[GroupMeta] = []  # selected since the last refit: the step being trained
-        self._committed: dict[str, PendingGroup] = {}  # ledger entries of claimed and buffered groups, by group id
-        self._claims_lock = asyncio.Lock()  # a snapshot holds it, so the claims and trainer_version stay put
         self._background: list[tuple[str, Callable[[SingleController], Awaitable[None]]]] = []
         self._background_tasks: list[asyncio.Task] = []
         self._failed_part = "rollout pump"
@@ -138,11 +140,7 @@ class SingleController(ControllerCheckpointing):
 
     async def _rollout_pump(self) -> None:
         async with asyncio.TaskGroup() as group:
-            resumed, self._resumed = self._resumed, []
-            # a restored checkpoint's pending prompts first, in their order (sequences -n..-1 sort before new ones)
-            sequences = range(-len(resumed), 0)
-            self._pending.update(zip(sequences, resumed, strict=True))
-            for sequence, entry in zip(sequences, resumed, strict=True):
+            for sequence, entry in self.ledger.open_resumed():  # a restored checkpoint's pending prompts first
                 await self._launch(group, entry, sequence)
             while True:
                 await self._wait_for_admission()
@@ -155,7 +153,7 @@ class SingleController(ControllerCheckpointing):
                 await self._admit(group, batch)
             if len(self.reserve):  # spares stay available until every dataset rollout has committed or dropped
                 async with self._changed:  # (each rollout is bounded by its own deadlines)
-                    await self._changed.wait_for(lambda: not self._pending)
+                    await self._changed.wait_for(lambda: not self.ledger.pending)
             while True:  # the dataset is exhausted: the spares left are trained as whole steps
                 await self._wait_for_admission()
                 spares = self.reserve.take_step(self.drops.budgets.groups_per_step)
@@ -176,15 +174,12 @@ class SingleController(ControllerCheckpointing):
         """Admit one batch of prompts (a target step when the sampler stamps one) and launch its groups."""
         target = self.sampler.admit()
         self._sampler_has_stamped |= target is not None
-        entries = [self.recovery.pending(prompt, target) for prompt in batch]
-        sequences = [next(self._sequence) for _ in batch]
-        self._pending.update(zip(sequences, entries, strict=True))
-        for sequence, entry in zip(sequences, entries, strict=True):
+        for sequence, entry in self.ledger.open([self.recovery.pending(prompt, target) for prompt in batch]):
             await self._launch(group, entry, sequence)
 
     async def _launch(self, group: asyncio.TaskGroup, entry: PendingGroup, sequence: int) -> None:
         await self.buffer_permits.acquire()
-        self._holding_permit.add(sequence)
+        self.ledger.holding_permit.add(sequence)
         try:
             await self.inflight_permits.acquire()
         except BaseException:
@@ -202,7 +197,7 @@ class SingleController(ControllerCheckpointing):
         await self._notify()
 
     def _release_buffer_permit(self, sequence: int) -> None:
-        self._holding_permit.discard(sequence)
+        self.ledger.holding_permit.discard(sequence)
         self.buffer_permits.release()
 
     def _release_both(self, sequence: int) -> None:
@@ -228,8 +223,7 @@ class SingleController(ControllerCheckpointing):
                     entry, spares = replacement, spares + 1
                     await self._dispatch_open.wait()
             committed = True  # the buffer permit now belongs to the group until it is selected or evicted
-            self._pending.pop(sequence, None)  # the buffer holds it now (no await since its commit: one cut)
-            self._committed[meta.group_id] = entry  # until trained or evicted: a checkpoint without rows needs it
+            self.ledger.commit(sequence, meta.group_id, entry)  # no await since the buffer's commit: one cut
             self._last_progress = time.monotonic()
             self._counts["committed"] += 1
             self.drops.on_commit()
@@ -237,12 +231,12 @@ class SingleController(ControllerCheckpointing):
                 self.drops.replaced(meta.target_step)
         except asyncio.CancelledError:
             if self._aborting:  # aborted by a refit (doomed by the sampler): dropped on purpose, not pending
-                self._pending.pop(sequence, None)
+                self.ledger.forget(sequence)
             raise
         finally:
             self.inflight_permits.release()
             if committed:
-                self._holding_permit.discard(sequence)  # the committed group holds it now, not a pending prompt
+                self.ledger.holding_permit.discard(sequence)  # the committed group holds it now, not a pending one
             else:
                 self._release_buffer_permit(sequence)
             await self._notify()
@@ -260,7 +254,7 @@ class SingleController(ControllerCheckpointing):
         target = entry.target_step
         spare = None if target is None or target < self.trainer_version else self.reserve.take(spares)
         if spare is None:
-            self._pending.pop(sequence, None)  # dropped on purpose: a checkpoint must not redispatch it
+            self.ledger.forget(sequence)  # dropped on purpose: a checkpoint must not redispatch it
             self.drops.shrink(target, self.trainer_version, entry.prompt.prompt_id)  # raises below the floor
             return None
         assert target is not None
@@ -268,12 +262,11 @@ class SingleController(ControllerCheckpointing):
         if lent is not None:
             group_id, lender_step = lent
             self.drops.promoted(target)
-            if group_id in self._committed:
-                self._committed[group_id].target_step = target
+            self.ledger.retarget(group_id, target)
             target = lender_step
             await self._notify()  # the borrowing step may be complete now
         replacement = self.recovery.pending(spare, target)
-        self._pending[sequence] = replacement
+        self.ledger.replace(sequence, replacement)
         return replacement
 
     def _on_pump_done(self, task: asyncio.Task) -> None:
@@ -309,8 +302,7 @@ class SingleController(ControllerCheckpointing):
         self.raise_if_failed()
         evicted = await self.sampler.evict(trainer_version=trainer_version)
         self._account_removed(evicted, "evicted")
-        for group in evicted:
-            self._committed.pop(group.group_id, None)
+        self.ledger.drop_committed(evicted)
         return evicted
 
     async def select(
@@ -335,7 +327,7 @@ class SingleController(ControllerCheckpointing):
                 )
                 if chosen:
                     self._account_removed(chosen, "selected")
-                    self._claims.extend(chosen)
+                    self.ledger.claim(chosen)
                     self._selected_for[trainer_version] += len(chosen)
                     return chosen
                 if self._exhausted and not self.manager.inflight:
@@ -363,12 +355,10 @@ class SingleController(ControllerCheckpointing):
 
         Returns how many in-flight rollouts were aborted.
         """
-        async with self._claims_lock:
+        async with self.ledger.claims_lock:
             self._last_step_drops = self.drops.close_step(next_version - 1)
             self._selected_for = Counter({v: n for v, n in self._selected_for.items() if v >= next_version})
-            claims, self._claims = self._claims, []
-            for group in claims:
-                self._committed.pop(group.group_id, None)
+            claims = self.ledger.release_claims()
             await self.buffer.delete_rows(claims)  # and the rows of groups evicted meanwhile
             self._dispatch_open.clear()
             self.trainer_version = next_version
@@ -390,15 +380,15 @@ class SingleController(ControllerCheckpointing):
 
     async def stand_down_engine(self) -> None:
         """Colocated engine: release the accelerator for the train step (in-flight requests pause)."""
-        await self.manager.engine.stand_down()
+        await self.served.engine.stand_down()
 
     async def wake_engine(self) -> None:
         """Colocated engine: take the accelerator back after the train step (paused requests resume)."""
-        await self.manager.engine.wake()
+        await self.served.engine.wake()
 
     async def push_weights(self, named_tensors: list[tuple[str, torch.Tensor]], version: int) -> None:
         """Load new weights into the generation engine (between begin_refit and finish_refit), under a deadline."""
-        engine, limit = self.manager.engine, self.manager.settings.refit_timeout_s
+        engine, limit = self.served.engine, self.manager.settings.refit_timeout_s
         try:
             await asyncio.wait_for(engine.update_weights(named_tensors, version), limit)
         except TimeoutError:
@@ -409,8 +399,7 @@ class SingleController(ControllerCheckpointing):
 
     async def finish_refit(self, version: int) -> None:
         """The engines now hold ``version``: stamp it on new rollouts and reopen dispatch."""
-        self.trainer_version = version
-        self.manager.weight_version = version
+        self.trainer_version = self.served.version = version
         self._last_progress = time.monotonic()  # a step completed
         self._end_warmup_window()
         self._dispatch_open.set()
@@ -427,6 +416,44 @@ class SingleController(ControllerCheckpointing):
             await self.wake_engine()
         await self.finish_refit(version)
         return RefitReport(aborted, self.stats())
+
+    # ------------------------------------------------------------------------------------------ checkpoints
+
+    @property
+    def data_plane(self) -> DataPlane:
+        """The data plane holding the committed groups' rows."""
+        return self.buffer.data_plane
+
+    def checkpoint_barrier(self) -> contextlib.AbstractAsyncContextManager[None]:
+        """Inside: trainer_version, the claims, the committed groups and the data plane's rows stay put."""
+        return self.checkpoints.barrier()
+
+    def checkpoint_state(self, *, index_rows: bool = True) -> dict[str, Any]:
+        """The controller's cut (see :meth:`ControllerCheckpoint.state`); take it inside :meth:`checkpoint_barrier`."""
+        return self.checkpoints.state(self.trainer_version, index_rows=index_rows)
+
+    async def snapshot(self, directory: str | Path | None) -> dict[str, Any]:
+        """Write the data plane's rows into ``directory`` and return :meth:`checkpoint_state` — at any moment.
+
+        Behind the checkpoint barrier, so the rows and the replay index describe the same committed groups. The
+        state indexes the rows when the sampler ``supports_buffer_checkpoint``; otherwise (shadow mode), or with
+        ``directory`` None (no rows saved), the claimed and buffered groups are listed as pending to regenerate.
+        Evicted groups' rows may be saved without being indexed; :meth:`restore` drops such orphans.
+        """
+        async with self.checkpoint_barrier():
+            if directory is not None:
+                await asyncio.to_thread(self.buffer.data_plane.save, directory)
+            return self.checkpoint_state(index_rows=directory is not None and self.sampler.supports_buffer_checkpoint)
+
+    async def restore(self, state: dict[str, Any], *, group_size: int) -> None:
+        """Load a :meth:`checkpoint_state` before :meth:`start` (the committed groups' rows already in the data plane).
+
+        Raises ValueError naming what does not fit (state version, prompt stream settings, replay index, capacity).
+        """
+        if self._pump is not None:
+            raise RuntimeError("restore() must come before start()")
+        self.trainer_version = self.served.version = await self.checkpoints.restore(state, group_size=group_size)
+        self._end_warmup_window()  # a resume after the warm-up is back to the normal lookahead
 
     def _end_warmup_window(self) -> None:
         if self._warmup_window is not None and self.trainer_version >= self._warmup_window[0]:
@@ -460,4 +487,4 @@ class SingleController(ControllerCheckpointing):
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-        await self.manager.engine.shutdown()
+        await self.served.engine.shutdown()

@@ -1,6 +1,6 @@
 """RolloutManager.generate_and_push: one prompt group from dispatch to committed training rows.
 
-Per call: reserve a buffer slot stamped with the engine's current weight version, sample N completions of the
+Per call: reserve a buffer slot stamped with the served policy's version, sample N completions of the
 prompt concurrently (each under ``generation_timeout_s``), score them with the environment (in a worker thread,
 under ``env_timeout_s``), and commit the group with the versions seen at start and end. Any failure or
 cancellation removes the slot, so the buffer never holds a group that will not commit; a failed attempt is
@@ -83,18 +83,39 @@ class InflightGroup:
 
 
 @dataclass
-class RolloutManager:
-    """Turns prompts into committed prompt groups; tracks the groups in flight and the engine's weight version."""
+class ServedPolicy:
+    """The generation engine and the policy version new rollouts are stamped with.
+
+    The controller owns it and advances ``version`` at each refit (a PPO critic warm-up advances it without pushing
+    weights, so it is not the engine's own weight version); the rollout manager only reads it.
+    """
 
     engine: GenerationEngine
+    version: int = 0
+
+
+@dataclass
+class RolloutManager:
+    """Turns prompts into committed prompt groups with the served policy; tracks the groups in flight."""
+
+    served: ServedPolicy
     environment: Environment
     tokenizer: Tokenizer
     sink: GroupSink
     settings: RolloutSettings
-    weight_version: int = 0
     inflight: dict[str, InflightGroup] = field(default_factory=dict)
     failures: dict[str, int] = field(default_factory=lambda: {"infra": 0, "data": 0, "redispatched": 0})
     _visits: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def engine(self) -> GenerationEngine:
+        """The engine that generates the completions."""
+        return self.served.engine
+
+    @property
+    def weight_version(self) -> int:
+        """The policy version a rollout starting now is stamped with."""
+        return self.served.version
 
     async def generate_and_push(
         self, prompt: Prompt, *, target_step: int | None = None, sealed: dict[int, Generation] | None = None

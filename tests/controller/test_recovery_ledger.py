@@ -16,7 +16,7 @@ from sc_lightning.controller.recovery import PendingGroup, RecoveryPolicy
 from sc_lightning.data_plane.memory import MemoryDataPlane
 from sc_lightning.engines.base import EngineError
 from sc_lightning.rollout.envs.arithmetic import ArithmeticEnvironment
-from sc_lightning.rollout.manager import RolloutManager
+from sc_lightning.rollout.manager import RolloutManager, ServedPolicy
 from sc_lightning.testing.scripted_engine import ScriptedEngine
 from sc_lightning.types import Generation, Prompt
 from tests.controller.test_controller import TOKENIZER, answer_correctly, config, make
@@ -76,7 +76,8 @@ def manager(engine: ScriptedEngine) -> tuple[RolloutManager, TQReplayBuffer]:
     buffer = TQReplayBuffer(MemoryDataPlane())
     settings = rollout_settings(config({"name": "in_order", "max_lookahead_versions": 0}))
     settings = type(settings)(**{**settings.__dict__, "generations_per_prompt": 4})
-    return RolloutManager(engine, ArithmeticEnvironment(), TOKENIZER, buffer, settings, weight_version=5), buffer
+    served = ServedPolicy(engine, version=5)
+    return RolloutManager(served, ArithmeticEnvironment(), TOKENIZER, buffer, settings), buffer
 
 
 def test_sealed_generations_are_reused_and_new_ones_sealed_as_they_finish() -> None:

@@ -28,7 +28,7 @@ from sc_lightning.models.value import load_critic
 from sc_lightning.models.warm_start import resolve_model_name
 from sc_lightning.rollout.datasets import build_dataset
 from sc_lightning.rollout.envs import build_environment
-from sc_lightning.rollout.manager import RolloutManager
+from sc_lightning.rollout.manager import RolloutManager, ServedPolicy
 from sc_lightning.rollout.prompts import PromptStream
 from sc_lightning.testing.scripted_engine import ScriptedEngine
 from sc_lightning.trainer.chunks import load_chunk
@@ -121,8 +121,9 @@ def synchronous_reference(config: SCConfig, steps: int) -> list[tuple[float, flo
         clip_grad=config.value.optimizer.clip_grad,
     )
     data_plane = MemoryDataPlane()
+    served = ServedPolicy(ScriptedEngine(Alternating()))
     manager = RolloutManager(
-        ScriptedEngine(Alternating()),
+        served,
         build_environment(config.env),
         TOKENIZER,
         TQReplayBuffer(data_plane),

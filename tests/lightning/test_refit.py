@@ -30,11 +30,11 @@ class EngineMatchesTrainer(Callback):
         self.stood_down_while_training: list[bool] = []
 
     def on_before_optimizer_step(self, trainer, pl_module, optimizer) -> None:
-        self.stood_down_while_training.append(trainer.strategy.controller.controller.manager.engine.stood_down)
+        self.stood_down_while_training.append(trainer.strategy.controller.controller.served.engine.stood_down)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         controller = trainer.strategy.controller
-        engine = controller.controller.manager.engine
+        engine = controller.controller.served.engine
         greedy = SamplingParams(max_new_tokens=4, temperature=0.0)
         generation = controller.call(engine.generate(PROMPT, greedy))
         sequence = torch.tensor([PROMPT + generation.token_ids])

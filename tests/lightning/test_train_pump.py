@@ -28,7 +28,7 @@ from sc_lightning.models import load_policy
 from sc_lightning.models.warm_start import resolve_model_name
 from sc_lightning.rollout.datasets import build_dataset
 from sc_lightning.rollout.envs import build_environment
-from sc_lightning.rollout.manager import RolloutManager
+from sc_lightning.rollout.manager import RolloutManager, ServedPolicy
 from sc_lightning.testing.scripted_engine import ScriptedEngine
 from sc_lightning.tokenizer import CharTokenizer
 from sc_lightning.trainer.chunks import load_chunk
@@ -166,9 +166,8 @@ def synchronous_reference_losses(config: SCConfig, steps: int) -> list[tuple[flo
     )
     data_plane = MemoryDataPlane()
     buffer = TQReplayBuffer(data_plane)
-    manager = RolloutManager(
-        ScriptedEngine(Alternating()), build_environment(config.env), TOKENIZER, buffer, rollout_settings(config)
-    )
+    served = ServedPolicy(ScriptedEngine(Alternating()))
+    manager = RolloutManager(served, build_environment(config.env), TOKENIZER, buffer, rollout_settings(config))
     prompts = PromptStream(
         build_dataset(config.data, TOKENIZER, seed=config.algo.seed),
         config.algo.num_prompts_per_step,
