@@ -28,6 +28,7 @@ from pathlib import Path
 import torch
 from lightning.pytorch import Callback, Trainer
 
+from sc_lightning.callbacks.monitor import RolloutMonitor
 from sc_lightning.callbacks.refit import RefitCallback
 from sc_lightning.config import load_config
 from sc_lightning.config.yaml_io import load_yaml_layers
@@ -67,7 +68,7 @@ MODES = {
 
 
 class StepTimes(Callback):
-    """Collects the per-step timing metrics the module and the refit callback log."""
+    """Collects the per-step timing metrics the module and the rollout monitor log."""
 
     def __init__(self) -> None:
         self.rows: list[dict[str, float]] = []
@@ -98,7 +99,7 @@ def run(mode: str, steps: int, max_new_tokens: int) -> dict[str, float]:
     times = StepTimes()
     trainer = Trainer(
         strategy=SingleControllerStrategy(config, engine),
-        callbacks=[RefitCallback(), times],
+        callbacks=[RefitCallback(), RolloutMonitor(), times],
         max_steps=steps,
         logger=False,
         enable_checkpointing=False,

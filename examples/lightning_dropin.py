@@ -4,7 +4,8 @@
 
 The pieces: a validated config, a generation engine factory, the Single-Controller strategy (starts the data
 plane, the engine and the controller's rollout pump), the refit callback (pushes new weights to the engine after
-every RL step) and the GRPO module. Any Lightning logger or callback can be added as usual.
+every RL step), the rollout monitor (logs the refit, step times and rollout counters) and the GRPO module. Any
+Lightning logger or callback can be added as usual.
 """
 
 from __future__ import annotations
@@ -14,12 +15,16 @@ from pathlib import Path
 from lightning.pytorch import Trainer
 from lightning.pytorch.loggers import CSVLogger
 
-from sc_lightning import load_config, validate_single_controller_config
-from sc_lightning.callbacks.refit import RefitCallback
-from sc_lightning.config.yaml_io import load_yaml_layers
-from sc_lightning.engines.factory import default_engine_factory
-from sc_lightning.lightning.module import GRPOModule
-from sc_lightning.lightning.strategy import SingleControllerStrategy
+from sc_lightning import (
+    GRPOModule,
+    RefitCallback,
+    RolloutMonitor,
+    SingleControllerStrategy,
+    default_engine_factory,
+    load_config,
+    load_yaml_layers,
+    validate_single_controller_config,
+)
 
 CONFIG = Path(__file__).resolve().parent.parent / "configs" / "grpo_tiny.yaml"
 
@@ -31,7 +36,7 @@ def main() -> None:
     validate_single_controller_config(config)
     trainer = Trainer(
         strategy=SingleControllerStrategy(config, default_engine_factory),
-        callbacks=[RefitCallback()],
+        callbacks=[RefitCallback(), RolloutMonitor()],
         logger=CSVLogger("lightning_logs", name="dropin"),
         max_steps=config.algo.max_num_steps,
         log_every_n_steps=10,

@@ -21,6 +21,7 @@ from sc_lightning.config import (
 
 if TYPE_CHECKING:
     from sc_lightning.callbacks.checkpoint import BundleCheckpoint
+    from sc_lightning.callbacks.monitor import RolloutMonitor
     from sc_lightning.callbacks.refit import RefitCallback
     from sc_lightning.config.yaml_io import load_yaml_layers
     from sc_lightning.engines.factory import default_engine_factory
@@ -33,6 +34,7 @@ _LAZY = {
     "GRPOModule": "sc_lightning.lightning.module",
     "PPOModule": "sc_lightning.lightning.ppo_module",
     "RefitCallback": "sc_lightning.callbacks.refit",
+    "RolloutMonitor": "sc_lightning.callbacks.monitor",
     "SingleControllerStrategy": "sc_lightning.lightning.strategy",
     "default_engine_factory": "sc_lightning.engines.factory",
     "load_yaml_layers": "sc_lightning.config.yaml_io",
@@ -45,6 +47,7 @@ __all__ = [
     "GRPOModule",
     "PPOModule",
     "RefitCallback",
+    "RolloutMonitor",
     "SCConfig",
     "SingleControllerStrategy",
     "default_engine_factory",

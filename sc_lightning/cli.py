@@ -80,6 +80,7 @@ def fit(config: SCConfig, lightning: dict[str, Any]) -> int:
             print(f"error: {err}", file=sys.stderr)
             return EXIT_INVALID_CONFIG
     from sc_lightning.callbacks.checkpoint import BundleCheckpoint
+    from sc_lightning.callbacks.monitor import RolloutMonitor
     from sc_lightning.callbacks.refit import RefitCallback
     from sc_lightning.engines.factory import default_engine_factory
     from sc_lightning.lightning.cli_parser import SCLightningCLI
@@ -87,7 +88,7 @@ def fit(config: SCConfig, lightning: dict[str, Any]) -> int:
     from sc_lightning.lightning.ppo_module import PPOModule
     from sc_lightning.lightning.strategy import SingleControllerStrategy
 
-    callbacks: list[Any] = [RefitCallback()]
+    callbacks: list[Any] = [RefitCallback(), RolloutMonitor()]
     resume = None
     if config.checkpointing.enabled:
         from sc_lightning.checkpoint.atomic import BundleError

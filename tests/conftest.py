@@ -41,7 +41,8 @@ def tiny_trainer(
     resume_state: Path | None = None,
     max_steps: int | None = None,
 ) -> Any:
-    """The tests' one Trainer: the Single-Controller strategy over ``engine_factory``, RefitCallback, ``callbacks``.
+    """The tests' one Trainer: the Single-Controller strategy over ``engine_factory``, RefitCallback, RolloutMonitor,
+    ``callbacks``.
 
     Quiet (no logger, progress bar or model summary); Lightning's checkpointing is on only when ``callbacks`` hold a
     checkpoint callback (a BundleCheckpoint or ModelCheckpoint). ``max_steps`` defaults to the config's budget.
@@ -49,7 +50,7 @@ def tiny_trainer(
     from lightning.pytorch import Trainer
     from lightning.pytorch.callbacks import Checkpoint
 
-    from sc_lightning import RefitCallback, SingleControllerStrategy
+    from sc_lightning import RefitCallback, RolloutMonitor, SingleControllerStrategy
 
     return Trainer(
         strategy=SingleControllerStrategy(config, engine_factory, resume_state=resume_state),
@@ -59,7 +60,7 @@ def tiny_trainer(
         enable_checkpointing=any(isinstance(callback, Checkpoint) for callback in callbacks),
         enable_progress_bar=False,
         enable_model_summary=False,
-        callbacks=[RefitCallback(), *callbacks],
+        callbacks=[RefitCallback(), RolloutMonitor(), *callbacks],
     )
 
 

@@ -12,7 +12,9 @@ per RL step.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +44,16 @@ from sc_lightning.trainer.step_stream import RLStepStream, StepSettings
 EngineFactory = Callable[[SCConfig, list[tuple[str, torch.Tensor]]], GenerationEngine]
 """Builds the generation engine from the config and the policy's initial (HF-named) weights."""
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class RefitRecord:
+    """The last refit: the version it published, the controller's report, how long it took and when it ended."""
+
+    version: int
+    report: RefitReport
+    duration_s: float
+    finished_at: float  # time.monotonic()
 
 
 def _exposes_http_server(config: SCConfig) -> bool:
@@ -85,6 +97,7 @@ class SingleControllerStrategy(SingleDeviceStrategy):
         self.resume_state = resume_state
         self.data_plane: DataPlane | None = None
         self.controller: LocalController | None = None
+        self.last_refit: RefitRecord | None = None
         self.endpoint: CompletionsEndpoint | None = None
         self.endpoint_url: str | None = None
 
@@ -130,10 +143,15 @@ class SingleControllerStrategy(SingleDeviceStrategy):
         """After the optimizer step that made ``version``: release the step, push the policy, reopen dispatch.
 
         The weights are pushed only when the module's ``policy_trained`` says the step changed the policy (a PPO
-        critic warm-up does not); ``wake`` wakes a colocated engine before dispatch reopens. One controller call.
+        critic warm-up does not); ``wake`` wakes a colocated engine before dispatch reopens. One controller call;
+        :attr:`last_refit` records it.
         """
+        started = time.monotonic()
         weights = self.policy_weights() if self.lightning_module.policy_trained else None
-        return self._running_controller().refit(version, weights, wake=wake)
+        report = self._running_controller().refit(version, weights, wake=wake)
+        finished = time.monotonic()
+        self.last_refit = RefitRecord(version, report, finished - started, finished)
+        return report
 
     def stand_down_engine(self) -> None:
         """Colocated: the engine releases the accelerator for the train step (its requests and deadlines freeze)."""

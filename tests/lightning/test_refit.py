@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 from lightning.pytorch import Callback
 
@@ -53,3 +54,41 @@ def test_after_each_step_the_colocated_engine_stood_down_and_scores_like_the_tra
     assert check.versions == [1, 2, 3]
     assert check.stood_down_while_training == [True, True, True]  # colocated: down for each train step, then woken
     assert check.max_error < 1e-4
+
+
+class LoggedEachStep(Callback):
+    """The monitor's metrics as they stand after each step's callbacks."""
+
+    def __init__(self) -> None:
+        self.steps: list[dict[str, float]] = []
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        self.steps.append({k: float(v) for k, v in trainer.callback_metrics.items()})
+
+
+def test_the_rollout_monitor_logs_each_refit_and_names_a_wrong_order() -> None:
+    from lightning.pytorch import Trainer
+    from lightning.pytorch.utilities.exceptions import MisconfigurationException
+
+    from sc_lightning import RefitCallback, RolloutMonitor, SingleControllerStrategy
+
+    config = tiny_config("grpo.max_num_steps=2")
+    logged = LoggedEachStep()
+    tiny_trainer(config, engine_factory, [logged]).fit(GRPOModule(config))
+    assert [step["rollout/selected_total"] for step in logged.steps] == [4.0, 8.0]  # 4 groups a step
+    assert all(
+        step["timing/train/weight_sync"] > 0 and step["timing/train/total_step_time"] > 0 for step in logged.steps
+    )
+    assert all(step["train/dropped_prompt_groups"] == 0 for step in logged.steps)
+
+    wrong = Trainer(
+        strategy=SingleControllerStrategy(config, engine_factory),
+        callbacks=[RolloutMonitor(), RefitCallback()],
+        max_steps=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
+    with pytest.raises(MisconfigurationException, match="list it after RefitCallback"):
+        wrong.fit(GRPOModule(config))

@@ -1,0 +1,80 @@
+"""RolloutMonitor: logs each RL step's refit, step time and the controller's rollout counters.
+
+Per step, after the refit that :class:`~sc_lightning.callbacks.refit.RefitCallback` ran (read from
+``trainer.strategy.last_refit``):
+
+    timing/train/weight_sync        the refit's wall time (release, weight export and push, reopen)
+    timing/train/total_step_time    from the previous refit's end (or the fit's start) to this one's; also the
+                                    progress bar's ``step_s``
+    train/aborted_stale_inflight_groups, train/{dropped,replaced,promoted}_prompt_groups    this step's
+    rollout/*_total                 counters since the start; rollout/inflight, rollout/buffered, rollout/idle_s
+                                    gauges as dispatch reopened
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from lightning.pytorch import Callback, LightningModule, Trainer
+from lightning.pytorch.utilities.exceptions import MisconfigurationException
+
+from sc_lightning.controller.api import ControllerStats
+
+
+class RolloutMonitor(Callback):
+    """Logs the refit's and the step's times, the step's drops and ``rollout/*``; list it after RefitCallback."""
+
+    def __init__(self) -> None:
+        self._last_step_end: float | None = None
+
+    def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        """Start the step clock."""
+        self._last_step_end = time.monotonic()
+
+    def on_train_batch_end(
+        self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        """Log the refit of the step that just ended."""
+        record = trainer.strategy.last_refit
+        if record is None or record.version != trainer.global_step:
+            raise MisconfigurationException(
+                f"RolloutMonitor found no refit for RL step {trainer.global_step - 1}: list it after RefitCallback "
+                "in Trainer(callbacks=[...])"
+            )
+        pl_module.log("timing/train/weight_sync", record.duration_s, on_step=True, batch_size=1)
+        if self._last_step_end is not None:
+            step_time = record.finished_at - self._last_step_end
+            pl_module.log("timing/train/total_step_time", step_time, on_step=True, batch_size=1)
+            pl_module.log("step_s", step_time, prog_bar=True, logger=False, on_step=True, batch_size=1)
+        self._last_step_end = record.finished_at
+        stats = record.report.stats
+        step = {
+            "aborted_stale_inflight_groups": record.report.aborted,
+            "dropped_prompt_groups": stats.last_step.dropped,
+            "replaced_prompt_groups": stats.last_step.replaced,
+            "promoted_prompt_groups": stats.last_step.promoted,
+        }
+        pl_module.log_dict({f"train/{k}": float(v) for k, v in step.items()}, on_step=True, batch_size=1)
+        pl_module.log_dict(
+            {f"rollout/{k}": float(v) for k, v in rollout_counters(stats).items()}, on_step=True, batch_size=1
+        )
+
+
+def rollout_counters(stats: ControllerStats) -> dict[str, float]:
+    """The controller's counters under their ``rollout/*`` names: totals since the start, and gauges now."""
+    return {
+        "committed_total": stats.committed,
+        "selected_total": stats.selected,
+        "evicted_total": stats.evicted,
+        "aborted_total": stats.aborted,
+        "redispatch_total": stats.redispatched,
+        "infra_failures_total": stats.infra_failures,
+        "data_failures_total": stats.data_failures,
+        "dropped_total": stats.dropped,
+        "replaced_total": stats.replaced,
+        "promoted_total": stats.promoted,
+        "inflight": stats.inflight,
+        "buffered": stats.buffered,
+        "idle_s": stats.idle_s,
+    }
