@@ -17,6 +17,8 @@ References: PPO clipping (Schulman et al. 2017, arXiv:1707.06347); dual clip (Ye
 GSPO sequence ratios (Zheng et al. 2025, arXiv:2507.18071); truncated IS (Yao et al. 2025, "Your efficient RL
 framework secretly brings you off-policy RL training"); icepop (Ling Team 2025); KL estimators k1/k2/k3 (Schulman,
 "Approximating KL divergence", 2020).
+
+The two losses share the metric reductions and the chunking contract above, so they live together (past 400 lines).
 """
 
 from __future__ import annotations

@@ -24,6 +24,10 @@ cancelled, or never starts; an in-flight permit only while its rollout runs. A s
 data plane until the step that trained them publishes its weights (begin_refit), so a rollout snapshot taken in
 the middle of a step still holds them and a resume replays the step. The controller never imports
 Lightning, so the same object runs in a Ray actor or on a background thread (see ``runners.py``).
+
+One file (past 400 lines) for one state machine: the pump and the train side share a condition, the dispatch gate,
+the permits and the ledger, and each half's invariants are the other's (select waits on commits; begin_refit closes
+the pump's gate and aborts its rollouts). The ledger and the checkpoint cut are collaborators in their own files.
 """
 
 from __future__ import annotations

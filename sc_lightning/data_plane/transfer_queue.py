@@ -14,6 +14,9 @@ What this wrapper adds to TransferQueue (see notes/transferqueue.md, section 4):
   MissingRowsError naming them;
 - a failed put removes the rows it registered but could not fill, so no orphan rows remain;
 - rows come back in our column form (same dtypes and jagged lengths, per-row scalars as 0-d tensors).
+
+One class over one foreign API, so one file (past 400 lines): its start-up, strict reads and clean-up share the
+client state and the deadline helper.
 """
 
 from __future__ import annotations
