@@ -19,6 +19,19 @@ TINY = REPO / "configs" / "grpo_tiny.yaml"
 TEST_BASE = (TINY, REPO / "configs" / "colocated.yaml", REPO / "tests" / "small_steps.yaml")
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Deselect the ``gpu`` tests where no GPU exists (reported as deselected, not skipped); scripts/gpu_check.sh
+    runs them on the GPU machine."""
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    deselected = [item for item in items if item.get_closest_marker("gpu")]
+    if deselected:
+        config.hook.pytest_deselected(items=deselected)
+        items[:] = [item for item in items if not item.get_closest_marker("gpu")]
+
+
 def tiny_raw() -> dict[str, Any]:
     """The tests' base config (the TEST_BASE layers merged) as plain data."""
     return load_yaml_layers(TEST_BASE)
@@ -40,6 +53,7 @@ def tiny_trainer(
     root: Path | None = None,
     resume_state: Path | None = None,
     max_steps: int | None = None,
+    accelerator: str = "auto",
 ) -> Any:
     """The tests' one Trainer: the Single-Controller strategy over ``engine_factory``, RefitCallback, RolloutMonitor,
     ``callbacks``.
@@ -54,6 +68,7 @@ def tiny_trainer(
 
     return Trainer(
         strategy=SingleControllerStrategy(config, engine_factory, resume_state=resume_state),
+        accelerator=accelerator,
         default_root_dir=root,
         max_steps=config.algo.max_num_steps if max_steps is None else max_steps,
         logger=False,

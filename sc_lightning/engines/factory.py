@@ -1,6 +1,7 @@
 """The default generation engine for a config: ``policy.generation.backend`` and ``colocated`` decide.
 
-- megatron, colocated: a :class:`MegatronEngine` in the training process (its own model replica, a decode thread);
+- megatron, colocated: a :class:`MegatronEngine` in the training process (its own model replica, a decode thread),
+  on the trainer's device (that of ``initial_weights``);
 - megatron, not colocated: a :class:`RayMegatronEngine` — the same engine in a Ray actor, its own process;
 - vllm (never colocated): :class:`VLLMEngine` replicas — vLLM's async engine, one Ray actor each — behind an
   :class:`EngineRouter`; ``colocated.resources`` GPUs / ``vllm_cfg.tensor_parallel_size`` replicas on a GPU box,
@@ -42,7 +43,9 @@ def default_engine_factory(
     if policy.generation.colocated.enabled:
         from sc_lightning.engines.megatron import MegatronEngine
 
-        return MegatronEngine.from_pretrained(model_name, **kwargs)
+        # beside the trainer, on its device: where the policy's weights (handed over here) live
+        device = initial_weights[0][1].device if initial_weights else torch.device("cpu")
+        return MegatronEngine.from_pretrained(model_name, device=device, **kwargs)
     from sc_lightning.engines.megatron_ray import RayMegatronEngine
 
     _start_ray()

@@ -138,14 +138,18 @@ class MegatronEngine:
         precision: str = "fp32",
         seed: int = 0,
         tokenizer_name: str | None = None,
+        device: str | torch.device = "cpu",
         **kwargs: Any,
     ) -> MegatronEngine:
         """An engine on a fresh replica of ``model_name`` (``"builtin:<name>"`` or an HF directory/id, as the trainer).
 
-        Builds the model with :func:`~sc_lightning.models.megatron.load_policy` (same ``precision`` and ``seed`` give
-        the trainer's initial weights) and takes the tokenizer's eos as stop token; ``kwargs`` go to the constructor.
+        Builds the model on ``device`` with :func:`~sc_lightning.models.megatron.load_policy` (same ``precision`` and
+        ``seed`` give the trainer's initial weights) and takes the tokenizer's eos as stop token; ``kwargs`` go to
+        the constructor.
         """
-        model, spec, tokenizer = load_policy(model_name, precision=precision, seed=seed, tokenizer_name=tokenizer_name)
+        model, spec, tokenizer = load_policy(
+            model_name, precision=precision, seed=seed, tokenizer_name=tokenizer_name, device=device
+        )
         kwargs.setdefault("seed", seed)
         return cls(model, spec, eos_token_id=tokenizer.eos_token_id, **kwargs)
 

@@ -65,11 +65,17 @@ class GRPOModule(LightningModule):
                 tp=tp,
                 activation_checkpointing=policy_cfg.megatron_cfg.activation_checkpointing,
                 tokenizer_name=policy_cfg.tokenizer_name,
+                device=self.model_device(),
             )
 
         self.policy, self.spec, self.tokenizer = load()
         if self.loss_fn.reference_policy_kl_penalty > 0:
             self.reference = load()[0].requires_grad_(False).eval()
+
+    def model_device(self) -> torch.device:
+        """Where configure_model builds the models: the strategy's device (the CPU outside a Trainer)."""
+        trainer = self._trainer
+        return trainer.strategy.root_device if trainer is not None else torch.device("cpu")
 
     def configure_optimizers(self) -> Any:
         """AdamW with the configured warm-up and decay (stepped once per RL step by finish_train_step)."""

@@ -72,6 +72,7 @@ class PPOModule(GRPOModule):
             seed=seed,
             tp=value.megatron_cfg.tensor_model_parallel_size,
             activation_checkpointing=value.megatron_cfg.activation_checkpointing,
+            device=self.model_device(),
         )
 
     def configure_optimizers(self) -> Any:

@@ -37,6 +37,7 @@ from sc_lightning.data_plane import build_data_plane
 from sc_lightning.data_plane.base import DataPlane
 from sc_lightning.engines.base import GenerationEngine
 from sc_lightning.engines.http_endpoint import CompletionsEndpoint
+from sc_lightning.lightning.placement import training_device
 from sc_lightning.rollout.datasets import build_dataset
 from sc_lightning.rollout.envs import build_environment
 from sc_lightning.trainer.step_stream import RLStepStream, StepSettings
@@ -86,12 +87,14 @@ class SingleControllerStrategy(SingleDeviceStrategy):
         config: SCConfig,
         engine_factory: EngineFactory,
         *,
-        device: str = "cpu",
+        device: str | torch.device | None = None,
         resume_state: Path | None = None,
     ) -> None:
-        """``resume_state``: the bundle or rollout snapshot whose controller state and rows a resume loads (None:
+        """``device``: where the models live; None follows the Trainer's accelerator (see :mod:`.placement`).
+        ``resume_state``: the bundle or rollout snapshot whose controller state and rows a resume loads (None:
         the bundle of ``trainer.fit(ckpt_path=...)``, if that is one; a bootstrap snapshot has no ckpt_path)."""
-        super().__init__(device=torch.device(device))
+        super().__init__(device=torch.device("cpu" if device is None else device))
+        self._follows_accelerator = device is None
         self.config = config
         self.engine_factory = engine_factory
         self.resume_state = resume_state
@@ -100,6 +103,12 @@ class SingleControllerStrategy(SingleDeviceStrategy):
         self.last_refit: RefitRecord | None = None
         self.endpoint: CompletionsEndpoint | None = None
         self.endpoint_url: str | None = None
+
+    def setup_environment(self) -> None:
+        """Take the accelerator's device (unless one was given), then let the accelerator set it up."""
+        if self._follows_accelerator:
+            self._root_device = training_device(self.accelerator)
+        super().setup_environment()
 
     def setup(self, trainer: Any) -> None:
         """Set up the model as usual, then start the data plane, engine and controller.

@@ -1,9 +1,10 @@
 """The minimum patches that let megatron-core 0.16.1 build, run and train a ``GPTModel`` on a machine without CUDA.
 
-:func:`apply_cpu_compat` installs them once per process, and only when CUDA is unavailable (on a GPU it does
-nothing). Together with the SDPA core attention of :mod:`sc_lightning.models.attention` (used on GPUs too), a
-``GPTModel`` built with ``use_cpu_initialization=True`` then runs forward/backward at TP=1 and TP>1 over gloo,
-including activation recomputation. What is patched, and why (paths relative to ``megatron/core``):
+:func:`apply_cpu_compat` installs them once per process; ``init_model_parallel`` calls it for a CPU device, also
+on a machine that has CUDA (a CPU run must not touch the GPU), and never for a CUDA one. Together with the SDPA
+core attention of :mod:`sc_lightning.models.attention` (used on GPUs too), a ``GPTModel`` built with
+``use_cpu_initialization=True`` then runs forward/backward at TP=1 and TP>1 over gloo, including activation
+recomputation. What is patched, and why (paths relative to ``megatron/core``):
 
 1. ``RotaryEmbedding.get_emb`` (``models/common/embeddings/rotary_pos_embedding.py:160``) moves ``inv_freq`` to
    ``torch.cuda.current_device()`` on the first forward. The replacement computes the same table on the device
@@ -92,15 +93,8 @@ def _set_cpu_rng_state(new_state: torch.Tensor, device: object = -1, graph_safe:
     torch.set_rng_state(new_state)
 
 
-def cpu_compat_needed() -> bool:
-    """Whether this process has no usable CUDA device, so megatron-core needs the CPU patches."""
-    return not torch.cuda.is_available()
-
-
-def apply_cpu_compat() -> bool:
-    """Install the CPU patches once (idempotent); returns whether they are active. Does nothing when CUDA works."""
-    if not cpu_compat_needed():
-        return False
+def apply_cpu_compat() -> None:
+    """Install the CPU patches once (idempotent)."""
     if rotary_pos_embedding.RotaryEmbedding.get_emb is not _rope_get_emb:
         rotary_pos_embedding.RotaryEmbedding.get_emb = _rope_get_emb
     mc_random._get_cuda_rng_state = _cpu_rng_state
@@ -108,7 +102,6 @@ def apply_cpu_compat() -> bool:
     if not isinstance(mc_random._CUDA_RNG_STATE_TRACKER, CPURNGStatesTracker):
         mc_random._CUDA_RNG_STATE_TRACKER = CPURNGStatesTracker()
         mc_random._CUDA_RNG_STATE_TRACKER_INITIALIZED = True
-    return True
 
 
 def seed_cpu_rng_tracker(seed: int, tp_rank: int) -> None:

@@ -46,11 +46,15 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def _init_process_group(backend: str | None) -> None:
-    """Start ``torch.distributed``: from torchrun's env when present, else as a world of one on localhost."""
-    if torch.cuda.is_available():
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-    backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
+def _init_process_group(backend: str | None, device: torch.device) -> None:
+    """Start ``torch.distributed``: from torchrun's env when present, else as a world of one on localhost.
+
+    On a CUDA ``device`` the process's current device becomes it (its index, else ``LOCAL_RANK``) and the default
+    backend is NCCL; on the CPU, gloo.
+    """
+    if device.type == "cuda":
+        torch.cuda.set_device(device.index if device.index is not None else int(os.environ.get("LOCAL_RANK", "0")))
+    backend = backend or ("nccl" if device.type == "cuda" else "gloo")
     if "WORLD_SIZE" in os.environ and "RANK" in os.environ:
         torch.distributed.init_process_group(backend=backend)
         return
@@ -60,18 +64,26 @@ def _init_process_group(backend: str | None) -> None:
 
 
 def init_model_parallel(
-    tensor_parallel_size: int = 1, pipeline_parallel_size: int = 1, *, seed: int = 0, backend: str | None = None
+    tensor_parallel_size: int = 1,
+    pipeline_parallel_size: int = 1,
+    *,
+    seed: int = 0,
+    backend: str | None = None,
+    device: str | torch.device = "cpu",
 ) -> None:
-    """Make this process ready to build megatron models with the given TP/PP sizes (idempotent).
+    """Make this process ready to build megatron models on ``device`` with the given TP/PP sizes (idempotent).
 
-    Installs the CPU patches when there is no CUDA, starts ``torch.distributed`` if needed (torchrun env, or a
-    single process on a free localhost port), initialises megatron's ``parallel_state`` and seeds megatron's
-    model-parallel RNG tracker with ``seed`` (first call only). Calling it again with the same sizes does nothing;
-    other sizes while initialised are a ValueError (``parallel_state`` is process-global: use a new process).
+    On the CPU it installs the CPU patches (also on a machine that has CUDA: a CPU run never touches it). Starts
+    ``torch.distributed`` if needed (torchrun env, or a single process on a free localhost port), initialises
+    megatron's ``parallel_state`` and seeds megatron's model-parallel RNG tracker with ``seed`` (first call only;
+    the first call's device type decides the tracker). Calling it again with the same sizes does nothing; other
+    sizes while initialised are a ValueError (``parallel_state`` is process-global: use a new process).
     """
-    apply_cpu_compat()
+    device = torch.device(device)
+    if device.type == "cpu":
+        apply_cpu_compat()
     if not torch.distributed.is_initialized():
-        _init_process_group(backend)
+        _init_process_group(backend, device)
     if parallel_state.model_parallel_is_initialized():
         have = (
             parallel_state.get_tensor_model_parallel_world_size(),
@@ -86,7 +98,7 @@ def init_model_parallel(
     parallel_state.initialize_model_parallel(
         tensor_model_parallel_size=tensor_parallel_size, pipeline_model_parallel_size=pipeline_parallel_size
     )
-    if torch.cuda.is_available():
+    if device.type == "cuda":
         tensor_parallel.model_parallel_cuda_manual_seed(seed)
     else:
         seed_cpu_rng_tracker(seed, parallel_state.get_tensor_model_parallel_rank())
@@ -193,20 +205,21 @@ def build_gpt_model(
     sequence_parallel: bool = False,
     activation_checkpointing: bool = False,
     hf_state: dict[str, Tensor] | None = None,
-    device: str | torch.device | None = None,
+    device: str | torch.device = "cpu",
 ) -> GPTModel:
     """A megatron-core ``GPTModel`` of ``spec`` for this rank, with ``hf_state`` weights or seeded random ones.
 
-    Initialises the parallel state if needed (:func:`init_model_parallel`). ``precision`` is ``"fp32"`` or
-    ``"bf16"`` (parameters and compute). ``device`` defaults to the current CUDA device, else CPU. Output logits are
-    vocab-parallel ``(B, T, padded_vocab / TP)``; see :mod:`sc_lightning.models.logprobs`.
+        Initialises the parallel state if needed (:func:`init_model_parallel`). ``precision`` is ``"fp32"`` or
+        ``"bf16"`` (parameters and compute). The model is built on the CPU and moved to ``device`` (never chosen for
+    you: a GPU is used only when asked for). Output logits are
+        vocab-parallel ``(B, T, padded_vocab / TP)``; see :mod:`sc_lightning.models.logprobs`.
     """
     if precision not in _DTYPES:
         raise ValueError(f"precision must be one of {sorted(_DTYPES)}, got {precision!r}")
     if sequence_parallel:
         raise NotImplementedError("sequence_parallel needs Transformer Engine norms; the local layer spec lacks it")
     spec.check_parallel(tensor_parallel_size, pipeline_parallel_size)
-    init_model_parallel(tensor_parallel_size, pipeline_parallel_size, seed=seed)
+    init_model_parallel(tensor_parallel_size, pipeline_parallel_size, seed=seed, device=device)
     with _quiet_megatron():
         config = transformer_config(
             spec,
@@ -219,8 +232,7 @@ def build_gpt_model(
     weights = hf_state if hf_state is not None else random_hf_state(spec, seed)
     load_hf_weights(model, spec, {name: t.to(config.params_dtype) for name, t in weights.items()})
     setattr(model, REAL_VOCAB_ATTR, spec.vocab_size)  # token_logprobs masks the TP padding rows with it
-    target = device if device is not None else (torch.cuda.current_device() if torch.cuda.is_available() else "cpu")
-    return model.to(device=target, dtype=config.params_dtype)  # torch norms are created in fp32: cast them too
+    return model.to(device=device, dtype=config.params_dtype)  # torch norms are created in fp32: cast them too
 
 
 def resolve_model_dir(model_name: str) -> Path:
@@ -260,12 +272,13 @@ def load_policy(
     activation_checkpointing: bool = False,
     tokenizer_name: str | None = None,
     check_tokenizer: bool = True,
+    device: str | torch.device = "cpu",
 ) -> tuple[GPTModel, ModelSpec, Tokenizer]:
     """Build the policy ``model_name`` names: ``"builtin:<name>"`` (seeded random) or an HF directory/id (its weights).
 
     Returns ``(model, spec, tokenizer)``; the tokenizer comes from ``tokenizer_name`` or else ``model_name``. With
     ``check_tokenizer`` a tokenizer that can produce ids past the model's vocabulary is a TokenizerMismatchError,
-    raised before the model is built.
+    raised before the model is built. The model lives on ``device``.
     """
     spec = model_spec(model_name)
     if model_name.startswith("builtin:"):
@@ -285,5 +298,6 @@ def load_policy(
         pipeline_parallel_size=pp,
         activation_checkpointing=activation_checkpointing,
         hf_state=hf_state,
+        device=device,
     )
     return model, spec, tokenizer

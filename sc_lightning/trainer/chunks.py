@@ -45,6 +45,21 @@ class TrainChunk:
         """A view of some rows (micro-batching); group ids and weights follow the rows."""
         return TrainChunk(**{f.name: None if (v := getattr(self, f.name)) is None else v[index] for f in fields(self)})
 
+    def to(self, device: torch.device) -> TrainChunk:
+        """The chunk on ``device``; to a GPU from pinned host memory, without blocking the host."""
+        if self.input_ids.device == device:
+            return self
+
+        def move(tensor: torch.Tensor) -> torch.Tensor:
+            """``tensor`` on ``device`` (a CPU tensor is pinned first when the target is a GPU)."""
+            if device.type == "cuda" and tensor.device.type == "cpu":
+                tensor = tensor.pin_memory()
+            return tensor.to(device, non_blocking=True)
+
+        return TrainChunk(
+            **{f.name: move(v) if isinstance(v := getattr(self, f.name), torch.Tensor) else v for f in fields(self)}
+        )
+
     def microbatches(self, size: int) -> Iterator[TrainChunk]:
         """Consecutive slices of at most ``size`` rows."""
         for start in range(0, len(self), size):

@@ -13,6 +13,8 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+import torch
+
 from sc_lightning.config import SCConfig, resolve
 from sc_lightning.controller.api import ControllerClient, GroupMeta
 from sc_lightning.data_plane.base import DataPlane
@@ -83,6 +85,12 @@ class RLStepBatch:
         self.first_wait_s = waited_s  # waiting for the first chunk, before training_step starts
         self.chunk_wait_s = 0.0  # waiting for later chunks, inside training_step
         self.trained_rows: list[dict[str, Any]] = []  # with settings.log_rows: the tags and reward of each row
+        self.device = torch.device("cpu")  # where the chunks go: Lightning sets it through :meth:`to`
+
+    def to(self, device: torch.device | str) -> RLStepBatch:
+        """Deliver the chunks on ``device`` (Lightning's batch transfer calls this with the strategy's device)."""
+        self.device = torch.device(device)
+        return self
 
     def chunks(self) -> Iterator[TrainChunk]:
         """Yield chunks until the step holds ``groups_per_step`` groups, or fewer if the controller closes it short
@@ -100,7 +108,8 @@ class RLStepBatch:
             )
             yield chunk
             if tags is not None:
-                self.trained_rows += [{**tag, "reward": float(r)} for tag, r in zip(tags, chunk.rewards, strict=True)]
+                rewards = chunk.rewards.tolist()  # one device sync for the whole chunk
+                self.trained_rows += [{**tag, "reward": r} for tag, r in zip(tags, rewards, strict=True)]
             self.groups += len(groups)
             if self.groups >= need:
                 return
@@ -119,7 +128,7 @@ class RLStepBatch:
 
     def _load(self, groups: list[GroupMeta]) -> TrainChunk:
         s = self.settings
-        return load_chunk(
+        chunk = load_chunk(
             self.data_plane,
             groups,
             pad_token_id=s.pad_token_id,
@@ -127,6 +136,7 @@ class RLStepBatch:
             leave_one_out=s.leave_one_out,
             normalize_rewards=s.normalize_rewards,
         )
+        return chunk.to(self.device)
 
 
 class RLStepStream:

@@ -49,7 +49,7 @@ def parity(root: Path) -> dict[str, Path]:
     dirs = {}
     for name, (arch, tied, extra) in VARIANTS.items():
         dirs[name] = make_tiny_model(root / name, arch=arch, tie_word_embeddings=tied, **extra)
-        model, spec, _ = load_policy(str(dirs[name]))
+        model, spec, _ = load_policy(str(dirs[name]), device="cuda")
         hf = AutoModelForCausalLM.from_pretrained(str(dirs[name]), attn_implementation="eager", dtype=torch.float32)
         hf = hf.cuda().eval()
         ids = random_ids(3, 24, seed=11, vocab=spec.vocab_size).cuda()
@@ -75,11 +75,13 @@ def speed() -> None:
     ids = random_ids(16, 32).cuda()
     for precision in ("fp32", "bf16"):
         for ckpt in (False, True):
-            model = build_gpt_model(builtin_spec("builtin:tiny"), precision=precision, activation_checkpointing=ckpt)
+            model = build_gpt_model(
+                builtin_spec("builtin:tiny"), precision=precision, activation_checkpointing=ckpt, device="cuda"
+            )
             ms = _timed(lambda m=model: token_logprobs(m, ids).sum().backward())
             print(f"builtin:tiny {precision} recompute={ckpt}: fwd+bwd {ms:.2f} ms")
     spec = ModelSpec(32000, 1024, 16, 16, 8, 2816, 4096, arch="llama")
-    model = build_gpt_model(spec, precision="bf16")
+    model = build_gpt_model(spec, precision="bf16", device="cuda")
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5)
     ids = torch.randint(0, 32000, (8, 2048), device="cuda")
 
@@ -95,7 +97,7 @@ def speed() -> None:
 
 def tensor_parallel(dirs: dict[str, Path], root: Path) -> None:
     """TP=2 over NCCL (two processes) against the TP=1 numbers parity() saved."""
-    env = {**os.environ, "PYTHONPATH": os.getcwd() + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    env = {**os.environ, "PYTHONPATH": os.getcwd() + os.pathsep + os.environ.get("PYTHONPATH", ""), "TP_DEVICE": "cuda"}
     cmd = [sys.executable, "-m", "tests.models.tp_worker"]
     models = [f"{k}={v}" for k, v in dirs.items()]
     procs = [subprocess.Popen([*cmd, str(r), "2", "29517", str(root), *models], env=env) for r in range(2)]
@@ -111,12 +113,11 @@ def tensor_parallel(dirs: dict[str, Path], root: Path) -> None:
 
 def main() -> None:
     """Run every check the machine allows."""
-    from sc_lightning.models.cpu_compat import apply_cpu_compat
     from sc_lightning.models.megatron import init_model_parallel
 
-    assert torch.cuda.is_available() and not apply_cpu_compat()
+    assert torch.cuda.is_available()
     print(torch.__version__, torch.cuda.get_device_name(), "GPUs:", torch.cuda.device_count())
-    init_model_parallel(1)
+    init_model_parallel(1, device="cuda")
     root = Path("/tmp/sc_lightning_gpu_smoke")
     dirs = parity(root)
     speed()

@@ -1,8 +1,9 @@
 """One rank of the TP=2 check: ``python -m tests.models.tp_worker RANK WORLD PORT OUT_DIR NAME=PATH...``.
 
-Builds each model at TP=WORLD over gloo, and saves what the parent test compares with TP=1: gathered logits,
-token log-probs, the final-norm gradient of ``sum(token_logprobs)``, this rank's megatron shard and the
-HF-named export. Also exports ``builtin:tiny`` (seed 0) to check that random init does not depend on TP.
+Builds each model at TP=WORLD over gloo (over NCCL on the GPUs with ``TP_DEVICE=cuda``), and saves what the
+parent test compares with TP=1: gathered logits, token log-probs, the final-norm gradient of
+``sum(token_logprobs)``, this rank's megatron shard and the HF-named export. Also exports ``builtin:tiny``
+(seed 0) to check that random init does not depend on TP.
 """
 
 from __future__ import annotations
@@ -24,8 +25,9 @@ def _run_model(path: str, tp: int) -> dict[str, object]:
     from sc_lightning.models.megatron import load_policy
     from tests.models.conftest import random_ids
 
-    model, spec, _ = load_policy(path, precision="fp32", seed=0, tp=tp)
-    ids = random_ids(3, 24, seed=11, vocab=spec.vocab_size)
+    device = os.environ.get("TP_DEVICE", "cpu")
+    model, spec, _ = load_policy(path, precision="fp32", seed=0, tp=tp, device=device)
+    ids = random_ids(3, 24, seed=11, vocab=spec.vocab_size).to(device)
     with torch.no_grad():
         logits = logits_of(model, ids)
     logprobs = token_logprobs(model, ids)
@@ -49,7 +51,7 @@ def main(argv: list[str]) -> None:
     torch.set_num_threads(1)
     from sc_lightning.models.megatron import init_model_parallel
 
-    init_model_parallel(world)
+    init_model_parallel(world, device=os.environ.get("TP_DEVICE", "cpu"))
     results = {}
     for item in argv[4:]:
         name, path = item.split("=", 1)
