@@ -8,6 +8,7 @@ total tokens, scored instead of generated. Figures are medians over ``--reps`` r
 
     python benchmarks/engine.py                      # builtin:tiny, B = 1 16 64, about 1 min on 2 CPU cores
     python benchmarks/engine.py --model /tmp/tiny-qwen2 --batches 1 16 --threads 1
+    python benchmarks/engine.py --model /path/to/hf-model --device cuda --precision bf16   # on a GPU
 """
 
 from __future__ import annotations
@@ -40,18 +41,28 @@ async def engine_run(engine: MegatronEngine, batch: list[tuple[int, ...]], new: 
 
 
 def trainer_run(model: torch.nn.Module, ids: torch.Tensor) -> float:
-    """Seconds of one ``token_logprobs`` forward (no grad) over ``ids``."""
+    """Seconds of one ``token_logprobs`` forward (no grad) over ``ids`` (the GPU synchronised before each clock)."""
+    synchronize(ids.device)
     start = time.perf_counter()
     with torch.no_grad():
         token_logprobs(model, ids)
+    synchronize(ids.device)
     return time.perf_counter() - start
+
+
+def synchronize(device: torch.device) -> None:
+    """Wait for the GPU's queued work (nothing to wait for on the CPU)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 async def measure(args: argparse.Namespace) -> list[dict[str, float]]:
     """One row of figures per concurrency level."""
-    engine = MegatronEngine.from_pretrained(args.model, stop_on_eos=False, max_batch_size=max(args.batches))
-    trainer = load_policy(args.model)[0].eval()
-    vocab = load_policy(args.model)[1].vocab_size
+    place = {"precision": args.precision, "device": args.device}
+    engine = MegatronEngine.from_pretrained(args.model, stop_on_eos=False, max_batch_size=max(args.batches), **place)
+    trainer, spec, _ = load_policy(args.model, **place)
+    trainer.eval()
+    vocab = spec.vocab_size
     rows = []
     try:
         for batch_size in args.batches:
@@ -61,7 +72,9 @@ async def measure(args: argparse.Namespace) -> list[dict[str, float]]:
             for _ in range(args.reps):
                 seconds, generations = await engine_run(engine, batch, args.new_tokens)
                 engine_s.append(seconds)
-                ids = torch.tensor([p + g.token_ids for p, g in zip(batch, generations, strict=True)])
+                ids = torch.tensor(
+                    [p + g.token_ids for p, g in zip(batch, generations, strict=True)], device=args.device
+                )
                 trainer_run(trainer, ids)  # warm-up at this shape
                 trainer_s.append(trainer_run(trainer, ids))
             total = batch_size * (args.prompt_len + args.new_tokens)
@@ -89,6 +102,8 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, default=128)
     parser.add_argument("--reps", type=int, default=7)
     parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
+    parser.add_argument("--device", default="cpu", help="where the engine and the trainer run (e.g. cuda)")
+    parser.add_argument("--precision", default="fp32", choices=["fp32", "bf16"])
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -96,8 +111,8 @@ def main() -> None:
     warnings.filterwarnings("ignore", message=".*(Apex|Transformer Engine).*")
     rows = asyncio.run(measure(args))
     print(
-        f"model {args.model}, prompt {args.prompt_len} + {args.new_tokens} new tokens, torch threads "
-        f"{torch.get_num_threads()}, medians of {args.reps}"
+        f"model {args.model} ({args.precision} on {args.device}), prompt {args.prompt_len} + {args.new_tokens} new "
+        f"tokens, torch threads {torch.get_num_threads()}, medians of {args.reps}"
     )
     print(
         "| concurrent requests | engine s | generated tok/s | engine total tok/s | trainer forward s "
