@@ -1,6 +1,7 @@
 """ClippedPGLoss and the value loss: one hand-computed test per branch, with the arithmetic next to each number.
 
 Rows carry a prompt token in column 0 (never trained on), like the trainer's rows aligned with ``input_ids``.
+One file (past 400 lines) because each branch's test is a short worked example sharing the same row builders.
 """
 
 from __future__ import annotations

@@ -1,4 +1,7 @@
-"""Rule cases for the algorithm, model, generation and loss rules: (rule, passing, failing, dotpath, text)."""
+"""Rule cases for the algorithm, model, generation and loss rules: (rule, passing, failing, dotpath, text).
+
+A table of data (past 400 lines), one row per case; its sibling files hold the other rule families.
+"""
 
 from __future__ import annotations
 

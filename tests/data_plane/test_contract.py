@@ -2,6 +2,7 @@
 
 ``memory`` runs in-process. ``simple`` is real TransferQueue on a real local Ray: started once per module by the
 ``tq_owner`` fixture (about 10 s), each test on its own partition, everything shut down at the end.
+One file (past 400 lines): one contract, whose clauses share the backend fixtures.
 """
 
 from __future__ import annotations
