@@ -1,0 +1,146 @@
+"""Training-step throughput and MFU: sc_lightning's GRPO step against the bare model, in one run.
+
+The model is a megatron-core ``GPTModel`` built by sc_lightning at a Llama-style shape (default: the 1.26B one of
+issue 16: 24 layers, hidden 2048, 16 heads, 8 KV groups, FFN 5632, vocab 32000). A step trains ``--rows`` rows of
+``--seq`` tokens:
+
+    bare    the same model: forward, ``-mean(token logprobs)`` backward, one AdamW step, one micro-batch
+    grpo    ``PolicyUpdate`` + ``ClippedPGLoss`` (begin, one chunk, finish) with ``--micro-batch`` rows per micro-batch
+
+MFU = (6 x parameters x tokens + 12 x layers x hidden x seq x tokens) / step time / peak, where the peak is the
+device's dense bf16 datasheet figure (989 TFLOP/s for an H200; ``--peak-tflops`` for others). The GPU is
+synchronised before every clock read; figures are medians after two warm-up steps.
+
+    python benchmarks/train_step.py --device cuda --precision bf16              # the 1.26B shape on one GPU
+    python benchmarks/train_step.py --layers 2 --hidden 128 --heads 4 --groups 2 --ffn 256 --vocab 512 --seq 128
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+import warnings
+
+import torch
+
+from sc_lightning.algorithms import ClippedPGLoss
+from sc_lightning.models import build_gpt_model, token_logprobs
+from sc_lightning.models.spec import ModelSpec
+from sc_lightning.trainer.chunks import TrainChunk
+from sc_lightning.trainer.policy_update import PolicyUpdate
+
+
+def synchronize(device: torch.device) -> None:
+    """Wait for the GPU's queued work (nothing to wait for on the CPU)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def median_ms(step, device: torch.device, reps: int) -> float:
+    """Median wall time of ``step()`` in ms, after two warm-up calls."""
+    for _ in range(2):
+        step()
+    times = []
+    for _ in range(reps):
+        synchronize(device)
+        start = time.perf_counter()
+        step()
+        synchronize(device)
+        times.append((time.perf_counter() - start) * 1e3)
+    return statistics.median(times)
+
+
+def rows(args: argparse.Namespace, device: torch.device) -> TrainChunk:
+    """One chunk of ``--rows`` full-length rows: prompt in the first quarter, the rest generated."""
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(3, args.vocab, (args.rows, args.seq), generator=g)
+    token_mask = torch.zeros(args.rows, args.seq)
+    token_mask[:, args.seq // 4 :] = 1
+    return TrainChunk(
+        input_ids=ids,
+        token_mask=token_mask,
+        generation_logprobs=-torch.rand(args.rows, args.seq, generator=g),
+        sample_mask=torch.ones(args.rows),
+        advantages=torch.randn(args.rows, 1, generator=g) * token_mask,  # (B, T): the row's advantage on its tokens
+        rewards=torch.rand(args.rows, generator=g),
+        group_ids=[f"g{i // 8}" for i in range(args.rows)],
+        start_weights=[0] * args.rows,
+    ).to(device)
+
+
+def flops_per_step(spec: ModelSpec, params: int, tokens: int, seq: int) -> float:
+    """Model FLOPs of one training step (forward + backward), attention included."""
+    return 6 * params * tokens + 12 * spec.num_layers * spec.hidden_size * seq * tokens
+
+
+def main() -> None:
+    """Command line: print ms/step, MFU and peak memory of both steps, and their ratio."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    for name, default in [("layers", 24), ("hidden", 2048), ("heads", 16), ("groups", 8), ("ffn", 5632)]:
+        parser.add_argument(f"--{name}", type=int, default=default)
+    parser.add_argument("--vocab", type=int, default=32000)
+    parser.add_argument("--rows", type=int, default=8)
+    parser.add_argument("--seq", type=int, default=2048)
+    parser.add_argument("--micro-batch", type=int, default=4, help="the 1B exemplar's train_micro_batch_size")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--precision", default="fp32", choices=["fp32", "bf16"])
+    parser.add_argument("--reps", type=int, default=10)
+    parser.add_argument("--peak-tflops", type=float, default=989.0, help="dense bf16 peak of the device")
+    args = parser.parse_args()
+    warnings.filterwarnings("ignore")
+    device = torch.device(args.device)
+    spec = ModelSpec(
+        vocab_size=args.vocab,
+        hidden_size=args.hidden,
+        num_layers=args.layers,
+        num_attention_heads=args.heads,
+        num_query_groups=args.groups,
+        ffn_hidden_size=args.ffn,
+        max_position_embeddings=args.seq,
+        arch="llama",
+    )
+    model = build_gpt_model(spec, precision=args.precision, device=device)
+    params = sum(p.numel() for p in model.parameters())
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-6)
+    chunk = rows(args, device)
+
+    def bare() -> None:
+        optimizer.zero_grad(set_to_none=True)
+        (-token_logprobs(model, chunk.input_ids, vocab_size=args.vocab).mean()).backward()
+        optimizer.step()
+
+    update = PolicyUpdate(
+        model,
+        optimizer,
+        ClippedPGLoss(reference_policy_kl_penalty=0.0),  # the exemplars' GRPO loss: no reference model
+        micro_batch_size=args.micro_batch,
+        clip_grad=1.0,
+        vocab_size=args.vocab,
+    )
+
+    def grpo() -> None:
+        update.begin()
+        update.train_chunk(chunk)
+        update.finish()
+
+    flops = flops_per_step(spec, params, args.rows * args.seq, args.seq)
+    print(
+        f"{params / 1e9:.2f}B parameters ({args.precision} on {device}), {args.rows} x {args.seq} tokens a step, "
+        f"grpo micro-batch {args.micro_batch}; MFU against {args.peak_tflops:.0f} TFLOP/s"
+    )
+    print("| step | ms | MFU | peak GiB |\n|---|---:|---:|---:|")
+    results = {}
+    for name, step in (("bare model", bare), ("sc_lightning GRPO", grpo)):
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
+        ms = median_ms(step, device, args.reps)
+        peak = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else float("nan")
+        results[name] = ms
+        mfu = flops / (ms / 1e3) / (args.peak_tflops * 1e12)
+        print(f"| {name} | {ms:.1f} | {mfu:.1%} | {peak:.1f} |")
+    print(f"GRPO step / bare step: {results['sc_lightning GRPO'] / results['bare model']:.2f}x the time")
+
+
+if __name__ == "__main__":
+    main()
