@@ -23,18 +23,13 @@ import time
 import warnings
 
 import torch
+from engine import synchronize  # benchmarks/engine.py (the script's folder is on sys.path)
 
 from sc_lightning.algorithms import ClippedPGLoss
 from sc_lightning.models import build_gpt_model, token_logprobs
 from sc_lightning.models.spec import ModelSpec
 from sc_lightning.trainer.chunks import TrainChunk
 from sc_lightning.trainer.policy_update import PolicyUpdate
-
-
-def synchronize(device: torch.device) -> None:
-    """Wait for the GPU's queued work (nothing to wait for on the CPU)."""
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def median_ms(step, device: torch.device, reps: int) -> float:
