@@ -26,7 +26,7 @@ class RolloutMonitor(Callback):
     """Logs the refit's and the step's times, the step's drops and ``rollout/*``; list it after RefitCallback."""
 
     def __init__(self) -> None:
-        self._last_step_end: float | None = None
+        self._last_step_end = time.monotonic()
 
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         """Start the step clock."""
@@ -43,10 +43,9 @@ class RolloutMonitor(Callback):
                 "in Trainer(callbacks=[...])"
             )
         pl_module.log("timing/train/weight_sync", record.duration_s, on_step=True, batch_size=1)
-        if self._last_step_end is not None:
-            step_time = record.finished_at - self._last_step_end
-            pl_module.log("timing/train/total_step_time", step_time, on_step=True, batch_size=1)
-            pl_module.log("step_s", step_time, prog_bar=True, logger=False, on_step=True, batch_size=1)
+        step_time = record.finished_at - self._last_step_end
+        pl_module.log("timing/train/total_step_time", step_time, on_step=True, batch_size=1)
+        pl_module.log("step_s", step_time, prog_bar=True, logger=False, on_step=True, batch_size=1)
         self._last_step_end = record.finished_at
         stats = record.report.stats
         step = {
