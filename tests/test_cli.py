@@ -108,6 +108,18 @@ def test_bundles_need_lightning_checkpointing_left_on() -> None:
     load_and_check([str(REPO / TINY)], ["trainer.enable_checkpointing=false"])  # without bundles: the user's choice
 
 
+def test_bf16_on_a_cpu_trainer_fails_before_anything_starts_naming_the_knob() -> None:
+    """bf16 is GPU mixed precision (fp32 masters in megatron's optimizer): a CPU trainer asks for fp32 instead."""
+    from sc_lightning.cli import load_and_check
+
+    with pytest.raises(ConfigError, match=r"policy.precision: is bf16 but the trainer runs on the CPU") as caught:
+        load_and_check([str(REPO / TINY)], ["policy.precision=bf16", "trainer.accelerator=cpu"])
+    assert "set it to fp32" in str(caught.value)
+    with pytest.raises(ConfigError, match=r"value.precision: is bf16"):
+        load_and_check([str(REPO / "configs/ppo_tiny.yaml")], ["value.precision=bf16", "trainer.accelerator=cpu"])
+    load_and_check([str(REPO / TINY)], ["policy.precision=bf16", "trainer.accelerator=gpu"])  # a GPU run may
+
+
 def test_trainer_types_are_checked_by_lightning() -> None:
     result = run("fit", "--config", TINY, "--trainer.max_epochs", "many", "--dry_run")
     assert result.returncode == 2 and "Traceback" not in result.stderr

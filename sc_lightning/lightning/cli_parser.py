@@ -9,6 +9,7 @@ from typing import Any
 
 import yaml
 from lightning.pytorch import LightningModule, Trainer
+from lightning.pytorch.accelerators import CUDAAccelerator
 from lightning.pytorch.cli import LightningCLI
 
 from sc_lightning.config import ConfigError, ConfigIssue, SCConfig
@@ -67,6 +68,7 @@ def parse_trainer_arguments(lightning: dict[str, Any], config: SCConfig) -> dict
         *trainer_key_issues(lightning.get("trainer") or {}),
         *_step_budget_issues(lightning, config),
         *_checkpointing_issues(lightning, config),
+        *_precision_issues(lightning, config),
     ]
     if issues:
         raise ConfigError(issues)
@@ -124,4 +126,23 @@ def _checkpointing_issues(lightning: dict[str, Any], config: SCConfig) -> list[C
             "is false but checkpointing.enabled is true: sc_lightning's bundles are written by a Lightning "
             "checkpoint callback (BundleCheckpoint); delete trainer.enable_checkpointing",
         )
+    ]
+
+
+def _precision_issues(lightning: dict[str, Any], config: SCConfig) -> list[ConfigIssue]:
+    """bf16 models on a CPU trainer: mixed precision (fp32 master weights) runs on CUDA only."""
+    trainer = lightning.get("trainer") or {}
+    accelerator = str(trainer.get("accelerator", "auto")) if isinstance(trainer, dict) else "auto"
+    on_cpu = accelerator == "cpu" or (accelerator == "auto" and not CUDAAccelerator.is_available())
+    models = [("policy.precision", config.policy.precision)]
+    if config.value is not None:
+        models.append(("value.precision", config.value.precision))
+    return [
+        ConfigIssue(
+            knob,
+            f"is bf16 but the trainer runs on the CPU (trainer.accelerator: {accelerator}): bf16 trains through "
+            "megatron-core's mixed-precision optimizer, which needs a GPU; set it to fp32 for a CPU run",
+        )
+        for knob, precision in models
+        if on_cpu and precision == "bf16"
     ]

@@ -19,9 +19,10 @@ from dataclasses import dataclass, field, fields
 
 import torch
 
-from sc_lightning.algorithms import expand_to_tokens, grpo_advantages_by_group
+from sc_lightning.algorithms import expand_to_tokens, grpo_advantages_by_group, loss_mask
 from sc_lightning.controller.api import READ_FIELDS, TRAIN_DTYPES, GroupMeta
 from sc_lightning.data_plane.base import DataPlane, pad_rows
+from sc_lightning.trainer.microbatch import MicroBatchPlan, needed_widths, plan_microbatches
 
 
 @dataclass
@@ -60,10 +61,28 @@ class TrainChunk:
             **{f.name: move(v) if isinstance(v := getattr(self, f.name), torch.Tensor) else v for f in fields(self)}
         )
 
-    def microbatches(self, size: int) -> Iterator[TrainChunk]:
-        """Consecutive slices of at most ``size`` rows."""
-        for start in range(0, len(self), size):
-            yield self.rows(slice(start, start + size))
+    def select(self, plan: MicroBatchPlan) -> TrainChunk:
+        """The rows ``plan.rows`` (in that order), their (B, T) fields cut to the first ``plan.width`` columns."""
+        index = torch.tensor(plan.rows, device=self.input_ids.device)
+
+        def take(value: object) -> object:
+            """``value``'s planned rows: a tensor by index (and width), a per-row list by position."""
+            if isinstance(value, torch.Tensor):
+                rows = value.index_select(0, index)
+                return rows[:, : plan.width] if rows.dim() == 2 else rows
+            return [value[i] for i in plan.rows] if isinstance(value, list) else value
+
+        return TrainChunk(**{f.name: take(getattr(self, f.name)) for f in fields(self)})
+
+    def plan(self, max_rows: int, max_tokens: int | None = None) -> list[MicroBatchPlan]:
+        """The chunk's micro-batches: rows with a valid token, longest first, within both limits (one host read)."""
+        widths = needed_widths(loss_mask(self.token_mask, self.sample_mask))
+        return plan_microbatches(widths, max_rows=max_rows, max_tokens=max_tokens)
+
+    def microbatches(self, max_rows: int, max_tokens: int | None = None) -> Iterator[tuple[MicroBatchPlan, TrainChunk]]:
+        """Each planned micro-batch (:meth:`plan`) with its rows, trimmed to its longest row."""
+        for plan in self.plan(max_rows, max_tokens):
+            yield plan, self.select(plan)
 
 
 def concat_chunks(chunks: Sequence[TrainChunk], pad_token_id: int) -> TrainChunk:

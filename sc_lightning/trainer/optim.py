@@ -1,4 +1,11 @@
-"""The trainer's optimizers: AdamW with its learning-rate schedule, and moving optimizer state between devices."""
+"""The trainer's optimizers: AdamW with its learning-rate schedule, and moving optimizer state between devices.
+
+The model's parameter dtype picks the recipe. fp32 parameters (CPU runs, and GPU runs with ``precision: fp32``)
+train with torch's AdamW directly: the parameters are their own master weights. bf16 parameters train through
+megatron-core's mixed-precision stack (:class:`~sc_lightning.trainer.mixed_precision.MixedPrecisionAdamW`): fp32
+gradient accumulation, fp32 master weights and fp32 AdamW state. Both skip weight decay on biases and 1-D
+parameters (norm weights), as megatron does.
+"""
 
 from __future__ import annotations
 
@@ -8,17 +15,33 @@ from sc_lightning.config.model import OptimizerConfig
 from sc_lightning.trainer.lr_schedule import lr_multiplier
 
 
+def decays(name: str, param: torch.Tensor) -> bool:
+    """Whether weight decay applies to parameter ``name``: matrices yes; biases and 1-D (norm) weights no."""
+    return param.dim() > 1 and not name.endswith(".bias")
+
+
 def adamw(
     model: torch.nn.Module, opt_cfg: OptimizerConfig, total_steps: int
-) -> tuple[torch.optim.AdamW, torch.optim.lr_scheduler.LambdaLR]:
-    """AdamW over ``model`` and its learning-rate schedule (``total_steps`` bounds the decay)."""
-    optimizer = torch.optim.AdamW(
-        model.parameters(),
-        lr=opt_cfg.lr,
-        betas=(opt_cfg.adam_beta1, opt_cfg.adam_beta2),
-        eps=opt_cfg.adam_eps,
-        weight_decay=opt_cfg.weight_decay,
-    )
+) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
+    """AdamW over ``model`` (mixed precision when its parameters are bf16) and its learning-rate schedule.
+
+    ``total_steps`` bounds the decay. bf16 parameters must be on a CUDA device.
+    """
+    if next(model.parameters()).dtype == torch.bfloat16:
+        from sc_lightning.trainer.mixed_precision import MixedPrecisionAdamW
+
+        optimizer: torch.optim.Optimizer = MixedPrecisionAdamW(model, opt_cfg)
+    else:
+        named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+        optimizer = torch.optim.AdamW(
+            [
+                {"params": [p for n, p in named if decays(n, p)], "weight_decay": opt_cfg.weight_decay},
+                {"params": [p for n, p in named if not decays(n, p)], "weight_decay": 0.0},
+            ],
+            lr=opt_cfg.lr,
+            betas=(opt_cfg.adam_beta1, opt_cfg.adam_beta2),
+            eps=opt_cfg.adam_eps,
+        )
     return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, lr_multiplier(opt_cfg, total_steps=total_steps))
 
 

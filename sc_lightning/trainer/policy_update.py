@@ -41,50 +41,87 @@ class EmptyStepError(RuntimeError):
 
 @dataclass
 class _StepTotals:
-    tokens: float = 0.0  # valid tokens kept for the loss
-    seqs: float = 0.0  # valid sequences kept for the loss
-    checked_seqs: float = 0.0  # valid sequences before the logprob-error mask
+    """One step's running counts and metric reductions, kept on the device and read once, by ``finish``."""
+
     rows: int = 0
     step: int | None = None
     group_ids: dict[str, None] = field(default_factory=dict)  # insertion-ordered set
-    sums: dict[str, float] = field(default_factory=dict)
-    extremes: dict[str, float] = field(default_factory=dict)
+    counts: dict[str, torch.Tensor] = field(default_factory=dict)  # tokens, seqs, checked_seqs
+    sums: dict[str, torch.Tensor] = field(default_factory=dict)
+    extremes: dict[str, torch.Tensor] = field(default_factory=dict)
+
+    def count(self, name: str, value: torch.Tensor) -> None:
+        """Add ``value`` to the count ``name``: tokens and sequences kept for the loss, sequences checked."""
+        self.counts[name] = self.counts[name] + value if name in self.counts else value
 
     def add(self, metrics: dict[str, torch.Tensor]) -> None:
-        """Fold one micro-batch's metrics in, each by its reduction (sum, min or max)."""
+        """Fold one micro-batch's metrics in, each by its reduction (sum, min or max); nothing leaves the device."""
         for name, value in metrics.items():
-            reduction, x = METRIC_REDUCTIONS[name], float(value)
-            if reduction == "sum":
-                self.sums[name] = self.sums.get(name, 0.0) + x
+            value = value.detach()
+            if name not in self.sums and name not in self.extremes:
+                (self.sums if METRIC_REDUCTIONS[name] == "sum" else self.extremes)[name] = value
+            elif METRIC_REDUCTIONS[name] == "sum":
+                self.sums[name] = self.sums[name] + value
             else:
-                pick = min if reduction == "min" else max
-                self.extremes[name] = pick(self.extremes.get(name, x), x)
+                pick = torch.minimum if METRIC_REDUCTIONS[name] == "min" else torch.maximum
+                self.extremes[name] = pick(self.extremes[name], value)
+
+    def read(self) -> tuple[dict[str, float], dict[str, float], dict[str, float]]:
+        """(counts, sums, extremes) as Python floats, in one device-to-host copy."""
+        parts = (self.counts, self.sums, self.extremes)
+        values = [value for part in parts for value in part.values()]
+        flat = torch.stack([v.to(torch.float64).reshape(()) for v in values]).tolist() if values else []
+        out, start = [], 0
+        for part in parts:
+            out.append(dict(zip(part, flat[start : start + len(part)], strict=True)))
+            start += len(part)
+        counts, sums, extremes = out
+        return {name: counts.get(name, 0.0) for name in ("tokens", "seqs", "checked_seqs")}, sums, extremes
 
 
 def normalised_step(
     model: torch.nn.Module, optimizer: torch.optim.Optimizer, normaliser: float, clip_grad: float
 ) -> tuple[float, float]:
-    """Divide the accumulated raw-sum gradients by ``normaliser``, clip, step; returns (grad norm, lr used)."""
+    """Divide the accumulated raw-sum gradients by ``normaliser``, clip, step; returns (grad norm, lr used).
+
+    ``optimizer`` may be Lightning's wrapper. An optimizer with ``scale_grads`` (the mixed-precision
+    :class:`~sc_lightning.trainer.mixed_precision.MixedPrecisionAdamW`) holds the gradients in its own fp32 buffer
+    and clips inside its step, to the same configured ``clip_grad``.
+    """
+    raw = getattr(optimizer, "optimizer", optimizer)
+    lr = optimizer.param_groups[0]["lr"]
+    if hasattr(raw, "scale_grads"):
+        raw.scale_grads(1.0 / normaliser)
+        optimizer.step()
+        return raw.last_grad_norm, lr
     params = [p for p in model.parameters() if p.grad is not None]
     for param in params:
         param.grad.div_(normaliser)
     grad_norm = torch.nn.utils.clip_grad_norm_(params, clip_grad)
-    lr = optimizer.param_groups[0]["lr"]
     optimizer.step()
     return float(grad_norm), lr
 
 
 def frozen_logprobs(
-    model: torch.nn.Module, chunk: TrainChunk, *, micro_batch_size: int, vocab_size: int | None, temperature: float
+    model: torch.nn.Module,
+    chunk: TrainChunk,
+    *,
+    micro_batch_size: int,
+    vocab_size: int | None,
+    temperature: float,
+    micro_batch_tokens: int | None = None,
 ) -> torch.Tensor:
-    """``model``'s (B, T) logprobs of ``chunk``'s tokens, without gradient, by micro-batch: PPO's fixed pi_old."""
+    """``model``'s (B, T) logprobs of ``chunk``'s tokens, without gradient, by micro-batch: PPO's fixed pi_old.
+
+    Positions no loss term reads (past a row's last valid token, rows without one) are 0.
+    """
+    out = torch.zeros(chunk.input_ids.shape, dtype=torch.float32, device=chunk.input_ids.device)
     with torch.no_grad():
         model.eval()
-        parts = [
-            token_logprobs(model, rows.input_ids, vocab_size=vocab_size, temperature=temperature)
-            for rows in chunk.microbatches(micro_batch_size)
-        ]
-    return torch.cat(parts)
+        for plan, rows in chunk.microbatches(micro_batch_size, micro_batch_tokens):
+            logprobs = token_logprobs(model, rows.input_ids, vocab_size=vocab_size, temperature=temperature)
+            out[torch.tensor(plan.rows, device=out.device), : plan.width] = logprobs.to(out.device)
+    return out
 
 
 class PolicyUpdate:
@@ -98,6 +135,7 @@ class PolicyUpdate:
         *,
         micro_batch_size: int,
         clip_grad: float,
+        micro_batch_tokens: int | None = None,
         backward: Callable[[torch.Tensor], None] | None = None,
         scheduler: torch.optim.lr_scheduler.LRScheduler | None = None,
         vocab_size: int | None = None,
@@ -116,6 +154,8 @@ class PolicyUpdate:
         self.vocab_size = vocab_size
         self.seq_logprob_error_threshold = seq_logprob_error_threshold  # rows above it leave the loss; None: log only
         self.seq_logprob_error_knob = seq_logprob_error_knob  # the threshold's config dotpath, named in errors
+        self.micro_batch_tokens = micro_batch_tokens  # padded-token budget of a micro-batch; None: rows only
+        self.trained_lengths: list[int] = []  # each trained row's length, for throughput (the caller clears it)
         self._totals: _StepTotals | None = None
 
     def begin(self, step: int | None = None) -> None:
@@ -127,24 +167,26 @@ class PolicyUpdate:
         self._totals = _StepTotals(step=step)
 
     def train_chunk(self, chunk: TrainChunk) -> None:
-        """Forward/backward every micro-batch of ``chunk``; gradients accumulate as raw sums."""
+        """Forward/backward every micro-batch of ``chunk``; gradients accumulate as raw sums.
+
+        Rows without a valid token are consumed but not run (they add nothing); the rest run longest first, each
+        micro-batch trimmed to its longest row (:mod:`~sc_lightning.trainer.microbatch`). Nothing here waits for
+        the device except planning the chunk (one read of its row lengths).
+        """
         totals = self._open_step()
         totals.rows += len(chunk)
         totals.group_ids.update(dict.fromkeys(chunk.group_ids))
-        for batch in chunk.microbatches(self.micro_batch_size):
+        for plan, batch in chunk.microbatches(self.micro_batch_size, self.micro_batch_tokens):
+            self.trained_lengths += plan.lengths
             mask = loss_mask(batch.token_mask, batch.sample_mask)
-            if valid_counts(mask)[0] == 0:
-                continue  # every row filtered: consumed, not trained
             logprobs = token_logprobs(
                 self.model, batch.input_ids, vocab_size=self.vocab_size, temperature=self.temperature
             )
             prev_logprobs = logprobs.detach() if batch.prev_logprobs is None else batch.prev_logprobs
             mask = self._mask_seq_logprob_error(batch, prev_logprobs, mask, totals)
             tokens, seqs = valid_counts(mask)
-            totals.tokens += float(tokens)
-            totals.seqs += float(seqs)
-            if tokens == 0:
-                continue  # every row masked by the sequence logprob error
+            totals.count("tokens", tokens)
+            totals.count("seqs", seqs)
             loss, metrics = self.loss_fn(
                 logprobs,
                 prev_logprobs=prev_logprobs,
@@ -155,7 +197,7 @@ class PolicyUpdate:
                 num_valid_seqs=1.0,
                 reference_logprobs=self._reference_logprobs(batch),
             )
-            self.backward(loss)
+            self.backward(loss)  # an all-masked micro-batch backpropagates 0; its metrics are neutral
             totals.add(metrics)
 
     def _mask_seq_logprob_error(
@@ -164,7 +206,7 @@ class PolicyUpdate:
         """``mask`` (B, T) with the rows above the sequence logprob-error threshold zeroed; counts their metrics."""
         errors = seq_mult_prob_error(batch.generation_logprobs, prev_logprobs, mask)  # (B,), NaN: no valid token
         masked = seq_logprob_error_mask(errors, self.seq_logprob_error_threshold)  # (B,) bool
-        totals.checked_seqs += float((~errors.isnan()).sum())
+        totals.count("checked_seqs", (~errors.isnan()).sum().to(torch.float32))
         totals.add(seq_logprob_error_metrics(errors, masked, batch.rewards))
         return mask * (~masked).to(mask.dtype).unsqueeze(-1)
 
@@ -177,27 +219,28 @@ class PolicyUpdate:
             )
 
     def finish(self) -> dict[str, float]:
-        """Normalise once by the step's valid count, clip, step; returns the step's metrics."""
+        """Normalise once by the step's valid count, clip, step; returns the step's metrics (one device read)."""
         totals = self._open_step()
         self._totals = None
-        if totals.tokens == 0:
-            raise EmptyStepError(self._empty_step_message(totals))
-        normaliser = totals.tokens if self.loss_fn.token_level_loss else totals.seqs
+        counts, sums, extremes = totals.read()
+        if counts["tokens"] == 0:
+            raise EmptyStepError(self._empty_step_message(totals, counts, sums))
+        normaliser = counts["tokens"] if self.loss_fn.token_level_loss else counts["seqs"]
         grad_norm, lr = normalised_step(self.model, self.optimizer, normaliser, self.clip_grad)
         if self.scheduler is not None:
             self.scheduler.step()
         metrics = {}
-        for name, value in totals.sums.items():
-            denominator = self._denominator(name, totals)
+        for name, value in sums.items():
+            denominator = self._denominator(name, counts, sums)
             metrics[name] = value / denominator if denominator else 0.0  # 0 masked rows: masked_correct_pct = 0
-        metrics.update(totals.extremes)
-        metrics.update(grad_norm=grad_norm, lr=lr, global_valid_toks=totals.tokens, global_valid_seqs=totals.seqs)
+        metrics.update(extremes)
+        metrics.update(grad_norm=grad_norm, lr=lr, global_valid_toks=counts["tokens"], global_valid_seqs=counts["seqs"])
         return metrics
 
-    def _empty_step_message(self, totals: _StepTotals) -> str:
+    def _empty_step_message(self, totals: _StepTotals, counts: dict[str, float], sums: dict[str, float]) -> str:
         step = "the step" if totals.step is None else f"RL step {totals.step}"
         groups = f"groups: {', '.join(totals.group_ids)}"
-        masked = int(totals.sums.get("num_masked_seqs_by_logprob_error", 0.0))
+        masked = int(sums.get("num_masked_seqs_by_logprob_error", 0.0))
         if masked == 0:
             return (
                 f"{step}: all {totals.rows} completions were filtered out (overlong filtering or "
@@ -206,28 +249,28 @@ class PolicyUpdate:
         knob = f"{self.seq_logprob_error_knob}={self.seq_logprob_error_threshold}"
         return (
             f"{step}: all {totals.rows} completions were filtered out, nothing to train on: {knob} masked {masked} "
-            f"of {int(totals.checked_seqs)} sequences (each one's mean over its tokens of exp|log pi_gen - log "
+            f"of {int(counts['checked_seqs'])} sequences (each one's mean over its tokens of exp|log pi_gen - log "
             f"pi_old| is above it; that error is never below 1); raise {self.seq_logprob_error_knob}, or set it to "
             f"null to only log the error; {groups}"
         )
 
-    def _denominator(self, name: str, totals: _StepTotals) -> float:
+    def _denominator(self, name: str, counts: dict[str, float], sums: dict[str, float]) -> float:
         loss_fn = self.loss_fn
         seq_error_counts = {
-            "mean_seq_mult_prob_error": totals.checked_seqs,
-            "mean_seq_mult_prob_error_after_mask": totals.seqs,
-            "masked_correct_pct": totals.sums.get("num_masked_seqs_by_logprob_error", 0.0),
+            "mean_seq_mult_prob_error": counts["checked_seqs"],
+            "mean_seq_mult_prob_error_after_mask": counts["seqs"],
+            "masked_correct_pct": sums.get("num_masked_seqs_by_logprob_error", 0.0),
         }
         if name in seq_error_counts:
             return seq_error_counts[name]
         if name in ("loss", "kl_penalty"):
-            return totals.tokens if loss_fn.token_level_loss else totals.seqs
+            return counts["tokens"] if loss_fn.token_level_loss else counts["seqs"]
         if name == "is_oob_ratio":
             per_seq = loss_fn.truncated_importance_sampling_type == "seq-mask-tis"
-            return totals.seqs if per_seq or loss_fn.sequence_level_importance_ratios else totals.tokens
+            return counts["seqs"] if per_seq or loss_fn.sequence_level_importance_ratios else counts["tokens"]
         if name in ("num_valid_samples", "num_masked_seqs_by_logprob_error"):
             return 1.0
-        return totals.tokens
+        return counts["tokens"]
 
     def _open_step(self) -> _StepTotals:
         if self._totals is None:

@@ -68,7 +68,9 @@ def test_one_chunk_or_four_give_the_same_update(token_level: bool) -> None:
     assert one["probs_ratio"] == pytest.approx(1.0) and four["probs_ratio"] == pytest.approx(1.0)
     assert one["global_valid_toks"] == four["global_valid_toks"] == float((rows.token_mask[:, 1:] > 0).sum())
     for a, b in zip(whole.parameters(), split.parameters(), strict=True):
-        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)  # summation order only
+        # summation order only (micro-batches run longest rows first); AdamW's m / sqrt(v) turns order noise on a
+        # near-zero gradient into up to lr-sized moves, so allow 1% of lr (1e-2) absolute
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
     changed = any(not torch.equal(a, b) for a, b in zip(whole.parameters(), initial.parameters(), strict=True))
     assert changed, "the optimizer step moved the weights"
 

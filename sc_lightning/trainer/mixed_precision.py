@@ -1,0 +1,121 @@
+"""bf16 training with fp32 master weights, fp32 gradients and fp32 AdamW state: megatron-core's optimizer stack.
+
+The model keeps bf16 parameters and computes in bf16. megatron-core's ``DistributedDataParallel`` gives every
+parameter an fp32 ``main_grad`` in one contiguous buffer (``grad_reduce_in_fp32``) and, after each backward, adds
+the bf16 gradient into it, so accumulation over micro-batches and chunks is exact to fp32. Its mixed-precision
+optimizer (``get_megatron_optimizer`` with ``bf16=True``: ``Float16OptimizerWithFloat16Params``) keeps fp32 master
+copies of the parameters, copies the main grads onto them, clips the global norm, runs AdamW on the fp32 copies and
+writes them back into the bf16 parameters. bf16 needs no loss scaling (its exponent range is fp32's), and megatron
+uses none for it; neither do we. At one data-parallel rank the gradient "reduction" is a no-op, which is where the
+multi-rank trainer plugs in megatron's reduction and its distributed optimizer.
+
+:class:`MixedPrecisionAdamW` presents that stack as a ``torch.optim.Optimizer`` so Lightning (manual optimization,
+checkpoints), the learning-rate schedule and :func:`~sc_lightning.trainer.optim.optimizer_state_to` work unchanged:
+its ``param_groups`` and ``state`` are those of the AdamW over the fp32 masters. The stack needs CUDA (megatron
+allocates its buffers on ``torch.cuda.current_device()``); a CPU run trains in fp32 with plain AdamW.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+with warnings.catch_warnings():  # at import: "Transformer Engine and Apex are not installed" (torch fallbacks used)
+    warnings.filterwarnings("ignore", message=".*Apex.*")
+    from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
+    from megatron.core.optimizer import OptimizerConfig as MegatronOptimizerConfig
+    from megatron.core.optimizer import get_megatron_optimizer
+
+from sc_lightning.config.model import OptimizerConfig
+
+
+def transformer_config_of(model: torch.nn.Module) -> Any:
+    """The megatron ``TransformerConfig`` a GPTModel (or a critic built on one) carries."""
+    config = getattr(model, "config", None)
+    if config is None:
+        raise TypeError(f"{type(model).__name__} carries no megatron TransformerConfig (.config)")
+    return config
+
+
+class MixedPrecisionAdamW(torch.optim.Optimizer):
+    """AdamW on fp32 master copies of a bf16 megatron model, with fp32 gradient accumulation (CUDA only).
+
+    One step: ``zero_grad`` → backward × k (gradients land in the fp32 buffer) → ``scale_grads(1 / n)`` →
+    ``step()`` (clip to ``opt_cfg.clip_grad``, AdamW, copy back to bf16). ``last_grad_norm`` is the norm before
+    clipping. A ``step()`` with no ``scale_grads`` since ``zero_grad`` changes nothing, as torch's AdamW skips
+    parameters without a gradient (PPO's critic warm-up relies on it). Weight decay skips biases and 1-D parameters
+    (norm weights), megatron's convention.
+    """
+
+    def __init__(self, model: torch.nn.Module, opt_cfg: OptimizerConfig) -> None:
+        device = next(model.parameters()).device
+        if device.type != "cuda":
+            raise ValueError(
+                f"bf16 parameters train through megatron-core's mixed-precision optimizer, which needs a CUDA device; "
+                f"this model is on {device}: set policy.precision (value.precision for a critic) to fp32 for a CPU run"
+            )
+        self.ddp = DistributedDataParallel(
+            transformer_config_of(model),
+            DistributedDataParallelConfig(grad_reduce_in_fp32=True, overlap_grad_reduce=False),
+            module=model,
+        )
+        self.megatron = get_megatron_optimizer(
+            MegatronOptimizerConfig(
+                optimizer="adam",
+                bf16=True,
+                params_dtype=torch.bfloat16,
+                lr=opt_cfg.lr,
+                min_lr=opt_cfg.min_lr,
+                weight_decay=opt_cfg.weight_decay,
+                adam_beta1=opt_cfg.adam_beta1,
+                adam_beta2=opt_cfg.adam_beta2,
+                adam_eps=opt_cfg.adam_eps,
+                clip_grad=opt_cfg.clip_grad,
+            ),
+            [self.ddp],
+        )
+        inner = self.megatron.optimizer  # torch AdamW over the fp32 masters
+        for group in inner.param_groups:  # megatron's scheduler applies wd_mult; we apply it once, here
+            group["weight_decay"] = opt_cfg.weight_decay * group["wd_mult"]
+        super().__init__([p for group in inner.param_groups for p in group["params"]], dict(inner.defaults))
+        self.param_groups = inner.param_groups  # the same dicts: a schedule's lr reaches the inner AdamW
+        self.state = inner.state
+        self.last_grad_norm = 0.0
+        self._grads_scaled = False
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """Zero the fp32 gradient buffer (and any bf16 ``.grad`` left over)."""
+        self.ddp.zero_grad_buffer()
+        self.megatron.zero_grad(set_to_none=set_to_none)
+        self._grads_scaled = False
+
+    def scale_grads(self, factor: float) -> None:
+        """Multiply the accumulated gradients by ``factor`` (the step's normaliser is known only at its end)."""
+        self.ddp.scale_gradients(factor)
+        self._grads_scaled = True
+
+    @torch.no_grad()
+    def step(self, closure: Callable[[], Any] | None = None) -> Any:
+        """Clip and apply the scaled gradients to the fp32 masters, then copy them into the bf16 parameters."""
+        loss = closure() if closure is not None else None
+        if not self._grads_scaled:
+            return loss
+        self.ddp.finish_grad_sync()
+        updated, grad_norm, _ = self.megatron.step()
+        if not updated:
+            raise FloatingPointError("megatron's optimizer skipped the step: the gradients hold inf or NaN")
+        self.last_grad_norm = float(grad_norm)
+        self._grads_scaled = False
+        return loss
+
+    def state_dict(self) -> dict[str, Any]:
+        """megatron's state: the inner AdamW's ``state_dict`` and the fp32 master parameters."""
+        return self.megatron.state_dict()
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Restore the AdamW state and the fp32 masters written by :meth:`state_dict`."""
+        self.megatron.load_state_dict(state_dict)
+        self.state = self.megatron.optimizer.state

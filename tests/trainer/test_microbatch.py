@@ -1,0 +1,39 @@
+"""Micro-batch planning: every row with a valid token runs exactly once, within both limits, with little padding."""
+
+from __future__ import annotations
+
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+from sc_lightning.trainer.microbatch import needed_widths, plan_microbatches
+
+
+@given(
+    widths=st.lists(st.integers(min_value=0, max_value=64), max_size=40),
+    max_rows=st.integers(min_value=1, max_value=9),
+    max_tokens=st.one_of(st.none(), st.integers(min_value=1, max_value=300)),
+)
+def test_every_row_with_a_valid_token_runs_once_within_the_limits(
+    widths: list[int], max_rows: int, max_tokens: int | None
+) -> None:
+    plans = plan_microbatches(widths, max_rows=max_rows, max_tokens=max_tokens)
+    planned = [i for plan in plans for i in plan.rows]
+    assert sorted(planned) == [i for i, width in enumerate(widths) if width > 0]
+    lengths = [widths[i] for i in planned]
+    assert lengths == sorted(lengths, reverse=True)  # longest first: each micro-batch pads to its first row
+    for plan in plans:
+        assert plan.lengths == [widths[i] for i in plan.rows] and plan.width == max(plan.lengths)
+        assert 1 <= len(plan.rows) <= max_rows
+        if max_tokens is not None and len(plan.rows) > 1:
+            assert plan.padded_tokens <= max_tokens
+
+
+def test_a_token_budget_cuts_by_padded_size_and_a_long_row_runs_alone() -> None:
+    plans = plan_microbatches([10, 100, 30, 30, 0, 20], max_rows=8, max_tokens=64)
+    assert [(p.rows, p.width) for p in plans] == [([1], 100), ([2, 3], 30), ([5, 0], 20)]
+
+
+def test_needed_widths_end_at_the_last_valid_token() -> None:
+    mask = torch.tensor([[0, 1, 1, 0, 0], [0, 0, 0, 0, 0], [0, 0, 1, 0, 1]], dtype=torch.float32)
+    assert needed_widths(mask) == [3, 0, 5]
