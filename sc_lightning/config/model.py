@@ -114,6 +114,13 @@ class PolicyConfig:
         512, "Sequences per optimizer step; must equal num_prompts_per_step * num_generations_per_prompt.", ge=1
     )
     train_micro_batch_size: int = knob(4, "Sequences per forward/backward micro-batch.", ge=1)
+    train_micro_batch_tokens: int | None = knob(
+        None,
+        "Padded-token budget of a micro-batch (rows x its longest row; rows run longest first, a longer row alone); "
+        "null = train_micro_batch_size rows only.",
+        unit="tokens",
+        ge=1,
+    )
     max_total_sequence_length: int = knob(1024, "Prompt + completion length limit.", unit="tokens", ge=2)
     precision: Literal["bf16", "fp32"] = knob("bf16", "Parameter and compute precision (fp32 on CPU).")
     megatron_cfg: MegatronConfig = knob(doc="megatron-core settings.", factory=MegatronConfig)

@@ -22,6 +22,7 @@ from sc_lightning.algorithms import ClippedPGLoss
 from sc_lightning.config import SCConfig
 from sc_lightning.engines.sampling import scoring_temperature
 from sc_lightning.trainer.optim import adamw
+from sc_lightning.trainer.perf import StepPerf
 from sc_lightning.trainer.policy_update import PolicyUpdate
 from sc_lightning.trainer.step_stream import RLStep
 from sc_lightning.trainer.train_data_log import FILENAME as TRAIN_DATA_FILENAME
@@ -41,6 +42,8 @@ class GRPOModule(LightningModule):
         self.tokenizer: Any = None
         self.loss_fn = ClippedPGLoss.from_config(config.loss_fn)
         self._train_data_log: TrainDataLog | None = None
+        self._perf: StepPerf | None = None
+        self._trained_lengths: list[int] = []  # the rows the policy ran this step (perf/*)
         self.policy_trained = True
         """Whether the last training step changed the policy (the refit pushes weights only then); PPO's critic
         warm-up sets it False."""
@@ -97,6 +100,8 @@ class GRPOModule(LightningModule):
             optimizer if optimizer is not None else self.policy_optimizer(),
             self.loss_fn,
             micro_batch_size=self.config.policy.train_micro_batch_size,
+            micro_batch_tokens=self.config.policy.train_micro_batch_tokens,
+            trained_lengths=self._trained_lengths,
             clip_grad=self.config.policy.optimizer.clip_grad,
             backward=self.manual_backward,
             scheduler=self.policy_scheduler() if step_scheduler else None,
@@ -109,6 +114,7 @@ class GRPOModule(LightningModule):
 
     def on_train_start(self) -> None:
         """Open train_data.jsonl (``data.train_data_log``), rolled back to the step training starts at."""
+        self._perf = StepPerf(self.policy, self.spec)
         if self.config.data.train_data_log:
             self._train_data_log = TrainDataLog(Path(self.trainer.default_root_dir) / TRAIN_DATA_FILENAME)
             self._train_data_log.open(resume_step=self.trainer.global_step)
@@ -121,6 +127,12 @@ class GRPOModule(LightningModule):
     def train_dataloader(self) -> Any:
         """One item per RL step, from the Single-Controller strategy's running controller."""
         return self.trainer.strategy.rl_steps()
+
+    def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
+        """Open the step's perf measurement."""
+        self._trained_lengths.clear()
+        if self._perf is not None:
+            self._perf.start()
 
     def training_step(self, step: RLStep, batch_idx: int) -> dict[str, torch.Tensor]:
         """One RL step: accumulate every chunk of the step, then one optimizer step; logs train/* metrics."""
@@ -145,7 +157,9 @@ class GRPOModule(LightningModule):
         rewards: torch.Tensor,
         staleness: list[int],
     ) -> dict[str, torch.Tensor]:
-        """Write the step's train_data.jsonl rows and log ``train/*``, timings and the progress bar."""
+        """Write the step's train_data.jsonl rows and log ``train/*``, ``perf/*``, timings and the progress bar."""
+        if self._perf is not None:
+            self._perf.synchronize()  # the clock below must cover the device's work
         if self._train_data_log is not None:
             self._train_data_log.write(index, step.trained_rows)
         timing = {
@@ -153,6 +167,9 @@ class GRPOModule(LightningModule):
             "policy_training": time.monotonic() - started - step.chunk_wait_s,
         }
         self.log_dict({f"timing/train/{k}": v for k, v in timing.items()}, on_step=True, batch_size=1)
+        if self._perf is not None and self._trained_lengths:
+            perf = self._perf.finish(self._trained_lengths, timing["policy_training"])
+            self.log_dict({f"perf/{k}": v for k, v in perf.items()}, on_step=True, batch_size=1)
         metrics["reward"] = float(rewards.mean())
         metrics["staleness_mean"] = sum(staleness) / len(staleness)
         metrics["staleness_max"] = float(max(staleness))

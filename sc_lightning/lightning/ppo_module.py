@@ -155,6 +155,7 @@ class PPOModule(GRPOModule):
                 self.policy,
                 batch,
                 micro_batch_size=self.config.policy.train_micro_batch_size,
+                micro_batch_tokens=self.config.policy.train_micro_batch_tokens,
                 vocab_size=self.spec.vocab_size,
                 temperature=scoring_temperature(self.config.policy.generation.temperature),
             )

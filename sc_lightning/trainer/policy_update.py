@@ -136,6 +136,7 @@ class PolicyUpdate:
         micro_batch_size: int,
         clip_grad: float,
         micro_batch_tokens: int | None = None,
+        trained_lengths: list[int] | None = None,
         backward: Callable[[torch.Tensor], None] | None = None,
         scheduler: torch.optim.lr_scheduler.LRScheduler | None = None,
         vocab_size: int | None = None,
@@ -155,7 +156,7 @@ class PolicyUpdate:
         self.seq_logprob_error_threshold = seq_logprob_error_threshold  # rows above it leave the loss; None: log only
         self.seq_logprob_error_knob = seq_logprob_error_knob  # the threshold's config dotpath, named in errors
         self.micro_batch_tokens = micro_batch_tokens  # padded-token budget of a micro-batch; None: rows only
-        self.trained_lengths: list[int] = []  # each trained row's length, for throughput (the caller clears it)
+        self.trained_lengths = [] if trained_lengths is None else trained_lengths  # each run row's length (perf)
         self._totals: _StepTotals | None = None
 
     def begin(self, step: int | None = None) -> None:
@@ -177,7 +178,7 @@ class PolicyUpdate:
         totals.rows += len(chunk)
         totals.group_ids.update(dict.fromkeys(chunk.group_ids))
         for plan, batch in chunk.microbatches(self.micro_batch_size, self.micro_batch_tokens):
-            self.trained_lengths += plan.lengths
+            self.trained_lengths.extend(plan.lengths)
             mask = loss_mask(batch.token_mask, batch.sample_mask)
             logprobs = token_logprobs(
                 self.model, batch.input_ids, vocab_size=self.vocab_size, temperature=self.temperature
