@@ -4,8 +4,13 @@ The model is a megatron-core ``GPTModel`` built by sc_lightning at a Llama-style
 issue 16: 24 layers, hidden 2048, 16 heads, 8 KV groups, FFN 5632, vocab 32000). A step trains ``--rows`` rows of
 ``--seq`` tokens:
 
-    bare    the same model: forward, ``-mean(token logprobs)`` backward, one AdamW step, one micro-batch
+    bare    the same model: forward, ``-mean(token logprobs)`` backward, one optimizer step, one micro-batch
     grpo    ``PolicyUpdate`` + ``ClippedPGLoss`` (begin, one chunk, finish) with ``--micro-batch`` rows per micro-batch
+            (and ``--micro-batch-tokens``, the ``policy.train_micro_batch_tokens`` budget, when given)
+
+Both use sc_lightning's optimizer recipe (``trainer/optim.py``): with ``--precision bf16``, bf16 parameters with fp32
+gradient accumulation, fp32 master weights and fp32 AdamW state through megatron-core's optimizer; with fp32, torch
+AdamW.
 
 MFU = (6 x parameters x tokens + 12 x layers x hidden x seq x tokens) / step time / peak, where the peak is the
 device's dense bf16 datasheet figure (989 TFLOP/s for an H200; ``--peak-tflops`` for others). The GPU is
@@ -26,10 +31,12 @@ import torch
 from engine import synchronize  # benchmarks/engine.py (the script's folder is on sys.path)
 
 from sc_lightning.algorithms import ClippedPGLoss
+from sc_lightning.config.model import OptimizerConfig
 from sc_lightning.models import build_gpt_model, token_logprobs
 from sc_lightning.models.spec import ModelSpec
 from sc_lightning.trainer.chunks import TrainChunk
-from sc_lightning.trainer.policy_update import PolicyUpdate
+from sc_lightning.trainer.optim import adamw
+from sc_lightning.trainer.policy_update import PolicyUpdate, normalised_step
 
 
 def median_ms(step, device: torch.device, reps: int) -> float:
@@ -78,6 +85,7 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=8)
     parser.add_argument("--seq", type=int, default=2048)
     parser.add_argument("--micro-batch", type=int, default=4, help="the 1B exemplar's train_micro_batch_size")
+    parser.add_argument("--micro-batch-tokens", type=int, default=None, help="policy.train_micro_batch_tokens")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--precision", default="fp32", choices=["fp32", "bf16"])
     parser.add_argument("--reps", type=int, default=10)
@@ -97,19 +105,20 @@ def main() -> None:
     )
     model = build_gpt_model(spec, precision=args.precision, device=device)
     params = sum(p.numel() for p in model.parameters())
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-6)
+    optimizer, _ = adamw(model, OptimizerConfig(lr=1e-6), total_steps=1)
     chunk = rows(args, device)
 
     def bare() -> None:
         optimizer.zero_grad(set_to_none=True)
         (-token_logprobs(model, chunk.input_ids, vocab_size=args.vocab).mean()).backward()
-        optimizer.step()
+        normalised_step(model, optimizer, 1.0, clip_grad=1.0)
 
     update = PolicyUpdate(
         model,
         optimizer,
         ClippedPGLoss(reference_policy_kl_penalty=0.0),  # the exemplars' GRPO loss: no reference model
         micro_batch_size=args.micro_batch,
+        micro_batch_tokens=args.micro_batch_tokens,
         clip_grad=1.0,
         vocab_size=args.vocab,
     )
@@ -122,7 +131,8 @@ def main() -> None:
     flops = flops_per_step(spec, params, args.rows * args.seq, args.seq)
     print(
         f"{params / 1e9:.2f}B parameters ({args.precision} on {device}), {args.rows} x {args.seq} tokens a step, "
-        f"grpo micro-batch {args.micro_batch}; MFU against {args.peak_tflops:.0f} TFLOP/s"
+        f"grpo micro-batch {args.micro_batch} rows / {args.micro_batch_tokens} tokens, optimizer "
+        f"{type(optimizer).__name__}; MFU against {args.peak_tflops:.0f} TFLOP/s"
     )
     print("| step | ms | MFU | peak GiB |\n|---|---:|---:|---:|")
     results = {}

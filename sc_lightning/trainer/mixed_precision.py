@@ -86,6 +86,15 @@ class MixedPrecisionAdamW(torch.optim.Optimizer):
         self.last_grad_norm = 0.0
         self._grads_scaled = False
 
+    def master_pairs(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Each bf16 model parameter with its fp32 master copy."""
+        return [
+            (low, master)
+            for chained in self.megatron.chained_optimizers
+            for lows, masters in zip(chained.float16_groups, chained.fp32_from_float16_groups, strict=True)
+            for low, master in zip(lows, masters, strict=True)
+        ]
+
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Zero the fp32 gradient buffer (and any bf16 ``.grad`` left over)."""
         self.ddp.zero_grad_buffer()

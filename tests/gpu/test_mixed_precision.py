@@ -1,0 +1,77 @@
+"""On one GPU: bf16 training keeps fp32 master weights, fp32 gradients and fp32 AdamW state (megatron's stack)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from sc_lightning.algorithms import ClippedPGLoss
+from sc_lightning.config.model import OptimizerConfig
+from sc_lightning.models import build_gpt_model, builtin_spec
+from sc_lightning.trainer.mixed_precision import MixedPrecisionAdamW
+from sc_lightning.trainer.optim import adamw
+from sc_lightning.trainer.policy_update import PolicyUpdate
+from tests.trainer.test_policy_update import step_rows
+
+pytestmark = pytest.mark.gpu
+
+SPEC = builtin_spec("builtin:tiny")
+CUDA = torch.device("cuda", 0)
+
+
+def one_step(precision: str, *, micro_batch_size: int = 4) -> tuple[torch.nn.Module, torch.optim.Optimizer, dict]:
+    """A fresh tiny policy on the GPU after one GRPO step over the same rows."""
+    model = build_gpt_model(SPEC, precision=precision, seed=0, device=CUDA)
+    optimizer, _ = adamw(model, OptimizerConfig(lr=1e-3, weight_decay=0.1), total_steps=1)
+    loss_fn = ClippedPGLoss(reference_policy_kl_penalty=0.0)
+    update = PolicyUpdate(model, optimizer, loss_fn, micro_batch_size=micro_batch_size, clip_grad=1.0)
+    update.begin()
+    update.train_chunk(step_rows(1).to(CUDA))
+    return model, optimizer, update.finish()
+
+
+def masters(optimizer: MixedPrecisionAdamW) -> list[torch.Tensor]:
+    """The fp32 master copies."""
+    return [master for _, master in optimizer.master_pairs()]
+
+
+def test_bf16_steps_fp32_masters_and_tracks_the_fp32_update() -> None:
+    model, optimizer, metrics = one_step("bf16")
+    assert isinstance(optimizer, MixedPrecisionAdamW)
+    assert {p.dtype for p in model.parameters()} == {torch.bfloat16}
+    assert {p.dtype for p in masters(optimizer)} == {torch.float32}
+    assert all(state["exp_avg"].dtype == torch.float32 for state in optimizer.state.values())
+    pairs = optimizer.master_pairs()
+    assert len(pairs) == len(list(model.parameters()))
+    for low, master in pairs:
+        assert torch.equal(low, master.to(torch.bfloat16))  # the bf16 weights are the masters, rounded
+    reference, _, fp32 = one_step("fp32")
+    assert metrics["grad_norm"] == pytest.approx(fp32["grad_norm"], rel=0.05)  # bf16 forward, fp32 accumulation
+    assert metrics["global_valid_toks"] == fp32["global_valid_toks"]
+    moved = [
+        (a.float() - b).abs().max().item() for a, b in zip(model.parameters(), reference.parameters(), strict=True)
+    ]
+    assert max(moved) < 2e-2  # one lr=1e-3 step apart at most, plus bf16 rounding of the weights
+
+
+def test_micro_batching_changes_nothing_but_rounding_and_a_step_without_gradients_changes_nothing() -> None:
+    _, _, one = one_step("bf16", micro_batch_size=16)
+    model, optimizer, four = one_step("bf16", micro_batch_size=3)
+    assert one["grad_norm"] == pytest.approx(four["grad_norm"], rel=1e-2)
+    before = [p.detach().clone() for p in masters(optimizer)]
+    optimizer.zero_grad()
+    optimizer.step()  # PPO's critic warm-up counts a step this way
+    assert all(torch.equal(a, b) for a, b in zip(before, masters(optimizer), strict=True))
+
+
+def test_the_state_round_trips_through_a_checkpoint() -> None:
+    model, optimizer, _ = one_step("bf16")
+    state = optimizer.state_dict()
+    fresh = build_gpt_model(SPEC, precision="bf16", seed=1, device=CUDA)
+    fresh.load_state_dict(model.state_dict())
+    restored, _ = adamw(fresh, OptimizerConfig(lr=1e-3, weight_decay=0.1), total_steps=1)
+    restored.load_state_dict(state)
+    for a, b in zip(masters(optimizer), masters(restored), strict=True):
+        assert torch.equal(a, b)
+    moments = [s["exp_avg_sq"] for s in restored.state.values()]
+    assert moments and all(m.dtype == torch.float32 and bool(m.abs().sum() > 0) for m in moments)
