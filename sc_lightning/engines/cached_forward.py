@@ -1,0 +1,244 @@
+"""A megatron ``GPTModel``'s forward over a :class:`~sc_lightning.engines.kv_cache.SlotKVCache`, rows at any position.
+
+:class:`CachedForward` runs the model's own modules, with its weights (nothing is copied, so a weight update or a
+CUDA graph sees the same tensors): the word embedding, then per layer ``input_layernorm`` → ``linear_qkv`` → RoPE →
+write K/V into the cache → attention over the cache → ``linear_proj`` + residual → ``pre_mlp_layernorm`` → ``mlp`` +
+residual, then ``final_layernorm`` and ``output_layer``. It is the computation of ``GPTModel.forward`` (local layer
+spec, TP=1, no dropout) for ``T`` new tokens per row:
+
+- **Positions are device tensors** ``(R, T)``, one per token, so rows of one call sit at different positions and
+  nothing about them is baked into a captured CUDA graph. RoPE uses megatron's own frequency table
+  (``model.rotary_pos_emb``) and formula ``t * cos + rotate_half(t) * sin`` (cos/sin cast to the model dtype first),
+  gathered at each row's positions, applied in place to the query heads and the key of every KV group at once
+  (three kernels: swap the halves, scale by cos, add the swapped halves times the signed sin).
+- **Attention** of a token at position ``p`` covers positions ``0..p`` of its row's slot: an additive mask is built
+  once per call from the positions over ``kv_len`` positions, and a KV group's query heads form the query rows of
+  one attention "head" over the group's strided cache view, so grouped-query attention copies no K/V. On a GPU
+  the memory-efficient kernel is called directly (it does not re-plan per KV length, and choosing kernels
+  through ``sdpa_kernel`` would flip process-global flags under a colocated trainer); on the CPU,
+  ``scaled_dot_product_attention``. With ``flash_decode`` a decode step (one token per row, rows in slots
+  ``0..R-1``, bf16/fp16 on a GPU) calls flash attention's varlen kernel instead, each row reading exactly its own
+  ``p + 1`` positions (``seqused_k``): no mask and no fixed KV span, but on an H200 at batch 16 and 64 it measured
+  slower than the memory-efficient kernel (``benchmarks/README.md``), so it is off by default.
+- **Rows** are either the cache's first ``R`` slots (a decode step: the cache is read in place) or the slots given
+  (a prefill chunk: their K/V are gathered).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from sc_lightning.engines.kv_cache import SlotKVCache
+
+
+@dataclass
+class _Call:
+    """What every layer of one forward call shares: shapes, RoPE factors, cache indices, the attention inputs."""
+
+    rows: int
+    width: int  # tokens per row
+    positions: Tensor  # (R, T)
+    cos: Tensor  # (R, T, 1, 1, D)
+    sin: Tensor  # (R, T, 1, 1, D), rotate_half's signs folded in
+    flat_index: Tensor  # (R * T,): slot * length + position, where each new K/V goes
+    slots: Tensor | None  # the rows' slots (a gather), or None for slots 0..R-1 (read in place)
+    kv_len: int
+    flash: bool  # a decode step on flash attention
+    _bias: Tensor | None = None
+
+    def bias(self, dtype: torch.dtype, heads_per_group: int) -> Tensor:
+        """``(R, 1, T * heads_per_group, kv_len)``: 0 where a query may attend, -inf elsewhere (built once)."""
+        if self._bias is None:
+            keys = torch.arange(self.kv_len, device=self.positions.device)
+            bias = torch.zeros((self.rows, self.width, self.kv_len), dtype=dtype, device=keys.device)
+            bias.masked_fill_(keys > self.positions[:, :, None], float("-inf"))  # a token sees positions <= its own
+            shape = (self.rows, 1, self.width, heads_per_group, self.kv_len)
+            self._bias = bias[:, None, :, None].expand(shape).reshape(self.rows, 1, -1, self.kv_len)
+        return self._bias
+
+
+def _check_supported(model: torch.nn.Module) -> None:
+    """Raise ValueError when ``model`` uses a feature :class:`CachedForward` does not reproduce."""
+    config = model.config
+    unsupported = {
+        "position_embedding_type": getattr(model, "position_embedding_type", "rope") != "rope",
+        "rotary_interleaved": config.rotary_interleaved,
+        "multi_latent_attention": config.multi_latent_attention,
+        "qk_layernorm": getattr(config, "qk_layernorm", False),
+        "attention_output_gate": getattr(config, "attention_output_gate", False),
+        "fp32_residual_connection": config.fp32_residual_connection,
+        "num_moe_experts": bool(getattr(config, "num_moe_experts", None)),
+        "tensor_model_parallel_size": config.tensor_model_parallel_size != 1,
+        "pipeline_model_parallel_size": config.pipeline_model_parallel_size != 1,
+    }
+    bad = [name for name, flag in unsupported.items() if flag]
+    if bad:
+        raise ValueError(f"the Megatron engine's cached forward does not support {', '.join(bad)}")
+
+
+class CachedForward:
+    """Runs a TP=1 megatron ``GPTModel`` on new tokens of many rows, keeping their K/V in a slot KV cache."""
+
+    def __init__(self, model: torch.nn.Module, max_seq_len: int, *, flash_decode: bool = False) -> None:
+        _check_supported(model)
+        self.embedding = model.embedding.word_embeddings
+        self.layers = list(model.decoder.layers)
+        self.final_layernorm = model.decoder.final_layernorm
+        self.output_layer = model.output_layer
+        tied = model.share_embeddings_and_output_weights
+        self.output_weight = model.shared_embedding_or_output_weight() if tied else None
+        attention = self.layers[0].self_attention
+        self.groups = attention.num_query_groups_per_partition
+        self.heads_per_group = attention.num_attention_heads_per_partition // self.groups
+        self.head_dim = attention.hidden_size_per_attention_head
+        core = attention.core_attention
+        self.scale = float(getattr(core, "softmax_scale", None) or self.head_dim**-0.5)
+        param = next(model.parameters())
+        self.dtype, self.device = param.dtype, param.device
+        on_gpu = self.device.type == "cuda"
+        self.flash = flash_decode and on_gpu and self.dtype in (torch.bfloat16, torch.float16)  # False once refused
+        self.efficient = on_gpu  # likewise
+        with torch.cuda.device(self.device) if on_gpu else contextlib.nullcontext():  # where megatron puts RoPE
+            freqs = model.rotary_pos_emb(max_seq_len)  # (L, 1, 1, D) fp32, the trainer's table
+        if freqs.size(-1) != self.head_dim:
+            raise ValueError("the Megatron engine's cached forward needs RoPE over the whole head (rotary_percent 1)")
+        freqs = freqs.reshape(max_seq_len, self.head_dim).to(self.device)
+        half = self.head_dim // 2
+        self.cos = torch.cos(freqs).to(self.dtype)  # (L, D), as megatron: cos in fp32, then the model dtype
+        sin = torch.sin(freqs).to(self.dtype)
+        self.sin_signed = torch.cat([-sin[:, :half], sin[:, half:]], dim=-1)  # rotate_half's sign folded in
+
+    def new_cache(self, slots: int, length: int) -> SlotKVCache:
+        """A zeroed KV cache for ``slots`` sequences of up to ``length`` positions, for this model."""
+        return SlotKVCache(
+            layers=len(self.layers),
+            slots=slots,
+            groups=self.groups,
+            length=length,
+            head_dim=self.head_dim,
+            dtype=self.dtype,
+            device=self.device,
+        )
+
+    def __call__(
+        self,
+        cache: SlotKVCache,
+        tokens: Tensor,
+        positions: Tensor,
+        *,
+        kv_len: int,
+        slots: Tensor | None = None,
+        logits: bool = True,
+    ) -> Tensor | None:
+        """Feed ``tokens`` ``(R, T)`` at ``positions`` ``(R, T)``; returns the last token's logits ``(R, V_padded)``.
+
+        Writes the K/V of every fed position into row ``r``'s slot (``slots[r]``, or ``r`` when ``slots`` is None);
+        attention reads the first ``kv_len`` positions of a slot (``kv_len > positions.max()``; a flash decode step
+        reads each row's own length instead). With ``logits=False`` only the cache is filled (a prefill chunk): the
+        last layer stops after writing its K/V and None is returned.
+        """
+        rows, width = tokens.shape
+        x = self.embedding(tokens)  # (R, T, h)
+        slot_of_row = slots if slots is not None else torch.arange(rows, device=self.device)
+        call = _Call(
+            rows=rows,
+            width=width,
+            positions=positions,
+            cos=self.cos[positions][:, :, None, None],
+            sin=self.sin_signed[positions][:, :, None, None],
+            flat_index=(slot_of_row[:, None] * cache.length + positions).flatten(),
+            slots=slots,
+            kv_len=kv_len,
+            flash=self.flash and slots is None and width == 1,
+        )
+        last = len(self.layers) - 1
+        for i, layer in enumerate(self.layers):
+            x = self._layer(layer, cache, i, x, call, cache_only=i == last and not logits)
+        if not logits:
+            return None
+        hidden = self.final_layernorm(x[:, -1:])  # (R, 1, h)
+        out, _ = self.output_layer(hidden, weight=self.output_weight)
+        return out[:, 0]
+
+    def _layer(
+        self, layer: torch.nn.Module, cache: SlotKVCache, index: int, x: Tensor, call: _Call, *, cache_only: bool
+    ) -> Tensor:
+        """One transformer layer on ``x`` ``(R, T, h)``; the new tokens' K/V go into layer ``index`` of ``cache``."""
+        attention = layer.self_attention
+        rows, width, _ = x.shape
+        groups, hpg, dim = self.groups, self.heads_per_group, self.head_dim
+        qkv, qkv_bias = attention.linear_qkv(layer.input_layernorm(x))
+        if qkv_bias is not None:
+            qkv = qkv + qkv_bias
+        qkv = qkv.view(rows, width, groups, hpg + 2, dim)  # megatron's layout: per group, its query heads, K, V
+        qk = qkv[:, :, :, : hpg + 1]  # query heads and key: RoPE in place (t * cos + rotate_half(t) * sin)
+        halves_swapped = qk.unflatten(-1, (2, dim // 2)).flip(-2).flatten(-2)
+        qk.mul_(call.cos).addcmul_(halves_swapped, call.sin)
+        flat = cache.flat(index)  # (slots * length, G, 2, D)
+        flat.index_copy_(0, call.flat_index, qkv[:, :, :, hpg:].reshape(rows * width, groups, 2, dim))
+        if cache_only:
+            return x
+        context = self._decode_flash(qkv, flat, cache.length, call) if call.flash and self.flash else None
+        if context is None:
+            context = self._attend(qkv, cache.layer(index), call)
+        out, out_bias = attention.linear_proj(context)
+        x = x + (out if out_bias is None else out + out_bias)
+        out, out_bias = layer.mlp(layer.pre_mlp_layernorm(x))
+        return x + (out if out_bias is None else out + out_bias)
+
+    def _decode_flash(self, qkv: Tensor, flat: Tensor, length: int, call: _Call) -> Tensor | None:
+        """Flash attention of each row's new token over its slot's positions ``0..p`` (None if the kernel refuses).
+
+        ``flat`` is the layer's cache as rows ``slot * length + position``. After a refusal (e.g. a torch without
+        ``seqused_k``) this and later calls take the generic path.
+        """
+        rows, groups, hpg, dim = call.rows, self.groups, self.heads_per_group, self.head_dim
+        query = qkv[:, 0, :, :hpg].reshape(rows, groups * hpg, dim)  # (R, Hq, D), head g * hpg + j
+        starts = torch.arange(rows + 1, device=self.device, dtype=torch.int32)
+        try:
+            out = torch.ops.aten._flash_attention_forward(
+                query,
+                flat[:, :, 0],  # K (slots * length, G, D)
+                flat[:, :, 1],
+                starts,  # one query per row
+                starts * length,  # row r's keys start at r * length
+                1,
+                length,
+                0.0,
+                False,
+                False,
+                scale=self.scale,
+                seqused_k=(call.positions[:, 0] + 1).to(torch.int32),
+            )[0]
+        except RuntimeError:
+            self.flash = False
+            return None
+        return out.view(rows, 1, groups * hpg * dim)
+
+    def _attend(self, qkv: Tensor, kv: Tensor, call: _Call) -> Tensor:
+        """Attention of the new queries of ``qkv`` over the first ``kv_len`` positions of their slots in ``kv``."""
+        rows, width = call.rows, call.width
+        groups, hpg, dim = self.groups, self.heads_per_group, self.head_dim
+        reach = slice(None, call.kv_len)
+        seen = kv[:rows, reach] if call.slots is None else kv[call.slots, reach]  # (R, Lk, G, 2, D)
+        key, value = seen[..., 0, :].transpose(1, 2), seen[..., 1, :].transpose(1, 2)  # (R, G, Lk, D)
+        query = qkv[:, :, :, :hpg].permute(0, 2, 1, 3, 4).reshape(rows, groups, width * hpg, dim)
+        bias = call.bias(self.dtype, hpg)
+        context = None
+        if self.efficient:
+            try:
+                full_bias = bias.expand(rows, groups, width * hpg, call.kv_len)
+                context = torch.ops.aten._scaled_dot_product_efficient_attention(
+                    query, key, value, full_bias, False, scale=self.scale
+                )[0]
+            except RuntimeError:
+                self.efficient = False  # e.g. an unsupported head size: the generic path from now on
+        if context is None:
+            context = F.scaled_dot_product_attention(query, key, value, attn_mask=bias, scale=self.scale)
+        # (R, G, T * hpg, D) -> (R, T, G * hpg * D), heads in megatron's order g * hpg + j
+        return context.view(rows, groups, width, hpg, dim).permute(0, 2, 1, 3, 4).reshape(rows, width, -1)

@@ -1,0 +1,77 @@
+"""The Megatron engine's KV cache: one preallocated slot per running request, and the shape buckets it is read in.
+
+:class:`SlotKVCache` holds K and V of every layer as one tensor ``(layers, slots, length, groups, 2, head_dim)`` in
+the model's dtype on its device, allocated once (zeros, so a masked-out position never holds a NaN that
+``0 * NaN`` would spread). Each running request owns a slot; the model writes the K/V of the positions it is fed in
+place (``index_copy_`` at ``slot * length + position``). Seen from a layer, the cache is a varlen K/V store
+``(slots * length, groups, head_dim)`` for K and for V (:meth:`SlotKVCache.flat`: slot ``s`` is the sequence
+starting at row ``s * length``, which flash attention reads up to each row's own length), or per slot
+``(length, groups, head_dim)`` strided views for the generic attention path.
+
+The buckets fix the shapes a CUDA graph is captured for: :func:`batch_bucket` (powers of two up to the engine's
+``max_batch_size``) and, where attention reads a fixed span, :func:`kv_bucket` (multiples of 64 up to 512
+positions, then steps of an eighth of the next power of two, so at most 25% of what is read is padding past 256).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+KV_ALIGN = 64  # positions: a kv_bucket is a multiple of this, and so is the cache length
+
+
+def batch_bucket(rows: int, limit: int) -> int:
+    """The smallest power of two ``>= rows``, capped at ``limit`` (the batch size a decode graph is captured for)."""
+    return min(1 << max(0, rows - 1).bit_length(), limit)
+
+
+def kv_bucket(positions: int, limit: int) -> int:
+    """How many cache positions a step reads when it needs ``positions``: rounded up to a bucket, capped at ``limit``.
+
+    Multiples of 64 up to 512, then of 128 up to 1024, of 256 up to 2048, and so on.
+    """
+    step = max(KV_ALIGN, 1 << max(0, (positions - 1).bit_length() - 3))
+    return min(-(-positions // step) * step, limit)
+
+
+class SlotKVCache:
+    """K and V of every layer for ``slots`` sequences of up to ``length`` positions, preallocated (zeros)."""
+
+    def __init__(
+        self,
+        *,
+        layers: int,
+        slots: int,
+        groups: int,
+        length: int,
+        head_dim: int,
+        dtype: torch.dtype,
+        device: torch.device,
+    ) -> None:
+        length = -(-length // KV_ALIGN) * KV_ALIGN
+        self.tensor = torch.zeros((layers, slots, length, groups, 2, head_dim), dtype=dtype, device=device)
+
+    @property
+    def length(self) -> int:
+        """Positions per slot (a multiple of 64, at least the engine's ``max_seq_len``)."""
+        return self.tensor.size(2)
+
+    @property
+    def slots(self) -> int:
+        """How many sequences the cache holds at once."""
+        return self.tensor.size(1)
+
+    def layer(self, index: int) -> Tensor:
+        """The cache of layer ``index``: ``(slots, length, groups, 2, head_dim)``, K at ``[..., 0, :]``, V at 1."""
+        return self.tensor[index]
+
+    def flat(self, index: int) -> Tensor:
+        """Layer ``index`` as rows ``slot * length + position``: ``(slots * length, groups, 2, head_dim)``."""
+        layer = self.tensor[index]
+        return layer.view(-1, *layer.shape[2:])
+
+    def move(self, source: int, target: int, positions: int) -> None:
+        """Copy the first ``positions`` positions of slot ``source`` into slot ``target`` (every layer, K and V)."""
+        if positions > 0 and source != target:
+            self.tensor[:, target, :positions].copy_(self.tensor[:, source, :positions])
