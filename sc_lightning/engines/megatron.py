@@ -3,27 +3,32 @@
 :class:`MegatronEngine` implements :class:`~sc_lightning.engines.base.GenerationEngine` in the caller's process
 (colocated placement); :class:`~sc_lightning.engines.megatron_ray.RayMegatronEngine` runs one in a Ray actor.
 
-**Threads.** ``generate`` enqueues a request and awaits a future; one worker thread owns the model (no other thread
-touches it after construction) and runs the decode loop: it takes up to ``max_batch_size`` pending requests, decodes
-them together as one static batch (:mod:`~sc_lightning.engines.megatron_batch`) and hands each result back to its
-event loop with ``call_soon_threadsafe``. The event loop never blocks on the model.
+**Threads.** ``generate`` enqueues a request and awaits a future; one worker thread owns the model and runs the
+step loop of a :class:`~sc_lightning.engines.megatron_batch.ContinuousBatch`, handing each result back to its event
+loop with ``call_soon_threadsafe``. The event loop never blocks on the model.
 
-**Batching policy.** FIFO: a batch takes the oldest pending requests, whatever their prompt lengths; it prefills the
-shortest prompt length for all rows and teacher-forces the longer prompts' remaining tokens one position per step
-(exact, no padding; prompts of equal length, e.g. the N samples of a GRPO group, prefill entirely). The batch runs
-until all its rows finish; requests arriving meanwhile join the next batch.
+**Batching policy: continuous.** Before every step, pending requests join the running batch (FIFO) while it has
+fewer than ``max_batch_size`` rows, each in its own slot of a KV cache preallocated for ``max_batch_size`` x
+``max_seq_len`` positions. A step prefills one chunk of the newcomers' prompts (at most ``prefill_chunk_tokens``
+positions: a long prompt spreads over several steps and never stalls the rows decoding), then decodes one token for
+every row whose prompt is cached; a row leaves the moment it finishes and its slot goes to the next request. So one
+long completion never holds finished ones, and a request arriving mid-run starts at the next step. Rows decode
+exactly (see :mod:`~sc_lightning.engines.megatron_batch`). On a GPU the decode step replays a CUDA graph per (batch,
+KV length) bucket (:mod:`~sc_lightning.engines.cuda_graphs`), queued before the host reads the previous step.
+Sampling follows :mod:`~sc_lightning.engines.sampling`'s conventions, each request drawing from its own seeded
+noise stream (:mod:`~sc_lightning.engines.decode_sampling`): the same tokens whatever shares its batch.
 
-**Interruptions.** Between two decode steps the worker applies control commands; the rows of the running batch go
-back to the head of the queue and are re-prefilled from prompt + tokens so far when decoding resumes.
+**Interruptions.** Between two steps the worker applies control commands; running requests keep their slots.
 
 - ``update_weights(named_tensors, version)``: HF-named tensors (as ``export_hf_weights`` yields them; the iterable
-  is consumed on the worker thread) are converted and loaded; ``weight_version`` becomes ``version``; requests in
-  flight continue on the new weights (their KV cache is recomputed with them). ``Generation.weight_version`` is the
-  version that sampled the request's *first* token (its start); the controller records end versions itself.
-- ``stand_down()``: stops decoding after the current step, frees the KV cache and stops the engine's
-  :class:`~sc_lightning.engines.megatron_clock.ActiveClock`; requests (running or new) wait. ``wake()`` resumes them.
-  Use :meth:`MegatronEngine.active_deadline` / :meth:`MegatronEngine.active_wait_for` for per-request deadlines
-  that exclude stood-down time.
+  is consumed on the worker thread) are converted and loaded in place; ``weight_version`` becomes ``version``;
+  requests in flight continue on the new weights (their KV cache is recomputed with them: prefilled again from
+  prompt + tokens so far). ``Generation.weight_version`` is the version that sampled the request's *first* token
+  (its start); the controller records end versions itself.
+- ``stand_down()``: stops decoding after the current step, frees the KV cache and the CUDA graphs and stops the
+  engine's :class:`~sc_lightning.engines.megatron_clock.ActiveClock`; requests (running or new) wait. ``wake()``
+  resumes them (running ones are prefilled again). :meth:`MegatronEngine.active_deadline` /
+  :meth:`MegatronEngine.active_wait_for` give per-request deadlines that exclude stood-down time.
 - ``shutdown()``: requests still waiting or running end with ``finish_reason="abort"`` (the tokens they have);
   later calls raise :class:`~sc_lightning.engines.base.EngineError`.
 
@@ -48,11 +53,13 @@ import torch
 from megatron.core import parallel_state
 
 from sc_lightning.engines.base import EngineError
-from sc_lightning.engines.megatron_batch import DecodeBatch, Outcome, Request, attention_layers, replier
+from sc_lightning.engines.cached_forward import CachedForward
+from sc_lightning.engines.decode_sampling import noise_stream
+from sc_lightning.engines.megatron_batch import ContinuousBatch, Outcome, Request, replier
 from sc_lightning.engines.megatron_clock import ActiveClock
 from sc_lightning.models.megatron import load_hf_weights, load_policy
 from sc_lightning.models.spec import ModelSpec
-from sc_lightning.types import Generation, SamplingParams
+from sc_lightning.types import FinishReason, Generation, SamplingParams
 
 T = TypeVar("T")
 CommandKind = Literal["update", "stand_down", "wake", "shutdown"]
@@ -60,10 +67,16 @@ CommandKind = Literal["update", "stand_down", "wake", "shutdown"]
 
 @dataclass
 class EngineStats:
-    """Counters of an engine's work since it started (read them to check batching)."""
+    """Counters of an engine's work since it started (read them to check batching).
+
+    ``batches`` counts runs of the continuous batch (from no running request to some); ``forward_calls`` is
+    ``decode_steps`` + ``prefill_chunks``.
+    """
 
     batches: int = 0
     forward_calls: int = 0
+    decode_steps: int = 0
+    prefill_chunks: int = 0
     generated_tokens: int = 0
     finished_requests: int = 0
 
@@ -79,13 +92,16 @@ class _Command:
 
 
 class MegatronEngine:
-    """A :class:`GenerationEngine` over a megatron-core ``GPTModel`` (static-batch KV-cache decoding, one thread).
+    """A :class:`GenerationEngine` over a megatron-core ``GPTModel`` (continuous batching on a KV cache, one thread).
 
     ``model`` must be the engine's own replica (it is switched to eval mode and only the worker thread touches it);
     ``spec`` its architecture. Stop tokens: ``eos_token_id`` (when ``stop_on_eos``) plus ``extra_stop_token_ids``,
     plus any given to ``generate``; a stop token ends the completion and is included in it. ``max_seq_len`` caps
-    prompt + completion (default: the model's ``max_position_embeddings``). ``seed`` seeds the per-request
-    generators of requests without ``SamplingParams.seed``. ``weight_version`` is the version of ``model``'s weights.
+    prompt + completion (default: the model's ``max_position_embeddings``); the KV cache holds ``max_batch_size``
+    sequences of that length. ``prefill_chunk_tokens`` bounds the prompt positions prefilled per step.
+    ``cuda_graphs`` (default: on a GPU) replays the decode step as CUDA graphs; ``flash_decode`` decodes on flash
+    attention's varlen kernel (bf16/fp16 on a GPU; see :mod:`~sc_lightning.engines.cached_forward`). ``seed`` seeds
+    the noise of requests without ``SamplingParams.seed``. ``weight_version`` is the version of ``model``'s weights.
     """
 
     def __init__(
@@ -97,6 +113,9 @@ class MegatronEngine:
         name: str = "megatron",
         max_batch_size: int = 64,
         max_seq_len: int | None = None,
+        prefill_chunk_tokens: int = 1024,
+        cuda_graphs: bool | None = None,
+        flash_decode: bool = False,
         extra_stop_token_ids: Iterable[int] = (),
         stop_on_eos: bool = True,
         seed: int = 0,
@@ -106,15 +125,27 @@ class MegatronEngine:
             parallel_state.get_pipeline_model_parallel_world_size() != 1
         ):
             raise ValueError(f"engine {name!r}: MegatronEngine runs a TP=1, PP=1 model replica")
-        if max_batch_size < 1:
-            raise ValueError(f"engine {name!r}: max_batch_size must be >= 1, got {max_batch_size}")
+        for knob, value in (("max_batch_size", max_batch_size), ("prefill_chunk_tokens", prefill_chunk_tokens)):
+            if value < 1:
+                raise ValueError(f"engine {name!r}: {knob} must be >= 1, got {value}")
         self.name = name
         self._model = model.eval()
         self._spec = spec
-        self._layers = attention_layers(model)
         self._device = next(model.parameters()).device
         self._max_batch_size = max_batch_size
         self._max_seq_len = min(max_seq_len or spec.max_position_embeddings, spec.max_position_embeddings)
+        graphs = self._device.type == "cuda" if cuda_graphs is None else cuda_graphs
+        if graphs and self._device.type != "cuda":
+            raise ValueError(f"engine {name!r}: cuda_graphs needs a model on a CUDA device, not {self._device}")
+        self._batch = ContinuousBatch(
+            CachedForward(model, self._max_seq_len, flash_decode=flash_decode),
+            list(model.parameters()),
+            max_rows=max_batch_size,
+            max_seq_len=self._max_seq_len,
+            vocab_size=spec.vocab_size,
+            prefill_tokens=prefill_chunk_tokens,
+            cuda_graphs=graphs,
+        )
         eos = {eos_token_id} if stop_on_eos and eos_token_id is not None else set()
         self._stop_ids = frozenset(eos | {int(t) for t in extra_stop_token_ids})
         self._seeds = random.Random(seed)
@@ -219,13 +250,6 @@ class MegatronEngine:
         if not 0 < sampling.top_p <= 1:
             raise self._fail(rid, f"top_p must be in (0, 1], got {sampling.top_p}")
 
-    def _generator(self, sampling: SamplingParams) -> torch.Generator | None:
-        """The request's own generator (seeded with ``sampling.seed`` or from the engine's seed), None if greedy."""
-        if sampling.temperature <= 0 or sampling.top_k == 1:
-            return None
-        seed = sampling.seed if sampling.seed is not None else self._seeds.getrandbits(63)
-        return torch.Generator(device=self._device).manual_seed(seed)
-
     async def generate(
         self, prompt_token_ids: tuple[int, ...], sampling: SamplingParams, *, stop_token_ids: Iterable[int] = ()
     ) -> Generation:
@@ -238,7 +262,8 @@ class MegatronEngine:
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Generation] = loop.create_future()
         stops = self._stop_ids | {int(t) for t in stop_token_ids}
-        request = Request(rid, prompt, sampling, stops, self._generator(sampling), replier(loop, future))
+        noise = noise_stream(sampling, self._seeds, self._device, self._spec.vocab_size)
+        request = Request(rid, prompt, sampling, stops, noise, replier(loop, future))
         with self._cond:
             if self._closed:
                 raise self._fail(rid, "the engine is shut down")
@@ -292,30 +317,38 @@ class MegatronEngine:
     # ---- worker thread -------------------------------------------------------------------------------------
 
     def _worker_main(self) -> None:
-        """The decode loop: apply control commands, else decode the next batch; exits on shutdown."""
+        """The step loop: apply control commands, admit pending requests, run one step; exits on shutdown."""
+        if self._device.type == "cuda":
+            torch.cuda.set_device(self._device)
         while True:
-            commands, batch = self._next_work()
+            commands, joining = self._next_work()
+            if commands:
+                self._advance(self._batch.drain)  # a decode step still in flight is read before any command
             for command in commands:
                 self._apply(command)
                 if command.kind == "shutdown":
                     return
-            if batch:
-                self._run_batch(batch)
+            if joining and not self._batch.rows:
+                self._stats.batches += 1
+            for request in joining:
+                self._batch.add(request)
+            if not commands:
+                self._advance(self._batch.step)
 
     def _next_work(self) -> tuple[list[_Command], list[Request]]:
-        """Wait for commands (returned first) or, when awake, pending requests (up to ``max_batch_size``)."""
+        """Wait for commands (returned alone) or, when awake, work: the pending requests that fit in the batch."""
         with self._cond:
-            while not self._commands and (self._stood_down or not self._pending):
+            while not self._commands and (self._stood_down or not (self._pending or self._batch.rows)):
                 self._cond.wait()
             if self._commands:
                 commands, self._commands = self._commands, []
                 return commands, []
-            batch: list[Request] = []
-            while self._pending and len(batch) < self._max_batch_size:
+            joining: list[Request] = []
+            while self._pending and len(self._batch.rows) + len(joining) < self._max_batch_size:
                 request = self._pending.popleft()
                 if not request.cancelled.is_set():
-                    batch.append(request)
-            return [], batch
+                    joining.append(request)
+            return [], joining
 
     def _apply(self, command: _Command) -> None:
         """Apply one control command on the worker thread and reply to its caller."""
@@ -324,10 +357,12 @@ class MegatronEngine:
                 assert command.named_tensors is not None
                 load_hf_weights(self._model, self._spec, dict(command.named_tensors))
                 self._version = command.version
+                self._batch.weights_changed()
             elif command.kind == "stand_down":
                 self._stood_down = True
+                self._batch.release()
                 if self._device.type == "cuda":
-                    torch.cuda.empty_cache()  # the last batch's KV cache was dropped with it
+                    torch.cuda.empty_cache()
             elif command.kind == "wake":
                 self._stood_down = False
             else:
@@ -338,41 +373,27 @@ class MegatronEngine:
             command.reply(None)
 
     def _abort_all(self) -> None:
-        """End every pending request with ``finish_reason="abort"`` and what it has so far."""
+        """End every running and pending request with ``finish_reason="abort"`` and what it has so far."""
         with self._cond:
             pending, self._pending = list(self._pending), deque()
-        for request in pending:
+        for request in self._batch.clear() + pending:
             request.reply(request.result("abort", self._version))
 
-    def _interrupted(self) -> bool:
-        """Whether a control command waits (the running batch must yield between two steps)."""
-        with self._cond:
-            return bool(self._commands)
-
-    def _run_batch(self, requests: list[Request]) -> None:
-        """Decode ``requests`` as one batch until they finish or a command interrupts (then they are requeued)."""
-        batch: DecodeBatch | None = None
+    def _advance(self, run: Callable[[int], list[tuple[Request, FinishReason]]]) -> None:
+        """``run`` the batch one step (or drain it); replies to the requests that finished (all fail on an error)."""
+        batch = self._batch
         try:
             with torch.inference_mode():
-                batch = DecodeBatch(
-                    self._model, self._layers, requests, vocab_size=self._spec.vocab_size, max_seq_len=self._max_seq_len
-                )
-                self._stats.batches += 1
-                batch.prefill()
-                while batch.rows:
-                    sampled = batch.sampled_tokens
-                    finished = batch.step(self._version)
-                    self._stats.generated_tokens += batch.sampled_tokens - sampled
-                    for request, reason in finished:
-                        self._stats.finished_requests += 1
-                        request.reply(request.result(reason, self._version))
-                    if batch.rows and self._interrupted():
-                        with self._cond:
-                            self._pending.extendleft(reversed(batch.rows))
-                        break
+                finished = run(self._version)
         except Exception as err:
-            for request in batch.rows if batch is not None else requests:
+            for request in batch.clear():
                 request.reply(self._fail(request.rid, f"decoding failed: {type(err).__name__}: {err}"))
+            return
         finally:
-            if batch is not None:
-                self._stats.forward_calls += batch.forward_calls
+            stats = self._stats
+            stats.decode_steps, stats.prefill_chunks = batch.decode_steps, batch.prefill_calls
+            stats.forward_calls = batch.decode_steps + batch.prefill_calls
+            stats.generated_tokens = batch.sampled_tokens
+        for request, reason in finished:
+            self._stats.finished_requests += 1
+            request.reply(request.result(reason, self._version))

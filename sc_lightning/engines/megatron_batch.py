@@ -1,22 +1,35 @@
-"""One static decode batch of :class:`~sc_lightning.engines.megatron.MegatronEngine` on megatron's KV cache.
+"""The running batch of :class:`~sc_lightning.engines.megatron.MegatronEngine`: continuous batching over KV slots.
 
-Runs on the engine's worker thread only (synchronous torch). A batch holds requests of any prefix lengths (prompt
-plus the tokens they already have, so paused requests resume from where they stopped) and decodes them exactly,
-without any padding:
+Runs on the engine's worker thread only (synchronous torch). Every running request owns one slot of a preallocated
+:class:`~sc_lightning.engines.kv_cache.SlotKVCache` and its own count of cached positions; requests join
+(:meth:`ContinuousBatch.add`) and leave (finished, cancelled) between any two steps. One
+:meth:`ContinuousBatch.step`:
 
-1. **Prefill** the first ``L0 = min(prefix lengths)`` tokens of every row in one call on a fresh
-   ``StaticInferenceContext`` (causal attention, RoPE positions from 0 — the same positions the trainer uses).
-2. **Decode** one position per call for all rows at once. A row whose prefix is longer than the current position
-   is *teacher-forced*: its next prefix token is fed instead of a sample (no logprob); a row past its prefix samples.
-   Every row is always a contiguous prefix in the cache, so attention never sees a padding slot and the logits equal
-   a full forward pass of the same tokens.
-3. Rows that finish (stop token, ``max_new_tokens``, context end) or whose caller went away leave the batch, and the
-   cache is compacted to the remaining rows.
+1. **Prefill, one chunk.** Rows whose prefix (prompt + tokens sampled so far; all of it after a weight update or a
+   stand-down) is not yet cached up to its last token get at most ``prefill_tokens`` positions between them, oldest
+   first: one forward that only fills the cache. A long prompt takes several steps, and decoding goes on in
+   between, so it never starves the running rows.
+2. **Decode.** Every row whose prefix is cached up to its last token feeds that token at its own position (a device
+   tensor), all rows in one forward; each samples its next token (:func:`~sc_lightning.engines.decode_sampling
+   .sample_next`, its own noise stream) and reads it back with the others (one device sync per step). Rows still
+   prefilling ride along as placeholders: they write scratch K/V at the position their next chunk overwrites.
+3. **Leave.** Finished rows reply; the last slot's K/V move into a freed slot, so rows always fill slots
+   ``0..n-1`` and a decode step reads the cache as a view.
 
-The KV buffers are allocated here, on the model's device, before the first call (megatron's own allocator uses
-``torch.cuda.current_device()``, which does not exist on CPU), sized to this batch: rows x the longest total length
-any row may reach. Dropping the batch frees them. :func:`replier` hands results from this thread to the caller's
-event loop.
+Every row is exact: a position's K/V are those of the model fed the row's own prefix (the same RoPE positions as
+the trainer, from 0), and attention masks everything past a row's own position, so the logits equal a full
+forward of the same tokens (up to floating-point summation order).
+
+**Shapes.** On a GPU the decode step runs as a CUDA graph per (batch, KV length) bucket
+(:mod:`~sc_lightning.engines.cuda_graphs`): the batch is padded to a power of two with idle rows (they write
+position 0 of free slots) and attention reads a bucketed number of positions (:func:`~sc_lightning.engines
+.kv_cache.kv_bucket`). On the CPU, shapes are exact and nothing is captured.
+
+**Overlap** (on by default on a GPU). A decode step is read at the next :meth:`ContinuousBatch.step`, and when the
+rows are the same and all decoding (nothing joined, left, or waits for a prefill), that call first queues the next
+step, fed the tokens still on the device, then reads the previous one: the host's bookkeeping runs while the GPU
+computes. A row that finished meanwhile rides along one step for nothing (its result is dropped, its scratch K/V
+land in a slot it no longer owns). Before any command the engine calls :meth:`~ContinuousBatch.drain`.
 """
 
 from __future__ import annotations
@@ -29,11 +42,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from megatron.core.inference.contexts.static_context import StaticInferenceContext
-from megatron.core.transformer.attention import Attention
 from torch import Tensor
 
-from sc_lightning.engines.sampling import sample_tokens
+from sc_lightning.engines.cached_forward import CachedForward
+from sc_lightning.engines.cuda_graphs import DecodeGraphs
+from sc_lightning.engines.decode_sampling import NoiseStream, sample_next, to_device
+from sc_lightning.engines.kv_cache import SlotKVCache, batch_bucket, kv_bucket
 from sc_lightning.types import FinishReason, Generation, SamplingParams
 
 Outcome = Generation | BaseException
@@ -47,7 +61,7 @@ class Request:
     prompt: tuple[int, ...]
     sampling: SamplingParams
     stop_ids: frozenset[int]
-    generator: torch.Generator | None
+    noise: NoiseStream | None  # None when greedy
     reply: Callable[[Outcome], None]
     tokens: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
@@ -55,19 +69,19 @@ class Request:
     cancelled: threading.Event = field(default_factory=threading.Event)
 
     @property
-    def prefix(self) -> tuple[int, ...]:
-        """The tokens the model must have seen before the next sample: the prompt, then what was sampled."""
-        return self.prompt + tuple(self.tokens)
-
-    @property
     def length(self) -> int:
-        """``len(self.prefix)``, without building it."""
+        """Tokens the model must have seen before the next sample: the prompt, then what was sampled."""
         return len(self.prompt) + len(self.tokens)
 
-    def token_at(self, position: int) -> int:
-        """The prefix token at ``position`` (``< self.length``)."""
+    @property
+    def last_token(self) -> int:
+        """The last token of the prefix (the one a decode step feeds)."""
+        return self.tokens[-1] if self.tokens else self.prompt[-1]
+
+    def tokens_between(self, start: int, stop: int) -> list[int]:
+        """The prefix tokens at positions ``start..stop-1`` (``stop <= self.length``)."""
         n = len(self.prompt)
-        return self.prompt[position] if position < n else self.tokens[position - n]
+        return list(self.prompt[start:stop]) + self.tokens[max(0, start - n) : max(0, stop - n)]
 
     def total_limit(self, max_seq_len: int) -> int:
         """The longest this sequence may grow (prompt + completion), capped by the context."""
@@ -100,113 +114,266 @@ def replier(loop: asyncio.AbstractEventLoop, future: asyncio.Future) -> Callable
     return reply
 
 
-def attention_layers(model: torch.nn.Module) -> list[Attention]:
-    """The megatron attention modules of ``model`` (one per layer), which own the KV cache slots."""
-    return [module for module in model.modules() if isinstance(module, Attention)]
+@dataclass(eq=False)
+class _Row:
+    """A running request, how many positions of its prefix are in its slot, and how many more are being written."""
+
+    request: Request
+    cached: int = 0
+    in_flight: int = 0  # positions written by a decode step the host has not read yet
+    left: bool = False  # finished or cancelled: a decode step still in flight ignores its result
+
+    @property
+    def waiting(self) -> int:
+        """Prefix positions still to prefill before the row can decode (its last token is fed by a decode step)."""
+        return self.request.length - 1 - self.cached
 
 
-class DecodeBatch:
-    """A static batch decoding on its own KV cache: ``prefill()`` once, then ``step()`` until no row is left."""
+@dataclass(eq=False)
+class _Launched:
+    """A decode step queued on the device: its rows (the order of its results), their positions, its results."""
+
+    rows: list[_Row]
+    positions: list[int]
+    tokens: Tensor  # (N,) on the device
+    logprobs: Tensor  # (N,)
+
+
+class ContinuousBatch:
+    """The running requests, one KV-cache slot each, advanced by :meth:`step` (chunked prefill, then one decode)."""
 
     def __init__(
         self,
-        model: torch.nn.Module,
-        layers: Sequence[Attention],
-        requests: Sequence[Request],
+        forward: CachedForward,
+        parameters: list[Tensor],
         *,
-        vocab_size: int,
+        max_rows: int,
         max_seq_len: int,
+        vocab_size: int,
+        prefill_tokens: int,
+        cuda_graphs: bool,
+        buckets: bool | None = None,
+        overlap: bool | None = None,
     ) -> None:
-        self.model = model
-        self.rows = list(requests)
-        self.vocab_size = vocab_size
+        self.forward = forward
+        self.max_rows = max_rows
         self.max_seq_len = max_seq_len
-        self.pos = min(r.length for r in self.rows)  # the position the current logits predict
-        length = max(r.total_limit(max_seq_len) for r in self.rows)
-        self.context = StaticInferenceContext(len(self.rows), length)
-        param = next(model.parameters())
-        for layer in layers:
-            groups = layer.num_query_groups_per_partition
-            shape_k = (length, len(self.rows), groups, layer.key_hidden_size)
-            shape_v = (length, len(self.rows), groups, layer.val_hidden_size)
-            self.context.key_value_memory_dict[layer.layer_number] = (
-                torch.empty(shape_k, dtype=param.dtype, device=param.device),
-                torch.empty(shape_v, dtype=param.dtype, device=param.device),
-            )
-        self.device = param.device
-        self.logits: Tensor | None = None
-        self.forward_calls = 0
+        self.vocab_size = vocab_size
+        self.prefill_tokens = prefill_tokens
+        self.device = forward.device
+        on_gpu = self.device.type == "cuda"
+        self.graphs = DecodeGraphs(self._decode_step, parameters) if cuda_graphs else None
+        self.buckets = cuda_graphs or on_gpu if buckets is None else buckets
+        self.overlap = on_gpu if overlap is None else overlap
+        self.rows: list[_Row] = []  # rows[i] owns slot i of the cache
+        self.cache: SlotKVCache | None = None
+        self._launched: _Launched | None = None
+        self._joined = False
+        self.decode_steps = 0
+        self.prefill_calls = 0
         self.sampled_tokens = 0
 
-    def _forward(self, ids: list[list[int]]) -> None:
-        """Run the model on ``ids`` ``(B, S)`` at the context's offset; keep the last position's real-vocab logits."""
-        tokens = torch.tensor(ids, dtype=torch.long, device=self.device)
-        out = self.model(tokens, None, None, inference_context=self.context, runtime_gather_output=True)
-        self.logits = out[:, -1, : self.vocab_size].float()
-        self.context.increment_sequence_len_offset(tokens.size(1))
-        self.forward_calls += 1
+    def add(self, request: Request) -> None:
+        """Let ``request`` join at the next step (the caller keeps at most ``max_rows`` rows)."""
+        self.rows.append(_Row(request))
+        self._joined = True
 
-    def prefill(self) -> None:
-        """Encode the first ``pos`` tokens of every row (the shortest prefix) in one call."""
-        self._forward([list(r.prefix[: self.pos]) for r in self.rows])
-        self.context.enable_decode_mode()
+    def requests(self) -> list[Request]:
+        """The running requests, in slot order."""
+        return [row.request for row in self.rows]
 
-    def _sample(self, rows: list[int]) -> tuple[list[int], list[float]]:
-        """Sample the next token of each batch row in ``rows`` with its request's settings."""
-        assert self.logits is not None
-        params = [self.rows[i].sampling for i in rows]
-        tokens, logprobs = sample_tokens(
-            self.logits[rows],
-            torch.tensor([p.temperature for p in params]),
-            torch.tensor([p.top_k or 0 for p in params]),
-            torch.tensor([p.top_p for p in params]),
-            [self.rows[i].generator for i in rows],
+    def clear(self) -> list[Request]:
+        """Remove every row (a decode step in flight is dropped unread); returns their requests."""
+        requests, self.rows, self._launched = self.requests(), [], None
+        return requests
+
+    def drain(self, version: int) -> list[tuple[Request, FinishReason]]:
+        """Read the decode step still in flight, if any; returns the requests it finished."""
+        launched, self._launched = self._launched, None
+        return self._read(launched, version) if launched is not None else []
+
+    def weights_changed(self) -> None:
+        """Recompute every row's K/V with the new weights (call :meth:`drain` first; graphs stay valid while the
+        parameters do)."""
+        for row in self.rows:
+            row.cached = 0
+        if self.graphs is not None and not self.graphs.still_valid():
+            self.graphs.clear()
+
+    def release(self) -> None:
+        """Free the KV cache and the CUDA graphs (call :meth:`drain` first); rows stay and are prefilled again."""
+        if self.graphs is not None:
+            self.graphs.clear()
+        self.cache = None
+        for row in self.rows:
+            row.cached = 0
+
+    def step(self, version: int) -> list[tuple[Request, FinishReason]]:
+        """One prefill chunk (if rows wait for one) and one decode step; returns the requests that finished.
+
+        ``version`` is recorded as the start version of requests sampling their first token. Cancelled requests
+        leave without a reply. With ``overlap`` a decode step is read at the next call: when nothing joined, left or
+        waits for a prefill, the next step is queued first, fed the tokens still on the device, so the device never
+        waits for the host.
+        """
+        finished: list[tuple[Request, FinishReason]] = []
+        launched, self._launched = self._launched, None
+        if launched is not None:
+            if self._can_chain(launched):
+                self._launched = self._launch(list(range(len(self.rows))), chained=launched)
+            finished = self._read(launched, version)
+            if self._launched is not None:
+                return finished
+        self._remove([i for i, row in enumerate(self.rows) if row.request.cancelled.is_set()])
+        if not self.rows:
+            return finished
+        if self.cache is None:
+            self.cache = self.forward.new_cache(self.max_rows, self.max_seq_len)
+        self._joined = False
+        waiting = [i for i, row in enumerate(self.rows) if row.waiting > 0]
+        if waiting:
+            self._prefill(waiting)
+        ready = [i for i, row in enumerate(self.rows) if row.waiting == 0]
+        if ready:
+            launched = self._launch(ready)
+            if self.overlap:
+                self._launched = launched
+            else:
+                finished += self._read(launched, version)
+        return finished
+
+    def _can_chain(self, launched: _Launched) -> bool:
+        """Whether the next decode step can be queued before ``launched`` is read: same rows, all decoding."""
+        return (
+            not self._joined
+            and launched.rows == self.rows
+            and all(p + 1 < self.max_seq_len for p in launched.positions)
+            and not any(row.request.cancelled.is_set() for row in self.rows)
         )
-        return tokens.tolist(), logprobs.tolist()
+
+    def _kv_len(self, positions: int) -> int:
+        """How many cache positions a call reads when its furthest token sits at ``positions - 1``."""
+        assert self.cache is not None
+        return kv_bucket(positions, self.cache.length) if self.buckets else positions
+
+    def _plan_prefill(self, waiting: list[int]) -> tuple[list[int], int]:
+        """Rows (oldest first) and a chunk width such that rows x width stays within ``prefill_tokens``."""
+        chosen: list[int] = []
+        width = 0
+        for i in waiting:
+            wider = max(width, min(self.rows[i].waiting, self.prefill_tokens))
+            if chosen and (len(chosen) + 1) * wider > self.prefill_tokens:
+                break
+            chosen.append(i)
+            width = wider
+        return chosen, width
+
+    def _prefill(self, waiting: list[int]) -> None:
+        """Cache the next chunk of the prefixes of some ``waiting`` rows (short rows padded with scratch tokens)."""
+        assert self.cache is not None
+        chosen, width = self._plan_prefill(waiting)
+        tokens, positions = [], []
+        last = self.max_seq_len - 1
+        for i in chosen:
+            row = self.rows[i]
+            take = min(row.waiting, width)
+            tokens.append(row.request.tokens_between(row.cached, row.cached + take) + [0] * (width - take))
+            positions.append([min(row.cached + t, last) for t in range(width)])  # scratch past `take`
+            row.cached += take
+        kv_len = self._kv_len(max(p[-1] for p in positions) + 1)
+        self.forward(
+            self.cache,
+            to_device(tokens, torch.long, self.device),
+            to_device(positions, torch.long, self.device),
+            kv_len=kv_len,
+            slots=to_device(chosen, torch.long, self.device),
+            logits=False,
+        )
+        self.prefill_calls += 1
+
+    def _decode_step(self, inputs: Tensor, kv_len: int) -> Tensor:
+        """Logits ``(B, vocab)`` fp32 of feeding ``inputs[0]`` at positions ``inputs[1]`` to rows ``0..B-1``."""
+        assert self.cache is not None
+        logits = self.forward(self.cache, inputs[0][:, None], inputs[1][:, None], kv_len=kv_len)
+        assert logits is not None
+        return logits[:, : self.vocab_size].float()
+
+    def _launch(self, ready: list[int], chained: _Launched | None = None) -> _Launched:
+        """Queue the decode forward of every row (placeholders for rows not ready) and the sampling of ``ready``.
+
+        A ``chained`` step feeds the tokens ``chained`` sampled (still on the device), one position further.
+        """
+        assert self.cache is not None
+        batch = batch_bucket(len(self.rows), self.max_rows) if self.buckets else len(self.rows)
+        tokens, positions = [0] * batch, [0] * batch
+        for i, row in enumerate(self.rows):
+            if chained is not None:
+                positions[i] = chained.positions[i] + 1
+            elif row.waiting == 0:
+                tokens[i], positions[i] = row.request.last_token, row.cached
+            else:
+                positions[i] = row.cached  # scratch K/V where the row's next prefill chunk starts
+        kv_len = self.cache.length if self.forward.flash else self._kv_len(max(positions) + 1)
+        host = torch.tensor([tokens, positions], dtype=torch.long)
+        fed = chained.tokens if chained is not None else None
+        if self.graphs is not None:
+            logits = self.graphs.run(host.pin_memory(), kv_len, fed)
+        else:
+            inputs = host.to(self.device)
+            if fed is not None:
+                inputs[0, : fed.size(0)] = fed
+            logits = self._decode_step(inputs, kv_len)
+        self.decode_steps += 1
+        if ready == list(range(len(ready))):
+            logits = logits[: len(ready)]
+        else:
+            logits = logits.index_select(0, to_device(ready, torch.long, self.device))
+        rows = [self.rows[i] for i in ready]
+        for row in rows:
+            row.in_flight += 1
+        requests = [row.request for row in rows]
+        sampled, logprobs = sample_next(logits, [r.sampling for r in requests], [r.noise for r in requests])
+        return _Launched(rows, [positions[i] for i in ready], sampled, logprobs)
+
+    def _read(self, launched: _Launched, version: int) -> list[tuple[Request, FinishReason]]:
+        """Wait for ``launched`` and record its tokens; rows that finish leave. Returns the finished requests."""
+        tokens, logprobs = torch.stack([launched.tokens.double(), launched.logprobs.double()]).cpu().tolist()
+        finished: list[tuple[Request, FinishReason]] = []
+        for row, token, logprob in zip(launched.rows, tokens, logprobs, strict=True):
+            row.in_flight -= 1
+            if row.left:
+                continue
+            row.cached += 1
+            request = row.request
+            if request.start_version is None:
+                request.start_version = version
+            request.tokens.append(int(token))
+            request.logprobs.append(logprob)
+            self.sampled_tokens += 1
+            reason = self._finish_reason(request)
+            if reason is not None:
+                finished.append((request, reason))
+                row.left = True
+        self._remove([i for i, row in enumerate(self.rows) if row.left])
+        return finished
 
     def _finish_reason(self, request: Request) -> FinishReason | None:
         """Why ``request`` is done after its latest token, or None while it goes on."""
         if request.tokens[-1] in request.stop_ids:
             return "stop"
-        if len(request.prompt) + len(request.tokens) >= request.total_limit(self.max_seq_len):
+        if request.length >= request.total_limit(self.max_seq_len):
             return "length"
         return None
 
-    def _compact(self, keep: list[int]) -> None:
-        """Shrink the KV cache to the batch rows ``keep`` (in that order)."""
-        index = torch.tensor(keep, device=self.device)
-        memory = self.context.key_value_memory_dict
-        for layer, (key, value) in memory.items():
-            memory[layer] = (key[:, index], value[:, index])
-
-    def step(self, version: int) -> list[tuple[Request, FinishReason]]:
-        """Choose every row's token at ``pos`` (forced or sampled), drop finished rows, feed the rest one position.
-
-        Returns the requests that finished in this step with their reasons; ``version`` is recorded as the start
-        version of requests sampling their first token.
-        """
-        sampling = [i for i, r in enumerate(self.rows) if r.length == self.pos]
-        chosen = {i: r.token_at(self.pos) for i, r in enumerate(self.rows) if r.length > self.pos}
-        finished: list[tuple[Request, FinishReason]] = []
-        if sampling:
-            tokens, logprobs = self._sample(sampling)
-            self.sampled_tokens += len(tokens)
-            for i, token, logprob in zip(sampling, tokens, logprobs, strict=True):
-                request = self.rows[i]
-                if request.start_version is None:
-                    request.start_version = version
-                request.tokens.append(token)
-                request.logprobs.append(logprob)
-                chosen[i] = token
-                reason = self._finish_reason(request)
-                if reason is not None:
-                    finished.append((request, reason))
-        done = {id(r) for r, _ in finished}
-        keep = [i for i, r in enumerate(self.rows) if id(r) not in done and not r.cancelled.is_set()]
-        if len(keep) < len(self.rows) and keep:
-            self._compact(keep)
-        self.rows = [self.rows[i] for i in keep]
-        if self.rows:
-            self._forward([[chosen[i]] for i in keep])
-            self.pos += 1
-        return finished
+    def _remove(self, indices: Sequence[int]) -> None:
+        """Drop the rows at ``indices``; the last rows move into the freed slots (their K/V with them, including
+        positions a decode step in flight writes)."""
+        for i in sorted(indices, reverse=True):
+            self.rows[i].left = True
+            last = len(self.rows) - 1
+            if i != last:
+                moved = self.rows[last]
+                if self.cache is not None:
+                    self.cache.move(last, i, moved.cached + moved.in_flight)
+                self.rows[i] = moved
+            self.rows.pop()

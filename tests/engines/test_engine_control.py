@@ -22,9 +22,14 @@ pytestmark = [
 PROMPT = (4, 5, 6, 7, 8)
 
 
-def engine_on(path: Path | str, **kwargs: object) -> MegatronEngine:
-    """An engine on a fresh replica of ``path``, ignoring eos (fixed-length outputs)."""
-    return MegatronEngine.from_pretrained(str(path), stop_on_eos=False, **kwargs)
+def engine_on(path: Path | str, *, overlap: bool = False, **kwargs: object) -> MegatronEngine:
+    """An engine on a fresh replica of ``path``, ignoring eos (fixed-length outputs).
+
+    ``overlap`` queues each decode step before the previous one is read, as on a GPU.
+    """
+    engine = MegatronEngine.from_pretrained(str(path), stop_on_eos=False, **kwargs)
+    engine._batch.overlap = overlap  # before any request: the worker reads it at each step
+    return engine
 
 
 async def until_tokens(engine: MegatronEngine, count: int) -> None:
@@ -53,12 +58,13 @@ def test_update_weights_switches_outputs_and_version(tiny_dirs: dict) -> None:
     assert before.token_ids != after.token_ids
 
 
-def test_a_request_in_flight_across_an_update_finishes_on_the_new_weights(tiny_dirs: dict) -> None:
+@pytest.mark.parametrize("overlap", [False, True])
+def test_a_request_in_flight_across_an_update_finishes_on_the_new_weights(tiny_dirs: dict, overlap: bool) -> None:
     model_b, spec_b, _ = load_policy(str(tiny_dirs["b"]))
     model_a = load_policy(str(tiny_dirs["a"]))[0].eval()
 
     async def scenario() -> object:
-        engine = engine_on(tiny_dirs["a"])
+        engine = engine_on(tiny_dirs["a"], overlap=overlap)
         task = asyncio.create_task(engine.generate(PROMPT, SamplingParams(200, temperature=0.0)))
         await until_tokens(engine, 5)
         await engine.update_weights(export_hf_weights(model_b, spec_b), version=1)
@@ -75,12 +81,13 @@ def test_a_request_in_flight_across_an_update_finishes_on_the_new_weights(tiny_d
     assert switch, "expected tokens of model a, then (after the update) tokens of model b"
 
 
-def test_a_request_in_flight_at_stand_down_finishes_correctly_after_wake(tiny_dirs: dict) -> None:
+@pytest.mark.parametrize("overlap", [False, True])
+def test_a_request_in_flight_at_stand_down_finishes_correctly_after_wake(tiny_dirs: dict, overlap: bool) -> None:
     ref = load_policy(str(tiny_dirs["a"]))[0].eval()
     sampled = SamplingParams(120, temperature=0.9, top_k=10, seed=11)
 
     async def scenario() -> tuple:
-        engine = engine_on(tiny_dirs["a"])
+        engine = engine_on(tiny_dirs["a"], overlap=overlap)
         uninterrupted = await engine.generate(PROMPT, sampled)
         greedy = asyncio.create_task(engine.generate(PROMPT, SamplingParams(120, temperature=0.0)))
         seeded = asyncio.create_task(engine.generate(PROMPT, sampled))

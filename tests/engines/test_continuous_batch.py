@@ -1,0 +1,124 @@
+"""Continuous batching in the Megatron engine: requests join and leave at every step, prefill goes in chunks."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+import torch
+
+from sc_lightning.engines.cached_forward import CachedForward
+from sc_lightning.engines.megatron import MegatronEngine
+from sc_lightning.engines.megatron_batch import ContinuousBatch, Request
+from sc_lightning.models import load_policy
+from sc_lightning.types import SamplingParams
+from tests.engines.helpers import follows_argmax
+
+pytestmark = [
+    pytest.mark.usefixtures("model_parallel"),
+    pytest.mark.filterwarnings("ignore:Warning. tp_group is None:DeprecationWarning"),
+]
+GREEDY = SamplingParams(12, temperature=0.0)
+
+
+def request(prompt: tuple[int, ...], sampling: SamplingParams = GREEDY) -> Request:
+    """A request for a batch driven by hand (its reply is never called: the test reads the request itself)."""
+    return Request(f"req-{prompt[:3]}", prompt, sampling, frozenset(), None, lambda outcome: None)
+
+
+def batch_on(
+    model: torch.nn.Module, *, max_rows: int = 8, prefill_tokens: int = 64, buckets: bool, overlap: bool = False
+) -> ContinuousBatch:
+    """A batch over ``model`` (vocabulary 18, context 256) stepped by the test on this thread."""
+    return ContinuousBatch(
+        CachedForward(model, 256),
+        list(model.parameters()),
+        max_rows=max_rows,
+        max_seq_len=256,
+        vocab_size=18,
+        prefill_tokens=prefill_tokens,
+        cuda_graphs=False,
+        buckets=buckets,
+        overlap=overlap,
+    )
+
+
+def test_a_request_arriving_mid_run_finishes_before_the_long_one_it_joined(tiny_dirs: dict) -> None:
+    async def scenario() -> tuple:
+        engine = MegatronEngine.from_pretrained(str(tiny_dirs["a"]), stop_on_eos=False)
+        long = asyncio.create_task(engine.generate((4, 5, 6), SamplingParams(200, temperature=0.0)))
+        while engine.stats.generated_tokens < 5:
+            await asyncio.sleep(0.0005)
+        short = await engine.generate((7, 8), SamplingParams(4, temperature=0.0))
+        long_done_then = long.done()
+        result = await long
+        stats = engine.stats
+        await engine.shutdown()
+        return short, long_done_then, result, stats
+
+    short, long_done_then, result, stats = asyncio.run(scenario())
+    assert len(short.token_ids) == 4 and not long_done_then  # it started and ended while the long one ran
+    assert stats.batches == 1 and stats.decode_steps == 200  # one run: the short request rode the long one's steps
+    model = load_policy(str(tiny_dirs["a"]))[0].eval()
+    assert all(follows_argmax(model, (7, 8), short.token_ids))
+    assert all(follows_argmax(model, (4, 5, 6), result.token_ids)) and len(result.token_ids) == 200
+
+
+def test_prefill_in_small_chunks_gives_the_same_tokens(tiny_dirs: dict) -> None:
+    prompts = [tuple(3 + (i * 5 + j) % 15 for j in range(1 + 9 * i)) for i in range(5)]  # 1 to 37 tokens
+    settings = [GREEDY if i % 2 else SamplingParams(12, temperature=0.9, top_k=8, seed=i) for i in range(5)]
+
+    async def scenario(chunk: int) -> tuple:
+        engine = MegatronEngine.from_pretrained(str(tiny_dirs["a"]), stop_on_eos=False, prefill_chunk_tokens=chunk)
+        try:
+            out = await asyncio.gather(*(engine.generate(p, s) for p, s in zip(prompts, settings, strict=True)))
+            return out, engine.stats.prefill_chunks
+        finally:
+            await engine.shutdown()
+
+    (small, small_chunks), (whole, whole_chunks) = asyncio.run(scenario(4)), asyncio.run(scenario(1024))
+    assert small_chunks > whole_chunks
+    for a, b in zip(small, whole, strict=True):
+        assert a.token_ids == b.token_ids
+        assert torch.allclose(torch.tensor(a.logprobs), torch.tensor(b.logprobs), atol=1e-5)
+
+
+def test_a_long_prompt_prefills_in_chunks_while_running_rows_keep_decoding() -> None:
+    model = load_policy("builtin:tiny")[0].eval()
+    batch = batch_on(model, prefill_tokens=4, buckets=False)
+    running, long = request((3, 4), SamplingParams(30, temperature=0.0)), request(tuple([5, 6, 7, 8] * 10))
+    batch.add(running)
+    with torch.inference_mode():
+        batch.step(0)
+        batch.add(long)
+        for chunk in range(1, 11):  # 39 positions to prefill, 4 a step; the 40th (last) token is fed by decode
+            batch.step(0)
+            assert len(running.tokens) == 1 + chunk  # one token every step, the prefill notwithstanding
+            assert len(long.tokens) == (1 if chunk == 10 else 0)
+    assert batch.prefill_calls == 1 + 10  # the running row's prompt, then the long one's ten chunks
+    assert all(follows_argmax(model, long.prompt, tuple(long.tokens)))
+
+
+@pytest.mark.parametrize(
+    ("buckets", "overlap"), [(False, False), (True, False), (True, True)], ids=["exact", "graph-buckets", "overlap"]
+)
+def test_rows_join_and_leave_every_step_and_stay_exact(buckets: bool, overlap: bool) -> None:
+    """As on a GPU: padded batches and KV spans, and (overlap) each step queued before the previous one is read."""
+    model = load_policy("builtin:tiny")[0].eval()
+    batch = batch_on(model, max_rows=3, prefill_tokens=8, buckets=buckets, overlap=overlap)
+    prompts = [tuple(3 + (i + j) % 15 for j in range(2 + 5 * i)) for i in range(6)]  # 2 to 27 tokens
+    queue = [request(p, SamplingParams(4 + 5 * i, temperature=0.0)) for i, p in enumerate(prompts)]
+    queue[3].stop_ids = frozenset({2})  # may end early, at a step the host cannot foresee
+    done: list[Request] = []
+    with torch.inference_mode():
+        while queue or batch.rows:
+            while queue and len(batch.rows) < 3:
+                batch.add(queue.pop(0))
+            done += [finished for finished, _ in batch.step(0)]
+        assert not batch.drain(0)
+    assert len(done) == 6  # slots were freed and reused: three at a time, six requests
+    for finished in done:
+        stopped = finished.tokens[-1] in finished.stop_ids
+        assert stopped or len(finished.tokens) == finished.sampling.max_new_tokens
+        assert all(follows_argmax(model, finished.prompt, tuple(finished.tokens))), finished.prompt
+    assert batch.decode_steps < sum(len(r.tokens) for r in done)  # rows shared decode steps
