@@ -1,0 +1,142 @@
+"""On one GPU: the Megatron engine (continuous batching, CUDA-graphed decode) agrees with full forwards of the model.
+
+Greedy tokens equal a full forward's argmax and logprobs equal the trainer's ``token_logprobs``, with requests of
+different prompt lengths joining mid-run and long prompts prefilled in chunks, through a weight update and a
+stand-down (which frees the KV cache and the graphs), on either decode attention kernel. Run by
+scripts/gpu_check.sh; deselected where no GPU exists.
+
+Tolerances: fp32 1e-3 nats (the engine and the trainer use different attention kernels and GEMM shapes). bf16 0.1
+nats: a bf16 logit of magnitude ~10 carries a rounding error of ~0.04, and the two paths round differently. A greedy
+token may differ from the reference argmax only where the reference's own top two logits are within that tolerance.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+import torch
+
+from sc_lightning.engines.megatron import MegatronEngine
+from sc_lightning.models import build_gpt_model, export_hf_weights, logits_of, token_logprobs
+from sc_lightning.models.convert import random_hf_state
+from sc_lightning.models.spec import ModelSpec
+from sc_lightning.types import Generation, SamplingParams
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+
+SPEC = ModelSpec(  # GQA (4 query heads per KV group), head_dim 64, QKV bias, untied output layer
+    vocab_size=512,
+    hidden_size=512,
+    num_layers=3,
+    num_attention_heads=8,
+    num_query_groups=2,
+    ffn_hidden_size=1024,
+    max_position_embeddings=512,
+    qkv_bias=True,
+)
+TOLERANCE = {"fp32": 1e-3, "bf16": 0.1}  # nats
+PROMPTS = [(5,), tuple(range(3, 8)), tuple(range(10, 27)), tuple(range(30, 70)), (9, 8, 7), tuple(range(100, 170))]
+
+
+def weights(seed: int) -> dict[str, torch.Tensor]:
+    """Seeded random HF weights whose logits are spread (a scaled output layer), so greedy choices are clear."""
+    state = random_hf_state(SPEC, seed)
+    state["lm_head.weight"] = state["lm_head.weight"] * 5.0
+    return state
+
+
+def replica(seed: int, precision: str) -> torch.nn.Module:
+    """A model of SPEC with :func:`weights` of ``seed`` on the GPU."""
+    return build_gpt_model(SPEC, precision=precision, hf_state=weights(seed), device="cuda").eval()
+
+
+def check(ref: torch.nn.Module, prompt: tuple[int, ...], generation: Generation, precision: str) -> None:
+    """Greedy tokens are the reference's argmax (up to near-ties) and logprobs its token_logprobs."""
+    ids = torch.tensor([prompt + generation.token_ids], device="cuda")
+    tol = TOLERANCE[precision]
+    with torch.no_grad():
+        logits = logits_of(ref, ids)[0, len(prompt) - 1 : -1].float()  # (new, vocab): the logits of each new token
+        trainer = token_logprobs(ref, ids)[0, len(prompt) :].float().cpu()
+    chosen = torch.tensor(generation.token_ids, device="cuda")
+    gap = logits.max(-1).values - logits.gather(-1, chosen[:, None])[:, 0]  # 0 where the engine took the argmax
+    assert bool((gap <= tol).all()), (prompt, generation.token_ids, gap.tolist())
+    error = (trainer - torch.tensor(generation.logprobs)).abs().max()
+    assert float(error) < tol, (prompt, float(error))
+
+
+async def generate_all(engine: MegatronEngine, new: int) -> list[Generation]:
+    """Greedy completions of PROMPTS, the last two joining while the first ones decode."""
+    greedy = SamplingParams(new, temperature=0.0)
+    first = [asyncio.create_task(engine.generate(p, greedy)) for p in PROMPTS[:-2]]
+    while engine.stats.generated_tokens < 8:
+        await asyncio.sleep(0.001)
+    late = [asyncio.create_task(engine.generate(p, greedy)) for p in PROMPTS[-2:]]
+    return list(await asyncio.gather(*first, *late))
+
+
+@pytest.mark.parametrize(
+    ("precision", "flash"), [("fp32", False), ("bf16", False), ("bf16", True)], ids=["fp32", "bf16", "bf16-flash"]
+)
+def test_engine_matches_full_forwards_through_a_refit_and_a_stand_down(precision: str, flash: bool) -> None:
+    ref_a, ref_b = replica(0, precision), replica(1, precision)
+    engine = MegatronEngine(
+        replica(0, precision),
+        SPEC,
+        eos_token_id=None,
+        stop_on_eos=False,
+        max_batch_size=8,
+        prefill_chunk_tokens=32,
+        flash_decode=flash,
+    )
+    sampled = SamplingParams(24, temperature=1.0, top_p=0.9, seed=3)
+
+    async def scenario() -> tuple:
+        on_a = await generate_all(engine, 24)
+        drawn = await engine.generate(PROMPTS[2], sampled)
+        await engine.update_weights(export_hf_weights(ref_b, SPEC), version=1)
+        on_b = await generate_all(engine, 24)
+        long = asyncio.create_task(engine.generate(PROMPTS[3], SamplingParams(300, temperature=0.0)))
+        while engine.stats.generated_tokens < sum(len(g.token_ids) for g in on_a + on_b) + 25 + 20:
+            await asyncio.sleep(0.001)
+        await engine.stand_down()
+        await engine.wake()
+        resumed = await long
+        graphs = len(engine._batch.graphs)
+        await engine.shutdown()
+        return on_a, drawn, on_b, resumed, graphs
+
+    on_a, drawn, on_b, resumed, graphs = asyncio.run(scenario())
+    forward = engine._batch.forward  # graphed decode on flash attention or on the memory-efficient kernel
+    assert graphs > 0 and forward.efficient and forward.flash == flash
+    for prompt, generation in zip(PROMPTS, on_a, strict=True):
+        assert generation.weight_version == 0 and len(generation.token_ids) == 24
+        check(ref_a, prompt, generation, precision)
+    ids = torch.tensor([PROMPTS[2] + drawn.token_ids], device="cuda")
+    with torch.no_grad():
+        trainer = token_logprobs(ref_a, ids)[0, len(PROMPTS[2]) :].float().cpu()
+    assert float((trainer - torch.tensor(drawn.logprobs)).abs().max()) < TOLERANCE[precision]
+    for prompt, generation in zip(PROMPTS, on_b, strict=True):
+        assert generation.weight_version == 1
+        check(ref_b, prompt, generation, precision)
+    assert len(resumed.token_ids) == 300
+    check(ref_b, PROMPTS[3], resumed, precision)
+
+
+def test_graphed_and_eager_decoding_agree() -> None:
+    model = replica(0, "fp32")
+    results = []
+    for graphs in (True, False):
+        engine = MegatronEngine(model, SPEC, eos_token_id=None, stop_on_eos=False, max_batch_size=8, cuda_graphs=graphs)
+
+        async def scenario(engine: MegatronEngine = engine) -> list[Generation]:
+            calls = [engine.generate(p, SamplingParams(20, temperature=0.8, seed=i)) for i, p in enumerate(PROMPTS)]
+            try:
+                return list(await asyncio.gather(*calls))
+            finally:
+                await engine.shutdown()
+
+        results.append(asyncio.run(scenario()))
+    for graphed, eager in zip(*results, strict=True):
+        assert graphed.token_ids == eager.token_ids
+        assert torch.allclose(torch.tensor(graphed.logprobs), torch.tensor(eager.logprobs), atol=1e-4)
