@@ -1,14 +1,26 @@
-"""Generation-engine throughput: MegatronEngine tokens/s at 1, 16 and 64 concurrent requests vs the trainer's forward.
+"""Generation-engine throughput: MegatronEngine tokens/s at 1, 16 and 64 requests, the HBM bound, the trainer.
 
 For each concurrency ``B``, ``B`` requests (prompt of ``--prompt-len`` tokens, ``--new-tokens`` sampled at temperature
 1, eos ignored) are sent at once to one :class:`~sc_lightning.engines.megatron.MegatronEngine`; the time until the
-last one finishes gives the engine's generated tokens/s and total tokens/s (prompt + completion). The trainer's
-baseline is ``token_logprobs`` (one full forward, no grad) over the very same ``B`` finished sequences: the same
-total tokens, scored instead of generated. Figures are medians over ``--reps`` repetitions after one warm-up.
+last one finishes gives the engine's generated tokens/s (prefill included). Figures are medians over ``--reps``
+repetitions after one warm-up (which also captures the CUDA graphs on a GPU).
 
-    python benchmarks/engine.py                      # builtin:tiny, B = 1 16 64, about 1 min on 2 CPU cores
+**HBM bound** (decode is memory-bound): a decode step of ``B`` rows must read the weights once and each row's K/V,
+
+    bytes/step = (parameter bytes - input-embedding table + B x hidden x dtype bytes)      weights read
+               + B x (prompt + (new - 1) / 2) x (layers x 2 x kv_groups x head_dim x dtype bytes)   K/V read
+    bound tokens/s = B / (bytes/step / --hbm-tbps)            (H200: 4.8 TB/s)
+
+(a tied embedding is read whole by the output layer and counted once; the mean context over the ``new`` steps is
+``prompt + (new - 1) / 2``). "of bound" = generated tokens/s / bound tokens/s.
+
+**Trainer forward**: ``token_logprobs`` (one full forward, no grad) of the same model over the very same ``B``
+finished sequences (``B x (prompt + new)`` tokens), GPU synchronised before each clock. "engine / trainer" is the
+engine's *generated* tokens/s over the trainer's forward tokens/s.
+
+    python benchmarks/engine.py                      # builtin:tiny, B = 1 16 64, about 20 s on 2 CPU cores
     python benchmarks/engine.py --model /tmp/tiny-qwen2 --batches 1 16 --threads 1
-    python benchmarks/engine.py --model /path/to/hf-model --device cuda --precision bf16   # on a GPU
+    python benchmarks/engine.py --model 1.26b --device cuda --precision bf16   # issue 16's shape on one H200
 """
 
 from __future__ import annotations
@@ -18,12 +30,27 @@ import asyncio
 import statistics
 import time
 import warnings
+from typing import Any
 
 import torch
 
 from sc_lightning.engines.megatron import MegatronEngine
-from sc_lightning.models import load_policy, token_logprobs
+from sc_lightning.models import build_gpt_model, load_policy, token_logprobs
+from sc_lightning.models.spec import ModelSpec
 from sc_lightning.types import Generation, SamplingParams
+
+SHAPES = {  # issue 16's bench shape: a 1.26B Llama-style model (its weights are seeded random)
+    "1.26b": ModelSpec(
+        vocab_size=32000,
+        hidden_size=2048,
+        num_layers=24,
+        num_attention_heads=16,
+        num_query_groups=8,
+        ffn_hidden_size=5632,
+        max_position_embeddings=2048,
+        arch="llama",
+    )
+}
 
 
 def prompts(batch: int, length: int, vocab: int) -> list[tuple[int, ...]]:
@@ -56,47 +83,90 @@ def synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-async def measure(args: argparse.Namespace) -> list[dict[str, float]]:
-    """One row of figures per concurrency level."""
-    place = {"precision": args.precision, "device": args.device}
-    engine = MegatronEngine.from_pretrained(args.model, stop_on_eos=False, max_batch_size=max(args.batches), **place)
-    trainer, spec, _ = load_policy(args.model, **place)
-    trainer.eval()
-    vocab = spec.vocab_size
-    rows = []
+def build(args: argparse.Namespace) -> tuple[torch.nn.Module, ModelSpec]:
+    """The model to serve: a named shape (seeded random weights), ``builtin:<name>`` or an HF directory."""
+    if args.model in SHAPES:
+        spec = SHAPES[args.model]
+        return build_gpt_model(spec, precision=args.precision, device=args.device), spec
+    model, spec, _ = load_policy(args.model, precision=args.precision, device=args.device)
+    return model, spec
+
+
+def hbm_bound(model: torch.nn.Module, spec: ModelSpec, batch: int, args: argparse.Namespace) -> dict[str, float]:
+    """Bytes one decode step of ``batch`` rows must read (weights, K/V) and the tokens/s that allows."""
+    size = next(model.parameters()).element_size()
+    weights = sum(p.numel() * p.element_size() for p in model.parameters())
+    if not spec.tie_word_embeddings:
+        weights -= spec.padded_vocab_size() * spec.hidden_size * size  # only B rows of the table are looked up
+    weights += batch * spec.hidden_size * size
+    per_position = spec.num_layers * 2 * spec.num_query_groups * spec.kv_channels * size
+    kv = batch * (args.prompt_len + (args.new_tokens - 1) / 2) * per_position
+    step_s = (weights + kv) / (args.hbm_tbps * 1e12)
+    return {"weights_gb": weights / 1e9, "kv_gb": kv / 1e9, "bound_ms": step_s * 1e3, "bound_tps": batch / step_s}
+
+
+async def measure_batch(
+    engine: MegatronEngine, model: torch.nn.Module, spec: ModelSpec, batch_size: int, args: argparse.Namespace
+) -> dict[str, Any]:
+    """One row of figures for ``batch_size`` concurrent requests."""
+    batch = prompts(batch_size, args.prompt_len, spec.vocab_size)
+    await engine_run(engine, batch, args.new_tokens)  # warm-up (captures this size's CUDA graphs)
+    before = engine.stats
+    engine_s, trainer_s = [], []
+    for _ in range(args.reps):
+        seconds, generations = await engine_run(engine, batch, args.new_tokens)
+        engine_s.append(seconds)
+    steps = (engine.stats.decode_steps - before.decode_steps) / args.reps
+    ids = torch.tensor([p + g.token_ids for p, g in zip(batch, generations, strict=True)], device=args.device)
+    trainer_run(model, ids)  # warm-up at this shape (the engine is idle: its model serves as the trainer's)
+    trainer_s = [trainer_run(model, ids) for _ in range(args.reps)]
+    e, t = statistics.median(engine_s), statistics.median(trainer_s)
+    gen_tps = batch_size * args.new_tokens / e
+    trainer_tps = batch_size * (args.prompt_len + args.new_tokens) / t
+    bound = hbm_bound(model, spec, batch_size, args)
+    return {"batch": batch_size, "engine_s": e, "step_ms": e / steps * 1e3, "gen_tps": gen_tps, **bound} | {
+        "of_bound": gen_tps / bound["bound_tps"],
+        "trainer_tps": trainer_tps,
+        "ratio": gen_tps / trainer_tps,
+    }
+
+
+async def profile(engine: MegatronEngine, spec: ModelSpec, batch_size: int, args: argparse.Namespace) -> None:
+    """Print the GPU kernels of one run of ``batch_size`` requests (torch.profiler), by total time."""
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    batch = prompts(batch_size, args.prompt_len, spec.vocab_size)
+    with torch_profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        seconds, _ = await engine_run(engine, batch, args.new_tokens)
+    events = prof.key_averages()
+    kernel_us = sum(e.self_device_time_total for e in events if e.device_type.name == "CUDA")
+    print(f"profile of B={batch_size}: {seconds * 1e3:.1f} ms wall, GPU kernels {kernel_us / 1e3:.1f} ms busy")
+    print(events.table(sort_by="self_cuda_time_total", row_limit=25, max_name_column_width=70))
+
+
+async def measure(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """One row of figures per concurrency level; prints the engine's counters (and a profile when asked)."""
+    model, spec = build(args)
+    engine = MegatronEngine(
+        model, spec, eos_token_id=None, stop_on_eos=False, max_batch_size=max(args.batches), flash_decode=args.flash
+    )
     try:
-        for batch_size in args.batches:
-            batch = prompts(batch_size, args.prompt_len, vocab)
-            await engine_run(engine, batch, args.new_tokens)  # warm-up
-            engine_s, trainer_s = [], []
-            for _ in range(args.reps):
-                seconds, generations = await engine_run(engine, batch, args.new_tokens)
-                engine_s.append(seconds)
-                ids = torch.tensor(
-                    [p + g.token_ids for p, g in zip(batch, generations, strict=True)], device=args.device
-                )
-                trainer_run(trainer, ids)  # warm-up at this shape
-                trainer_s.append(trainer_run(trainer, ids))
-            total = batch_size * (args.prompt_len + args.new_tokens)
-            e, t = statistics.median(engine_s), statistics.median(trainer_s)
-            rows.append(
-                {
-                    "batch": batch_size,
-                    "engine_s": e,
-                    "gen_tps": batch_size * args.new_tokens / e,
-                    "engine_tps": total / e,
-                }
-                | {"trainer_s": t, "trainer_tps": total / t, "ratio": (total / e) / (total / t)}
-            )
+        rows = [await measure_batch(engine, model, spec, b, args) for b in args.batches]
+        forward = engine._batch.forward
+        attention = "flash (varlen)" if forward.flash else "memory-efficient" if forward.efficient else "torch SDPA"
+        print(f"engine stats: {engine.stats}; decode attention: {attention}")
+        if args.profile:
+            await profile(engine, spec, max(args.batches), args)
+        return rows
     finally:
         await engine.shutdown()
-    return rows
 
 
 def main() -> None:
-    """Command line: print the table of engine vs trainer tokens/s."""
+    """Command line: print the table of engine tokens/s, the HBM bound and the trainer's forward."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default="builtin:tiny")
+    parser.add_argument("--model", default="builtin:tiny", help=f"builtin:NAME, an HF directory, or {list(SHAPES)}")
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 16, 64])
     parser.add_argument("--prompt-len", type=int, default=16)
     parser.add_argument("--new-tokens", type=int, default=128)
@@ -104,6 +174,9 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
     parser.add_argument("--device", default="cpu", help="where the engine and the trainer run (e.g. cuda)")
     parser.add_argument("--precision", default="fp32", choices=["fp32", "bf16"])
+    parser.add_argument("--hbm-tbps", type=float, default=4.8, help="HBM bandwidth, TB/s (H200: 4.8)")
+    parser.add_argument("--profile", action="store_true", help="then profile one run at the largest batch")
+    parser.add_argument("--flash-decode", dest="flash", action="store_true", help="decode on flash attention")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -115,14 +188,15 @@ def main() -> None:
         f"tokens, torch threads {torch.get_num_threads()}, medians of {args.reps}"
     )
     print(
-        "| concurrent requests | engine s | generated tok/s | engine total tok/s | trainer forward s "
-        "| trainer tok/s | engine / trainer |"
+        "| concurrent requests | engine s | ms / decode step | generated tok/s | bytes/step (weights + KV) GB "
+        "| HBM-bound tok/s | of bound | trainer forward tok/s | engine / trainer |"
     )
-    print("|---:|---:|---:|---:|---:|---:|---:|")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in rows:
         print(
-            f"| {r['batch']} | {r['engine_s']:.3f} | {r['gen_tps']:,.0f} | {r['engine_tps']:,.0f} "
-            f"| {r['trainer_s']:.4f} | {r['trainer_tps']:,.0f} | {r['ratio']:.2%} |"
+            f"| {r['batch']} | {r['engine_s']:.3f} | {r['step_ms']:.2f} | {r['gen_tps']:,.0f} "
+            f"| {r['weights_gb']:.3f} + {r['kv_gb']:.3f} | {r['bound_tps']:,.0f} | {r['of_bound']:.1%} "
+            f"| {r['trainer_tps']:,.0f} | {r['ratio']:.2%} |"
         )
 
 
