@@ -31,6 +31,7 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+from megatron.core import parallel_state
 from torch import Tensor
 
 from sc_lightning.engines.kv_cache import SlotKVCache
@@ -74,7 +75,7 @@ def _check_supported(model: torch.nn.Module) -> None:
         "fp32_residual_connection": config.fp32_residual_connection,
         "num_moe_experts": bool(getattr(config, "num_moe_experts", None)),
         "tensor_model_parallel_size": config.tensor_model_parallel_size != 1,
-        "pipeline_model_parallel_size": config.pipeline_model_parallel_size != 1,
+        "pipeline parallelism": parallel_state.get_pipeline_model_parallel_world_size() != 1,
     }
     bad = [name for name, flag in unsupported.items() if flag]
     if bad:
