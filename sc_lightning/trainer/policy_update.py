@@ -39,6 +39,13 @@ class EmptyStepError(RuntimeError):
     """Every completion of a step was filtered out, so there is nothing to train on."""
 
 
+COUNTS = ("tokens", "seqs", "checked_seqs")
+"""The step's counts, summed over micro-batches: valid tokens and sequences kept for the loss, sequences checked by
+the logprob-error mask."""
+
+_REDUCE = {"sum": torch.add, "min": torch.minimum, "max": torch.maximum}
+
+
 @dataclass
 class _StepTotals:
     """One step's running counts and metric reductions, kept on the device and read once, by ``finish``."""
@@ -46,37 +53,21 @@ class _StepTotals:
     rows: int = 0
     step: int | None = None
     group_ids: dict[str, None] = field(default_factory=dict)  # insertion-ordered set
-    counts: dict[str, torch.Tensor] = field(default_factory=dict)  # tokens, seqs, checked_seqs
-    sums: dict[str, torch.Tensor] = field(default_factory=dict)
-    extremes: dict[str, torch.Tensor] = field(default_factory=dict)
+    values: dict[str, torch.Tensor] = field(default_factory=dict)  # COUNTS and metrics, reduced so far
 
-    def count(self, name: str, value: torch.Tensor) -> None:
-        """Add ``value`` to the count ``name``: tokens and sequences kept for the loss, sequences checked."""
-        self.counts[name] = self.counts[name] + value if name in self.counts else value
-
-    def add(self, metrics: dict[str, torch.Tensor]) -> None:
-        """Fold one micro-batch's metrics in, each by its reduction (sum, min or max); nothing leaves the device."""
-        for name, value in metrics.items():
+    def add(self, values: dict[str, torch.Tensor]) -> None:
+        """Fold one micro-batch's counts and metrics in, each by its reduction; nothing leaves the device."""
+        for name, value in values.items():
             value = value.detach()
-            if name not in self.sums and name not in self.extremes:
-                (self.sums if METRIC_REDUCTIONS[name] == "sum" else self.extremes)[name] = value
-            elif METRIC_REDUCTIONS[name] == "sum":
-                self.sums[name] = self.sums[name] + value
-            else:
-                pick = torch.minimum if METRIC_REDUCTIONS[name] == "min" else torch.maximum
-                self.extremes[name] = pick(self.extremes[name], value)
+            so_far = self.values.get(name)
+            reduce = _REDUCE[METRIC_REDUCTIONS.get(name, "sum")]
+            self.values[name] = value if so_far is None else reduce(so_far, value)
 
-    def read(self) -> tuple[dict[str, float], dict[str, float], dict[str, float]]:
-        """(counts, sums, extremes) as Python floats, in one device-to-host copy."""
-        parts = (self.counts, self.sums, self.extremes)
-        values = [value for part in parts for value in part.values()]
-        flat = torch.stack([v.to(torch.float64).reshape(()) for v in values]).tolist() if values else []
-        out, start = [], 0
-        for part in parts:
-            out.append(dict(zip(part, flat[start : start + len(part)], strict=True)))
-            start += len(part)
-        counts, sums, extremes = out
-        return {name: counts.get(name, 0.0) for name in ("tokens", "seqs", "checked_seqs")}, sums, extremes
+    def read(self) -> dict[str, float]:
+        """Every count (0 when none was added) and metric as a Python float, in one device-to-host copy."""
+        names = list(self.values)
+        flat = torch.stack([self.values[n].to(torch.float64).reshape(()) for n in names]).tolist() if names else []
+        return {**dict.fromkeys(COUNTS, 0.0), **dict(zip(names, flat, strict=True))}
 
 
 def normalised_step(
@@ -186,8 +177,7 @@ class PolicyUpdate:
             prev_logprobs = logprobs.detach() if batch.prev_logprobs is None else batch.prev_logprobs
             mask = self._mask_seq_logprob_error(batch, prev_logprobs, mask, totals)
             tokens, seqs = valid_counts(mask)
-            totals.count("tokens", tokens)
-            totals.count("seqs", seqs)
+            totals.add({"tokens": tokens, "seqs": seqs})
             loss, metrics = self.loss_fn(
                 logprobs,
                 prev_logprobs=prev_logprobs,
@@ -207,7 +197,7 @@ class PolicyUpdate:
         """``mask`` (B, T) with the rows above the sequence logprob-error threshold zeroed; counts their metrics."""
         errors = seq_mult_prob_error(batch.generation_logprobs, prev_logprobs, mask)  # (B,), NaN: no valid token
         masked = seq_logprob_error_mask(errors, self.seq_logprob_error_threshold)  # (B,) bool
-        totals.count("checked_seqs", (~errors.isnan()).sum().to(torch.float32))
+        totals.add({"checked_seqs": (~errors.isnan()).sum()})
         totals.add(seq_logprob_error_metrics(errors, masked, batch.rewards))
         return mask * (~masked).to(mask.dtype).unsqueeze(-1)
 
@@ -223,25 +213,29 @@ class PolicyUpdate:
         """Normalise once by the step's valid count, clip, step; returns the step's metrics (one device read)."""
         totals = self._open_step()
         self._totals = None
-        counts, sums, extremes = totals.read()
-        if counts["tokens"] == 0:
-            raise EmptyStepError(self._empty_step_message(totals, counts, sums))
-        normaliser = counts["tokens"] if self.loss_fn.token_level_loss else counts["seqs"]
+        read = totals.read()
+        if read["tokens"] == 0:
+            raise EmptyStepError(self._empty_step_message(totals, read))
+        normaliser = read["tokens"] if self.loss_fn.token_level_loss else read["seqs"]
         grad_norm, lr = normalised_step(self.model, self.optimizer, normaliser, self.clip_grad)
         if self.scheduler is not None:
             self.scheduler.step()
         metrics = {}
-        for name, value in sums.items():
-            denominator = self._denominator(name, counts, sums)
+        for name, value in read.items():
+            if name in COUNTS:
+                continue
+            if METRIC_REDUCTIONS[name] != "sum":
+                metrics[name] = value  # min / max over the step
+                continue
+            denominator = self._denominator(name, read)
             metrics[name] = value / denominator if denominator else 0.0  # 0 masked rows: masked_correct_pct = 0
-        metrics.update(extremes)
-        metrics.update(grad_norm=grad_norm, lr=lr, global_valid_toks=counts["tokens"], global_valid_seqs=counts["seqs"])
+        metrics.update(grad_norm=grad_norm, lr=lr, global_valid_toks=read["tokens"], global_valid_seqs=read["seqs"])
         return metrics
 
-    def _empty_step_message(self, totals: _StepTotals, counts: dict[str, float], sums: dict[str, float]) -> str:
+    def _empty_step_message(self, totals: _StepTotals, read: dict[str, float]) -> str:
         step = "the step" if totals.step is None else f"RL step {totals.step}"
         groups = f"groups: {', '.join(totals.group_ids)}"
-        masked = int(sums.get("num_masked_seqs_by_logprob_error", 0.0))
+        masked = int(read.get("num_masked_seqs_by_logprob_error", 0.0))
         if masked == 0:
             return (
                 f"{step}: all {totals.rows} completions were filtered out (overlong filtering or "
@@ -250,28 +244,28 @@ class PolicyUpdate:
         knob = f"{self.seq_logprob_error_knob}={self.seq_logprob_error_threshold}"
         return (
             f"{step}: all {totals.rows} completions were filtered out, nothing to train on: {knob} masked {masked} "
-            f"of {int(counts['checked_seqs'])} sequences (each one's mean over its tokens of exp|log pi_gen - log "
+            f"of {int(read['checked_seqs'])} sequences (each one's mean over its tokens of exp|log pi_gen - log "
             f"pi_old| is above it; that error is never below 1); raise {self.seq_logprob_error_knob}, or set it to "
             f"null to only log the error; {groups}"
         )
 
-    def _denominator(self, name: str, counts: dict[str, float], sums: dict[str, float]) -> float:
+    def _denominator(self, name: str, read: dict[str, float]) -> float:
         loss_fn = self.loss_fn
         seq_error_counts = {
-            "mean_seq_mult_prob_error": counts["checked_seqs"],
-            "mean_seq_mult_prob_error_after_mask": counts["seqs"],
-            "masked_correct_pct": sums.get("num_masked_seqs_by_logprob_error", 0.0),
+            "mean_seq_mult_prob_error": read["checked_seqs"],
+            "mean_seq_mult_prob_error_after_mask": read["seqs"],
+            "masked_correct_pct": read.get("num_masked_seqs_by_logprob_error", 0.0),
         }
         if name in seq_error_counts:
             return seq_error_counts[name]
         if name in ("loss", "kl_penalty"):
-            return counts["tokens"] if loss_fn.token_level_loss else counts["seqs"]
+            return read["tokens"] if loss_fn.token_level_loss else read["seqs"]
         if name == "is_oob_ratio":
             per_seq = loss_fn.truncated_importance_sampling_type == "seq-mask-tis"
-            return counts["seqs"] if per_seq or loss_fn.sequence_level_importance_ratios else counts["tokens"]
+            return read["seqs"] if per_seq or loss_fn.sequence_level_importance_ratios else read["tokens"]
         if name in ("num_valid_samples", "num_masked_seqs_by_logprob_error"):
             return 1.0
-        return counts["tokens"]
+        return read["tokens"]
 
     def _open_step(self) -> _StepTotals:
         if self._totals is None:
