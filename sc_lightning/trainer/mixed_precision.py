@@ -81,8 +81,7 @@ class MixedPrecisionAdamW(torch.optim.Optimizer):
         for group in inner.param_groups:  # megatron's scheduler applies wd_mult; we apply it once, here
             group["weight_decay"] = opt_cfg.weight_decay * group["wd_mult"]
         super().__init__([p for group in inner.param_groups for p in group["params"]], dict(inner.defaults))
-        self.param_groups = inner.param_groups  # the same dicts: a schedule's lr reaches the inner AdamW
-        self.state = inner.state
+        self._share_inner_groups()
         self.last_grad_norm = 0.0
         self._grads_scaled = False
 
@@ -113,9 +112,7 @@ class MixedPrecisionAdamW(torch.optim.Optimizer):
         if not self._grads_scaled:
             return loss
         self.ddp.finish_grad_sync()
-        updated, grad_norm, _ = self.megatron.step()
-        if not updated:
-            raise FloatingPointError("megatron's optimizer skipped the step: the gradients hold inf or NaN")
+        _, grad_norm, _ = self.megatron.step()  # bf16 has no loss scaler, so megatron never skips the update
         self.last_grad_norm = float(grad_norm)
         self._grads_scaled = False
         return loss
@@ -127,4 +124,10 @@ class MixedPrecisionAdamW(torch.optim.Optimizer):
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Restore the AdamW state and the fp32 masters written by :meth:`state_dict`."""
         self.megatron.load_state_dict(state_dict)
+        self._share_inner_groups()
+
+    def _share_inner_groups(self) -> None:
+        """Alias the inner AdamW's ``param_groups`` and ``state`` (its ``load_state_dict`` replaces both objects),
+        so a schedule setting ``lr`` here sets it where the step reads it."""
+        self.param_groups = self.megatron.optimizer.param_groups
         self.state = self.megatron.optimizer.state

@@ -75,3 +75,5 @@ def test_the_state_round_trips_through_a_checkpoint() -> None:
         assert torch.equal(a, b)
     moments = [s["exp_avg_sq"] for s in restored.state.values()]
     assert moments and all(m.dtype == torch.float32 and bool(m.abs().sum() > 0) for m in moments)
+    restored.param_groups[0]["lr"] = 0.5  # what a learning-rate schedule does after a resume
+    assert restored.megatron.optimizer.param_groups[0]["lr"] == 0.5  # ... reaches the AdamW that steps
