@@ -23,7 +23,7 @@ from sc_lightning.models.convert import random_hf_state
 from sc_lightning.models.spec import ModelSpec
 from sc_lightning.types import Generation, SamplingParams
 
-pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+pytestmark = pytest.mark.gpu
 
 SPEC = ModelSpec(  # GQA (4 query heads per KV group), head_dim 64, QKV bias, untied output layer
     vocab_size=512,
