@@ -12,9 +12,10 @@ Both use sc_lightning's optimizer recipe (``trainer/optim.py``): with ``--precis
 gradient accumulation, fp32 master weights and fp32 AdamW state through megatron-core's optimizer; with fp32, torch
 AdamW.
 
-MFU = (6 x parameters x tokens + 12 x layers x hidden x seq x tokens) / step time / peak, where the peak is the
-device's dense bf16 datasheet figure (989 TFLOP/s for an H200; ``--peak-tflops`` for others). The GPU is
-synchronised before every clock read; figures are medians after two warm-up steps.
+MFU = (6 x parameters x tokens + 12 x layers x hidden x seq x tokens) / step time / peak (the formula of
+``perf/mfu``, ``sc_lightning/trainer/perf.py``), where the peak is the device's dense bf16 datasheet figure
+(989 TFLOP/s for an H200; ``--peak-tflops`` for others). The GPU is synchronised before every clock read; figures
+are medians after two warm-up steps.
 
     python benchmarks/train_step.py --device cuda --precision bf16              # the 1.26B shape on one GPU
     python benchmarks/train_step.py --layers 2 --hidden 128 --heads 4 --groups 2 --ffn 256 --vocab 512 --seq 128
@@ -28,7 +29,7 @@ import time
 import warnings
 
 import torch
-from engine import synchronize  # benchmarks/engine.py (the script's folder is on sys.path)
+from engine import SHAPES, synchronize  # benchmarks/engine.py (the script's folder is on sys.path)
 
 from sc_lightning.algorithms import ClippedPGLoss
 from sc_lightning.config.model import OptimizerConfig
@@ -36,6 +37,7 @@ from sc_lightning.models import build_gpt_model, token_logprobs
 from sc_lightning.models.spec import ModelSpec
 from sc_lightning.trainer.chunks import TrainChunk
 from sc_lightning.trainer.optim import adamw
+from sc_lightning.trainer.perf import training_flops
 from sc_lightning.trainer.policy_update import PolicyUpdate, normalised_step
 
 
@@ -71,17 +73,19 @@ def rows(args: argparse.Namespace, device: torch.device) -> TrainChunk:
     ).to(device)
 
 
-def flops_per_step(spec: ModelSpec, params: int, tokens: int, seq: int) -> float:
-    """Model FLOPs of one training step (forward + backward), attention included."""
-    return 6 * params * tokens + 12 * spec.num_layers * spec.hidden_size * seq * tokens
-
-
 def main() -> None:
     """Command line: print ms/step, MFU and peak memory of both steps, and their ratio."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    for name, default in [("layers", 24), ("hidden", 2048), ("heads", 16), ("groups", 8), ("ffn", 5632)]:
-        parser.add_argument(f"--{name}", type=int, default=default)
-    parser.add_argument("--vocab", type=int, default=32000)
+    shape = SHAPES["1.26b"]  # the defaults: the engine benchmark's 1.26B shape
+    for name, field in [
+        ("layers", "num_layers"),
+        ("hidden", "hidden_size"),
+        ("heads", "num_attention_heads"),
+        ("groups", "num_query_groups"),
+        ("ffn", "ffn_hidden_size"),
+        ("vocab", "vocab_size"),
+    ]:
+        parser.add_argument(f"--{name}", type=int, default=getattr(shape, field))
     parser.add_argument("--rows", type=int, default=8)
     parser.add_argument("--seq", type=int, default=2048)
     parser.add_argument("--micro-batch", type=int, default=4, help="the 1B exemplar's train_micro_batch_size")
@@ -128,7 +132,7 @@ def main() -> None:
         update.train_chunk(chunk)
         update.finish()
 
-    flops = flops_per_step(spec, params, args.rows * args.seq, args.seq)
+    flops = training_flops(spec, params, [args.seq] * args.rows)
     print(
         f"{params / 1e9:.2f}B parameters ({args.precision} on {device}), {args.rows} x {args.seq} tokens a step, "
         f"grpo micro-batch {args.micro_batch} rows / {args.micro_batch_tokens} tokens, optimizer "
