@@ -75,6 +75,23 @@ def test_one_chunk_or_four_give_the_same_update(token_level: bool) -> None:
     assert changed, "the optimizer step moved the weights"
 
 
+def test_micro_batches_run_longest_rows_first_trimmed_and_within_the_token_budget() -> None:
+    rows = step_rows(5)  # 5 prompt tokens + 2..7 completion tokens, padded to 12 columns
+    rows.sample_mask[3] = 0.0  # a filtered row: nothing to learn from, never run
+    needed = [int(torch.nonzero(rows.token_mask[i]).max()) + 1 for i in range(len(rows))]
+    model, shapes = fresh(), []
+    model.register_forward_pre_hook(lambda module, args: shapes.append(tuple(args[0].shape)))
+    budget = run_step(model, [rows], micro_batch_size=16, micro_batch_tokens=24)
+    whole = run_step(fresh(), [rows], micro_batch_size=16)
+    assert budget["grad_norm"] == pytest.approx(whole["grad_norm"], rel=1e-5)
+    assert budget["global_valid_toks"] == whole["global_valid_toks"]
+    assert sum(b for b, _ in shapes) == len(rows) - 1  # every row once, except the filtered one
+    widths = [t for _, t in shapes]
+    assert widths == sorted(widths, reverse=True) and widths[0] == max(needed)
+    assert widths[-1] < rows.input_ids.shape[1]  # the short rows run trimmed, not padded to the chunk
+    assert all(b * t <= 24 for b, t in shapes)  # the padded-token budget of each micro-batch
+
+
 def test_a_fully_filtered_step_is_an_error_naming_the_step_and_groups_not_a_silent_skip() -> None:
     rows = step_rows(2)
     rows.sample_mask = torch.zeros(len(rows))
@@ -143,7 +160,7 @@ def test_rows_above_the_logprob_error_threshold_leave_the_loss_as_if_their_sampl
     rows.rewards = torch.zeros(len(rows))
     rows.rewards[[1, 7, 12]] = 1.0  # 3 of the 4 far rows are correct answers
     by_threshold, by_sample_mask, unmasked = fresh(), fresh(), fresh()
-    # micro-batches of 2: rows 6 and 7 form one that the threshold masks whole (forward, no backward)
+    # micro-batches of 2 rows, grouped by length: the masked rows fall in micro-batches of their own or not
     masked = run_step(by_threshold, [rows], micro_batch_size=2, seq_logprob_error_threshold=3.0)
     filtered = dataclasses.replace(rows, sample_mask=rows.sample_mask.clone())
     filtered.sample_mask[list(FAR)] = 0.0
@@ -174,7 +191,7 @@ def test_the_step_metrics_of_the_logprob_error_are_exact_over_micro_batches() ->
         "num_masked_seqs_by_logprob_error": 4.0,
         "masked_correct_pct": 3 / 4,
     }
-    for micro_batch_size in (16, 3, 2):  # 3: rows 6-8 hold two masked rows; 2: rows 6-7 are masked whole
+    for micro_batch_size in (16, 3, 2):  # masked and kept rows meet in different micro-batches at each size
         metrics = run_step(fresh(), [rows], micro_batch_size=micro_batch_size, seq_logprob_error_threshold=3.0)
         assert {k: metrics[k] for k in expected} == pytest.approx(expected, rel=1e-5)
     metrics = run_step(fresh(), [rows], micro_batch_size=3)  # null: the same errors, nothing masked
