@@ -57,7 +57,7 @@ class GRPOModule(LightningModule):
 
         policy_cfg, seed = self.config.policy, self.config.algo.seed
         tp = policy_cfg.megatron_cfg.tensor_model_parallel_size
-        model_name = resolve_model_name(policy_cfg.model_name, seed=seed)
+        model_name = resolve_model_name(policy_cfg.model_name, seed=seed, device=self.model_device())
 
         def load() -> tuple[Any, Any, Any]:
             """The policy model, its spec and tokenizer."""

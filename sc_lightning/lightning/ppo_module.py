@@ -58,7 +58,7 @@ class PPOModule(GRPOModule):
         from sc_lightning.tokenizer import check_tokenizer_fits_model
 
         value, seed = self.config.value, self.config.algo.seed
-        name = resolve_model_name(value.model_name, seed=seed)
+        name = resolve_model_name(value.model_name, seed=seed, device=self.model_device())
         check_tokenizer_fits_model(  # the critic reads the policy's token ids; checked before it is built
             self.tokenizer,
             model_spec(name).vocab_size,

@@ -161,7 +161,8 @@ def random_hf_state(spec: ModelSpec, seed: int, dtype: torch.dtype = torch.float
     """Seeded random weights of ``spec`` in Hugging Face naming (normal(0, 0.02); scaled for o/down projections).
 
     Uses its own generator (the global RNG is untouched), so the same seed gives the same function at any TP size.
-    Norms start at 1, biases at 0; tied models get one table for both ends.
+    Norms start at 1, biases at 0; tied models get one table for both ends. The tensors are on the CPU whatever the
+    default device (Lightning builds models under its device context).
     """
     gen = torch.Generator().manual_seed(seed)
     std, out_std = 0.02, 0.02 / (2.0 * spec.num_layers) ** 0.5
@@ -170,12 +171,12 @@ def random_hf_state(spec: ModelSpec, seed: int, dtype: torch.dtype = torch.float
         if name == "lm_head.weight" and spec.tie_word_embeddings:
             continue
         if name.endswith("norm.weight"):
-            state[name] = torch.ones(shape, dtype=dtype)
+            state[name] = torch.ones(shape, dtype=dtype, device="cpu")
         elif name.endswith(".bias"):
-            state[name] = torch.zeros(shape, dtype=dtype)
+            state[name] = torch.zeros(shape, dtype=dtype, device="cpu")
         else:
             scale = out_std if name.endswith(("o_proj.weight", "down_proj.weight")) else std
-            state[name] = (torch.randn(shape, generator=gen) * scale).to(dtype)
+            state[name] = (torch.randn(shape, generator=gen, device="cpu") * scale).to(dtype)
     return state
 
 

@@ -237,7 +237,11 @@ def build_gpt_model(
     weights = hf_state if hf_state is not None else random_hf_state(spec, seed)
     load_hf_weights(model, spec, {name: t.to(config.params_dtype) for name, t in weights.items()})
     setattr(model, REAL_VOCAB_ATTR, spec.vocab_size)  # token_logprobs masks the TP padding rows with it
-    return model.to(device=device, dtype=config.params_dtype)  # torch norms are created in fp32: cast them too
+    model = model.to(device=device, dtype=config.params_dtype)  # torch norms are created in fp32: cast them too
+    rope = getattr(model, "rotary_pos_emb", None)
+    if rope is not None:  # RoPE's inverse frequencies are a plain attribute, which .to() leaves behind
+        rope.inv_freq = rope.inv_freq.to(device)  # (the CPU patch computes the table where it finds them)
+    return model
 
 
 def resolve_model_dir(model_name: str) -> Path:

@@ -24,14 +24,17 @@ DEFAULT_CACHE = Path("results") / ".cache"
 log = logging.getLogger(__name__)
 
 
-def resolve_model_name(model_name: str, *, seed: int, cache_dir: Path = DEFAULT_CACHE) -> str:
-    """``builtin:tiny-arith`` → the cached warm-start directory (built when missing); other names unchanged."""
+def resolve_model_name(
+    model_name: str, *, seed: int, cache_dir: Path = DEFAULT_CACHE, device: str | torch.device = "cpu"
+) -> str:
+    """``builtin:tiny-arith`` → the cached warm-start directory (built on ``device`` when missing); other names
+    unchanged."""
     if model_name != WARM_NAME:
         return model_name
     path = cache_dir / f"tiny-arith-seed{seed}-{_recipe_digest()}"
     if not (path / "config.json").exists():
         log.info("building the warm-started tiny policy in %s (once)", path)
-        warm_start(path, seed=seed)
+        warm_start(path, seed=seed, device=device)
     return str(path)
 
 
@@ -44,10 +47,10 @@ def _recipe_digest() -> str:
 def _examples(tokenizer: CharTokenizer, count: int, seed: int) -> torch.Tensor:
     g = torch.Generator().manual_seed(seed)
     rows = []
-    for a, b in torch.randint(0, 10, (count, 2), generator=g).tolist():
+    for a, b in torch.randint(0, 10, (count, 2), generator=g, device="cpu").tolist():
         text = [tokenizer.bos_token_id, *tokenizer.encode(f"{a}+{b}={a + b}"), tokenizer.eos_token_id]
         rows.append(text + [tokenizer.pad_token_id] * (8 - len(text)))
-    return torch.tensor(rows)  # (count, 8): bos a + b = answer eos, right-padded
+    return torch.tensor(rows, device="cpu")  # (count, 8): bos a + b = answer eos, right-padded
 
 
 def greedy_accuracy(model: torch.nn.Module, batch: torch.Tensor, vocab_size: int) -> float:
@@ -60,17 +63,27 @@ def greedy_accuracy(model: torch.nn.Module, batch: torch.Tensor, vocab_size: int
     return float(((predicted == target) | ~answer).all(-1).float().mean())
 
 
-def warm_start(path: Path, *, seed: int, target_accuracy: float = 0.4, max_steps: int = 2000) -> float:
-    """Train the tiny policy until greedy accuracy reaches ``target_accuracy``; save it as an HF dir at ``path``."""
+def warm_start(
+    path: Path,
+    *,
+    seed: int,
+    target_accuracy: float = 0.4,
+    max_steps: int = 2000,
+    device: str | torch.device = "cpu",
+) -> float:
+    """Train the tiny policy on ``device`` until greedy accuracy reaches ``target_accuracy``; save it as an HF dir
+    at ``path``. A GPU run warms up on its GPU: building a model on the CPU would patch megatron for the CPU in a
+    process whose models live on CUDA."""
     tokenizer, spec = CharTokenizer(), builtin_spec("builtin:tiny")
-    model = build_gpt_model(spec, precision="fp32", seed=seed)
+    model = build_gpt_model(spec, precision="fp32", seed=seed, device=device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
-    data, held_out = _examples(tokenizer, 512, seed), _examples(tokenizer, 256, seed + 1)
+    data, held_out = _examples(tokenizer, 512, seed).to(device), _examples(tokenizer, 256, seed + 1).to(device)
     accuracy = 0.0
     for step in range(max_steps):
-        batch = data[torch.randint(0, len(data), (64,), generator=torch.Generator().manual_seed(step))]
+        pick = torch.randint(0, len(data), (64,), generator=torch.Generator().manual_seed(step), device="cpu")
+        batch = data[pick.to(data.device)]
         logprobs = token_logprobs(model, batch, vocab_size=spec.vocab_size)  # (B, T)
-        answer_mask = (batch != tokenizer.pad_token_id) & (torch.arange(batch.shape[1]) >= 5)
+        answer_mask = (batch != tokenizer.pad_token_id) & (torch.arange(batch.shape[1], device=batch.device) >= 5)
         loss = -(logprobs * answer_mask).sum() / answer_mask.sum()
         optimizer.zero_grad()
         loss.backward()

@@ -166,3 +166,13 @@ def test_read_hf_safetensors_reads_single_and_sharded(tiny_dirs: dict[str, Path]
     assert sharded.keys() == state.keys() and all(torch.equal(sharded[k], state[k]) for k in state)
     with pytest.raises(FileNotFoundError):
         read_hf_safetensors(tmp_path / "missing")
+
+
+def test_random_weights_stay_on_the_cpu_under_a_default_device_context() -> None:
+    """Lightning builds models under its device context (``torch.device(root_device)``): the seeded weights must
+    not follow it (a CPU generator cannot fill a CUDA tensor). ``meta`` stands in for ``cuda`` here."""
+    spec = BUILTIN_SPECS["builtin:tiny"]
+    with torch.device("meta"):
+        state = random_hf_state(spec, seed=0)
+    assert {t.device.type for t in state.values()} == {"cpu"}
+    assert all(torch.equal(state[k], v) for k, v in random_hf_state(spec, seed=0).items())
