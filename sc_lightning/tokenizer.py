@@ -1,6 +1,6 @@
 """Tokenizers: the small contract the rollout side needs, a built-in character tokenizer and a Hugging Face adapter.
 
-``load_tokenizer("builtin:char")`` (or ``"builtin:tiny"``, the tiny model's name) gives the deterministic
+``load_tokenizer("builtin:char")`` (or a built-in model's name, ``"builtin:tiny"``) gives the deterministic
 :class:`CharTokenizer`; any other name is loaded with ``transformers.AutoTokenizer`` from local files or the
 Hugging Face cache only (never the network).
 """
@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Protocol, runtime_checkable
 
-BUILTIN_TOKENIZER_NAMES = ("builtin:char", "builtin:tiny")
+BUILTIN_TOKENIZER_NAMES = ("builtin:char", "builtin:tiny", "builtin:small")  # every built-in model uses it
 
 
 @runtime_checkable

@@ -94,6 +94,22 @@ BUILTIN_SPECS: dict[str, ModelSpec] = {
         norm_eps=1e-6,
         arch="qwen2",
     ),
+    # The same family and tokenizer at 142M parameters (12 x 11.8M per layer): big enough that one GPU matters,
+    # small enough that a GRPO step on the arithmetic task takes a fraction of a second on an H200.
+    "builtin:small": ModelSpec(
+        vocab_size=18,
+        hidden_size=1024,
+        num_layers=12,
+        num_attention_heads=16,  # head_dim 64
+        num_query_groups=8,
+        ffn_hidden_size=2816,
+        max_position_embeddings=256,
+        rope_theta=10000.0,
+        qkv_bias=True,
+        tie_word_embeddings=False,
+        norm_eps=1e-6,
+        arch="qwen2",
+    ),
 }
 
 

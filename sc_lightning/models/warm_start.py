@@ -1,16 +1,18 @@
-"""A short supervised warm start for the tiny CPU example, so RL has a reward signal from step one.
+"""A short supervised warm start for the arithmetic examples, so RL has a reward signal from step one.
 
-A random 85k-parameter policy almost never answers "a+b=" correctly, so GRPO would see all-zero rewards. The
-warm start trains it with cross-entropy on a few hundred worked examples until its greedy accuracy reaches
+A random policy almost never answers "a+b=" correctly, so GRPO would see all-zero rewards. The warm start trains a
+built-in model with cross-entropy on a few hundred worked examples until its greedy accuracy reaches
 ``target_accuracy`` (deliberately partial: RL must do the rest), then writes a Hugging Face directory that
-``policy.model_name`` can point at. ``builtin:tiny-arith`` names it: :func:`resolve_model_name` builds it on first
-use (seconds on a CPU) and caches it.
+``policy.model_name`` can point at. :data:`WARM_STARTS` names them: ``builtin:tiny-arith`` (the 85k-parameter CPU
+example) and ``builtin:small-arith`` (142M parameters, the one-GPU example); :func:`resolve_model_name` builds one on
+first use (seconds on a CPU, or on a GPU for the small one) and caches it.
 """
 
 from __future__ import annotations
 
 import hashlib
 import logging
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -19,7 +21,20 @@ from sc_lightning.models import build_gpt_model, builtin_spec, export_hf_weights
 from sc_lightning.models.hf_dir import save_hf_directory
 from sc_lightning.tokenizer import CharTokenizer
 
-WARM_NAME = "builtin:tiny-arith"
+
+@dataclass(frozen=True)
+class WarmRecipe:
+    """How one warm-started model is made: the built-in architecture it trains and its optimizer settings."""
+
+    base: str  # a BUILTIN_SPECS name
+    lr: float  # AdamW learning rate: the 142M model needs ten times less than the 85k one
+    check_every: int  # steps between greedy-accuracy checks: a large model passes the target in a few steps
+
+
+WARM_STARTS: dict[str, WarmRecipe] = {
+    "builtin:tiny-arith": WarmRecipe("builtin:tiny", lr=3e-3, check_every=25),
+    "builtin:small-arith": WarmRecipe("builtin:small", lr=3e-4, check_every=5),
+}
 DEFAULT_CACHE = Path("results") / ".cache"
 log = logging.getLogger(__name__)
 
@@ -27,21 +42,23 @@ log = logging.getLogger(__name__)
 def resolve_model_name(
     model_name: str, *, seed: int, cache_dir: Path = DEFAULT_CACHE, device: str | torch.device = "cpu"
 ) -> str:
-    """``builtin:tiny-arith`` → the cached warm-start directory (built on ``device`` when missing); other names
-    unchanged."""
-    if model_name != WARM_NAME:
+    """A :data:`WARM_STARTS` name (``builtin:tiny-arith``) → its cached warm-start directory (built on ``device`` when
+    missing); other names unchanged."""
+    recipe = WARM_STARTS.get(model_name)
+    if recipe is None:
         return model_name
-    path = cache_dir / f"tiny-arith-seed{seed}-{_recipe_digest()}"
+    path = cache_dir / f"{model_name.removeprefix('builtin:')}-seed{seed}-{_recipe_digest(recipe)}"
     if not (path / "config.json").exists():
-        log.info("building the warm-started tiny policy in %s (once)", path)
-        warm_start(path, seed=seed, device=device)
+        log.info("building the warm-started %s policy in %s (once)", recipe.base, path)
+        warm_start(path, seed=seed, device=device, recipe=recipe)
     return str(path)
 
 
-def _recipe_digest() -> str:
-    """A short digest of the architecture and the warm-start code, so a changed recipe never reuses a stale cache."""
-    recipe = repr(builtin_spec("builtin:tiny")) + Path(__file__).read_text()
-    return hashlib.blake2b(recipe.encode(), digest_size=4).hexdigest()
+def _recipe_digest(recipe: WarmRecipe) -> str:
+    """A short digest of the recipe, its architecture and the warm-start code, so a changed recipe never reuses a
+    stale cache."""
+    text = repr(recipe) + repr(builtin_spec(recipe.base)) + Path(__file__).read_text()
+    return hashlib.blake2b(text.encode(), digest_size=4).hexdigest()
 
 
 def _examples(tokenizer: CharTokenizer, count: int, seed: int) -> torch.Tensor:
@@ -70,13 +87,14 @@ def warm_start(
     target_accuracy: float = 0.4,
     max_steps: int = 2000,
     device: str | torch.device = "cpu",
+    recipe: WarmRecipe = WARM_STARTS["builtin:tiny-arith"],
 ) -> float:
-    """Train the tiny policy on ``device`` until greedy accuracy reaches ``target_accuracy``; save it as an HF dir
+    """Train ``recipe``'s model on ``device`` until greedy accuracy reaches ``target_accuracy``; save it as an HF dir
     at ``path``. A GPU run warms up on its GPU: building a model on the CPU would patch megatron for the CPU in a
     process whose models live on CUDA."""
-    tokenizer, spec = CharTokenizer(), builtin_spec("builtin:tiny")
+    tokenizer, spec = CharTokenizer(), builtin_spec(recipe.base)
     model = build_gpt_model(spec, precision="fp32", seed=seed, device=device)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=recipe.lr)
     data, held_out = _examples(tokenizer, 512, seed).to(device), _examples(tokenizer, 256, seed + 1).to(device)
     accuracy = 0.0
     for step in range(max_steps):
@@ -88,7 +106,7 @@ def warm_start(
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
-        if step % 25 == 0:
+        if step % recipe.check_every == 0:
             accuracy = greedy_accuracy(model.eval(), held_out, spec.vocab_size)
             model.train()
             if accuracy >= target_accuracy:

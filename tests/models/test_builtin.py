@@ -10,7 +10,7 @@ import torch
 from sc_lightning.models.logprobs import token_logprobs
 from sc_lightning.models.megatron import build_gpt_model, init_model_parallel, load_policy
 from sc_lightning.models.spec import BUILTIN_SPECS, ModelSpec, builtin_spec
-from sc_lightning.tokenizer import CharTokenizer
+from sc_lightning.tokenizer import CharTokenizer, load_tokenizer
 from tests.models.conftest import random_ids
 
 pytestmark = pytest.mark.usefixtures("model_parallel")
@@ -77,3 +77,17 @@ def test_unknown_builtin_and_bad_settings_are_clear_errors() -> None:
         load_policy("sc-lightning-test/definitely-not-a-model")
     with pytest.raises(ValueError, match="num_query_groups"):
         ModelSpec(18, 64, 2, 4, 3, 128, 64)
+
+
+@pytest.mark.parametrize("name", sorted(BUILTIN_SPECS))
+def test_every_builtin_model_loads_with_the_char_tokenizer(name: str) -> None:
+    spec = builtin_spec(name)
+    tokenizer = load_tokenizer(name)
+    assert isinstance(tokenizer, CharTokenizer) and tokenizer.vocab_size == spec.vocab_size
+    spec.check_parallel()
+
+
+def test_the_small_builtin_is_in_the_100m_to_500m_range_a_gpu_example_needs() -> None:
+    model = build_gpt_model(builtin_spec("builtin:small"), seed=0)
+    count = sum(p.numel() for p in model.parameters())
+    assert 100e6 <= count <= 500e6, count
