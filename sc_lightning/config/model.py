@@ -65,6 +65,9 @@ class McoreGenerationConfig:
     """Megatron generation engine settings."""
 
     expose_http_server: bool = knob(False, "Serve an OpenAI-compatible endpoint (needed by agent/Gym rollouts).")
+    max_batch_size: int = knob(
+        64, "Most requests the engine decodes together (its KV-cache rows); more wait for a free row.", ge=1
+    )
 
 
 @section

@@ -39,6 +39,7 @@ def default_engine_factory(
         "seed": seed,
         "tokenizer_name": policy.tokenizer_name,
         "max_seq_len": policy.max_total_sequence_length,
+        "max_batch_size": policy.generation.mcore_generation_config.max_batch_size,
     }
     if policy.generation.colocated.enabled:
         from sc_lightning.engines.megatron import MegatronEngine

@@ -1,0 +1,40 @@
+"""default_engine_factory: the engine a config asks for, built from the config's knobs."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from sc_lightning import default_engine_factory
+from sc_lightning.engines.megatron import MegatronEngine
+from sc_lightning.types import SamplingParams
+from tests.lightning.test_train_pump import tiny_config
+
+pytestmark = [
+    pytest.mark.usefixtures("model_parallel"),
+    pytest.mark.filterwarnings("ignore:Warning. tp_group is None:DeprecationWarning"),
+]
+
+
+def test_a_colocated_engine_decodes_at_most_max_batch_size_rows_at_once() -> None:
+    config = tiny_config(
+        "policy.generation.colocated.enabled=true", "policy.generation.mcore_generation_config.max_batch_size=3"
+    )
+    engine = default_engine_factory(config)
+    assert isinstance(engine, MegatronEngine)
+    widest = 0
+
+    async def scenario() -> list:
+        nonlocal widest
+        tasks = [asyncio.create_task(engine.generate((1, 3 + i), SamplingParams(6, temperature=0.0))) for i in range(8)]
+        while not all(task.done() for task in tasks):
+            widest = max(widest, len(engine._batch.rows))
+            await asyncio.sleep(0)
+        await engine.shutdown()
+        return [task.result() for task in tasks]
+
+    generations = asyncio.run(scenario())
+    assert all(len(g.token_ids) >= 1 for g in generations)
+    assert widest == 3  # eight requests, three KV-cache rows: the others waited for a free row
+    assert engine._batch.max_rows == 3
