@@ -1,0 +1,64 @@
+"""Helpers of scripts/gpu_learn.sh: build a config's warm-started policy once, and print each run's reward climb.
+
+python scripts/gpu_learn.py warm configs/grpo_1gpu.yaml   # the policy's warm start, on the config's device
+python scripts/gpu_learn.py climb results/gpu_learn       # per run under it: steps, first/last-5 rewards, time
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import time
+from pathlib import Path
+
+import yaml
+
+
+def warm(config_path: Path) -> None:
+    """Build (or find cached) the warm start ``policy.model_name`` names, on the GPU when the trainer uses one."""
+    import torch
+
+    from sc_lightning.models.warm_start import resolve_model_name
+
+    config = yaml.safe_load(config_path.read_text())
+    algorithm = config.get("grpo") or config.get("ppo") or {}
+    on_gpu = config.get("trainer", {}).get("accelerator") in ("gpu", "cuda")
+    device = "cuda" if on_gpu and torch.cuda.is_available() else "cpu"
+    start = time.perf_counter()
+    path = resolve_model_name(config["policy"]["model_name"], seed=algorithm.get("seed", 42), device=device)
+    print(f"warm start {path} on {device}: {time.perf_counter() - start:.1f} s")
+
+
+def climb(root: Path) -> None:
+    """For every run under ``root``: steps done, mean reward of the first and last 5 steps, their difference."""
+    for metrics in sorted(root.glob("*/lightning_logs/version_*/metrics.csv")):
+        rows = list(csv.DictReader(metrics.open()))
+        rewards = [float(row["train/reward"]) for row in rows if row.get("train/reward")]
+        times = [float(row["timing/train/total_step_time"]) for row in rows if row.get("timing/train/total_step_time")]
+        if len(rewards) < 10:
+            print(f"{metrics.parents[2].name}: {len(rewards)} steps logged, too few to compare")
+            continue
+        first, last = sum(rewards[:5]) / 5, sum(rewards[-5:]) / 5
+        tenths = [round(sum(part) / len(part), 3) for part in _tenths(rewards)]
+        print(
+            f"{metrics.parents[2].name}: {len(rewards)} steps, {sum(times) / len(times):.3f} s/step, "
+            f"reward first-5 {first:.3f} last-5 {last:.3f} climb {last - first:+.3f}; by tenths {tenths}"
+        )
+
+
+def _tenths(values: list[float]) -> list[list[float]]:
+    size = max(1, len(values) // 10)
+    return [values[i : i + size] for i in range(0, len(values), size)]
+
+
+def main() -> None:
+    """Parse ``warm CONFIG`` or ``climb ROOT`` and run it."""
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("command", choices=("warm", "climb"))
+    parser.add_argument("path", type=Path)
+    args = parser.parse_args()
+    (warm if args.command == "warm" else climb)(args.path)
+
+
+if __name__ == "__main__":
+    main()
