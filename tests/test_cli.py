@@ -60,6 +60,7 @@ def test_dry_run_validates_and_starts_nothing() -> None:
         ["configs/ppo_math_1B_megatron.yaml"],
         ["configs/ppo_tiny.yaml"],
         ["configs/grpo_1gpu.yaml"],
+        ["configs/ppo_1gpu.yaml"],
         *[
             ["configs/grpo_tiny.yaml", f"configs/samplers/{m}.yaml"]
             for m in ("in_order", "weight_fifo", "ready_first", "windowed")
