@@ -11,21 +11,21 @@ import csv
 import time
 from pathlib import Path
 
-import yaml
-
 
 def warm(config_path: Path) -> None:
     """Build (or find cached) the warm start ``policy.model_name`` names, on the GPU when the trainer uses one."""
     import torch
 
+    from sc_lightning.config import load_config
+    from sc_lightning.config.yaml_io import load_yaml_layers
     from sc_lightning.models.warm_start import resolve_model_name
 
-    config = yaml.safe_load(config_path.read_text())
-    algorithm = config.get("grpo") or config.get("ppo") or {}
-    on_gpu = config.get("trainer", {}).get("accelerator") in ("gpu", "cuda")
+    raw = load_yaml_layers([config_path])
+    config = load_config(raw, extra_top_level=("trainer", "seed_everything"))  # the seed default included
+    on_gpu = (raw.get("trainer") or {}).get("accelerator") in ("gpu", "cuda")
     device = "cuda" if on_gpu and torch.cuda.is_available() else "cpu"
     start = time.perf_counter()
-    path = resolve_model_name(config["policy"]["model_name"], seed=algorithm.get("seed", 42), device=device)
+    path = resolve_model_name(config.policy.model_name, seed=config.algo.seed, device=device)
     print(f"warm start {path} on {device}: {time.perf_counter() - start:.1f} s")
 
 
@@ -40,8 +40,9 @@ def climb(root: Path) -> None:
             continue
         first, last = sum(rewards[:5]) / 5, sum(rewards[-5:]) / 5
         tenths = [round(sum(part) / len(part), 3) for part in _tenths(rewards)]
+        pace = f"{sum(times) / len(times):.3f} s/step" if times else "no step times"
         print(
-            f"{metrics.parents[2].name}: {len(rewards)} steps, {sum(times) / len(times):.3f} s/step, "
+            f"{metrics.parents[2].name}: {len(rewards)} steps, {pace}, "
             f"reward first-5 {first:.3f} last-5 {last:.3f} climb {last - first:+.3f}; by tenths {tenths}"
         )
 
