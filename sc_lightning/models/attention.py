@@ -25,6 +25,8 @@ from megatron.core.transformer.transformer_config import TransformerConfig
 from megatron.core.utils import divide
 from torch import Tensor
 
+from sc_lightning.models.fused import FusedSwiGLU
+
 
 class SDPACoreAttention(MegatronModule):
     """Drop-in replacement for megatron's ``DotProductAttention`` built on ``F.scaled_dot_product_attention``.
@@ -110,12 +112,18 @@ class SDPACoreAttention(MegatronModule):
         return context.permute(2, 0, 1, 3).reshape(sq, context.size(0), self.hidden_size_per_partition)
 
 
-def gpt_layer_spec_sdpa() -> ModuleSpec:
-    """megatron-core's local GPT layer spec (RMSNorm, column/row-parallel linears) with SDPA core attention."""
+def gpt_layer_spec_sdpa(*, fused_swiglu: bool = False) -> ModuleSpec:
+    """megatron-core's local GPT layer spec (RMSNorm, column/row-parallel linears) with SDPA core attention.
+
+    With ``fused_swiglu`` the MLP's activation is :class:`~sc_lightning.models.fused.FusedSwiGLU` (the config must
+    then set ``use_te_activation_func``, the MLP's switch for an activation submodule).
+    """
     spec = get_gpt_layer_local_spec(normalization="RMSNorm")
     attention = spec.submodules.self_attention
     attention_submodules = dataclasses.replace(attention.submodules, core_attention=SDPACoreAttention)
-    layer_submodules = dataclasses.replace(
-        spec.submodules, self_attention=dataclasses.replace(attention, submodules=attention_submodules)
-    )
-    return dataclasses.replace(spec, submodules=layer_submodules)
+    changes = {"self_attention": dataclasses.replace(attention, submodules=attention_submodules)}
+    if fused_swiglu:
+        mlp = spec.submodules.mlp
+        mlp_submodules = dataclasses.replace(mlp.submodules, activation_func=ModuleSpec(module=FusedSwiGLU))
+        changes["mlp"] = dataclasses.replace(mlp, submodules=mlp_submodules)
+    return dataclasses.replace(spec, submodules=dataclasses.replace(spec.submodules, **changes))

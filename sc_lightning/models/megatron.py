@@ -32,6 +32,7 @@ from sc_lightning.models.convert import (
     read_hf_safetensors,
 )
 from sc_lightning.models.cpu_compat import apply_cpu_compat, seed_cpu_rng_tracker
+from sc_lightning.models.fused import install_fused_rope
 from sc_lightning.models.logprobs import REAL_VOCAB_ATTR
 from sc_lightning.models.spec import ModelSpec, builtin_spec
 from sc_lightning.tokenizer import Tokenizer, check_tokenizer_fits_model, load_tokenizer
@@ -111,14 +112,18 @@ def transformer_config(
     tensor_parallel_size: int = 1,
     pipeline_parallel_size: int = 1,
     activation_checkpointing: bool = False,
+    fused_kernels: bool = False,
 ) -> TransformerConfig:
-    """The megatron ``TransformerConfig`` of ``spec``: RMSNorm, SwiGLU, no dropout, no fused kernels.
+    """The megatron ``TransformerConfig`` of ``spec``: RMSNorm, SwiGLU, no dropout.
 
-    megatron-core's one fusion that needs neither Transformer Engine nor Apex, its SwiGLU (``bias_activation_fusion``),
-    is a ``torch.compile``d function: at one fixed shape it gains ~3 MFU points on an H200, but every new micro-batch
-    shape recompiles it (and grad / no-grad calls differ), so RL's varying lengths hit torch's recompile limit.
+    With ``fused_kernels`` SwiGLU and RoPE are :mod:`sc_lightning.models.fused`'s (megatron's activation-submodule
+    switch and its ``apply_rope_fusion``; the layer spec must carry :class:`~sc_lightning.models.fused.FusedSwiGLU`).
+    megatron-core's own SwiGLU fusion (``bias_activation_fusion``) stays off: it is compiled for one shape, and RL's
+    varying micro-batch lengths would recompile it until torch's recompile limit.
     """
     dtype = _DTYPES[precision]
+    if fused_kernels:
+        install_fused_rope()
     recompute = {"recompute_granularity": "full", "recompute_method": "uniform", "recompute_num_layers": 1}
     return TransformerConfig(
         num_layers=spec.num_layers,
@@ -145,7 +150,8 @@ def transformer_config(
         bias_activation_fusion=False,
         bias_dropout_fusion=False,
         masked_softmax_fusion=False,
-        apply_rope_fusion=False,
+        apply_rope_fusion=fused_kernels,
+        use_te_activation_func=fused_kernels,  # megatron's name for "the MLP applies its activation submodule"
         persist_layer_norm=False,
         gradient_accumulation_fusion=False,
         **(recompute if activation_checkpointing else {}),
@@ -186,7 +192,7 @@ def _gpt_model(spec: ModelSpec, config: TransformerConfig, tensor_parallel_size:
     """The (uninitialised) ``GPTModel`` of ``spec`` for this pipeline stage: local spec + SDPA, RoPE."""
     return GPTModel(
         config=config,
-        transformer_layer_spec=gpt_layer_spec_sdpa(),
+        transformer_layer_spec=gpt_layer_spec_sdpa(fused_swiglu=config.use_te_activation_func),
         vocab_size=spec.padded_vocab_size(tensor_parallel_size),
         max_sequence_length=spec.max_position_embeddings,
         pre_process=parallel_state.is_pipeline_first_stage(),
@@ -211,13 +217,15 @@ def build_gpt_model(
     activation_checkpointing: bool = False,
     hf_state: dict[str, Tensor] | None = None,
     device: str | torch.device = "cpu",
+    fused_kernels: bool | None = None,
 ) -> GPTModel:
     """A megatron-core ``GPTModel`` of ``spec`` for this rank, with ``hf_state`` weights or seeded random ones.
 
     Initialises the parallel state if needed (:func:`init_model_parallel`). ``precision`` is ``"fp32"`` or ``"bf16"``
     (parameters and compute). The model is built on the CPU and moved to ``device`` (never chosen for you: a GPU is
-    used only when asked for). Output logits are vocab-parallel ``(B, T, padded_vocab / TP)``;
-    see :mod:`sc_lightning.models.logprobs`.
+    used only when asked for). ``fused_kernels`` (default: on a CUDA device) fuses SwiGLU and RoPE
+    (:mod:`sc_lightning.models.fused`; same weights, same math). Output logits are vocab-parallel
+    ``(B, T, padded_vocab / TP)``; see :mod:`sc_lightning.models.logprobs`.
     """
     if precision not in _DTYPES:
         raise ValueError(f"precision must be one of {sorted(_DTYPES)}, got {precision!r}")
@@ -232,6 +240,7 @@ def build_gpt_model(
             tensor_parallel_size=tensor_parallel_size,
             pipeline_parallel_size=pipeline_parallel_size,
             activation_checkpointing=activation_checkpointing,
+            fused_kernels=torch.device(device).type == "cuda" if fused_kernels is None else fused_kernels,
         )
         model = _gpt_model(spec, config, tensor_parallel_size)
     weights = hf_state if hf_state is not None else random_hf_state(spec, seed)

@@ -1,0 +1,127 @@
+"""Fused SwiGLU and RoPE for megatron-core's local layer spec on a GPU, without Transformer Engine or Apex.
+
+megatron-core fuses both only through Transformer Engine (RoPE) or a ``torch.compile``d function specialised to one
+shape (SwiGLU); unfused, each is half a dozen elementwise kernels per layer and pass. Here each is one Triton kernel
+per pass (:mod:`sc_lightning.models.triton_kernels`) behind an autograd function: the backward recomputes from the
+saved input instead of keeping intermediates. ``torch.compile`` with dynamic shapes was tried first and rejected:
+its kernels ran at a quarter of the HBM bandwidth, and the 0/1-size and dtype guards of a trainer plus an engine in
+one process exhausted torch's recompile limit. On the CPU (or without Triton) the same math runs as plain torch ops,
+which is what the CPU tests compare with megatron's unfused path.
+
+They plug into megatron's own extension points:
+
+- :class:`FusedSwiGLU` is the MLP's ``activation_func`` submodule, applied to the whole ``linear_fc1`` output
+  (megatron's ``use_te_activation_func`` path, which takes any such module);
+- :func:`fused_rope` is the ``fused_apply_rotary_pos_emb`` that megatron's ``rope_utils`` calls when
+  ``apply_rope_fusion`` is set and that it imports from Transformer Engine when present;
+  :func:`install_fused_rope` provides it where Transformer Engine does not.
+"""
+
+from __future__ import annotations
+
+import functools
+from types import ModuleType
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from megatron.core.models.common.embeddings import rope_utils
+from megatron.core.transformer.module import MegatronModule
+from megatron.core.transformer.transformer_config import TransformerConfig
+from torch import Tensor
+
+
+@functools.cache
+def _triton_kernels() -> ModuleType | None:
+    """:mod:`sc_lightning.models.triton_kernels`, or None where Triton is not installed."""
+    try:
+        from sc_lightning.models import triton_kernels
+    except ImportError:
+        return None
+    return triton_kernels
+
+
+def _on_triton(x: Tensor) -> ModuleType | None:
+    """The Triton kernels when ``x`` is a CUDA tensor and Triton exists, else None (plain torch ops)."""
+    return _triton_kernels() if x.is_cuda else None
+
+
+class _SwiGLUFunction(torch.autograd.Function):
+    """SwiGLU on the Triton kernels; saves only its input."""
+
+    @staticmethod
+    def forward(ctx: Any, x: Tensor) -> Tensor:
+        ctx.save_for_backward(x)
+        return _triton_kernels().swiglu_forward(x)
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> Tensor:
+        (x,) = ctx.saved_tensors
+        return _triton_kernels().swiglu_backward(x, grad)
+
+
+class _RopeFunction(torch.autograd.Function):
+    """RoPE on the Triton kernels; the backward is the transposed rotation (nothing saved but the angles)."""
+
+    @staticmethod
+    def forward(ctx: Any, t: Tensor, freqs: Tensor) -> Tensor:
+        ctx.save_for_backward(freqs)
+        return _triton_kernels().rope(t, freqs)
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None]:
+        (freqs,) = ctx.saved_tensors
+        return _triton_kernels().rope(grad, freqs, backward=True), None
+
+
+def swiglu(x: Tensor) -> Tensor:
+    """``silu(gate) * up`` where ``x`` is ``[..., 2f]`` = ``[gate | up]`` (megatron's fc1 layout)."""
+    if _on_triton(x) is not None:
+        return _SwiGLUFunction.apply(x)
+    gate, up = torch.chunk(x, 2, dim=-1)
+    return F.silu(gate) * up
+
+
+def rope(t: Tensor, freqs: Tensor) -> Tensor:
+    """megatron's non-interleaved RoPE: ``t * cos + rotate_half(t) * sin`` over the first ``freqs.size(-1)`` dims."""
+    if _on_triton(t) is not None:
+        return _RopeFunction.apply(t, freqs)
+    rot_dim = freqs.size(-1)
+    rotated, passed = t[..., :rot_dim], t[..., rot_dim:]
+    first, second = torch.chunk(rotated, 2, dim=-1)
+    cos, sin = torch.cos(freqs).to(t.dtype), torch.sin(freqs).to(t.dtype)
+    out = rotated * cos + torch.cat((-second, first), dim=-1) * sin
+    return torch.cat((out, passed), dim=-1)
+
+
+class FusedSwiGLU(MegatronModule):
+    """SwiGLU over megatron's gated ``linear_fc1`` output ``[s, b, 2f]`` → ``[s, b, f]``, one kernel a pass on CUDA."""
+
+    def __init__(self, config: TransformerConfig) -> None:
+        super().__init__(config=config)
+
+    def forward(self, x: Tensor) -> Tensor:
+        """``silu(gate) * up`` of ``x = [gate | up]``."""
+        return swiglu(x)
+
+
+def fused_rope(t: Tensor, freqs: Tensor, interleaved: bool = False) -> Tensor:
+    """RoPE of ``t`` ``[s, b, h, d]`` by the angles ``freqs`` ``[s, 1, 1, rot_dim]`` (fp32), as megatron computes it.
+
+    Has the signature megatron's ``rope_utils`` calls ``fused_apply_rotary_pos_emb`` with; only the non-interleaved
+    layout (Llama, Qwen) is supported.
+    """
+    if interleaved:
+        raise NotImplementedError("fused_rope supports rotary_interleaved=False only")
+    return rope(t, freqs)
+
+
+def install_fused_rope() -> bool:
+    """Make :func:`fused_rope` megatron's fused RoPE where Transformer Engine provides none; True when it is in use.
+
+    Process-wide (megatron looks the function up in ``rope_utils`` at every call), and harmless to models built
+    without ``apply_rope_fusion``, which never call it.
+    """
+    if rope_utils.fused_apply_rotary_pos_emb is None:
+        rope_utils.fused_apply_rotary_pos_emb = fused_rope
+    return rope_utils.fused_apply_rotary_pos_emb is fused_rope
