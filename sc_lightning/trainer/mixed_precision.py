@@ -30,6 +30,7 @@ with warnings.catch_warnings():  # at import: "Transformer Engine and Apex are n
     from megatron.core.optimizer import get_megatron_optimizer
 
 from sc_lightning.config.model import OptimizerConfig
+from sc_lightning.trainer.multi_tensor import install_foreach_multi_tensor
 
 
 def transformer_config_of(model: torch.nn.Module) -> Any:
@@ -57,6 +58,7 @@ class MixedPrecisionAdamW(torch.optim.Optimizer):
                 f"bf16 parameters train through megatron-core's mixed-precision optimizer, which needs a CUDA device; "
                 f"this model is on {device}: set policy.precision (value.precision for a critic) to fp32 for a CPU run"
             )
+        install_foreach_multi_tensor()  # without Apex, megatron's norm and copies would loop over tensors in Python
         self.ddp = DistributedDataParallel(
             transformer_config_of(model),
             DistributedDataParallelConfig(grad_reduce_in_fp32=True, overlap_grad_reduce=False),
@@ -80,6 +82,7 @@ class MixedPrecisionAdamW(torch.optim.Optimizer):
         inner = self.megatron.optimizer  # torch AdamW over the fp32 masters
         for group in inner.param_groups:  # megatron's scheduler applies wd_mult; we apply it once, here
             group["weight_decay"] = opt_cfg.weight_decay * group["wd_mult"]
+            group.update(fused=True, foreach=False)  # one kernel per tensor chunk, not torch's foreach passes
         super().__init__([p for group in inner.param_groups for p in group["params"]], dict(inner.defaults))
         self._share_inner_groups()
         self.last_grad_norm = 0.0
