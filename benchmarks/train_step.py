@@ -94,6 +94,8 @@ def main() -> None:
     parser.add_argument("--precision", default="fp32", choices=["fp32", "bf16"])
     parser.add_argument("--reps", type=int, default=10)
     parser.add_argument("--peak-tflops", type=float, default=989.0, help="dense bf16 peak of the device")
+    parser.add_argument("--unfused", action="store_true", help="megatron's unfused SwiGLU and RoPE (models/fused.py)")
+    parser.add_argument("--profile", action="store_true", help="then print the GPU kernels of one GRPO step")
     args = parser.parse_args()
     warnings.filterwarnings("ignore")
     device = torch.device(args.device)
@@ -107,7 +109,7 @@ def main() -> None:
         max_position_embeddings=args.seq,
         arch="llama",
     )
-    model = build_gpt_model(spec, precision=args.precision, device=device)
+    model = build_gpt_model(spec, precision=args.precision, device=device, fused_kernels=not args.unfused and None)
     params = sum(p.numel() for p in model.parameters())
     optimizer, _ = adamw(model, OptimizerConfig(lr=1e-6), total_steps=1)
     chunk = rows(args, device)
@@ -136,7 +138,8 @@ def main() -> None:
     print(
         f"{params / 1e9:.2f}B parameters ({args.precision} on {device}), {args.rows} x {args.seq} tokens a step, "
         f"grpo micro-batch {args.micro_batch} rows / {args.micro_batch_tokens} tokens, optimizer "
-        f"{type(optimizer).__name__}; MFU against {args.peak_tflops:.0f} TFLOP/s"
+        f"{type(optimizer).__name__}, fused SwiGLU/RoPE {model.config.apply_rope_fusion}; "
+        f"MFU against {args.peak_tflops:.0f} TFLOP/s"
     )
     print("| step | ms | MFU | peak GiB |\n|---|---:|---:|---:|")
     results = {}
@@ -149,6 +152,22 @@ def main() -> None:
         mfu = flops / (ms / 1e3) / (args.peak_tflops * 1e12)
         print(f"| {name} | {ms:.1f} | {mfu:.1%} | {peak:.1f} |")
     print(f"GRPO step / bare step: {results['sc_lightning GRPO'] / results['bare model']:.2f}x the time")
+    if args.profile:
+        profile(grpo)
+
+
+def profile(step) -> None:
+    """Print the GPU kernels of one call of ``step`` by total time (torch.profiler)."""
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    with torch_profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        step()
+        torch.cuda.synchronize()
+    events = prof.key_averages()
+    kernel_us = sum(e.self_device_time_total for e in events if e.device_type.name == "CUDA")
+    print(f"profile of one GRPO step: GPU kernels {kernel_us / 1e3:.1f} ms busy")
+    print(events.table(sort_by="self_cuda_time_total", row_limit=30, max_name_column_width=80))
 
 
 if __name__ == "__main__":

@@ -43,8 +43,17 @@ def climb(root: Path) -> None:
         pace = f"{sum(times) / len(times):.3f} s/step" if times else "no step times"
         print(
             f"{metrics.parents[2].name}: {len(rewards)} steps, {pace}, "
-            f"reward first-5 {first:.3f} last-5 {last:.3f} climb {last - first:+.3f}; by tenths {tenths}"
+            f"reward first-5 {first:.3f} last-5 {last:.3f} climb {last - first:+.3f}; by tenths {tenths}; "
+            f"{_first_climb(rewards, times, first + 0.3)}"
         )
+
+
+def _first_climb(rewards: list[float], times: list[float], target: float) -> str:
+    """When the mean of 5 consecutive steps first reaches ``target`` (step, and training seconds until then)."""
+    for end in range(5, len(rewards) + 1):
+        if sum(rewards[end - 5 : end]) / 5 >= target:
+            return f"5-step mean +0.3 first at step {end} ({sum(times[:end]):.0f} s of step time)"
+    return "5-step mean never +0.3"
 
 
 def _tenths(values: list[float]) -> list[list[float]]:
