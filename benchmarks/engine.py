@@ -149,13 +149,20 @@ async def measure(args: argparse.Namespace) -> list[dict[str, Any]]:
     """One row of figures per concurrency level; prints the engine's counters (and a profile when asked)."""
     model, spec = build(args)
     engine = MegatronEngine(
-        model, spec, eos_token_id=None, stop_on_eos=False, max_batch_size=max(args.batches), flash_decode=args.flash
+        model,
+        spec,
+        eos_token_id=None,
+        stop_on_eos=False,
+        max_batch_size=max(args.batches),
+        flash_decode=args.flash,
+        fused_decode=args.fused,
     )
     try:
         rows = [await measure_batch(engine, model, spec, b, args) for b in args.batches]
         forward = engine._batch.forward
         attention = "flash (varlen)" if forward.flash else "memory-efficient" if forward.efficient else "torch SDPA"
-        print(f"engine stats: {engine.stats}; decode attention: {attention}")
+        fused = "fused kernels" if forward.kernels is not None else "unfused"
+        print(f"engine stats: {engine.stats}; decode attention: {attention}; {fused}")
         if args.profile:
             await profile(engine, spec, max(args.batches), args)
         return rows
@@ -177,6 +184,7 @@ def main() -> None:
     parser.add_argument("--hbm-tbps", type=float, default=4.8, help="HBM bandwidth, TB/s (H200: 4.8)")
     parser.add_argument("--profile", action="store_true", help="then profile one run at the largest batch")
     parser.add_argument("--flash-decode", dest="flash", action="store_true", help="decode on flash attention")
+    parser.add_argument("--fused-decode", dest="fused", action="store_true", help="decode on the fused Triton kernels")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)

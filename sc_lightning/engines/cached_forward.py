@@ -22,12 +22,16 @@ spec, TP=1, no dropout) for ``T`` new tokens per row:
   slower than the memory-efficient kernel (``benchmarks/README.md``), so it is off by default.
 - **Rows** are either the cache's first ``R`` slots (a decode step: the cache is read in place) or the slots given
   (a prefill chunk: their K/V are gathered).
+- **Fused** (``fused_decode``, a GPU with Triton, RMSNorm layers, not with ``flash_decode``): each residual add is
+  folded into the RMSNorm that follows it, and RoPE, the query's attention layout and the K/V cache write are one
+  kernel (:mod:`~sc_lightning.engines.decode_kernels`; RoPE from fp32 angles, as the trainer's fused RoPE).
 """
 
 from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
+from types import ModuleType
 
 import torch
 import torch.nn.functional as F
@@ -82,10 +86,34 @@ def _check_supported(model: torch.nn.Module) -> None:
         raise ValueError(f"the Megatron engine's cached forward does not support {', '.join(bad)}")
 
 
+def _fused_kernels(model: torch.nn.Module, on_gpu: bool, fused: bool, flash: bool) -> ModuleType | None:
+    """:mod:`~sc_lightning.engines.decode_kernels` when the fused decode path is asked for and can run, else None."""
+    if not fused or not on_gpu:
+        return None
+    if flash:
+        raise ValueError("the Megatron engine's fused decode path does not combine with flash_decode")
+    norms = [model.decoder.final_layernorm]
+    norms += [norm for layer in model.decoder.layers for norm in (layer.input_layernorm, layer.pre_mlp_layernorm)]
+    if not all(isinstance(norm, torch.nn.RMSNorm) for norm in norms):
+        raise ValueError("the Megatron engine's fused decode path needs torch RMSNorm layers (megatron's local spec)")
+    try:
+        from sc_lightning.engines import decode_kernels
+    except ImportError:  # a torch without Triton
+        return None
+    return decode_kernels
+
+
+def _eps(norm: torch.nn.RMSNorm, dtype: torch.dtype) -> float:
+    """The epsilon ``norm`` adds to the mean square (torch's default: the dtype's machine epsilon)."""
+    return norm.eps if norm.eps is not None else torch.finfo(dtype).eps
+
+
 class CachedForward:
     """Runs a TP=1 megatron ``GPTModel`` on new tokens of many rows, keeping their K/V in a slot KV cache."""
 
-    def __init__(self, model: torch.nn.Module, max_seq_len: int, *, flash_decode: bool = False) -> None:
+    def __init__(
+        self, model: torch.nn.Module, max_seq_len: int, *, flash_decode: bool = False, fused_decode: bool = False
+    ) -> None:
         _check_supported(model)
         self.embedding = model.embedding.word_embeddings
         self.layers = list(model.decoder.layers)
@@ -109,6 +137,8 @@ class CachedForward:
         if freqs.size(-1) != self.head_dim:
             raise ValueError("the Megatron engine's cached forward needs RoPE over the whole head (rotary_percent 1)")
         freqs = freqs.reshape(max_seq_len, self.head_dim).to(self.device)
+        self.kernels = _fused_kernels(model, on_gpu, fused_decode, flash_decode)
+        self.angles = freqs.float().contiguous() if self.kernels is not None else None
         half = self.head_dim // 2
         self.cos = torch.cos(freqs).to(self.dtype)  # (L, D), as megatron: cos in fp32, then the model dtype
         sin = torch.sin(freqs).to(self.dtype)
@@ -158,13 +188,61 @@ class CachedForward:
             flash=self.flash and slots is None and width == 1,
         )
         last = len(self.layers) - 1
+        if self.kernels is not None:
+            return self._fused_call(cache, x, call, logits=logits)
         for i, layer in enumerate(self.layers):
             x = self._layer(layer, cache, i, x, call, cache_only=i == last and not logits)
         if not logits:
             return None
-        hidden = self.final_layernorm(x[:, -1:])  # (R, 1, h)
+        return self._logits(self.final_layernorm(x[:, -1:]))
+
+    def _logits(self, hidden: Tensor) -> Tensor:
+        """``(R, V_padded)`` logits of the final-normed last hidden states ``(R, 1, h)``."""
         out, _ = self.output_layer(hidden, weight=self.output_weight)
         return out[:, 0]
+
+    def _fused_call(self, cache: SlotKVCache, x: Tensor, call: _Call, *, logits: bool) -> Tensor | None:
+        """The forward on the fused kernels: a layer's output is carried as (residual stream, pending delta)."""
+        last = len(self.layers) - 1
+        delta = None
+        for i, layer in enumerate(self.layers):
+            x, delta = self._fused_layer(layer, cache, i, x, delta, call, cache_only=i == last and not logits)
+        if not logits:
+            return None
+        norm = self.final_layernorm
+        _, hidden = self.kernels.add_rms_norm(x[:, -1:], delta[:, -1:], norm.weight, _eps(norm, x.dtype))
+        return self._logits(hidden)
+
+    def _fused_layer(
+        self,
+        layer: torch.nn.Module,
+        cache: SlotKVCache,
+        index: int,
+        x: Tensor,
+        delta: Tensor | None,
+        call: _Call,
+        *,
+        cache_only: bool,
+    ) -> tuple[Tensor, Tensor | None]:
+        """One layer on the fused kernels: input ``x + delta``, output ``x' + delta'`` returned as ``(x', delta')``."""
+        attention, kernels = layer.self_attention, self.kernels
+        rows, width, _ = x.shape
+        norm = layer.input_layernorm
+        x, hidden = kernels.add_rms_norm(x, delta, norm.weight, _eps(norm, x.dtype))
+        qkv, qkv_bias = attention.linear_qkv(hidden)
+        if qkv_bias is not None:
+            qkv = qkv + qkv_bias
+        qkv = qkv.view(rows, width, self.groups, self.heads_per_group + 2, self.head_dim)
+        query = kernels.rope_write_kv(qkv, self.angles, call.positions, call.flat_index, cache.flat(index))
+        if cache_only:
+            return x, None
+        out, out_bias = attention.linear_proj(self._attend(query, cache.layer(index), call))
+        norm = layer.pre_mlp_layernorm
+        x, hidden = kernels.add_rms_norm(
+            x, out if out_bias is None else out + out_bias, norm.weight, _eps(norm, x.dtype)
+        )
+        out, out_bias = layer.mlp(hidden)
+        return x, (out if out_bias is None else out + out_bias)
 
     def _layer(
         self, layer: torch.nn.Module, cache: SlotKVCache, index: int, x: Tensor, call: _Call, *, cache_only: bool
@@ -186,7 +264,8 @@ class CachedForward:
             return x
         context = self._decode_flash(qkv, flat, cache.length, call) if call.flash and self.flash else None
         if context is None:
-            context = self._attend(qkv, cache.layer(index), call)
+            query = qkv[:, :, :, :hpg].permute(0, 2, 1, 3, 4).reshape(rows, groups, width * hpg, dim)
+            context = self._attend(query, cache.layer(index), call)
         out, out_bias = attention.linear_proj(context)
         x = x + (out if out_bias is None else out + out_bias)
         out, out_bias = layer.mlp(layer.pre_mlp_layernorm(x))
@@ -221,14 +300,14 @@ class CachedForward:
             return None
         return out.view(rows, 1, groups * hpg * dim)
 
-    def _attend(self, qkv: Tensor, kv: Tensor, call: _Call) -> Tensor:
-        """Attention of the new queries of ``qkv`` over the first ``kv_len`` positions of their slots in ``kv``."""
+    def _attend(self, query: Tensor, kv: Tensor, call: _Call) -> Tensor:
+        """Attention of ``query`` ``(R, G, T * hpg, D)`` over the first ``kv_len`` positions of the rows' slots in
+        ``kv``."""
         rows, width = call.rows, call.width
         groups, hpg, dim = self.groups, self.heads_per_group, self.head_dim
         reach = slice(None, call.kv_len)
         seen = kv[:rows, reach] if call.slots is None else kv[call.slots, reach]  # (R, Lk, G, 2, D)
         key, value = seen[..., 0, :].transpose(1, 2), seen[..., 1, :].transpose(1, 2)  # (R, G, Lk, D)
-        query = qkv[:, :, :, :hpg].permute(0, 2, 1, 3, 4).reshape(rows, groups, width * hpg, dim)
         bias = call.bias(self.dtype, hpg)
         context = None
         if self.efficient:

@@ -100,8 +100,10 @@ class MegatronEngine:
     prompt + completion (default: the model's ``max_position_embeddings``); the KV cache holds ``max_batch_size``
     sequences of that length. ``prefill_chunk_tokens`` bounds the prompt positions prefilled per step.
     ``cuda_graphs`` (default: on a GPU) replays the decode step as CUDA graphs; ``flash_decode`` decodes on flash
-    attention's varlen kernel (bf16/fp16 on a GPU; see :mod:`~sc_lightning.engines.cached_forward`). ``seed`` seeds
-    the noise of requests without ``SamplingParams.seed``. ``weight_version`` is the version of ``model``'s weights.
+    attention's varlen kernel (bf16/fp16 on a GPU; see :mod:`~sc_lightning.engines.cached_forward`);
+    ``fused_decode`` runs the forward on fused Triton kernels (a GPU; residual + RMSNorm, RoPE + K/V write).
+    ``seed`` seeds the noise of requests without ``SamplingParams.seed``. ``weight_version`` is the version of
+    ``model``'s weights.
     """
 
     def __init__(
@@ -116,6 +118,7 @@ class MegatronEngine:
         prefill_chunk_tokens: int = 1024,
         cuda_graphs: bool | None = None,
         flash_decode: bool = False,
+        fused_decode: bool = False,
         extra_stop_token_ids: Iterable[int] = (),
         stop_on_eos: bool = True,
         seed: int = 0,
@@ -138,7 +141,7 @@ class MegatronEngine:
         if graphs and self._device.type != "cuda":
             raise ValueError(f"engine {name!r}: cuda_graphs needs a model on a CUDA device, not {self._device}")
         self._batch = ContinuousBatch(
-            CachedForward(model, self._max_seq_len, flash_decode=flash_decode),
+            CachedForward(model, self._max_seq_len, flash_decode=flash_decode, fused_decode=fused_decode),
             list(model.parameters()),
             max_rows=max_batch_size,
             max_seq_len=self._max_seq_len,

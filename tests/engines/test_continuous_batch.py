@@ -7,7 +7,7 @@ import asyncio
 import pytest
 import torch
 
-from sc_lightning.engines.cached_forward import CachedForward
+from sc_lightning.engines.cached_forward import CachedForward, _fused_kernels
 from sc_lightning.engines.megatron import MegatronEngine
 from sc_lightning.engines.megatron_batch import ContinuousBatch, Request
 from sc_lightning.models import load_policy
@@ -122,3 +122,10 @@ def test_rows_join_and_leave_every_step_and_stay_exact(buckets: bool, overlap: b
         assert stopped or len(finished.tokens) == finished.sampling.max_new_tokens
         assert all(follows_argmax(model, finished.prompt, tuple(finished.tokens))), finished.prompt
     assert batch.decode_steps < sum(len(r.tokens) for r in done)  # rows shared decode steps
+
+
+def test_the_fused_decode_path_is_gpu_only_and_refuses_flash(tiny_dirs: dict) -> None:
+    model, _, _ = load_policy(str(tiny_dirs["a"]))
+    assert CachedForward(model, 256, fused_decode=True).kernels is None  # on the CPU: the plain torch forward
+    with pytest.raises(ValueError, match="flash_decode"):
+        _fused_kernels(model, True, True, True)

@@ -76,9 +76,13 @@ async def generate_all(engine: MegatronEngine, new: int) -> list[Generation]:
 
 
 @pytest.mark.parametrize(
-    ("precision", "flash"), [("fp32", False), ("bf16", False), ("bf16", True)], ids=["fp32", "bf16", "bf16-flash"]
+    ("precision", "flash", "fused"),
+    [("fp32", False, False), ("bf16", False, False), ("bf16", True, False), ("bf16", False, True)],
+    ids=["fp32", "bf16", "bf16-flash", "bf16-fused"],
 )
-def test_engine_matches_full_forwards_through_a_refit_and_a_stand_down(precision: str, flash: bool) -> None:
+def test_engine_matches_full_forwards_through_a_refit_and_a_stand_down(
+    precision: str, flash: bool, fused: bool
+) -> None:
     ref_a, ref_b = replica(0, precision), replica(1, precision)
     engine = MegatronEngine(
         replica(0, precision),
@@ -88,6 +92,7 @@ def test_engine_matches_full_forwards_through_a_refit_and_a_stand_down(precision
         max_batch_size=8,
         prefill_chunk_tokens=32,
         flash_decode=flash,
+        fused_decode=fused,
     )
     sampled = SamplingParams(24, temperature=1.0, top_p=0.9, seed=3)
 
@@ -108,7 +113,7 @@ def test_engine_matches_full_forwards_through_a_refit_and_a_stand_down(precision
 
     on_a, drawn, on_b, resumed, graphs = asyncio.run(scenario())
     forward = engine._batch.forward  # graphed decode on flash attention or on the memory-efficient kernel
-    assert graphs > 0 and forward.efficient and forward.flash == flash
+    assert graphs > 0 and forward.efficient and forward.flash == flash and (forward.kernels is not None) == fused
     for prompt, generation in zip(PROMPTS, on_a, strict=True):
         assert generation.weight_version == 0 and len(generation.token_ids) == 24
         check(ref_a, prompt, generation, precision)

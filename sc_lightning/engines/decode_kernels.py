@@ -1,0 +1,133 @@
+"""Triton kernels of the Megatron engine's fused decode path (``CachedForward(..., fused_decode=True)``): fewer,
+larger kernels per layer where a decode step is a few hundred tiny ones.
+
+- :func:`add_rms_norm`: the residual add folded into the next RMSNorm (one kernel instead of two);
+- :func:`rope_write_kv`: RoPE of the query heads and the key, the query laid out for attention and the K/V written
+  into the cache at each token's slot and position (one kernel instead of six).
+
+Imported only where Triton exists (GPU builds of torch ship it). Both compute in fp32 registers and round once on
+the store; RoPE takes its angles in fp32, as :func:`sc_lightning.models.triton_kernels.rope` does in training.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+
+@triton.jit
+def _add_rms_norm_kernel(
+    x_ptr, delta_ptr, weight_ptr, sum_ptr, out_ptr, width, eps, HAS_DELTA: tl.constexpr, BLOCK: tl.constexpr
+):
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK)
+    mask = cols < width
+    x = tl.load(x_ptr + row * width + cols, mask=mask, other=0.0).to(tl.float32)
+    if HAS_DELTA:  # the residual stream is kept in the model dtype, as the unfused add keeps it
+        x = x + tl.load(delta_ptr + row * width + cols, mask=mask, other=0.0).to(tl.float32)
+        x = x.to(sum_ptr.dtype.element_ty)
+        tl.store(sum_ptr + row * width + cols, x, mask=mask)
+        x = x.to(tl.float32)
+    rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=0) / width + eps)
+    weight = tl.load(weight_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    tl.store(out_ptr + row * width + cols, (x * rstd * weight).to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def add_rms_norm(x: Tensor, delta: Tensor | None, weight: Tensor, eps: float) -> tuple[Tensor, Tensor]:
+    """``(s, rms_norm(s) * weight)`` with ``s = x + delta`` (``s = x`` when ``delta`` is None), over the last dim."""
+    x = x.contiguous()
+    width = x.size(-1)
+    total = torch.empty_like(x) if delta is not None else x
+    out = torch.empty_like(x)
+    rows = x.numel() // width
+    if rows:
+        _add_rms_norm_kernel[(rows,)](
+            x,
+            delta.contiguous() if delta is not None else x,
+            weight,
+            total,
+            out,
+            width,
+            eps,
+            HAS_DELTA=delta is not None,
+            BLOCK=triton.next_power_of_2(width),
+        )
+    return total, out
+
+
+@triton.jit
+def _rope_write_kv_kernel(
+    qkv_ptr,
+    angles_ptr,
+    positions_ptr,
+    index_ptr,
+    cache_ptr,
+    query_ptr,
+    width,
+    groups,
+    hpg,
+    half,
+    HEADS: tl.constexpr,
+    HALF: tl.constexpr,
+):
+    token = tl.program_id(0).to(tl.int64)  # row * width + t
+    group = tl.program_id(1).to(tl.int64)
+    row, t = token // width, token % width
+    head_dim = 2 * half
+    dim = tl.arange(0, HALF)
+    dim_mask = dim < half
+    position = tl.load(positions_ptr + token)
+    angle_first = tl.load(angles_ptr + position * head_dim + dim, mask=dim_mask)
+    angle_second = tl.load(angles_ptr + position * head_dim + half + dim, mask=dim_mask)
+    cos_first, sin_first = tl.cos(angle_first), tl.sin(angle_first)
+    cos_second, sin_second = tl.cos(angle_second), tl.sin(angle_second)
+    source = qkv_ptr + (token * groups + group) * (hpg + 2) * head_dim  # this group's query heads, K, V
+    # the query heads: rotated, into the attention layout (rows, groups, width * hpg, head_dim)
+    head = tl.arange(0, HEADS)[:, None]
+    mask = (head < hpg) & dim_mask[None, :]
+    first = tl.load(source + head * head_dim + dim[None, :], mask=mask).to(tl.float32)
+    second = tl.load(source + head * head_dim + half + dim[None, :], mask=mask).to(tl.float32)
+    target = query_ptr + (((row * groups + group) * width + t) * hpg + head) * head_dim + dim[None, :]
+    dtype = query_ptr.dtype.element_ty
+    tl.store(target, (first * cos_first[None, :] - second * sin_first[None, :]).to(dtype), mask=mask)
+    tl.store(target + half, (second * cos_second[None, :] + first * sin_second[None, :]).to(dtype), mask=mask)
+    # the key (rotated) and the value, into the cache row slot * length + position
+    cache = cache_ptr + (tl.load(index_ptr + token) * groups + group) * 2 * head_dim
+    key_first = tl.load(source + hpg * head_dim + dim, mask=dim_mask).to(tl.float32)
+    key_second = tl.load(source + hpg * head_dim + half + dim, mask=dim_mask).to(tl.float32)
+    tl.store(cache + dim, (key_first * cos_first - key_second * sin_first).to(dtype), mask=dim_mask)
+    tl.store(cache + half + dim, (key_second * cos_second + key_first * sin_second).to(dtype), mask=dim_mask)
+    value = source + (hpg + 1) * head_dim
+    tl.store(cache + head_dim + dim, tl.load(value + dim, mask=dim_mask), mask=dim_mask)
+    tl.store(cache + head_dim + half + dim, tl.load(value + half + dim, mask=dim_mask), mask=dim_mask)
+
+
+def rope_write_kv(qkv: Tensor, angles: Tensor, positions: Tensor, flat_index: Tensor, cache: Tensor) -> Tensor:
+    """RoPE and cache write of ``qkv`` ``(R, T, G, hpg + 2, D)`` (megatron's per-group layout) in one kernel.
+
+    ``angles`` ``(L, D)`` fp32 are RoPE's angles by position, ``positions`` ``(R, T)`` each token's position,
+    ``flat_index`` ``(R * T,)`` its cache row ``slot * length + position`` in ``cache`` ``(slots * length, G, 2, D)``
+    (K then V). Returns the rotated query ``(R, G, T * hpg, D)``, query row ``t * hpg + j`` for head ``j`` of a group.
+    """
+    rows, width, groups, heads_and_kv, head_dim = qkv.shape
+    hpg = heads_and_kv - 2
+    qkv = qkv.contiguous()
+    query = torch.empty((rows, groups, width * hpg, head_dim), dtype=qkv.dtype, device=qkv.device)
+    if rows * width:
+        _rope_write_kv_kernel[(rows * width, groups)](
+            qkv,
+            angles,
+            positions.contiguous(),
+            flat_index,
+            cache,
+            query,
+            width,
+            groups,
+            hpg,
+            head_dim // 2,
+            HEADS=triton.next_power_of_2(hpg),
+            HALF=triton.next_power_of_2(head_dim // 2),
+        )
+    return query
