@@ -74,6 +74,39 @@ class _RopeFunction(torch.autograd.Function):
         return _triton_kernels().rope(grad, freqs, backward=True), None
 
 
+class _TargetLogprobFunction(torch.autograd.Function):
+    """Log-probs of the targets on the Triton kernels; saves the logits (model dtype) and one fp32 per row."""
+
+    @staticmethod
+    def forward(ctx: Any, logits: Tensor, targets: Tensor, real_vocab: int, temperature: float) -> Tensor:
+        out, lse = _triton_kernels().logprob_forward(logits, targets, real_vocab, temperature)
+        ctx.save_for_backward(logits, targets, lse)
+        ctx.real_vocab, ctx.temperature = real_vocab, temperature
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None, None, None]:
+        logits, targets, lse = ctx.saved_tensors
+        return (
+            _triton_kernels().logprob_backward(logits, targets, lse, grad, ctx.real_vocab, ctx.temperature),
+            None,
+            None,
+            None,
+        )
+
+
+def target_logprobs(logits: Tensor, targets: Tensor, real_vocab: int, temperature: float = 1.0) -> Tensor | None:
+    """``log softmax(logits / temperature)[target]`` per row of ``logits`` ``(N, V)`` in fp32, on the Triton
+    kernels (one read of the logits forward, one read and one write backward), or None off the GPU.
+
+    megatron's cross entropy instead copies the logits to fp32 and makes five more full passes, keeping an fp32
+    softmax for the backward. Columns from ``real_vocab`` on are left out of the softmax.
+    """
+    if _on_triton(logits) is None:
+        return None
+    return _TargetLogprobFunction.apply(logits, targets, real_vocab, temperature)
+
+
 def swiglu(x: Tensor) -> Tensor:
     """``silu(gate) * up`` where ``x`` is ``[..., 2f]`` = ``[gate | up]`` (megatron's fc1 layout)."""
     if _on_triton(x) is not None:

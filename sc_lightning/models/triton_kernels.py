@@ -140,3 +140,76 @@ def rope(t: Tensor, freqs: Tensor, *, backward: bool = False) -> Tensor:
             BACKWARD=backward,
         )
     return out
+
+
+@triton.jit
+def _logprob_forward_kernel(
+    logits_ptr, target_ptr, out_ptr, lse_ptr, vocab, real_vocab, inv_temperature, BLOCK: tl.constexpr
+):
+    row = tl.program_id(0).to(tl.int64)
+    base = logits_ptr + row * vocab
+    running_max = tl.full((BLOCK,), float("-inf"), tl.float32)
+    running_sum = tl.zeros((BLOCK,), tl.float32)
+    for start in range(0, vocab, BLOCK):  # online log-sum-exp, lane by lane
+        cols = start + tl.arange(0, BLOCK)
+        x = tl.load(base + cols, mask=cols < real_vocab, other=float("-inf")).to(tl.float32) * inv_temperature
+        new_max = tl.maximum(running_max, x)
+        scale = tl.where(new_max == float("-inf"), 0.0, tl.exp(running_max - new_max))
+        running_sum = running_sum * scale + tl.where(x == float("-inf"), 0.0, tl.exp(x - new_max))
+        running_max = new_max
+    top = tl.max(running_max, axis=0)
+    lse = top + tl.log(tl.sum(running_sum * tl.exp(running_max - top), axis=0))
+    target = tl.load(target_ptr + row)
+    picked = tl.load(base + target).to(tl.float32) * inv_temperature
+    tl.store(out_ptr + row, picked - lse)
+    tl.store(lse_ptr + row, lse)
+
+
+@triton.jit
+def _logprob_backward_kernel(
+    logits_ptr, target_ptr, lse_ptr, grad_ptr, grad_logits_ptr, vocab, real_vocab, inv_temperature, BLOCK: tl.constexpr
+):
+    row = tl.program_id(0).to(tl.int64)
+    lse = tl.load(lse_ptr + row)
+    grad = tl.load(grad_ptr + row).to(tl.float32)
+    target = tl.load(target_ptr + row)
+    dtype = grad_logits_ptr.dtype.element_ty
+    for start in range(0, vocab, BLOCK):  # d (x_t - lse) / d x_j = [j == t] - softmax_j, times 1/T
+        cols = start + tl.arange(0, BLOCK)
+        x = tl.load(logits_ptr + row * vocab + cols, mask=cols < real_vocab, other=float("-inf")).to(tl.float32)
+        softmax = tl.exp(x * inv_temperature - lse)
+        out = grad * inv_temperature * (tl.where(cols == target, 1.0, 0.0) - softmax)
+        tl.store(grad_logits_ptr + row * vocab + cols, out.to(dtype), mask=cols < vocab)
+
+
+_VOCAB_BLOCK = 2048  # vocabulary entries a log-prob program reads at a time
+
+
+def logprob_forward(logits: Tensor, targets: Tensor, real_vocab: int, temperature: float) -> tuple[Tensor, Tensor]:
+    """``(log softmax(logits / T)[target], log-sum-exp)`` per row of ``logits`` ``(N, V)``, fp32, one read of them.
+
+    Columns from ``real_vocab`` on (padding rows of the embedding) are left out of the softmax.
+    """
+    logits, targets = logits.contiguous(), targets.contiguous()
+    rows, vocab = logits.shape
+    out = torch.empty(rows, dtype=torch.float32, device=logits.device)
+    lse = torch.empty(rows, dtype=torch.float32, device=logits.device)
+    if rows:
+        _logprob_forward_kernel[(rows,)](
+            logits, targets, out, lse, vocab, real_vocab, 1.0 / temperature, BLOCK=_VOCAB_BLOCK
+        )
+    return out, lse
+
+
+def logprob_backward(
+    logits: Tensor, targets: Tensor, lse: Tensor, grad: Tensor, real_vocab: int, temperature: float
+) -> Tensor:
+    """The gradient of :func:`logprob_forward`'s log-probs with respect to ``logits``, in their dtype."""
+    logits, grad = logits.contiguous(), grad.contiguous()
+    rows, vocab = logits.shape
+    grad_logits = torch.empty_like(logits)
+    if rows:
+        _logprob_backward_kernel[(rows,)](
+            logits, targets, lse, grad, grad_logits, vocab, real_vocab, 1.0 / temperature, BLOCK=_VOCAB_BLOCK
+        )
+    return grad_logits

@@ -53,3 +53,8 @@ def test_a_fused_model_uses_both_kernels_and_matches_the_unfused_model(monkeypat
     got.sum().backward()
     for (name, a), b in zip(plain.named_parameters(), model.parameters(), strict=True):
         assert torch.equal(a.grad, b.grad), name
+
+
+def test_fused_target_logprobs_are_gpu_only() -> None:
+    logits = torch.randn(4, 10)
+    assert fused.target_logprobs(logits, torch.zeros(4, dtype=torch.long), 10) is None  # CPU: megatron's path
