@@ -1,4 +1,4 @@
-"""Fused SwiGLU and RoPE for megatron-core's local layer spec on a GPU, without Transformer Engine or Apex.
+"""Fused SwiGLU, RoPE and target log-probs for megatron-core's local layer spec on a GPU, without Transformer Engine.
 
 megatron-core fuses both only through Transformer Engine (RoPE) or a ``torch.compile``d function specialised to one
 shape (SwiGLU); unfused, each is half a dozen elementwise kernels per layer and pass. Here each is one Triton kernel
@@ -8,7 +8,8 @@ its kernels ran at a quarter of the HBM bandwidth, and the 0/1-size and dtype gu
 one process exhausted torch's recompile limit. On the CPU (or without Triton) the same math runs as plain torch ops,
 which is what the CPU tests compare with megatron's unfused path.
 
-They plug into megatron's own extension points:
+:func:`target_logprobs` replaces megatron's fp32 cross entropy at TP=1 (:mod:`sc_lightning.models.logprobs`). The
+others plug into megatron's own extension points:
 
 - :class:`FusedSwiGLU` is the MLP's ``activation_func`` submodule, applied to the whole ``linear_fc1`` output
   (megatron's ``use_te_activation_func`` path, which takes any such module);
