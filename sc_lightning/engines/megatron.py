@@ -21,7 +21,10 @@ noise stream (:mod:`~sc_lightning.engines.decode_sampling`): the same tokens wha
 **Interruptions.** Between two steps the worker applies control commands; running requests keep their slots.
 
 - ``update_weights(named_tensors, version)``: HF-named tensors (as ``export_hf_weights`` yields them; the iterable
-  is consumed on the worker thread) are converted and loaded in place; ``weight_version`` becomes ``version``;
+  is consumed on the worker thread) are converted and loaded in place — or megatron-named ones (a same-architecture
+  model's :func:`~sc_lightning.models.megatron.megatron_weights`, what a colocated trainer passes: its live
+  parameters, read before the call returns) copied straight in, one multi-tensor copy; ``weight_version`` becomes
+  ``version``;
   requests in flight continue on the new weights (their KV cache is recomputed with them: prefilled again from
   prompt + tokens so far). ``Generation.weight_version`` is the version that sampled the request's *first* token
   (its start); the controller records end versions itself.
@@ -47,7 +50,7 @@ import threading
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
-from typing import Any, Literal, TypeVar
+from typing import Any, ClassVar, Literal, TypeVar
 
 import torch
 from megatron.core import parallel_state
@@ -57,7 +60,7 @@ from sc_lightning.engines.cached_forward import CachedForward
 from sc_lightning.engines.decode_sampling import noise_stream
 from sc_lightning.engines.megatron_batch import ContinuousBatch, Outcome, Request, replier
 from sc_lightning.engines.megatron_clock import ActiveClock
-from sc_lightning.models.megatron import load_hf_weights, load_policy
+from sc_lightning.models.megatron import copy_megatron_weights, load_hf_weights, load_policy, megatron_weights
 from sc_lightning.models.spec import ModelSpec
 from sc_lightning.types import FinishReason, Generation, SamplingParams
 
@@ -94,6 +97,9 @@ class _Command:
 class MegatronEngine:
     """A :class:`GenerationEngine` over a megatron-core ``GPTModel`` (continuous batching on a KV cache, one thread).
 
+    ``accepts_megatron_weights``: ``update_weights`` also takes a same-architecture model's megatron-named
+    parameters, and is done reading them when it returns (a colocated trainer passes its live ones, uncopied).
+
     ``model`` must be the engine's own replica (it is switched to eval mode and only the worker thread touches it);
     ``spec`` its architecture. Stop tokens: ``eos_token_id`` (when ``stop_on_eos``) plus ``extra_stop_token_ids``,
     plus any given to ``generate``; a stop token ends the completion and is included in it. ``max_seq_len`` caps
@@ -105,6 +111,8 @@ class MegatronEngine:
     ``seed`` seeds the noise of requests without ``SamplingParams.seed``. ``weight_version`` is the version of
     ``model``'s weights.
     """
+
+    accepts_megatron_weights: ClassVar[bool] = True
 
     def __init__(
         self,
@@ -133,6 +141,7 @@ class MegatronEngine:
                 raise ValueError(f"engine {name!r}: {knob} must be >= 1, got {value}")
         self.name = name
         self._model = model.eval()
+        self._megatron_names = frozenset(name for name, _ in megatron_weights(model))
         self._spec = spec
         self._device = next(model.parameters()).device
         self._max_batch_size = max_batch_size
@@ -358,7 +367,11 @@ class MegatronEngine:
         try:
             if command.kind == "update":
                 assert command.named_tensors is not None
-                load_hf_weights(self._model, self._spec, dict(command.named_tensors))
+                weights = dict(command.named_tensors)
+                if weights and next(iter(weights)) in self._megatron_names:
+                    copy_megatron_weights(self._model, weights)
+                else:
+                    load_hf_weights(self._model, self._spec, weights)
                 self._version = command.version
                 self._batch.weights_changed()
             elif command.kind == "stand_down":

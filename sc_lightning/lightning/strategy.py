@@ -99,6 +99,7 @@ class SingleControllerStrategy(SingleDeviceStrategy):
         self.engine_factory = engine_factory
         self.resume_state = resume_state
         self.data_plane: DataPlane | None = None
+        self._engine_accepts_megatron_weights = False  # set when the engine is built (see _refit_weights)
         self.controller: LocalController | None = None
         self.last_refit: RefitRecord | None = None
         self.endpoint: CompletionsEndpoint | None = None
@@ -148,6 +149,15 @@ class SingleControllerStrategy(SingleDeviceStrategy):
         module = self.lightning_module
         return [(name, tensor.detach().clone()) for name, tensor in export_hf_weights(module.policy, module.spec)]
 
+    def _refit_weights(self) -> list[tuple[str, torch.Tensor]]:
+        """What a refit pushes: the live megatron-named parameters to an in-process Megatron engine (it copies them
+        in one multi-tensor copy before the refit returns), else :meth:`policy_weights`."""
+        if self._engine_accepts_megatron_weights:
+            from sc_lightning.models.megatron import megatron_weights
+
+            return megatron_weights(self.lightning_module.policy)
+        return self.policy_weights()
+
     def refit(self, version: int, *, wake: bool = False) -> RefitReport:
         """After the optimizer step that made ``version``: release the step, push the policy, reopen dispatch.
 
@@ -156,7 +166,7 @@ class SingleControllerStrategy(SingleDeviceStrategy):
         :attr:`last_refit` records it.
         """
         started = time.monotonic()
-        weights = self.policy_weights() if self.lightning_module.policy_trained else None
+        weights = self._refit_weights() if self.lightning_module.policy_trained else None
         report = self._running_controller().refit(version, weights, wake=wake)
         finished = time.monotonic()
         self.last_refit = RefitRecord(version, report, finished - started, finished)
@@ -180,6 +190,7 @@ class SingleControllerStrategy(SingleDeviceStrategy):
         weights = self.policy_weights()
         data_plane = self.data_plane
         engine = self.engine_factory(config, weights)  # here, on the main thread (it may start Ray)
+        self._engine_accepts_megatron_weights = bool(getattr(engine, "accepts_megatron_weights", False))
 
         snapshotter = rollout_snapshotter(config)
 

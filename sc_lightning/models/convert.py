@@ -332,7 +332,7 @@ def export_hf_weights(
         raise NotImplementedError("export_hf_weights needs pipeline_model_parallel_size == 1")
     tp = parallel_state.get_tensor_model_parallel_world_size()
     group = parallel_state.get_tensor_model_parallel_group() if tp > 1 else None
-    local = {_unwrapped(name): t for name, t in model.state_dict(keep_vars=True).items()}
+    local = {unwrapped_name(name): t for name, t in model.state_dict(keep_vars=True).items()}
     embedding: Tensor | None = None
     for m in parameter_mappings(spec):
         tensor = _norm_lookup(local, m.mcore).detach()
@@ -348,7 +348,7 @@ def export_hf_weights(
         yield "lm_head.weight", embedding
 
 
-def _unwrapped(name: str) -> str:
+def unwrapped_name(name: str) -> str:
     """A state-dict key without the ``module.`` prefixes of wrappers (Float16Module, DDP)."""
     while name.startswith("module."):
         name = name[len("module.") :]

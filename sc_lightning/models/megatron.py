@@ -30,6 +30,7 @@ from sc_lightning.models.convert import (
     mcore_spec_from_hf_config,
     random_hf_state,
     read_hf_safetensors,
+    unwrapped_name,
 )
 from sc_lightning.models.cpu_compat import apply_cpu_compat, seed_cpu_rng_tracker
 from sc_lightning.models.fused import install_fused_rope
@@ -164,6 +165,24 @@ def load_megatron_state(model: torch.nn.Module, state: dict[str, Tensor]) -> Non
     missing = [key for key in result.missing_keys if not key.endswith("_extra_state")]
     if missing or result.unexpected_keys:
         raise KeyError(f"state does not fit the model: missing {missing[:8]}, unexpected {result.unexpected_keys[:8]}")
+
+
+def megatron_weights(model: torch.nn.Module) -> list[tuple[str, Tensor]]:
+    """``model``'s parameters under their megatron names (wrapper prefixes removed), detached, not copied."""
+    return [(unwrapped_name(name), param.detach()) for name, param in model.named_parameters()]
+
+
+def copy_megatron_weights(model: torch.nn.Module, weights: dict[str, Tensor]) -> None:
+    """Copy ``weights`` (as :func:`megatron_weights` gives them, from a model of the same architecture) into
+    ``model``'s parameters in place: one multi-tensor copy, casting where the dtypes differ. Every parameter must be
+    covered, and nothing else given."""
+    params = dict(megatron_weights(model))
+    if weights.keys() != params.keys():
+        missing, unexpected = sorted(params.keys() - weights.keys()), sorted(weights.keys() - params.keys())
+        raise KeyError(f"weights do not fit the model: missing {missing[:8]}, unexpected {unexpected[:8]}")
+    names = list(params)
+    with torch.no_grad():
+        torch._foreach_copy_([params[name] for name in names], [weights[name] for name in names])
 
 
 def load_hf_weights(model: torch.nn.Module, spec: ModelSpec, hf_state: dict[str, Tensor]) -> None:

@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 from pathlib import Path
 
 import pytest
 import torch
 
+from sc_lightning.engines.base import EngineError
 from sc_lightning.engines.megatron import MegatronEngine
 from sc_lightning.engines.megatron_clock import ActiveClock
 from sc_lightning.models import export_hf_weights, load_policy, token_logprobs
+from sc_lightning.models.megatron import megatron_weights
 from sc_lightning.types import SamplingParams
 from tests.engines.helpers import follows_argmax
 
@@ -38,20 +41,29 @@ async def until_tokens(engine: MegatronEngine, count: int) -> None:
         await asyncio.sleep(0.0005)
 
 
-def test_update_weights_switches_outputs_and_version(tiny_dirs: dict) -> None:
+@pytest.mark.parametrize("layout", ["hf", "megatron"])
+def test_update_weights_switches_outputs_and_version(tiny_dirs: dict, layout: str) -> None:
     model_b, spec_b, _ = load_policy(str(tiny_dirs["b"]))
     model_a = load_policy(str(tiny_dirs["a"]))[0].eval()
+    # the megatron layout: what a colocated trainer pushes (its live parameters, copied straight in)
+    weights = export_hf_weights(model_b, spec_b) if layout == "hf" else megatron_weights(model_b)
 
     async def scenario() -> tuple:
         engine = engine_on(tiny_dirs["a"])
         before = await engine.generate(PROMPT, SamplingParams(10, temperature=0.0))
-        await engine.update_weights(export_hf_weights(model_b, spec_b), version=5)
+        await engine.update_weights(weights, version=5)
         after = await engine.generate(PROMPT, SamplingParams(10, temperature=0.0))
         version = engine.weight_version
+        replica = dict(megatron_weights(engine._model))
+        partial = megatron_weights(model_b)
+        dropped, _ = partial.pop()
+        with pytest.raises(EngineError, match=re.escape(f"missing ['{dropped}']")):
+            await engine.update_weights(partial, version=6)  # a partial set is refused
         await engine.shutdown()
-        return before, after, version
+        return before, after, version, replica
 
-    before, after, version = asyncio.run(scenario())
+    before, after, version, replica = asyncio.run(scenario())
+    assert all(torch.equal(replica[name], param) for name, param in megatron_weights(model_b))
     assert version == 5 and before.weight_version == 0 and after.weight_version == 5
     assert all(follows_argmax(model_a, PROMPT, before.token_ids))
     assert all(follows_argmax(model_b.eval(), PROMPT, after.token_ids))

@@ -9,6 +9,7 @@ from lightning.pytorch import Callback
 from sc_lightning.engines.megatron import MegatronEngine
 from sc_lightning.lightning.module import GRPOModule
 from sc_lightning.models import token_logprobs
+from sc_lightning.models.megatron import megatron_weights
 from sc_lightning.models.warm_start import resolve_model_name
 from sc_lightning.types import SamplingParams
 from tests.conftest import tiny_trainer
@@ -29,6 +30,8 @@ class EngineMatchesTrainer(Callback):
         self.versions: list[int] = []
         self.max_error: float = 0.0
         self.stood_down_while_training: list[bool] = []
+        self.exact: list[bool] = []
+        self.megatron_layout: list[bool] = []
 
     def on_before_optimizer_step(self, trainer, pl_module, optimizer) -> None:
         self.stood_down_while_training.append(trainer.strategy.controller.controller.served.engine.stood_down)
@@ -44,6 +47,9 @@ class EngineMatchesTrainer(Callback):
         completion = trainer_logprobs[0, len(PROMPT) :]
         self.max_error = max(self.max_error, float((completion - torch.tensor(generation.logprobs)).abs().max()))
         self.versions.append(engine.weight_version)
+        replica = dict(megatron_weights(engine._model))  # the in-process engine took the live parameters as they are
+        self.exact.append(all(torch.equal(replica[name], p) for name, p in megatron_weights(pl_module.policy)))
+        self.megatron_layout.append(trainer.strategy._engine_accepts_megatron_weights)
 
 
 def test_after_each_step_the_colocated_engine_stood_down_and_scores_like_the_trainer() -> None:
@@ -54,6 +60,7 @@ def test_after_each_step_the_colocated_engine_stood_down_and_scores_like_the_tra
     assert check.versions == [1, 2, 3]
     assert check.stood_down_while_training == [True, True, True]  # colocated: down for each train step, then woken
     assert check.max_error < 1e-4
+    assert check.exact == [True] * 3 and check.megatron_layout == [True] * 3  # one multi-tensor copy per refit
 
 
 class LoggedEachStep(Callback):
