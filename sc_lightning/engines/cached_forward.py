@@ -24,7 +24,9 @@ spec, TP=1, no dropout) for ``T`` new tokens per row:
   (a prefill chunk: their K/V are gathered).
 - **Fused** (``fused_decode``, a GPU with Triton, RMSNorm layers, not with ``flash_decode``): each residual add is
   folded into the RMSNorm that follows it, and RoPE, the query's attention layout and the K/V cache write are one
-  kernel (:mod:`~sc_lightning.engines.decode_kernels`; RoPE from fp32 angles, as the trainer's fused RoPE).
+  kernel (:mod:`~sc_lightning.engines.decode_kernels`; RoPE from fp32 angles, as the trainer's fused RoPE). In a
+  bf16/fp16 model a decode step's attention is its own kernel too: each row reads exactly its ``p + 1`` cached
+  positions (no padded span, no mask), a KV group's query heads sharing each read.
 """
 
 from __future__ import annotations
@@ -139,6 +141,11 @@ class CachedForward:
         freqs = freqs.reshape(max_seq_len, self.head_dim).to(self.device)
         self.kernels = _fused_kernels(model, on_gpu, fused_decode, flash_decode)
         self.angles = freqs.float().contiguous() if self.kernels is not None else None
+        # decode steps on its attention kernel: tensor cores want 16-bit inputs and a power-of-two head of >= 16
+        power_of_two = self.head_dim >= 16 and self.head_dim & (self.head_dim - 1) == 0
+        self.kernel_decode_attention = (
+            self.kernels is not None and self.dtype in (torch.bfloat16, torch.float16) and power_of_two
+        )
         half = self.head_dim // 2
         self.cos = torch.cos(freqs).to(self.dtype)  # (L, D), as megatron: cos in fp32, then the model dtype
         sin = torch.sin(freqs).to(self.dtype)
@@ -236,7 +243,12 @@ class CachedForward:
         query = kernels.rope_write_kv(qkv, self.angles, call.positions, call.flat_index, cache.flat(index))
         if cache_only:
             return x, None
-        out, out_bias = attention.linear_proj(self._attend(query, cache.layer(index), call))
+        if self.kernel_decode_attention and call.slots is None and width == 1:  # a decode step
+            shape = (rows, self.groups, self.heads_per_group, self.head_dim)
+            context = kernels.decode_attention(query.view(shape), cache.layer(index), call.positions[:, 0], self.scale)
+        else:
+            context = self._attend(query, cache.layer(index), call)
+        out, out_bias = attention.linear_proj(context)
         norm = layer.pre_mlp_layernorm
         x, hidden = kernels.add_rms_norm(
             x, out if out_bias is None else out + out_bias, norm.weight, _eps(norm, x.dtype)

@@ -131,3 +131,71 @@ def rope_write_kv(qkv: Tensor, angles: Tensor, positions: Tensor, flat_index: Te
             HALF=triton.next_power_of_2(head_dim // 2),
         )
     return query
+
+
+@triton.jit
+def _decode_attention_kernel(
+    query_ptr,
+    cache_ptr,
+    positions_ptr,
+    out_ptr,
+    length,
+    groups,
+    hpg,
+    scale,
+    HEADS: tl.constexpr,
+    DIM: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    row = tl.program_id(0).to(tl.int64)
+    group = tl.program_id(1).to(tl.int64)
+    seen = tl.load(positions_ptr + row) + 1  # the row's positions 0..p, its own K/V written just before
+    head = tl.arange(0, HEADS)[:, None]
+    dim = tl.arange(0, DIM)[None, :]
+    heads = (row * groups + group) * hpg + head  # this group's query heads, rows of query and out
+    query = tl.load(query_ptr + heads * DIM + dim, mask=head < hpg, other=0.0)  # (HEADS, DIM)
+    best = tl.full((HEADS,), float("-inf"), tl.float32)
+    total = tl.zeros((HEADS,), tl.float32)
+    acc = tl.zeros((HEADS, DIM), tl.float32)
+    for start in range(0, seen, BLOCK):  # online softmax over the row's cache, BLOCK positions at a time
+        position = start + tl.arange(0, BLOCK)
+        valid = position < seen
+        kv = cache_ptr + ((row * length + position[:, None]) * groups + group) * 2 * DIM + dim  # (BLOCK, DIM)
+        key = tl.load(kv, mask=valid[:, None], other=0.0)
+        scores = tl.dot(query, tl.trans(key)).to(tl.float32) * scale  # (HEADS, BLOCK)
+        scores = tl.where(valid[None, :], scores, float("-inf"))
+        new_best = tl.maximum(best, tl.max(scores, axis=1))
+        rescale = tl.exp(best - new_best)
+        weights = tl.exp(scores - new_best[:, None])
+        total = total * rescale + tl.sum(weights, axis=1)
+        value = tl.load(kv + DIM, mask=valid[:, None], other=0.0)
+        acc = acc * rescale[:, None] + tl.dot(weights.to(value.dtype), value).to(tl.float32)
+        best = new_best
+    out = acc / total[:, None]
+    tl.store(out_ptr + heads * DIM + dim, out.to(out_ptr.dtype.element_ty), mask=head < hpg)
+
+
+def decode_attention(query: Tensor, cache: Tensor, positions: Tensor, scale: float) -> Tensor:
+    """Attention of one new token per row over its own cached positions ``0..p``, read exactly (no padded span).
+
+    ``query`` ``(R, G, hpg, D)`` (row ``r`` in cache slot ``r``), ``cache`` the layer's ``(slots, length, G, 2, D)``,
+    ``positions`` ``(R,)`` each row's position ``p``. Returns ``(R, 1, G * hpg * D)``, heads in megatron's order.
+    A group's query heads share each K/V read (one program per row and group, tensor cores for both products).
+    """
+    rows, groups, hpg, dim = query.shape
+    out = torch.empty((rows, 1, groups * hpg * dim), dtype=query.dtype, device=query.device)
+    if rows:
+        _decode_attention_kernel[(rows, groups)](
+            query.contiguous(),
+            cache,
+            positions.contiguous(),
+            out,
+            cache.size(1),
+            groups,
+            hpg,
+            scale,
+            HEADS=max(16, triton.next_power_of_2(hpg)),  # tl.dot's smallest tile
+            DIM=dim,
+            BLOCK=64,
+        )
+    return out

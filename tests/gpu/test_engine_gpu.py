@@ -145,3 +145,20 @@ def test_graphed_and_eager_decoding_agree() -> None:
     for graphed, eager in zip(*results, strict=True):
         assert graphed.token_ids == eager.token_ids
         assert torch.allclose(torch.tensor(graphed.logprobs), torch.tensor(eager.logprobs), atol=1e-4)
+
+
+def test_the_decode_attention_kernel_reads_each_row_exactly() -> None:
+    from sc_lightning.engines import decode_kernels
+
+    g = torch.Generator(device="cuda").manual_seed(0)
+    rows, groups, hpg, dim, length = 5, 8, 2, 128, 300
+    cache = torch.randn(8, length, groups, 2, dim, generator=g, device="cuda").bfloat16()
+    query = torch.randn(rows, groups, hpg, dim, generator=g, device="cuda").bfloat16()
+    positions = torch.tensor([0, 63, 64, 150, 299], device="cuda")
+    cache[:rows, 1:][positions[:, None] < torch.arange(1, length, device="cuda")] = float("nan")  # never read
+    got = decode_kernels.decode_attention(query, cache, positions, dim**-0.5)
+    for r, p in enumerate(positions.tolist()):
+        seen = cache[r, : p + 1].float()  # (p + 1, G, 2, D)
+        scores = torch.einsum("ghd,ngd->ghn", query[r].float(), seen[:, :, 0]) * dim**-0.5
+        expected = torch.einsum("ghn,ngd->ghd", scores.softmax(-1), seen[:, :, 1]).reshape(-1)
+        assert (got[r, 0].float() - expected).abs().max().item() < 2e-2, r
