@@ -52,11 +52,13 @@ class _SwiGLUFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx: Any, x: Tensor) -> Tensor:
+        """``silu(gate) * up`` of ``x``, saving ``x``."""
         ctx.save_for_backward(x)
         return _triton_kernels().swiglu_forward(x)
 
     @staticmethod
     def backward(ctx: Any, grad: Tensor) -> Tensor:
+        """The gradient with respect to ``x``, recomputed from it."""
         (x,) = ctx.saved_tensors
         return _triton_kernels().swiglu_backward(x, grad)
 
@@ -66,11 +68,13 @@ class _RopeFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx: Any, t: Tensor, freqs: Tensor) -> Tensor:
+        """``t`` rotated by ``freqs``, saving the angles."""
         ctx.save_for_backward(freqs)
         return _triton_kernels().rope(t, freqs)
 
     @staticmethod
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None]:
+        """``grad`` rotated back (the angles get no gradient)."""
         (freqs,) = ctx.saved_tensors
         return _triton_kernels().rope(grad, freqs, backward=True), None
 
@@ -80,6 +84,7 @@ class _TargetLogprobFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx: Any, logits: Tensor, targets: Tensor, real_vocab: int, temperature: float) -> Tensor:
+        """The targets' log-probs, saving the logits and each row's log-sum-exp."""
         out, lse = _triton_kernels().logprob_forward(logits, targets, real_vocab, temperature)
         ctx.save_for_backward(logits, targets, lse)
         ctx.real_vocab, ctx.temperature = real_vocab, temperature
@@ -87,6 +92,7 @@ class _TargetLogprobFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None, None, None]:
+        """The gradient with respect to the logits, in their dtype."""
         logits, targets, lse = ctx.saved_tensors
         return (
             _triton_kernels().logprob_backward(logits, targets, lse, grad, ctx.real_vocab, ctx.temperature),
