@@ -37,6 +37,10 @@ noise stream (:mod:`~sc_lightning.engines.decode_sampling`): the same tokens wha
 
 Limits: one TP=1, PP=1 replica per engine (megatron's parallel state is process-global, so a colocated engine needs
 a TP=1, PP=1 trainer process); prompts must be shorter than ``max_seq_len``.
+
+One file (past 400 lines) for one engine: the asyncio-facing API and the worker thread share the pending queue, the
+condition and the command protocol, and each side's invariants are the other's. The batch, the forward, the graphs
+and the clock are collaborators in their own files.
 """
 
 from __future__ import annotations
