@@ -32,6 +32,7 @@ spec, TP=1, no dropout) for ``T`` new tokens per row:
 from __future__ import annotations
 
 import contextlib
+import functools
 from dataclasses import dataclass
 from types import ModuleType
 
@@ -50,13 +51,18 @@ class _Call:
     rows: int
     width: int  # tokens per row
     positions: Tensor  # (R, T)
-    cos: Tensor  # (R, T, 1, 1, D)
-    sin: Tensor  # (R, T, 1, 1, D), rotate_half's signs folded in
+    rope_tables: tuple[Tensor, Tensor]  # (L, D) cos and sin of every position, rotate_half's signs in the sin
     flat_index: Tensor  # (R * T,): slot * length + position, where each new K/V goes
     slots: Tensor | None  # the rows' slots (a gather), or None for slots 0..R-1 (read in place)
     kv_len: int
     flash: bool  # a decode step on flash attention
     _bias: Tensor | None = None
+
+    @functools.cached_property
+    def rope(self) -> tuple[Tensor, Tensor]:
+        """``(R, T, 1, 1, D)`` cos and signed sin at the call's positions (gathered on first use: the fused path
+        computes its own)."""
+        return tuple(table[self.positions][:, :, None, None] for table in self.rope_tables)
 
     def bias(self, dtype: torch.dtype, heads_per_group: int) -> Tensor:
         """``(R, 1, T * heads_per_group, kv_len)``: 0 where a query may attend, -inf elsewhere (built once)."""
@@ -187,8 +193,7 @@ class CachedForward:
             rows=rows,
             width=width,
             positions=positions,
-            cos=self.cos[positions][:, :, None, None],
-            sin=self.sin_signed[positions][:, :, None, None],
+            rope_tables=(self.cos, self.sin_signed),
             flat_index=(slot_of_row[:, None] * cache.length + positions).flatten(),
             slots=slots,
             kv_len=kv_len,
@@ -269,7 +274,8 @@ class CachedForward:
         qkv = qkv.view(rows, width, groups, hpg + 2, dim)  # megatron's layout: per group, its query heads, K, V
         qk = qkv[:, :, :, : hpg + 1]  # query heads and key: RoPE in place (t * cos + rotate_half(t) * sin)
         halves_swapped = qk.unflatten(-1, (2, dim // 2)).flip(-2).flatten(-2)
-        qk.mul_(call.cos).addcmul_(halves_swapped, call.sin)
+        cos, sin = call.rope
+        qk.mul_(cos).addcmul_(halves_swapped, sin)
         flat = cache.flat(index)  # (slots * length, G, 2, D)
         flat.index_copy_(0, call.flat_index, qkv[:, :, :, hpg:].reshape(rows * width, groups, 2, dim))
         if cache_only:
