@@ -42,6 +42,7 @@ from megatron.core import parallel_state
 from torch import Tensor
 
 from sc_lightning.engines.kv_cache import SlotKVCache
+from sc_lightning.models.fused import triton_module
 
 
 @dataclass
@@ -104,11 +105,7 @@ def _fused_kernels(model: torch.nn.Module, on_gpu: bool, fused: bool, flash: boo
     norms += [norm for layer in model.decoder.layers for norm in (layer.input_layernorm, layer.pre_mlp_layernorm)]
     if not all(isinstance(norm, torch.nn.RMSNorm) for norm in norms):
         raise ValueError("the Megatron engine's fused decode path needs torch RMSNorm layers (megatron's local spec)")
-    try:
-        from sc_lightning.engines import decode_kernels
-    except ImportError:  # a torch without Triton
-        return None
-    return decode_kernels
+    return triton_module("sc_lightning.engines.decode_kernels")  # None on a torch without Triton
 
 
 def _eps(norm: torch.nn.RMSNorm, dtype: torch.dtype) -> float:

@@ -21,6 +21,7 @@ others plug into megatron's own extension points:
 from __future__ import annotations
 
 import functools
+import importlib
 from types import ModuleType
 from typing import Any
 
@@ -33,13 +34,17 @@ from torch import Tensor
 
 
 @functools.cache
-def _triton_kernels() -> ModuleType | None:
-    """:mod:`sc_lightning.models.triton_kernels`, or None where Triton is not installed."""
+def triton_module(name: str) -> ModuleType | None:
+    """The module of Triton kernels called ``name`` (imported once), or None where Triton is not installed."""
     try:
-        from sc_lightning.models import triton_kernels
+        return importlib.import_module(name)
     except ImportError:
         return None
-    return triton_kernels
+
+
+def _triton_kernels() -> ModuleType | None:
+    """:mod:`sc_lightning.models.triton_kernels`, or None where Triton is not installed."""
+    return triton_module("sc_lightning.models.triton_kernels")
 
 
 def _on_triton(x: Tensor) -> ModuleType | None:
