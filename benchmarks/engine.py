@@ -184,7 +184,9 @@ def main() -> None:
     parser.add_argument("--hbm-tbps", type=float, default=4.8, help="HBM bandwidth, TB/s (H200: 4.8)")
     parser.add_argument("--profile", action="store_true", help="then profile one run at the largest batch")
     parser.add_argument("--flash-decode", dest="flash", action="store_true", help="decode on flash attention")
-    parser.add_argument("--fused-decode", dest="fused", action="store_true", help="decode on the fused Triton kernels")
+    parser.add_argument(
+        "--unfused-decode", dest="fused", action="store_false", help="decode without the fused Triton kernels"
+    )
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)

@@ -22,7 +22,8 @@ spec, TP=1, no dropout) for ``T`` new tokens per row:
   slower than the memory-efficient kernel (``benchmarks/README.md``), so it is off by default.
 - **Rows** are either the cache's first ``R`` slots (a decode step: the cache is read in place) or the slots given
   (a prefill chunk: their K/V are gathered).
-- **Fused** (``fused_decode``, a GPU with Triton, RMSNorm layers, not with ``flash_decode``): each residual add is
+- **Fused** (``fused_decode``; by default wherever it can run: a GPU with Triton, RMSNorm layers, not with
+  ``flash_decode``; on an H200 it decodes the 1.26B shape 1.4x faster at batch 64): each residual add is
   folded into the RMSNorm that follows it, and RoPE, the query's attention layout and the K/V cache write are one
   kernel (:mod:`~sc_lightning.engines.decode_kernels`; RoPE from fp32 angles, as the trainer's fused RoPE). In a
   bf16/fp16 model a decode step's attention is its own kernel too: each row reads exactly its ``p + 1`` cached
@@ -95,16 +96,25 @@ def _check_supported(model: torch.nn.Module) -> None:
         raise ValueError(f"the Megatron engine's cached forward does not support {', '.join(bad)}")
 
 
-def _fused_kernels(model: torch.nn.Module, on_gpu: bool, fused: bool, flash: bool) -> ModuleType | None:
-    """:mod:`~sc_lightning.engines.decode_kernels` when the fused decode path is asked for and can run, else None."""
-    if not fused or not on_gpu:
+def _fused_kernels(model: torch.nn.Module, on_gpu: bool, fused: bool | None, flash: bool) -> ModuleType | None:
+    """:mod:`~sc_lightning.engines.decode_kernels` where the fused decode path runs, else None.
+
+    ``fused`` True asks for it (a ValueError where the model cannot take it), False turns it off, None (the default)
+    takes it wherever it can run: a GPU, Triton, torch RMSNorm layers (megatron's local spec), no ``flash_decode``.
+    """
+    if fused is False or not on_gpu:
         return None
-    if flash:
-        raise ValueError("the Megatron engine's fused decode path does not combine with flash_decode")
     norms = [model.decoder.final_layernorm]
     norms += [norm for layer in model.decoder.layers for norm in (layer.input_layernorm, layer.pre_mlp_layernorm)]
-    if not all(isinstance(norm, torch.nn.RMSNorm) for norm in norms):
-        raise ValueError("the Megatron engine's fused decode path needs torch RMSNorm layers (megatron's local spec)")
+    problem = None
+    if flash:
+        problem = "does not combine with flash_decode"
+    elif not all(isinstance(norm, torch.nn.RMSNorm) for norm in norms):
+        problem = "needs torch RMSNorm layers (megatron's local spec)"
+    if problem is not None:
+        if fused:
+            raise ValueError(f"the Megatron engine's fused decode path {problem}")
+        return None
     return triton_module("sc_lightning.engines.decode_kernels")  # None on a torch without Triton
 
 
@@ -117,7 +127,12 @@ class CachedForward:
     """Runs a TP=1 megatron ``GPTModel`` on new tokens of many rows, keeping their K/V in a slot KV cache."""
 
     def __init__(
-        self, model: torch.nn.Module, max_seq_len: int, *, flash_decode: bool = False, fused_decode: bool = False
+        self,
+        model: torch.nn.Module,
+        max_seq_len: int,
+        *,
+        flash_decode: bool = False,
+        fused_decode: bool | None = None,
     ) -> None:
         _check_supported(model)
         self.embedding = model.embedding.word_embeddings

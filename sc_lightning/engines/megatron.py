@@ -111,7 +111,8 @@ class MegatronEngine:
     sequences of that length. ``prefill_chunk_tokens`` bounds the prompt positions prefilled per step.
     ``cuda_graphs`` (default: on a GPU) replays the decode step as CUDA graphs; ``flash_decode`` decodes on flash
     attention's varlen kernel (bf16/fp16 on a GPU; see :mod:`~sc_lightning.engines.cached_forward`);
-    ``fused_decode`` runs the forward on fused Triton kernels (a GPU; residual + RMSNorm, RoPE + K/V write).
+    ``fused_decode`` runs the forward on fused Triton kernels (residual + RMSNorm, RoPE + K/V write, decode
+    attention; default: wherever they can run, which is a GPU without ``flash_decode``).
     ``seed`` seeds the noise of requests without ``SamplingParams.seed``. ``weight_version`` is the version of
     ``model``'s weights.
     """
@@ -130,7 +131,7 @@ class MegatronEngine:
         prefill_chunk_tokens: int = 1024,
         cuda_graphs: bool | None = None,
         flash_decode: bool = False,
-        fused_decode: bool = False,
+        fused_decode: bool | None = None,
         extra_stop_token_ids: Iterable[int] = (),
         stop_on_eos: bool = True,
         seed: int = 0,

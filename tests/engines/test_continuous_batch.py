@@ -127,5 +127,8 @@ def test_rows_join_and_leave_every_step_and_stay_exact(buckets: bool, overlap: b
 def test_the_fused_decode_path_is_gpu_only_and_refuses_flash(tiny_dirs: dict) -> None:
     model, _, _ = load_policy(str(tiny_dirs["a"]))
     assert CachedForward(model, 256, fused_decode=True).kernels is None  # on the CPU: the plain torch forward
+    assert CachedForward(model, 256).kernels is None  # the default too
     with pytest.raises(ValueError, match="flash_decode"):
-        _fused_kernels(model, True, True, True)
+        _fused_kernels(model, True, True, True)  # asked for on a GPU, with flash
+    assert _fused_kernels(model, True, None, True) is None  # by default flash_decode wins, silently
+    assert _fused_kernels(model, True, False, False) is None  # turned off on a GPU
