@@ -1,12 +1,13 @@
 """Refit time vs weight bytes for both engines, against the memcpy bound of the same bytes measured in the same run.
 
 For each model size a Qwen2-style model of the tiny family is written as an HF directory; the trainer-side policy
-loads it, and a refit pushes its full HF-named weights (``export_hf_weights``) to
+loads it, and a refit pushes its full weights to
 
-  megatron   a RayMegatronEngine (Ray actor; tensors by value, converted and loaded between decode steps)
-  vllm       a VLLMEngine (Ray actor; tensors by value, written to a tmpfs safetensors drop, reloaded in place)
-  colocated  a MegatronEngine in this process on ``--device`` (the colocated refit: the trainer's export, read
-             straight from its parameters on the device, converted and copied into the engine's replica)
+  megatron   a RayMegatronEngine (Ray actor; HF-named tensors by value, converted and loaded between decode steps)
+  vllm       a VLLMEngine (Ray actor; HF-named tensors by value, written to a tmpfs safetensors drop, reloaded in
+             place)
+  colocated  a MegatronEngine in this process on ``--device`` (the colocated refit, as the strategy does it: the
+             trainer's live parameters under their megatron names, one multi-tensor copy into the engine's replica)
 
 and waits until the engine holds the new version. The bound is one memcpy of the same bytes on ``--device``
 (``torch.Tensor.copy_`` into preallocated buffers): every path copies the weights at least once. The GPU is
@@ -33,6 +34,7 @@ from pathlib import Path
 import torch
 
 from sc_lightning.models import export_hf_weights, load_policy
+from sc_lightning.models.megatron import megatron_weights
 
 SIZES = {  # ModelSpec overrides of builtin:tiny (head_dim >= 32 so vLLM's CPU attention takes every size)
     "tiny": {},
@@ -157,7 +159,7 @@ def main() -> None:
                 # a colocated refit reads the live parameters; a by-value one ships copies (to the CPU) as the
                 # controller does
                 if kind == "colocated":
-                    weights = functools.partial(export_hf_weights, model, spec)
+                    weights = functools.partial(megatron_weights, model)
                 else:
                     weights = functools.partial(cpu, copied)
                 seconds = asyncio.run(measure(kind, path, weights, args.reps, args.device, args.precision))
