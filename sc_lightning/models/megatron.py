@@ -209,7 +209,7 @@ def _quiet_megatron() -> Iterator[None]:
 
 def _gpt_model(spec: ModelSpec, config: TransformerConfig, tensor_parallel_size: int) -> GPTModel:
     """The (uninitialised) ``GPTModel`` of ``spec`` for this pipeline stage: local spec + SDPA, RoPE."""
-    return GPTModel(
+    model = GPTModel(
         config=config,
         transformer_layer_spec=gpt_layer_spec_sdpa(fused_swiglu=config.use_te_activation_func),
         vocab_size=spec.padded_vocab_size(tensor_parallel_size),
@@ -223,6 +223,27 @@ def _gpt_model(spec: ModelSpec, config: TransformerConfig, tensor_parallel_size:
         rope_scaling=spec.rope_scaling_factor is not None,
         rope_scaling_factor=spec.rope_scaling_factor or 8.0,
     )
+    _mark_tensor_parallel_weights(model)
+    return model
+
+
+def _mark_tensor_parallel_weights(model: torch.nn.Module) -> None:
+    """Give every sharded weight megatron's tensor-parallel attributes (split dimension, ``tensor_model_parallel``).
+
+    megatron sets them on a weight only when it initialises it (``perform_initialization``), and ours come from a
+    state dict instead; without them megatron's TP-aware code (a grad norm that counts a replicated tensor once, its
+    optimizer) takes a shard for a duplicate. Biases get theirs at construction.
+    """
+    split_dims = {
+        tensor_parallel.VocabParallelEmbedding: 0,
+        tensor_parallel.ColumnParallelLinear: 0,
+        tensor_parallel.RowParallelLinear: 1,
+    }
+    for module in model.modules():
+        dim = next((d for kind, d in split_dims.items() if isinstance(module, kind)), None)
+        weight = getattr(module, "weight", None)
+        if dim is not None and weight is not None and not hasattr(weight, "tensor_model_parallel"):
+            tensor_parallel.set_tensor_model_parallel_attributes(weight, is_parallel=True, dim=dim, stride=1)
 
 
 def build_gpt_model(
