@@ -33,6 +33,7 @@ from sc_lightning.algorithms import (
 )
 from sc_lightning.models.logprobs import token_logprobs
 from sc_lightning.trainer.chunks import TrainChunk
+from sc_lightning.trainer.grad_clip import clip_model_parallel_grads
 
 
 class EmptyStepError(RuntimeError):
@@ -88,9 +89,9 @@ def normalised_step(
     params = [p for p in model.parameters() if p.grad is not None]
     for param in params:
         param.grad.div_(normaliser)
-    grad_norm = torch.nn.utils.clip_grad_norm_(params, clip_grad)
+    grad_norm = clip_model_parallel_grads(params, clip_grad)  # the whole model's norm when it is TP/PP-split
     optimizer.step()
-    return float(grad_norm), lr
+    return grad_norm, lr
 
 
 def frozen_logprobs(
