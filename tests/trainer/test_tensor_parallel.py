@@ -1,4 +1,4 @@
-"""Tensor parallelism in real processes (gloo on the CPU): a TP=2 policy update equals the single-process one."""
+"""Tensor parallelism in real processes (gloo on the CPU): TP=2 policy and critic updates equal single-process ones."""
 
 from __future__ import annotations
 
@@ -8,10 +8,14 @@ import pytest
 import torch
 
 from sc_lightning.algorithms import ClippedPGLoss
+from sc_lightning.config.algorithm import GAEAdvantage, ValueLossConfig
 from sc_lightning.models import build_gpt_model, export_hf_weights
+from sc_lightning.models.value import load_critic, token_values
+from sc_lightning.trainer.critic_update import CriticUpdate, value_targets
 from sc_lightning.trainer.grad_clip import clip_model_parallel_grads
 from sc_lightning.trainer.policy_update import PolicyUpdate
 from tests.ranks import run_ranks
+from tests.trainer.test_critic_update import batch
 from tests.trainer.test_policy_update import SPEC, step_rows
 
 STEPS = 3
@@ -34,17 +38,25 @@ def train_three_steps(tensor_parallel_size: int) -> tuple[list[dict[str, float]]
 
 
 def _tensor_parallel_rank(rank: int, world_size: int, out: Path) -> None:
-    """A rank of the TP run: train, then save what it saw (every rank gathers the full weights)."""
-    torch.save(train_three_steps(tensor_parallel_size=world_size), out / f"rank{rank}.pt")
+    """A rank of the TP runs: train the policy and the critic, then save what it saw (all ranks gather everything)."""
+    torch.save(train_three_steps(tensor_parallel_size=world_size), out / f"policy{rank}.pt")
+    torch.save(train_critic_three_times(tensor_parallel_size=world_size), out / f"critic{rank}.pt")
+
+
+@pytest.fixture(scope="module")
+def tp2_results(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Where the two ranks of one TP=2 run (policy, then critic) left their results."""
+    out = tmp_path_factory.mktemp("tp2")
+    run_ranks(_tensor_parallel_rank, 2, out)
+    return out
 
 
 @pytest.mark.timeout(600)
-def test_a_tp2_policy_update_equals_the_single_process_one(tmp_path: Path) -> None:
-    run_ranks(_tensor_parallel_rank, 2, tmp_path)
+def test_a_tp2_policy_update_equals_the_single_process_one(tp2_results: Path) -> None:
     single_metrics, single_weights = train_three_steps(tensor_parallel_size=1)
     assert all(m["grad_norm"] > 0.05 for m in single_metrics), "the clip must bite for the test to check the norm"
     for rank in range(2):
-        metrics, weights = torch.load(tmp_path / f"rank{rank}.pt")
+        metrics, weights = torch.load(tp2_results / f"policy{rank}.pt")
         for one, split in zip(single_metrics, metrics, strict=True):
             for key in ("loss", "grad_norm", "global_valid_toks", "approx_entropy"):
                 assert split[key] == pytest.approx(one[key], rel=1e-5), (rank, key)
@@ -54,6 +66,33 @@ def test_a_tp2_policy_update_equals_the_single_process_one(tmp_path: Path) -> No
             # near-zero gradient into a visible move (measured: at most 1.2e-6 on one element in 4096), so 0.2% of
             # lr (1e-3) absolute, where a wrong gradient moves weights by up to lr a step
             torch.testing.assert_close(weights[name], tensor, rtol=1e-5, atol=2e-6, msg=f"rank {rank}: {name}")
+
+
+def train_critic_three_times(tensor_parallel_size: int) -> tuple[list[dict[str, float]], torch.Tensor]:
+    """Three critic updates (two epochs each) of the seeded tiny critic; the metrics and its values afterwards."""
+    critic = load_critic("builtin:tiny", precision="fp32", seed=5, tp=tensor_parallel_size)
+    optimizer = torch.optim.AdamW(critic.parameters(), lr=1e-3)
+    update = CriticUpdate(
+        critic, optimizer, ValueLossConfig(value_clip_epsilon=0.2), micro_batch_size=4, clip_grad=0.05
+    )
+    metrics = []
+    for _ in range(STEPS):
+        targets = value_targets(critic, batch(), GAEAdvantage(gae_lambda=0.95, gae_gamma=1.0))
+        metrics.append(update.train(batch(), targets, epochs=2))
+    with torch.no_grad():
+        return metrics, token_values(critic, step_rows(0).input_ids)
+
+
+@pytest.mark.timeout(600)
+def test_a_tp2_critic_update_equals_the_single_process_one(tp2_results: Path) -> None:
+    single_metrics, single_values = train_critic_three_times(tensor_parallel_size=1)
+    assert all(m["grad_norm"] > 0.05 for m in single_metrics), "the clip must bite for the test to check the norm"
+    for rank in range(2):
+        metrics, values = torch.load(tp2_results / f"critic{rank}.pt")
+        for one, split in zip(single_metrics, metrics, strict=True):
+            for key in ("loss", "grad_norm", "explained_var", "returns_mean"):
+                assert split[key] == pytest.approx(one[key], rel=1e-5, abs=1e-7), (rank, key)
+        torch.testing.assert_close(values, single_values, rtol=1e-5, atol=2e-6)  # all weights, through the values
 
 
 def test_in_one_process_the_clip_is_torchs() -> None:
