@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import tempfile
 import time
 from collections.abc import Callable
@@ -36,7 +37,8 @@ def run_ranks(fn: Callable[..., None], world_size: int, *args: Any, timeout_s: f
 
 
 def _rank_main(rank: int, fn: Callable[..., None], world_size: int, init_method: str, args: tuple) -> None:
-    """One rank: join the group, run ``fn``, leave the group."""
+    """One rank: join the group, run ``fn``, leave the group (the machine's cores shared out among the ranks)."""
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // world_size))
     torch.distributed.init_process_group("gloo", init_method=init_method, rank=rank, world_size=world_size)
     try:
         fn(rank, world_size, *args)

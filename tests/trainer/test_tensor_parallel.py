@@ -51,15 +51,24 @@ def tp2_results(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
+def matching_rank_outputs(single_metrics: list[dict[str, float]], results: Path, run: str, keys: tuple) -> list:
+    """Each TP rank's saved output of ``run``, after checking the rank's metrics against the single process's."""
+    assert all(m["grad_norm"] > 0.05 for m in single_metrics), "the clip must bite for the test to check the norm"
+    outputs = []
+    for rank in range(2):
+        metrics, output = torch.load(results / f"{run}{rank}.pt")
+        for one, split in zip(single_metrics, metrics, strict=True):
+            for key in keys:
+                assert split[key] == pytest.approx(one[key], rel=1e-5, abs=1e-7), (rank, key)
+        outputs.append(output)
+    return outputs
+
+
 @pytest.mark.timeout(600)
 def test_a_tp2_policy_update_equals_the_single_process_one(tp2_results: Path) -> None:
     single_metrics, single_weights = train_three_steps(tensor_parallel_size=1)
-    assert all(m["grad_norm"] > 0.05 for m in single_metrics), "the clip must bite for the test to check the norm"
-    for rank in range(2):
-        metrics, weights = torch.load(tp2_results / f"policy{rank}.pt")
-        for one, split in zip(single_metrics, metrics, strict=True):
-            for key in ("loss", "grad_norm", "global_valid_toks", "approx_entropy"):
-                assert split[key] == pytest.approx(one[key], rel=1e-5), (rank, key)
+    keys = ("loss", "grad_norm", "global_valid_toks", "approx_entropy")
+    for rank, weights in enumerate(matching_rank_outputs(single_metrics, tp2_results, "policy", keys)):
         assert weights.keys() == single_weights.keys()
         for name, tensor in single_weights.items():
             # TP sums the row-parallel products in another order; AdamW's m / sqrt(v) turns that order noise on a
@@ -86,12 +95,8 @@ def train_critic_three_times(tensor_parallel_size: int) -> tuple[list[dict[str, 
 @pytest.mark.timeout(600)
 def test_a_tp2_critic_update_equals_the_single_process_one(tp2_results: Path) -> None:
     single_metrics, single_values = train_critic_three_times(tensor_parallel_size=1)
-    assert all(m["grad_norm"] > 0.05 for m in single_metrics), "the clip must bite for the test to check the norm"
-    for rank in range(2):
-        metrics, values = torch.load(tp2_results / f"critic{rank}.pt")
-        for one, split in zip(single_metrics, metrics, strict=True):
-            for key in ("loss", "grad_norm", "explained_var", "returns_mean"):
-                assert split[key] == pytest.approx(one[key], rel=1e-5, abs=1e-7), (rank, key)
+    keys = ("loss", "grad_norm", "explained_var", "returns_mean")
+    for values in matching_rank_outputs(single_metrics, tp2_results, "critic", keys):
         torch.testing.assert_close(values, single_values, rtol=1e-5, atol=2e-6)  # all weights, through the values
 
 
