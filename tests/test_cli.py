@@ -122,6 +122,19 @@ def test_bf16_on_a_cpu_trainer_fails_before_anything_starts_naming_the_knob() ->
     load_and_check([str(REPO / TINY)], ["policy.precision=bf16", "trainer.accelerator=gpu"])  # a GPU run may
 
 
+def test_model_parallel_sizes_must_divide_the_trainer_world_before_anything_starts() -> None:
+    """TP x PP ranks come out of trainer.devices x trainer.num_nodes: a layout that does not divide fails early."""
+    from sc_lightning.cli import load_and_check
+
+    knob = "policy.megatron_cfg.tensor_model_parallel_size"
+    with pytest.raises(ConfigError, match=rf"{knob}: is 2 .* the trainer has 1 rank\(s\)") as caught:
+        load_and_check([str(REPO / TINY)], [f"{knob}=2"])
+    assert "trainer.devices 1 x trainer.num_nodes 1" in str(caught.value)
+    with pytest.raises(ConfigError, match=r"value.megatron_cfg.tensor_model_parallel_size: is 4"):
+        load_and_check([str(REPO / "configs/ppo_tiny.yaml")], ["value.megatron_cfg.tensor_model_parallel_size=4"])
+    load_and_check([str(REPO / TINY)], [f"{knob}=2", "trainer.devices=4"])  # 4 ranks: 2 data-parallel x TP 2
+
+
 def test_trainer_types_are_checked_by_lightning() -> None:
     result = run("fit", "--config", TINY, "--trainer.max_epochs", "many", "--dry_run")
     assert result.returncode == 2 and "Traceback" not in result.stderr

@@ -69,6 +69,7 @@ def parse_trainer_arguments(lightning: dict[str, Any], config: SCConfig) -> dict
         *_step_budget_issues(lightning, config),
         *_checkpointing_issues(lightning, config),
         *_precision_issues(lightning, config),
+        *_parallel_layout_issues(lightning, config),
     ]
     if issues:
         raise ConfigError(issues)
@@ -146,3 +147,41 @@ def _precision_issues(lightning: dict[str, Any], config: SCConfig) -> list[Confi
         for knob, precision in models
         if on_cpu and precision == "bf16"
     ]
+
+
+def _device_count(devices: Any) -> int | None:
+    """How many devices per node ``trainer.devices`` asks for, or None where Lightning resolves it (``auto``, -1)."""
+    if isinstance(devices, (list, tuple)):
+        return len(devices)
+    text = str(devices).strip()
+    if "," in text:
+        return len([part for part in text.split(",") if part.strip()])
+    return int(text) if text.isdigit() and int(text) > 0 else None
+
+
+def _parallel_layout_issues(lightning: dict[str, Any], config: SCConfig) -> list[ConfigIssue]:
+    """A model's TP x PP ranks must divide the trainer's world (``trainer.devices`` x ``trainer.num_nodes``)."""
+    trainer = lightning.get("trainer") or {}
+    if not isinstance(trainer, dict):
+        return []
+    devices, nodes = _device_count(trainer.get("devices", "auto")), trainer.get("num_nodes", 1)
+    if devices is None or not isinstance(nodes, int) or nodes < 1:
+        return []
+    world = devices * nodes
+    issues = []
+    for model in ("policy", "value"):
+        section = getattr(config, model)
+        if section is None:
+            continue
+        tp = section.megatron_cfg.tensor_model_parallel_size
+        pp = section.megatron_cfg.pipeline_model_parallel_size
+        if world % (tp * pp):
+            issues.append(
+                ConfigIssue(
+                    f"{model}.megatron_cfg.tensor_model_parallel_size",
+                    f"is {tp} (x pipeline_model_parallel_size {pp}) but the trainer has {world} rank(s) "
+                    f"(trainer.devices {devices} x trainer.num_nodes {nodes}), which it does not divide; choose "
+                    "sizes whose product divides the world size",
+                )
+            )
+    return issues
