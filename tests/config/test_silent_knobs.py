@@ -97,17 +97,12 @@ READ_ONLY_BY_VALIDATION: dict[str, str] = {
     "ppo.async_ppo": "legacy block: no_legacy_async_block rejects it with its async_rl translation",
     "policy.train_global_batch_size": _TRAINER_BATCH,
     "value.train_global_batch_size": _TRAINER_BATCH,
-    "policy.megatron_cfg.enabled": "megatron-core is the only trainer: megatron_models rejects false",
-    "value.megatron_cfg.enabled": "the critic must be a Megatron model: megatron_models rejects false",
     "policy.generation.vllm_cfg.async_engine": "vLLM always runs its async engine: generation_engine rejects false",
     "policy.is_vlm": "vision-language policies are not supported yet: megatron_models rejects true",
     **{
         f"{model}.megatron_cfg.{knob}": f"{what} is not supported yet: megatron_models rejects anything but {default}"
         for model in ("policy", "value")
-        for knob, what, default in (
-            ("pipeline_model_parallel_size", "pipeline parallelism", "1"),
-            ("sequence_parallel", "sequence parallelism", "false"),
-        )
+        for knob, what, default in (("sequence_parallel", "sequence parallelism", "false"),)
     },
 }
 
