@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -12,19 +9,12 @@ import torch
 
 from sc_lightning.models.convert import hf_to_megatron_state, megatron_to_hf_state, random_hf_state
 from sc_lightning.models.spec import builtin_spec
-from tests.conftest import REPO
 from tests.models.conftest import hf_causal_lm, random_ids
+from tests.models.tp_worker import save_rank_results
+from tests.ranks import run_ranks
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("model_parallel")]
 VARIANTS = ("qwen2-vocab19", "llama-tied")  # vocab 19 is padded to 20 at TP=2
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @pytest.fixture(scope="module")
@@ -32,16 +22,7 @@ def tp2(tiny_dirs: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) ->
     """Run tests.models.tp_worker on two ranks; their saved results in rank order."""
     out = tmp_path_factory.mktemp("tp2")
     models = [f"{v}={tiny_dirs[v]}" for v in VARIANTS] + ["builtin=builtin:tiny"]
-    port = str(_free_port())
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
-    cmd = [sys.executable, "-m", "tests.models.tp_worker"]
-    procs = [
-        subprocess.Popen([*cmd, str(r), "2", port, str(out), *models], cwd=REPO, env=env, stderr=subprocess.PIPE)
-        for r in range(2)
-    ]
-    for proc in procs:
-        _, err = proc.communicate(timeout=240)
-        assert proc.returncode == 0, err.decode()[-3000:]
+    run_ranks(save_rank_results, 2, out, models)
     return [torch.load(out / f"rank{r}.pt") for r in range(2)]
 
 

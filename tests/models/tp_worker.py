@@ -1,4 +1,5 @@
-"""One rank of the TP=2 check: ``python -m tests.models.tp_worker RANK WORLD PORT OUT_DIR NAME=PATH...``.
+"""One rank of the TP=2 check: :func:`save_rank_results` under ``tests.ranks.run_ranks`` (gloo), or
+``python -m tests.models.tp_worker RANK WORLD PORT OUT_DIR NAME=PATH...`` (``gpu_smoke.py``, NCCL).
 
 Builds each model at TP=WORLD over gloo (over NCCL on the GPUs with ``TP_DEVICE=cuda``), and saves what the
 parent test compares with TP=1: gathered logits, token log-probs, the final-norm gradient of
@@ -42,21 +43,26 @@ def _run_model(path: str, tp: int) -> dict[str, object]:
     }
 
 
+def save_rank_results(rank: int, world: int, out_dir: Path, models: list[str]) -> None:
+    """Run every ``NAME=PATH`` model at TP=``world`` on this rank; save the results to ``OUT_DIR/rank{RANK}.pt``."""
+    from sc_lightning.models.megatron import init_model_parallel
+
+    init_model_parallel(world, device=os.environ.get("TP_DEVICE", "cpu"))
+    results = {}
+    for item in models:
+        name, path = item.split("=", 1)
+        results[name] = _run_model(path, world)
+    torch.save(results, out_dir / f"rank{rank}.pt")
+
+
 def main(argv: list[str]) -> None:
-    """Run this rank and save its results to ``OUT_DIR/rank{RANK}.pt``."""
+    """One rank started from the command line (``tests/models/gpu_smoke.py`` on two GPUs)."""
     rank, world, port, out_dir = int(argv[0]), int(argv[1]), argv[2], Path(argv[3])
     os.environ.update(
         RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1", MASTER_PORT=port
     )
     torch.set_num_threads(1)
-    from sc_lightning.models.megatron import init_model_parallel
-
-    init_model_parallel(world, device=os.environ.get("TP_DEVICE", "cpu"))
-    results = {}
-    for item in argv[4:]:
-        name, path = item.split("=", 1)
-        results[name] = _run_model(path, world)
-    torch.save(results, out_dir / f"rank{rank}.pt")
+    save_rank_results(rank, world, out_dir, argv[4:])
     torch.distributed.destroy_process_group()
 
 
