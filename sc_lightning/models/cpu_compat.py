@@ -14,9 +14,13 @@ recomputation. What is patched, and why (paths relative to ``megatron/core``):
    generator states instead, and the module-level ``_get_cuda_rng_state``/``_set_cuda_rng_state`` used by
    activation recomputation (``CheckpointFunction``) read and write the CPU generator.
 
+3. megatron's ``DistributedDataParallel`` allocates its gradient buffers on ``torch.cuda.current_device()``
+   (``distributed/param_and_grad_buffer.py:806``). :func:`megatron_buffers_on` points that call at the model's
+   device while the DDP is built; with ``overlap_grad_reduce`` off nothing else in it touches CUDA.
+
 Not covered (needs a device-faking ``TorchFunctionMode``, see ``notes/lightning-megatron.md`` §5.1 Tier 2):
-megatron's DDP, ``get_megatron_optimizer``, ``dist_checkpointing`` and the inference engines. On CPU, train the
-module with plain ``torch.optim`` optimizers.
+``get_megatron_optimizer``, ``dist_checkpointing`` and the inference engines. On CPU, the trainer steps plain
+``torch.optim`` optimizers (over megatron DDP's summed gradients with several data-parallel ranks).
 """
 
 from __future__ import annotations
@@ -102,6 +106,20 @@ def apply_cpu_compat() -> None:
     if not isinstance(mc_random._CUDA_RNG_STATE_TRACKER, CPURNGStatesTracker):
         mc_random._CUDA_RNG_STATE_TRACKER = CPURNGStatesTracker()
         mc_random._CUDA_RNG_STATE_TRACKER_INITIALIZED = True
+
+
+@contextlib.contextmanager
+def megatron_buffers_on(device: torch.device) -> Iterator[None]:
+    """While megatron's DDP is built: its buffers go to ``device`` (a CUDA device: nothing changes)."""
+    if device.type == "cuda":
+        yield
+        return
+    current_device = torch.cuda.current_device
+    torch.cuda.current_device = lambda: device  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        torch.cuda.current_device = current_device
 
 
 def seed_cpu_rng_tracker(seed: int, tp_rank: int) -> None:

@@ -155,6 +155,7 @@ def transformer_config(
         use_te_activation_func=fused_kernels,  # megatron's name for "the MLP applies its activation submodule"
         persist_layer_norm=False,
         gradient_accumulation_fusion=False,
+        calculate_per_token_loss=True,  # the trainer divides by the step's global count: DDP only sums over ranks
         **(recompute if activation_checkpointing else {}),
     )
 

@@ -6,8 +6,8 @@ the bf16 gradient into it, so accumulation over micro-batches and chunks is exac
 optimizer (``get_megatron_optimizer`` with ``bf16=True``: ``Float16OptimizerWithFloat16Params``) keeps fp32 master
 copies of the parameters, copies the main grads onto them, clips the global norm, runs AdamW on the fp32 copies and
 writes them back into the bf16 parameters. bf16 needs no loss scaling (its exponent range is fp32's), and megatron
-uses none for it; neither do we. At one data-parallel rank the gradient "reduction" is a no-op, which is where the
-multi-rank trainer plugs in megatron's reduction and its distributed optimizer.
+uses none for it; neither do we. With several data-parallel ranks, DDP's ``finish_grad_sync`` sums the fp32 gradients
+over them (the model's config sets ``calculate_per_token_loss``: the trainer divides by the step's global count).
 
 :class:`MixedPrecisionAdamW` presents that stack as a ``torch.optim.Optimizer`` so Lightning (manual optimization,
 checkpoints), the learning-rate schedule and :func:`~sc_lightning.trainer.optim.optimizer_state_to` work unchanged:

@@ -1,10 +1,11 @@
 """The trainer's optimizers: AdamW with its learning-rate schedule, and moving optimizer state between devices.
 
 The model's parameter dtype picks the recipe. fp32 parameters (CPU runs, and GPU runs with ``precision: fp32``)
-train with torch's AdamW directly: the parameters are their own master weights. bf16 parameters train through
-megatron-core's mixed-precision stack (:class:`~sc_lightning.trainer.mixed_precision.MixedPrecisionAdamW`): fp32
-gradient accumulation, fp32 master weights and fp32 AdamW state. Both skip weight decay on biases and 1-D
-parameters (norm weights), as megatron does.
+train with torch's AdamW directly: the parameters are their own master weights (with several data-parallel ranks,
+over megatron-core DDP's summed gradients: :class:`~sc_lightning.trainer.data_parallel.DataParallelAdamW`). bf16
+parameters train through megatron-core's mixed-precision stack
+(:class:`~sc_lightning.trainer.mixed_precision.MixedPrecisionAdamW`): fp32 gradient accumulation, fp32 master weights
+and fp32 AdamW state. Both skip weight decay on biases and 1-D parameters (norm weights), as megatron does.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import torch
 
 from sc_lightning.config.model import OptimizerConfig
+from sc_lightning.trainer.data_parallel import DataParallelAdamW, data_parallel_size
 from sc_lightning.trainer.lr_schedule import lr_multiplier
 
 
@@ -33,15 +35,15 @@ def adamw(
         optimizer: torch.optim.Optimizer = MixedPrecisionAdamW(model, opt_cfg)
     else:
         named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
-        optimizer = torch.optim.AdamW(
-            [
-                {"params": [p for n, p in named if decays(n, p)], "weight_decay": opt_cfg.weight_decay},
-                {"params": [p for n, p in named if not decays(n, p)], "weight_decay": 0.0},
-            ],
-            lr=opt_cfg.lr,
-            betas=(opt_cfg.adam_beta1, opt_cfg.adam_beta2),
-            eps=opt_cfg.adam_eps,
-        )
+        groups = [
+            {"params": [p for n, p in named if decays(n, p)], "weight_decay": opt_cfg.weight_decay},
+            {"params": [p for n, p in named if not decays(n, p)], "weight_decay": 0.0},
+        ]
+        adam = {"lr": opt_cfg.lr, "betas": (opt_cfg.adam_beta1, opt_cfg.adam_beta2), "eps": opt_cfg.adam_eps}
+        if data_parallel_size() > 1:
+            optimizer = DataParallelAdamW(model, groups, opt_cfg.clip_grad, **adam)
+        else:
+            optimizer = torch.optim.AdamW(groups, **adam)
     return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, lr_multiplier(opt_cfg, total_steps=total_steps))
 
 

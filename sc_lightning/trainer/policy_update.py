@@ -33,7 +33,9 @@ from sc_lightning.algorithms import (
 )
 from sc_lightning.models.logprobs import token_logprobs
 from sc_lightning.trainer.chunks import TrainChunk
+from sc_lightning.trainer.data_parallel import data_parallel_group
 from sc_lightning.trainer.grad_clip import clip_model_parallel_grads
+from sc_lightning.trainer.step_totals import StepTotals
 
 
 class EmptyStepError(RuntimeError):
@@ -44,31 +46,26 @@ COUNTS = ("tokens", "seqs", "checked_seqs")
 """The step's counts, summed over micro-batches: valid tokens and sequences kept for the loss, sequences checked by
 the logprob-error mask."""
 
-_REDUCE = {"sum": torch.add, "min": torch.minimum, "max": torch.maximum}
+_REDUCTIONS = {**dict.fromkeys(COUNTS, "sum"), **METRIC_REDUCTIONS}
 
 
 @dataclass
 class _StepTotals:
-    """One step's running counts and metric reductions, kept on the device and read once, by ``finish``."""
+    """One open step: its rows and groups on this rank, and its counts and metrics (reduced over data-parallel
+    ranks when read)."""
 
+    values: StepTotals
     rows: int = 0
     step: int | None = None
     group_ids: dict[str, None] = field(default_factory=dict)  # insertion-ordered set
-    values: dict[str, torch.Tensor] = field(default_factory=dict)  # COUNTS and metrics, reduced so far
 
     def add(self, values: dict[str, torch.Tensor]) -> None:
         """Fold one micro-batch's counts and metrics in, each by its reduction; nothing leaves the device."""
-        for name, value in values.items():
-            value = value.detach()
-            so_far = self.values.get(name)
-            reduce = _REDUCE[METRIC_REDUCTIONS.get(name, "sum")]
-            self.values[name] = value if so_far is None else reduce(so_far, value)
+        self.values.update(values)
 
     def read(self) -> dict[str, float]:
-        """Every count (0 when none was added) and metric as a Python float, in one device-to-host copy."""
-        names = list(self.values)
-        flat = torch.stack([self.values[n].to(torch.float64).reshape(()) for n in names]).tolist() if names else []
-        return {**dict.fromkeys(COUNTS, 0.0), **dict(zip(names, flat, strict=True))}
+        """Every count (0 when none was added) and metric of the whole step, over all data-parallel ranks."""
+        return {**dict.fromkeys(COUNTS, 0.0), **self.values.compute()}
 
 
 def normalised_step(
@@ -157,7 +154,10 @@ class PolicyUpdate:
             raise RuntimeError("begin() called twice without finish(): a train step is already open")
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
-        self._totals = _StepTotals(step=step)
+        group = data_parallel_group()
+        device = next(self.model.parameters()).device
+        values = StepTotals(_REDUCTIONS, process_group=group, sync=group is not None).to(device)
+        self._totals = _StepTotals(values, step=step)
 
     def train_chunk(self, chunk: TrainChunk) -> None:
         """Forward/backward every micro-batch of ``chunk``; gradients accumulate as raw sums.

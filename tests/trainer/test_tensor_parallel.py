@@ -7,39 +7,22 @@ from pathlib import Path
 import pytest
 import torch
 
-from sc_lightning.algorithms import ClippedPGLoss
 from sc_lightning.config.algorithm import GAEAdvantage, ValueLossConfig
-from sc_lightning.models import build_gpt_model, export_hf_weights
+from sc_lightning.models import build_gpt_model
 from sc_lightning.models.value import load_critic, token_values
 from sc_lightning.trainer.critic_update import CriticUpdate, value_targets
 from sc_lightning.trainer.grad_clip import clip_model_parallel_grads
-from sc_lightning.trainer.policy_update import PolicyUpdate
 from tests.ranks import run_ranks
 from tests.trainer.test_critic_update import batch
+from tests.trainer.test_data_parallel import train_three_steps
 from tests.trainer.test_policy_update import SPEC, step_rows
 
 STEPS = 3
 
 
-def train_three_steps(tensor_parallel_size: int) -> tuple[list[dict[str, float]], dict[str, torch.Tensor]]:
-    """Three GRPO steps of the seeded tiny policy (each streamed as two chunks); the metrics and the full weights."""
-    model = build_gpt_model(SPEC, precision="fp32", seed=0, tensor_parallel_size=tensor_parallel_size)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    loss_fn = ClippedPGLoss(token_level_loss=True, reference_policy_kl_penalty=0.0)
-    update = PolicyUpdate(model, optimizer, loss_fn, micro_batch_size=5, clip_grad=0.05)
-    metrics = []
-    for step in range(STEPS):
-        rows = step_rows(10 + step)
-        update.begin(step=step)
-        update.train_chunk(rows.rows(slice(0, 8)))
-        update.train_chunk(rows.rows(slice(8, len(rows))))
-        metrics.append(update.finish())
-    return metrics, {name: tensor.clone() for name, tensor in export_hf_weights(model, SPEC)}
-
-
 def _tensor_parallel_rank(rank: int, world_size: int, out: Path) -> None:
     """A rank of the TP runs: train the policy and the critic, then save what it saw (all ranks gather everything)."""
-    torch.save(train_three_steps(tensor_parallel_size=world_size), out / f"policy{rank}.pt")
+    torch.save(train_three_steps(tensor_parallel_size=world_size)[:2], out / f"policy{rank}.pt")
     torch.save(train_critic_three_times(tensor_parallel_size=world_size), out / f"critic{rank}.pt")
 
 
@@ -66,7 +49,7 @@ def matching_rank_outputs(single_metrics: list[dict[str, float]], results: Path,
 
 @pytest.mark.timeout(600)
 def test_a_tp2_policy_update_equals_the_single_process_one(tp2_results: Path) -> None:
-    single_metrics, single_weights = train_three_steps(tensor_parallel_size=1)
+    single_metrics, single_weights, _ = train_three_steps(tensor_parallel_size=1)
     keys = ("loss", "grad_norm", "global_valid_toks", "approx_entropy")
     for rank, weights in enumerate(matching_rank_outputs(single_metrics, tp2_results, "policy", keys)):
         assert weights.keys() == single_weights.keys()

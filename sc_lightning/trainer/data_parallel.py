@@ -1,0 +1,118 @@
+"""Data parallelism in the train pump: each data-parallel rank trains its share of a step's groups.
+
+    step's groups ──► share_of_groups(rank)   whole groups, balanced by tokens, the same split on every rank
+    each rank: micro-batches of its share → raw-sum gradients (megatron-core DDP adds them into ``main_grad``)
+    finish: counts and metrics summed over ranks (StepTotals) → gradients ÷ the global count → DDP all-reduce
+            (a sum) → one clipped optimizer step, identical on every rank
+
+Because gradients are raw sums normalised once by the step's global valid count, the update does not depend on
+how the groups were split: DP=2 trains what one process trains (within float summation order). Tensor- and
+pipeline-parallel peers of a data-parallel rank train the same rows.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from megatron.core import parallel_state
+
+from sc_lightning.controller.api import GroupMeta
+from sc_lightning.trainer.grad_clip import clip_model_parallel_grads
+
+with warnings.catch_warnings():  # at import: "Transformer Engine and Apex are not installed" (torch fallbacks used)
+    warnings.filterwarnings("ignore", message=".*Apex.*")
+    from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
+
+
+def data_parallel_size() -> int:
+    """The number of data-parallel replicas (1 before megatron's parallel state is initialised)."""
+    if not parallel_state.model_parallel_is_initialized():
+        return 1
+    return parallel_state.get_data_parallel_world_size()
+
+
+def data_parallel_rank() -> int:
+    """This process's data-parallel rank (0 before megatron's parallel state is initialised)."""
+    if not parallel_state.model_parallel_is_initialized():
+        return 0
+    return parallel_state.get_data_parallel_rank()
+
+
+def data_parallel_group() -> Any:
+    """The data-parallel process group, or None with one replica."""
+    return parallel_state.get_data_parallel_group() if data_parallel_size() > 1 else None
+
+
+def share_of_groups(groups: Sequence[GroupMeta], rank: int, size: int) -> list[GroupMeta]:
+    """The groups data-parallel rank ``rank`` of ``size`` trains: whole groups, longest first to the least-loaded
+    rank (by tokens, ties to the lower rank), in their original order. Every rank computes the same split."""
+    if size == 1:
+        return list(groups)
+    load = [0] * size
+    owner = {}
+    for index in sorted(range(len(groups)), key=lambda i: (-sum(groups[i].sequence_lengths), i)):
+        target = min(range(size), key=lambda r: (load[r], r))
+        owner[index] = target
+        load[target] += sum(groups[index].sequence_lengths)
+    return [group for index, group in enumerate(groups) if owner[index] == rank]
+
+
+def megatron_ddp(model: torch.nn.Module, *, grad_reduce_in_fp32: bool) -> DistributedDataParallel:
+    """megatron-core's DDP over ``model``: every gradient accumulates into a ``main_grad`` buffer, and
+    ``finish_grad_sync`` sums the buffers over the data-parallel group (the model's config sets
+    ``calculate_per_token_loss``, so megatron scales nothing). On the CPU its buffers are CPU tensors."""
+    from sc_lightning.models.cpu_compat import megatron_buffers_on
+
+    device = next(model.parameters()).device
+    with megatron_buffers_on(device):
+        return DistributedDataParallel(
+            model.config,
+            DistributedDataParallelConfig(grad_reduce_in_fp32=grad_reduce_in_fp32, overlap_grad_reduce=False),
+            module=model,
+        )
+
+
+class DataParallelAdamW(torch.optim.AdamW):
+    """torch's AdamW over fp32 parameters whose gradients megatron-core's DDP sums across data-parallel ranks.
+
+    One step: ``zero_grad`` → backward × k (gradients land in the DDP buffer) → ``scale_grads(1 / n)`` → ``step()``
+    (all-reduce, clip the whole model's norm to ``clip_grad``, AdamW). ``last_grad_norm`` is the norm before clipping.
+    A ``step()`` without ``scale_grads`` since ``zero_grad`` changes nothing (PPO's critic warm-up relies on it).
+    Its ``state_dict`` is plain AdamW's, so checkpoints move between data-parallel sizes.
+    """
+
+    def __init__(self, model: torch.nn.Module, param_groups: list[dict[str, Any]], clip_grad: float, **adam: Any):
+        super().__init__(param_groups, **adam)
+        self.ddp = megatron_ddp(model, grad_reduce_in_fp32=True)
+        self.clip_grad = clip_grad
+        self.last_grad_norm = 0.0
+        self._grads_scaled = False
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """Zero the DDP gradient buffer (and any ``.grad``)."""
+        self.ddp.zero_grad_buffer()
+        super().zero_grad(set_to_none=set_to_none)
+        self._grads_scaled = False
+
+    def scale_grads(self, factor: float) -> None:
+        """Multiply this rank's accumulated gradients by ``factor`` (the step's global normaliser, known at its end)."""
+        self.ddp.scale_gradients(factor)
+        self._grads_scaled = True
+
+    @torch.no_grad()
+    def step(self, closure: Callable[[], Any] | None = None) -> Any:
+        """Sum the scaled gradients over the data-parallel ranks, clip, and apply AdamW."""
+        loss = closure() if closure is not None else None
+        if not self._grads_scaled:
+            return loss
+        self.ddp.finish_grad_sync()
+        params = [p for group in self.param_groups for p in group["params"]]
+        for param in params:
+            param.grad = param.main_grad
+        self.last_grad_norm = clip_model_parallel_grads(params, self.clip_grad)
+        super().step()
+        self._grads_scaled = False
+        return loss

@@ -1,0 +1,111 @@
+"""Data parallelism in real processes (gloo on the CPU): DP=2 and TP=2 x DP=2 policy updates equal one process's."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+from sc_lightning.algorithms import ClippedPGLoss
+from sc_lightning.config.model import OptimizerConfig
+from sc_lightning.controller.api import GroupMeta
+from sc_lightning.models import build_gpt_model, export_hf_weights
+from sc_lightning.trainer.chunks import TrainChunk, concat_chunks
+from sc_lightning.trainer.data_parallel import (
+    DataParallelAdamW,
+    data_parallel_rank,
+    data_parallel_size,
+    share_of_groups,
+)
+from sc_lightning.trainer.optim import adamw
+from sc_lightning.trainer.policy_update import PolicyUpdate
+from tests.ranks import run_ranks
+from tests.trainer.test_policy_update import SPEC, step_rows
+
+STEPS, GENERATIONS = 3, 4
+CHUNKS = (slice(0, 12), slice(12, 16))  # 3 groups, then 1: one rank trains nothing of the second chunk
+KEYS = ("loss", "grad_norm", "global_valid_toks", "global_valid_seqs", "approx_entropy", "probs_ratio_max")
+
+
+def group_metas(chunk: TrainChunk) -> list[GroupMeta]:
+    """The chunk's groups as the controller would describe them (each group's rows are contiguous)."""
+    lengths = chunk.token_mask.sum(1).int().tolist()
+    ids = list(dict.fromkeys(chunk.group_ids))
+    return [
+        GroupMeta(gid, gid, tuple(str(i) for i in rows), tuple(lengths[i] for i in rows), 0, 0, None)
+        for gid in ids
+        for rows in [[i for i, g in enumerate(chunk.group_ids) if g == gid]]
+    ]
+
+
+def this_ranks_rows(chunk: TrainChunk) -> TrainChunk | None:
+    """The rows of the chunk's groups that this data-parallel rank trains (None: no group)."""
+    share = share_of_groups(group_metas(chunk), data_parallel_rank(), data_parallel_size())
+    if not share:
+        return None
+    parts = [chunk.rows(slice(int(g.keys[0]), int(g.keys[-1]) + 1)) for g in share]
+    return concat_chunks(parts, pad_token_id=0)
+
+
+def train_three_steps(tensor_parallel_size: int = 1) -> tuple[list[dict[str, float]], dict[str, torch.Tensor], bool]:
+    """Three GRPO steps of the seeded tiny policy (two chunks each), this rank training its share of each chunk;
+    the metrics, the full weights and whether megatron's DDP summed the gradients."""
+    model = build_gpt_model(SPEC, precision="fp32", seed=0, tensor_parallel_size=tensor_parallel_size)
+    optimizer, _ = adamw(model, OptimizerConfig(lr=1e-3, clip_grad=0.05), STEPS)
+    loss_fn = ClippedPGLoss(token_level_loss=True, reference_policy_kl_penalty=0.0)
+    update = PolicyUpdate(model, optimizer, loss_fn, micro_batch_size=5, clip_grad=0.05)
+    metrics = []
+    for step in range(STEPS):
+        rows = step_rows(10 + step, gens=GENERATIONS)
+        update.begin(step=step)
+        for part in CHUNKS:
+            if (mine := this_ranks_rows(rows.rows(part))) is not None:
+                update.train_chunk(mine)
+        metrics.append(update.finish())
+    weights = {name: tensor.clone() for name, tensor in export_hf_weights(model, SPEC)}
+    return metrics, weights, isinstance(optimizer, DataParallelAdamW)
+
+
+def _data_parallel_rank(rank: int, world_size: int, tensor_parallel_size: int, out: Path) -> None:
+    """A rank of a DP (x TP) run: train and save what it saw."""
+    torch.save(train_three_steps(tensor_parallel_size), out / f"rank{rank}.pt")
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize(("world_size", "tensor_parallel_size"), [(2, 1), (4, 2)], ids=["dp2", "tp2xdp2"])
+def test_a_data_parallel_policy_update_equals_the_single_process_one(
+    tmp_path: Path, world_size: int, tensor_parallel_size: int
+) -> None:
+    run_ranks(_data_parallel_rank, world_size, tensor_parallel_size, tmp_path)
+    single_metrics, single_weights, single_ddp = train_three_steps()
+    assert not single_ddp
+    assert all(m["grad_norm"] > 0.05 for m in single_metrics), "the clip must bite for the test to check the norm"
+    for rank in range(world_size):
+        metrics, weights, used_ddp = torch.load(tmp_path / f"rank{rank}.pt")
+        assert used_ddp, "several data-parallel ranks must sum their gradients through megatron's DDP"
+        for one, split in zip(single_metrics, metrics, strict=True):
+            for key in KEYS:
+                assert split[key] == pytest.approx(one[key], rel=1e-5, abs=1e-7), (rank, key)
+        for name, tensor in single_weights.items():
+            # as for TP (tests/trainer/test_tensor_parallel.py): summation order noise through AdamW's m / sqrt(v)
+            torch.testing.assert_close(weights[name], tensor, rtol=1e-5, atol=2e-6, msg=f"rank {rank}: {name}")
+
+
+@given(
+    lengths=st.lists(st.lists(st.integers(1, 50), min_size=1, max_size=4), min_size=0, max_size=12),
+    size=st.integers(1, 4),
+)
+def test_every_group_goes_to_exactly_one_rank_and_the_loads_stay_within_one_group(
+    lengths: list[list[int]], size: int
+) -> None:
+    groups = [GroupMeta(f"g{i}", f"p{i}", tuple(map(str, ls)), tuple(ls), 0, 0, None) for i, ls in enumerate(lengths)]
+    shares = [share_of_groups(groups, rank, size) for rank in range(size)]
+    assert sorted(g.group_id for share in shares for g in share) == sorted(g.group_id for g in groups)
+    for share in shares:  # each share keeps the groups' order
+        assert [groups.index(g) for g in share] == sorted(groups.index(g) for g in share)
+    loads = [sum(sum(g.sequence_lengths) for g in share) for share in shares]
+    biggest = max((sum(g.sequence_lengths) for g in groups), default=0)
+    assert max(loads, default=0) - min(loads, default=0) <= biggest
