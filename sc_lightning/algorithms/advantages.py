@@ -14,7 +14,7 @@ References: GRPO, Shao et al. 2024 (arXiv:2402.03300) with the leave-one-out bas
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 
 import torch
 from torch import Tensor
@@ -161,16 +161,18 @@ def gae_advantages(
     return advantages.to(values.dtype), returns.to(values.dtype)
 
 
-def whiten(x: Tensor, mask: Tensor, *, eps: float = 1e-8) -> Tensor:
+def whiten(x: Tensor, mask: Tensor, *, eps: float = 1e-8, reduce: Callable[[Tensor], Tensor] | None = None) -> Tensor:
     """Normalise ``x`` to zero mean and unit variance over the masked entries: (B, T) -> (B, T), 0 outside.
 
     ``(x - mean) / sqrt(var + eps)`` with the masked mean and Bessel-corrected masked variance
     (``sum (x - mean)^2 / (n - 1)``; ``n - 1`` floored at 1). Statistics cover exactly what is passed in, so
-    pass the whole step's advantages to whiten over the step.
+    pass the whole step's advantages to whiten over the step; ``reduce`` (a sum over the processes that hold the
+    rest of the step, e.g. data-parallel ranks) extends them to entries held elsewhere.
     """
+    reduce = reduce or (lambda total: total)
     valid = mask.bool()
-    n = valid.sum()
     xf = x.to(torch.promote_types(x.dtype, torch.float32))
-    mean = torch.where(valid, xf, 0.0).sum() / n.clamp(min=1)
-    var = torch.where(valid, (xf - mean).square(), 0.0).sum() / (n - 1).clamp(min=1)
+    n, total = reduce(torch.stack([valid.sum().to(xf.dtype), torch.where(valid, xf, 0.0).sum()]))
+    mean = total / n.clamp(min=1)
+    var = reduce(torch.where(valid, (xf - mean).square(), 0.0).sum()) / (n - 1).clamp(min=1)
     return torch.where(valid, (xf - mean) * torch.rsqrt(var + eps), 0.0).to(x.dtype)

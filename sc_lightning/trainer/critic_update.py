@@ -8,8 +8,9 @@
         coef * 0.5 * max((V - R)^2, (clip(V, V_old - eps, V_old + eps) - R)^2), averaged over valid tokens
 
 Micro-batches backpropagate raw sums; the gradient is divided once by the step's valid-token count, so the update
-does not depend on the micro-batch size. ``critic/explained_var`` = 1 - Var(R - V) / Var(R) over valid tokens,
-with V from the last epoch's forward.
+does not depend on the micro-batch size. With several data-parallel ranks each holds a share of the step's rows;
+the count, the whitening statistics and the metrics cover every rank's rows. ``critic/explained_var`` =
+1 - Var(R - V) / Var(R) over valid tokens, with V from the last epoch's forward.
 """
 
 from __future__ import annotations
@@ -31,7 +32,12 @@ from sc_lightning.algorithms import (
 from sc_lightning.config.algorithm import GAEAdvantage, ValueLossConfig
 from sc_lightning.models.value import token_values
 from sc_lightning.trainer.chunks import TrainChunk
+from sc_lightning.trainer.data_parallel import Reduce, data_parallel_group, sum_over_data_parallel
 from sc_lightning.trainer.policy_update import normalised_step
+from sc_lightning.trainer.step_totals import StepTotals
+
+_SUMS = ("loss", "vf_clipfrac", "values_mean", "returns_mean")
+_REDUCTIONS = {**dict.fromkeys(_SUMS, "sum"), "values_min": "min", "values_max": "max"}
 
 
 @dataclass
@@ -45,7 +51,8 @@ class ValueTargets:
 
 
 def value_targets(critic: torch.nn.Module, batch: TrainChunk, estimator: GAEAdvantage) -> ValueTargets:
-    """Critic forward (no gradient), terminal rewards, GAE and optional whitening for ``batch``."""
+    """Critic forward (no gradient), terminal rewards, GAE and optional whitening for ``batch`` (with several
+    data-parallel ranks, whitened over every rank's share of the step)."""
     mask = loss_mask(batch.token_mask, batch.sample_mask)  # (B, T)
     with torch.no_grad():
         critic.eval()
@@ -55,17 +62,21 @@ def value_targets(critic: torch.nn.Module, batch: TrainChunk, estimator: GAEAdva
         token_rewards, old_values, mask, gamma=estimator.gae_gamma, lam=estimator.gae_lambda
     )
     if estimator.normalize_advantages:
-        advantages = whiten(advantages, mask)
+        advantages = whiten(advantages, mask, reduce=sum_over_data_parallel)
     return ValueTargets(old_values, advantages, returns, mask)
 
 
-def explained_variance(values: Tensor, returns: Tensor, mask: Tensor) -> float:
-    """1 - Var(R - V) / Var(R) over the valid entries (0 when the returns do not vary)."""
+def explained_variance(values: Tensor, returns: Tensor, mask: Tensor, *, reduce: Reduce | None = None) -> float:
+    """1 - Var(R - V) / Var(R) over the valid entries (0 when the returns do not vary); ``reduce`` sums over the
+    data-parallel ranks that hold the rest of the step."""
+    reduce = reduce or (lambda total: total)
     valid = mask.bool()
-    r, v = returns[valid].double(), values[valid].double()
-    if r.numel() < 2 or float(r.var()) == 0.0:
+    r, d = returns[valid].double(), (returns - values)[valid].double()
+    n, r_sum, d_sum = reduce(torch.stack([torch.tensor(float(r.numel()), dtype=r.dtype), r.sum(), d.sum()]))
+    if n < 2:
         return 0.0
-    return float(1.0 - (r - v).var() / r.var())
+    r_var, d_var = reduce(torch.stack([(r - r_sum / n).square().sum(), (d - d_sum / n).square().sum()]))
+    return 0.0 if float(r_var) == 0.0 else float(1.0 - d_var / r_var)
 
 
 class CriticUpdate:
@@ -87,7 +98,7 @@ class CriticUpdate:
 
     def train(self, batch: TrainChunk, targets: ValueTargets, epochs: int) -> dict[str, float]:
         """Run ``epochs`` optimizer steps; returns the last epoch's ``critic/*`` metrics (without the prefix)."""
-        tokens = float(valid_counts(targets.mask)[0])
+        tokens = float(sum_over_data_parallel(valid_counts(targets.mask)[0].double()))
         if tokens == 0:
             raise ValueError("the step has no valid token: the critic has nothing to fit")
         metrics: dict[str, float] = {}
@@ -98,7 +109,8 @@ class CriticUpdate:
     def _epoch(self, batch: TrainChunk, targets: ValueTargets, tokens: float) -> dict[str, float]:
         self.critic.train()
         self.optimizer.zero_grad(set_to_none=True)
-        sums = {"loss": 0.0, "vf_clipfrac": 0.0, "values_mean": 0.0, "returns_mean": 0.0}
+        group = data_parallel_group()
+        totals = StepTotals(_REDUCTIONS, process_group=group, sync=group is not None).to(targets.mask.device)
         values_seen = []
         for rows in _slices(len(batch), self.micro_batch_size):
             values = token_values(self.critic, batch.input_ids[rows])
@@ -112,17 +124,19 @@ class CriticUpdate:
                 num_valid_tokens=1.0,  # raw sums; normalised once below
             )
             self.backward(loss)
-            for name in sums:
-                sums[name] += float(parts[name])
+            valid = values.detach()[targets.mask[rows].bool()]
+            totals.update({name: parts[name] for name in _SUMS})
+            if valid.numel():
+                totals.update({"values_min": valid.min(), "values_max": valid.max()})
             values_seen.append(values.detach())
         grad_norm, lr = normalised_step(self.critic, self.optimizer, tokens, self.clip_grad)
-        values = torch.cat(values_seen)
-        valid = targets.mask.bool()
-        metrics = {name: total / tokens for name, total in sums.items()}
+        values = torch.cat(values_seen) if values_seen else torch.zeros_like(targets.returns)
+        read = totals.compute()
+        metrics = {name: read.get(name, 0.0) / tokens for name in _SUMS}
         metrics.update(
-            values_min=float(values[valid].min()),
-            values_max=float(values[valid].max()),
-            explained_var=explained_variance(values, targets.returns, targets.mask),
+            values_min=read["values_min"],
+            values_max=read["values_max"],
+            explained_var=explained_variance(values, targets.returns, targets.mask, reduce=sum_over_data_parallel),
             grad_norm=grad_norm,
             lr=lr,
         )

@@ -46,6 +46,20 @@ def data_parallel_group() -> Any:
     return parallel_state.get_data_parallel_group() if data_parallel_size() > 1 else None
 
 
+Reduce = Callable[[torch.Tensor], torch.Tensor]
+"""A sum over the processes that hold the rest of a step (the data-parallel ranks)."""
+
+
+def sum_over_data_parallel(tensor: torch.Tensor) -> torch.Tensor:
+    """``tensor`` summed over the data-parallel ranks (itself with one replica); every rank gets the sum."""
+    group = data_parallel_group()
+    if group is None:
+        return tensor
+    total = tensor.clone()
+    torch.distributed.all_reduce(total, group=group)
+    return total
+
+
 def share_of_groups(groups: Sequence[GroupMeta], rank: int, size: int) -> list[GroupMeta]:
     """The groups data-parallel rank ``rank`` of ``size`` trains: whole groups, longest first to the least-loaded
     rank (by tokens, ties to the lower rank), in their original order. Every rank computes the same split."""

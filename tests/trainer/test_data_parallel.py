@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -10,10 +11,14 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from sc_lightning.algorithms import ClippedPGLoss
+from sc_lightning.config.algorithm import GAEAdvantage, ValueLossConfig
 from sc_lightning.config.model import OptimizerConfig
 from sc_lightning.controller.api import GroupMeta
 from sc_lightning.models import build_gpt_model, export_hf_weights
+from sc_lightning.models.logprobs import token_logprobs
+from sc_lightning.models.value import load_critic, token_values
 from sc_lightning.trainer.chunks import TrainChunk, concat_chunks
+from sc_lightning.trainer.critic_update import CriticUpdate, value_targets
 from sc_lightning.trainer.data_parallel import (
     DataParallelAdamW,
     data_parallel_rank,
@@ -21,7 +26,7 @@ from sc_lightning.trainer.data_parallel import (
     share_of_groups,
 )
 from sc_lightning.trainer.optim import adamw
-from sc_lightning.trainer.policy_update import PolicyUpdate
+from sc_lightning.trainer.policy_update import PolicyUpdate, frozen_logprobs
 from tests.ranks import run_ranks
 from tests.trainer.test_policy_update import SPEC, step_rows
 
@@ -92,6 +97,63 @@ def test_a_data_parallel_policy_update_equals_the_single_process_one(
         for name, tensor in single_weights.items():
             # as for TP (tests/trainer/test_tensor_parallel.py): summation order noise through AdamW's m / sqrt(v)
             torch.testing.assert_close(weights[name], tensor, rtol=1e-5, atol=2e-6, msg=f"rank {rank}: {name}")
+
+
+def train_ppo_three_steps() -> tuple[list[dict[str, float]], torch.Tensor]:
+    """Three PPO steps (value stage with whitened GAE, two critic epochs, two policy epochs against a frozen pi_old)
+    on this rank's share of each step's groups; the critic's and policy's metrics, and both models' outputs after."""
+    policy = build_gpt_model(SPEC, precision="fp32", seed=0)
+    critic = load_critic("builtin:tiny", precision="fp32", seed=5)
+    policy_opt, _ = adamw(policy, OptimizerConfig(lr=1e-3, clip_grad=0.05), STEPS)
+    critic_opt, _ = adamw(critic, OptimizerConfig(lr=1e-3, clip_grad=0.05), STEPS)
+    critic_update = CriticUpdate(
+        critic, critic_opt, ValueLossConfig(value_clip_epsilon=0.2), micro_batch_size=3, clip_grad=0.05
+    )
+    loss_fn = ClippedPGLoss(token_level_loss=True, reference_policy_kl_penalty=0.0)
+    metrics = []
+    for step in range(STEPS):
+        mine = this_ranks_rows(step_rows(20 + step, gens=GENERATIONS))
+        targets = value_targets(critic, mine, GAEAdvantage(gae_lambda=0.95, gae_gamma=1.0, normalize_advantages=True))
+        critic_metrics = critic_update.train(mine, targets, epochs=2)
+        batch = dataclasses.replace(mine, advantages=targets.advantages)
+        prev = frozen_logprobs(policy, batch, micro_batch_size=5, vocab_size=SPEC.vocab_size, temperature=1.0)
+        batch = dataclasses.replace(batch, prev_logprobs=prev)
+        for _ in range(2):
+            update = PolicyUpdate(policy, policy_opt, loss_fn, micro_batch_size=5, clip_grad=0.05)
+            update.begin(step=step)
+            update.train_chunk(batch)
+            policy_metrics = update.finish()
+        metrics.append({**{f"critic/{k}": v for k, v in critic_metrics.items()}, **policy_metrics})
+    probe = step_rows(0).input_ids
+    with torch.no_grad():
+        return metrics, torch.cat(
+            [token_values(critic, probe), token_logprobs(policy, probe, vocab_size=SPEC.vocab_size)]
+        )
+
+
+def _ppo_rank(rank: int, world_size: int, out: Path) -> None:
+    """A rank of a DP=2 PPO run."""
+    torch.save(train_ppo_three_steps(), out / f"ppo{rank}.pt")
+
+
+@pytest.mark.timeout(900)
+def test_a_data_parallel_ppo_step_equals_the_single_process_one(tmp_path: Path) -> None:
+    run_ranks(_ppo_rank, 2, tmp_path)
+    single_metrics, single_outputs = train_ppo_three_steps()
+    keys = [
+        *KEYS,
+        "critic/loss",
+        "critic/grad_norm",
+        "critic/explained_var",
+        "critic/values_min",
+        "critic/returns_mean",
+    ]
+    for rank in range(2):
+        metrics, outputs = torch.load(tmp_path / f"ppo{rank}.pt")
+        for one, split in zip(single_metrics, metrics, strict=True):
+            for key in keys:
+                assert split[key] == pytest.approx(one[key], rel=1e-5, abs=1e-6), (rank, key)
+        torch.testing.assert_close(outputs, single_outputs, rtol=1e-5, atol=2e-6)  # both models, through outputs
 
 
 @given(
