@@ -83,10 +83,10 @@ def fit(config: SCConfig, lightning: dict[str, Any]) -> int:
     from sc_lightning.callbacks.monitor import RolloutMonitor
     from sc_lightning.callbacks.refit import RefitCallback
     from sc_lightning.engines.factory import default_engine_factory
-    from sc_lightning.lightning.cli_parser import SCLightningCLI
+    from sc_lightning.lightning.cli_parser import SCLightningCLI, trainer_world_size
     from sc_lightning.lightning.module import GRPOModule
     from sc_lightning.lightning.ppo_module import PPOModule
-    from sc_lightning.lightning.strategy import SingleControllerStrategy
+    from sc_lightning.lightning.strategy import single_controller_strategy
 
     callbacks: list[Any] = [RefitCallback(), RolloutMonitor()]
     resume = None
@@ -101,15 +101,21 @@ def fit(config: SCConfig, lightning: dict[str, Any]) -> int:
             print(f"error: cannot resume: {err}", file=sys.stderr)
             return EXIT_CANNOT_RESUME
         callbacks.append(BundleCheckpoint(config.checkpointing, max_steps=config.algo.max_num_steps))
-    strategy = SingleControllerStrategy(
-        config, default_engine_factory, resume_state=resume.state_dir if resume else None
+    strategy = single_controller_strategy(
+        config,
+        default_engine_factory,
+        ranks=trainer_world_size(lightning.get("trainer")) or 1,
+        resume_state=resume.state_dir if resume else None,
     )
+    trainer = lightning.setdefault("trainer", {})
+    if trainer.get("enable_checkpointing") is None:  # the parsed config names every Trainer argument, unset as None
+        # with checkpointing.enabled the bundle is the run's Lightning checkpoint; without it, no Lightning default
+        trainer["enable_checkpointing"] = config.checkpointing.enabled
     cli = SCLightningCLI(
         lightning,
         instantiate=True,
         trainer_kwargs={"strategy": strategy, "max_steps": config.algo.max_num_steps},
-        # with checkpointing.enabled the bundle is the run's Lightning checkpoint; without it, no Lightning default
-        trainer_defaults={"callbacks": callbacks, "enable_checkpointing": config.checkpointing.enabled},
+        trainer_defaults={"callbacks": callbacks},
     )
     ckpt_path = str(resume.trainer_checkpoint) if resume and resume.trainer_checkpoint else None
     module = PPOModule(config) if config.is_ppo else GRPOModule(config)

@@ -178,6 +178,7 @@ def test_colocated_fit_trains_on_policy_with_a_faithful_refit(tmp_path) -> None:
     assert "perf/tokens_per_s" in header and "perf/mfu" not in header  # no MFU without a known accelerator peak
     steps = [dict(zip(header, row.split(","), strict=True)) for row in rows[1:]]
     assert [int(r["step"]) for r in steps] == [0, 1]
+    assert not list(tmp_path.rglob("*.ckpt")), "checkpointing.enabled is false: no Lightning default checkpoint"
     assert all(float(r["perf/tokens_per_s"]) > 0 for r in steps)
     # the engine's logprobs of what it sampled equal the trainer's: a faithful refit
     assert all(float(r["train/token_mult_prob_error"]) == pytest.approx(1.0, abs=1e-4) for r in steps)

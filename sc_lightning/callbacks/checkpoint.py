@@ -45,9 +45,16 @@ class BundleCheckpoint(Checkpoint):
             pl_module.log("timing/train/checkpointing", time.monotonic() - started, on_step=True, batch_size=1)
 
     def save(self, trainer: Trainer, step: int) -> Path:
-        """Write the bundle of ``step`` (a bundle that exists already, e.g. the one resumed from, is kept as is)."""
+        """Write the bundle of ``step`` (a bundle that exists already, e.g. the one resumed from, is kept as is).
+
+        With several trainer ranks every rank calls this: the leader writes the bundle, the others join the trainer
+        checkpoint's collectives.
+        """
         final = Path(self.config.checkpoint_dir) / bundle_name(step)
-        if final.exists():
+        if trainer.strategy.broadcast(final.exists()):  # the leader's answer, so every rank takes the same branch
+            return final
+        if not trainer.is_global_zero:
+            trainer.save_checkpoint(final / TRAINER_FILE, weights_only=not self.config.save_optimizer)  # writes nothing
             return final
         controller = trainer.strategy.controller
         with write_atomically(final) as directory:

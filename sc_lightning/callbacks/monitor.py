@@ -35,7 +35,9 @@ class RolloutMonitor(Callback):
     def on_train_batch_end(
         self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
-        """Log the refit of the step that just ended."""
+        """Log the refit of the step that just ended (on the leader rank: the others run no refit)."""
+        if not trainer.is_global_zero:
+            return
         record = trainer.strategy.last_refit
         if record is None or record.version != trainer.global_step:
             raise MisconfigurationException(

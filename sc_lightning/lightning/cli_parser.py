@@ -159,15 +159,25 @@ def _device_count(devices: Any) -> int | None:
     return int(text) if text.isdigit() and int(text) > 0 else None
 
 
-def _parallel_layout_issues(lightning: dict[str, Any], config: SCConfig) -> list[ConfigIssue]:
-    """A model's TP x PP ranks must divide the trainer's world (``trainer.devices`` x ``trainer.num_nodes``)."""
-    trainer = lightning.get("trainer") or {}
+def trainer_world_size(trainer: Any) -> int | None:
+    """The trainer ranks ``trainer.devices`` x ``trainer.num_nodes`` ask for; None where Lightning resolves it
+    (``devices: auto`` or -1)."""
     if not isinstance(trainer, dict):
-        return []
+        return None
     devices, nodes = _device_count(trainer.get("devices", "auto")), trainer.get("num_nodes", 1)
     if devices is None or not isinstance(nodes, int) or nodes < 1:
+        return None
+    return devices * nodes
+
+
+def _parallel_layout_issues(lightning: dict[str, Any], config: SCConfig) -> list[ConfigIssue]:
+    """A model's TP x PP ranks must divide the trainer's world (``trainer.devices`` x ``trainer.num_nodes``); several
+    ranks read their rows from a data plane they can all reach."""
+    trainer = lightning.get("trainer") or {}
+    world = trainer_world_size(trainer)
+    if world is None:
         return []
-    world = devices * nodes
+    where = f"trainer.devices {trainer.get('devices')} x trainer.num_nodes {trainer.get('num_nodes', 1)}"
     issues = []
     for model in ("policy", "value"):
         section = getattr(config, model)
@@ -179,9 +189,17 @@ def _parallel_layout_issues(lightning: dict[str, Any], config: SCConfig) -> list
             issues.append(
                 ConfigIssue(
                     f"{model}.megatron_cfg.tensor_model_parallel_size",
-                    f"is {tp} (x pipeline_model_parallel_size {pp}) but the trainer has {world} rank(s) "
-                    f"(trainer.devices {devices} x trainer.num_nodes {nodes}), which it does not divide; choose "
-                    "sizes whose product divides the world size",
+                    f"is {tp} (x pipeline_model_parallel_size {pp}) but the trainer has {world} rank(s) ({where}), "
+                    "which it does not divide; choose sizes whose product divides the world size",
                 )
             )
+    if world > 1 and config.data_plane.backend == "memory":
+        issues.append(
+            ConfigIssue(
+                "data_plane.backend",
+                f"is memory (in-process) but the trainer has {world} ranks ({where}), and every rank reads its "
+                "own rows from the data plane by key; set data_plane.backend: simple (TransferQueue), which every "
+                "rank reaches",
+            )
+        )
     return issues

@@ -21,12 +21,17 @@ from lightning.pytorch import LightningModule
 from sc_lightning.algorithms import ClippedPGLoss
 from sc_lightning.config import SCConfig
 from sc_lightning.engines.sampling import scoring_temperature
+from sc_lightning.trainer.data_parallel import data_parallel_group
 from sc_lightning.trainer.optim import adamw
 from sc_lightning.trainer.perf import StepPerf
 from sc_lightning.trainer.policy_update import PolicyUpdate
 from sc_lightning.trainer.step_stream import RLStep
+from sc_lightning.trainer.step_totals import StepTotals
 from sc_lightning.trainer.train_data_log import FILENAME as TRAIN_DATA_FILENAME
 from sc_lightning.trainer.train_data_log import TrainDataLog
+
+_ROW_REDUCTIONS = {"rows": "sum", "reward": "sum", "staleness": "sum", "staleness_max": "max"}
+"""How a step's per-row values combine over the data-parallel ranks."""
 
 
 class GRPOModule(LightningModule):
@@ -115,7 +120,7 @@ class GRPOModule(LightningModule):
     def on_train_start(self) -> None:
         """Open train_data.jsonl (``data.train_data_log``), rolled back to the step training starts at."""
         self._perf = StepPerf(self.policy, self.spec)
-        if self.config.data.train_data_log:
+        if self.config.data.train_data_log and self.trainer.is_global_zero:  # the leader writes every rank's rows
             self._train_data_log = TrainDataLog(Path(self.trainer.default_root_dir) / TRAIN_DATA_FILENAME)
             self._train_data_log.open(resume_step=self.trainer.global_step)
 
@@ -146,7 +151,8 @@ class GRPOModule(LightningModule):
             rewards.append(chunk.rewards)
             staleness += [step.version - w for w in chunk.start_weights]
         metrics = update.finish()
-        return self.finish_step(step, index, started, metrics, torch.cat(rewards), staleness)
+        rewards_tensor = torch.cat(rewards) if rewards else torch.zeros(0)  # a rank may train no rows of a step
+        return self.finish_step(step, index, started, metrics, rewards_tensor, staleness)
 
     def finish_step(
         self,
@@ -157,11 +163,16 @@ class GRPOModule(LightningModule):
         rewards: torch.Tensor,
         staleness: list[int],
     ) -> dict[str, torch.Tensor]:
-        """Write the step's train_data.jsonl rows and log ``train/*``, ``perf/*``, timings and the progress bar."""
+        """Write the step's train_data.jsonl rows and log ``train/*``, ``perf/*``, timings and the progress bar.
+
+        ``rewards`` and ``staleness`` are this rank's rows'; the logged values cover every data-parallel rank's.
+        """
         if self._perf is not None:
             self._perf.synchronize()  # the clock below must cover the device's work
-        if self._train_data_log is not None:
-            self._train_data_log.write(index, step.trained_rows)
+        if self.config.data.train_data_log:
+            rows = self.trainer.strategy.trained_rows_on_leader(step.trained_rows)
+            if self._train_data_log is not None:
+                self._train_data_log.write(index, rows)
         timing = {
             "exposed_generation": step.first_wait_s + step.chunk_wait_s,
             "policy_training": time.monotonic() - started - step.chunk_wait_s,
@@ -170,10 +181,17 @@ class GRPOModule(LightningModule):
         if self._perf is not None and self._trained_lengths:
             perf = self._perf.finish(self._trained_lengths, timing["policy_training"])
             self.log_dict({f"perf/{k}": v for k, v in perf.items()}, on_step=True, batch_size=1)
-        metrics["reward"] = float(rewards.mean())
-        metrics["staleness_mean"] = sum(staleness) / len(staleness)
-        metrics["staleness_max"] = float(max(staleness))
-        self.log_dict({f"train/{k}": v for k, v in metrics.items()}, on_step=True, batch_size=len(staleness))
-        self.log("reward", metrics["reward"], prog_bar=True, logger=False, batch_size=len(staleness))
-        self.log("lag", metrics["staleness_max"], prog_bar=True, logger=False, batch_size=len(staleness))
+        group = data_parallel_group()
+        totals = StepTotals(_ROW_REDUCTIONS, process_group=group, sync=group is not None).to(self.model_device())
+        totals.update({"rows": len(staleness), "reward": rewards.sum(), "staleness": sum(staleness)})
+        if staleness:
+            totals.update({"staleness_max": max(staleness)})
+        read = totals.compute()
+        rows = int(read["rows"])
+        metrics["reward"] = read["reward"] / rows
+        metrics["staleness_mean"] = read["staleness"] / rows
+        metrics["staleness_max"] = read["staleness_max"]
+        self.log_dict({f"train/{k}": v for k, v in metrics.items()}, on_step=True, batch_size=rows)
+        self.log("reward", metrics["reward"], prog_bar=True, logger=False, batch_size=rows)
+        self.log("lag", metrics["staleness_max"], prog_bar=True, logger=False, batch_size=rows)
         return {name: torch.tensor(value) for name, value in metrics.items()}

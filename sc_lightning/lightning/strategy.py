@@ -1,85 +1,35 @@
-"""SingleControllerStrategy: starts the data plane, the engine and the controller for a fit, and stops them.
+"""The Single-Controller strategies: one trainer process, or many ranks on megatron-core's parallelism.
 
-At ``setup`` (after the module built its policy) it loads the prompt dataset — a bad one fails here, before anything
-starts — then starts, in order: the data plane, the generation engine (seeded with the policy's current weights),
-and the controller with its rollout pump (on a background thread).
-With ``expose_http_server`` on (``vllm_cfg`` or ``mcore_generation_config``, by backend) it also serves the engine
-as an OpenAI-compatible completions endpoint on loopback (:attr:`endpoint_url`). At ``teardown`` — also after an
-exception or Ctrl-C — it stops them in reverse order. The module's train dataloader is :meth:`rl_steps`, one item
-per RL step.
+Both run the rollout side of :class:`~sc_lightning.lightning.controller_host.ControllerHost` (data plane, engine,
+controller, started on the leader at ``setup`` and stopped at ``teardown``) beside Lightning's own strategy:
+
+- :class:`SingleControllerStrategy` — one process on one device (Lightning's ``SingleDeviceStrategy``);
+- :class:`MultiRankSingleControllerStrategy` — ``trainer.devices`` x ``trainer.num_nodes`` ranks started by
+  Lightning's launcher or cluster environments (its own, torchrun, SLURM), on Lightning's ``DDPStrategy``. The
+  module is not wrapped in torch's DDP: megatron's parallel state (TP x PP x DP from ``policy.megatron_cfg`` and
+  the world size) is set up when the module builds its models, and gradients are summed by megatron-core's DDP
+  inside the optimizers (:mod:`~sc_lightning.trainer.data_parallel`).
+
+:func:`single_controller_strategy` picks one for a config.
 """
 
 from __future__ import annotations
 
-import logging
-import time
-from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
-from lightning.pytorch.strategies import SingleDeviceStrategy
+from lightning.pytorch.strategies import DDPStrategy, SingleDeviceStrategy
 
-from sc_lightning.checkpoint.bundle import CONTROLLER_FILE, DATA_PLANE_DIR, read_controller_state
-from sc_lightning.checkpoint.periodic import RolloutSnapshotter
-from sc_lightning.checkpoint.snapshots import config_identity
 from sc_lightning.config import SCConfig
-from sc_lightning.controller.api import RefitReport
-from sc_lightning.controller.build import (
-    BeforeStart,
-    LocalController,
-    build_controller,
-    resume_restorer,
-    rollout_settings,
-)
-from sc_lightning.data_plane import build_data_plane
-from sc_lightning.data_plane.base import DataPlane
-from sc_lightning.engines.base import GenerationEngine
-from sc_lightning.engines.http_endpoint import CompletionsEndpoint
+from sc_lightning.lightning.controller_host import ControllerHost, EngineFactory
 from sc_lightning.lightning.placement import training_device
-from sc_lightning.rollout.datasets import build_dataset
-from sc_lightning.rollout.envs import build_environment
-from sc_lightning.trainer.step_stream import RLStepStream, StepSettings
+from sc_lightning.trainer.rank_sync import RankGroup
 
-EngineFactory = Callable[[SCConfig, list[tuple[str, torch.Tensor]]], GenerationEngine]
-"""Builds the generation engine from the config and the policy's initial (HF-named) weights."""
-log = logging.getLogger(__name__)
+__all__ = ["MultiRankSingleControllerStrategy", "SingleControllerStrategy", "single_controller_strategy"]
 
 
-@dataclass(frozen=True)
-class RefitRecord:
-    """The last refit: the version it published, the controller's report, how long it took and when it ended."""
-
-    version: int
-    report: RefitReport
-    duration_s: float
-    finished_at: float  # time.monotonic()
-
-
-def _exposes_http_server(config: SCConfig) -> bool:
-    """Whether the config asks for the OpenAI-compatible endpoint (the knob of the chosen backend)."""
-    generation = config.policy.generation
-    if generation.backend == "vllm":
-        return generation.vllm_cfg.expose_http_server
-    return generation.mcore_generation_config.expose_http_server
-
-
-def rollout_snapshotter(config: SCConfig) -> RolloutSnapshotter | None:
-    """The periodic rollout snapshotter ``rollout_checkpointing`` asks for, or None."""
-    settings = config.rollout_checkpointing
-    if settings.snapshot_attempt_interval_s is None:
-        return None
-    return RolloutSnapshotter(
-        checkpoint_dir=Path(config.checkpointing.checkpoint_dir),
-        interval_s=settings.snapshot_attempt_interval_s,
-        keep_latest_k=settings.keep_latest_k,
-        max_consecutive_failures=settings.max_consecutive_failures,
-        identity=config_identity(config),
-    )
-
-
-class SingleControllerStrategy(SingleDeviceStrategy):
+class SingleControllerStrategy(ControllerHost, SingleDeviceStrategy):
     """A single-device Lightning strategy that also runs the Single-Controller's rollout side."""
 
     def __init__(
@@ -95,15 +45,7 @@ class SingleControllerStrategy(SingleDeviceStrategy):
         the bundle of ``trainer.fit(ckpt_path=...)``, if that is one; a bootstrap snapshot has no ckpt_path)."""
         super().__init__(device=torch.device("cpu" if device is None else device))
         self._follows_accelerator = device is None
-        self.config = config
-        self.engine_factory = engine_factory
-        self.resume_state = resume_state
-        self.data_plane: DataPlane | None = None
-        self._engine_accepts_megatron_weights = False  # set when the engine is built (see _refit_weights)
-        self.controller: LocalController | None = None
-        self.last_refit: RefitRecord | None = None
-        self.endpoint: CompletionsEndpoint | None = None
-        self.endpoint_url: str | None = None
+        self._init_controller_host(config, engine_factory, resume_state)
 
     def setup_environment(self) -> None:
         """Take the accelerator's device (unless one was given), then let the accelerator set it up."""
@@ -111,157 +53,31 @@ class SingleControllerStrategy(SingleDeviceStrategy):
             self._root_device = training_device(self.accelerator)
         super().setup_environment()
 
-    def setup(self, trainer: Any) -> None:
-        """Set up the model as usual, then start the data plane, engine and controller.
 
-        The whole RL run is one Lightning epoch (dataset epochs are ``max_num_epochs``, counted by the controller):
-        see :meth:`_allow_one_more_epoch`.
-        """
-        super().setup(trainer)
-        self._start()
+class MultiRankSingleControllerStrategy(ControllerHost, DDPStrategy):
+    """Lightning's DDP strategy over megatron-core's parallelism, with the rollout side on global rank 0."""
 
-    def _allow_one_more_epoch(self) -> None:
-        """Let the fit loop run exactly one Lightning epoch more than its restored state has finished.
+    def __init__(
+        self, config: SCConfig, engine_factory: EngineFactory, *, resume_state: Path | None = None, **ddp: Any
+    ) -> None:
+        """``resume_state`` as for :class:`SingleControllerStrategy`; ``ddp`` goes to Lightning's ``DDPStrategy``
+        (cluster environment, process-group timeout, …)."""
+        super().__init__(**ddp)
+        self._init_controller_host(config, engine_factory, resume_state)
 
-        When rollouts run out, that epoch ends and so does the fit, instead of Lightning opening empty epochs until
-        ``max_steps``. A resumed run (with the same or a larger ``max_num_steps``) may restore an epoch that is
-        finished, or one that the loop marks finished when it restarts on its last batch. Lightning decides whether
-        to run at all after restoring its loops and asking for the train dataloader (:meth:`rl_steps`), and marks a
-        restarted last batch's epoch finished just before ``on_train_start``: both call this.
-        """
-        fit_loop = self.lightning_module.trainer.fit_loop
-        fit_loop.max_epochs = fit_loop.epoch_progress.current.processed + 1
+    def setup_distributed(self) -> None:
+        """Join the ranks (Lightning's process group), then open the metadata channel the leader broadcasts on."""
+        super().setup_distributed()
+        self.ranks = RankGroup(timeout_s=self.config.async_rl.stall_watchdog.stall_timeout_s + 60.0)
 
-    def on_train_start(self) -> None:
-        """Allow one more epoch than the (restarted) loop has finished."""
-        super().on_train_start()
-        self._allow_one_more_epoch()
+    def configure_ddp(self) -> None:
+        """No torch DDP wrapper: megatron-core's DDP inside the optimizers sums the gradients."""
 
-    @property
-    def colocated(self) -> bool:
-        """Whether the engine shares the trainer's accelerator (``policy.generation.colocated.enabled``)."""
-        return self.config.policy.generation.colocated.enabled
 
-    def policy_weights(self) -> list[tuple[str, torch.Tensor]]:
-        """The module's policy under HF names, detached copies: what the engine loads at start and at each refit."""
-        from sc_lightning.models import export_hf_weights
-
-        module = self.lightning_module
-        return [(name, tensor.detach().clone()) for name, tensor in export_hf_weights(module.policy, module.spec)]
-
-    def _refit_weights(self) -> list[tuple[str, torch.Tensor]]:
-        """What a refit pushes: the live megatron-named parameters to an in-process Megatron engine (it copies them
-        in one multi-tensor copy before the refit returns), else :meth:`policy_weights`."""
-        if self._engine_accepts_megatron_weights:
-            from sc_lightning.models.megatron import megatron_weights
-
-            return megatron_weights(self.lightning_module.policy)
-        return self.policy_weights()
-
-    def refit(self, version: int, *, wake: bool = False) -> RefitReport:
-        """After the optimizer step that made ``version``: release the step, push the policy, reopen dispatch.
-
-        The weights are pushed only when the module's ``policy_trained`` says the step changed the policy (a PPO
-        critic warm-up does not); ``wake`` wakes a colocated engine before dispatch reopens. One controller call;
-        :attr:`last_refit` records it.
-        """
-        started = time.monotonic()
-        weights = self._refit_weights() if self.lightning_module.policy_trained else None
-        report = self._running_controller().refit(version, weights, wake=wake)
-        finished = time.monotonic()
-        self.last_refit = RefitRecord(version, report, finished - started, finished)
-        return report
-
-    def stand_down_engine(self) -> None:
-        """Colocated: the engine releases the accelerator for the train step (its requests and deadlines freeze)."""
-        self._running_controller().stand_down_engine()
-
-    def _running_controller(self) -> LocalController:
-        """The started controller; RuntimeError before ``setup`` or after ``teardown``."""
-        if self.controller is None:
-            raise RuntimeError("the Single-Controller strategy has not been set up")
-        return self.controller
-
-    def _start(self) -> None:
-        module = self.lightning_module
-        config, tokenizer = self.config, module.tokenizer
-        dataset = build_dataset(config.data, tokenizer, seed=config.algo.seed)  # bad rows fail before anything starts
-        self.data_plane = build_data_plane(config.data_plane)
-        weights = self.policy_weights()
-        data_plane = self.data_plane
-        engine = self.engine_factory(config, weights)  # here, on the main thread (it may start Ray)
-        self._engine_accepts_megatron_weights = bool(getattr(engine, "accepts_megatron_weights", False))
-
-        snapshotter = rollout_snapshotter(config)
-
-        def build() -> Any:
-            """Runs on the controller thread: the controller and its parts."""
-            controller = build_controller(
-                config,
-                data_plane=data_plane,
-                engine=engine,
-                environment=build_environment(config.env),
-                tokenizer=tokenizer,
-                dataset=dataset,
-            )
-            if snapshotter is not None:
-                controller.add_background_task("rollout snapshots", snapshotter.run)
-            return controller
-
-        self.controller = LocalController(build, before_start=self._restorer(weights))
-        if _exposes_http_server(config):
-            self.endpoint = CompletionsEndpoint(
-                engine, tokenizer, model_name=config.policy.model_name, defaults=rollout_settings(config).sampling
-            )
-            self.endpoint_url = self.controller.call(self.endpoint.start())  # on the loop that owns the engine
-            log.info("OpenAI-compatible completions endpoint: %s", self.endpoint_url)
-
-    def resume_bundle(self) -> Path | None:
-        """The bundle or snapshot a resume loads (``resume_state``, else the bundle of ``trainer.fit``'s ckpt_path)."""
-        if self.resume_state is not None:
-            return self.resume_state
-        ckpt_path = self.lightning_module.trainer.ckpt_path
-        if ckpt_path is None:
-            return None
-        bundle = Path(ckpt_path).parent
-        return bundle if (bundle / CONTROLLER_FILE).exists() else None
-
-    def _restorer(self, weights: list[tuple[str, torch.Tensor]]) -> BeforeStart | None:
-        """On a bundle resume: load its rows and controller state, and give the engine the restored weights."""
-        bundle = self.resume_bundle()
-        if bundle is None:
-            return None
-        assert self.data_plane is not None
-        state = read_controller_state(bundle)
-        if state.get("rows_indexed", True):  # shadow mode or no save_data_plane: the groups are pending instead
-            self.data_plane.load(bundle / DATA_PLANE_DIR)
-        return resume_restorer(state, weights, group_size=self.config.algo.num_generations_per_prompt, source=bundle)
-
-    def rl_steps(self) -> RLStepStream:
-        """The train dataloader: one RL step per item, ``max_num_steps`` items at most."""
-        if self.controller is None or self.data_plane is None:
-            raise RuntimeError("the Single-Controller strategy has not been set up")
-        trainer = self.lightning_module.trainer
-        self._allow_one_more_epoch()  # the loops are restored by now, and Lightning has not yet decided to run
-        settings = StepSettings.from_config(self.config, pad_token_id=self.lightning_module.tokenizer.pad_token_id)
-        return RLStepStream(
-            self.controller,
-            self.data_plane,
-            settings,
-            max_steps=self.config.algo.max_num_steps,
-            version=lambda: trainer.global_step,
-        )
-
-    def teardown(self) -> None:
-        """Stop the controller (its pump and engine), then the data plane, then the usual strategy teardown."""
-        try:
-            if self.controller is not None:
-                if self.endpoint is not None:
-                    self.controller.call(self.endpoint.stop())
-                self.controller.shutdown()
-        finally:
-            self.controller, self.endpoint, self.endpoint_url = None, None, None
-            if self.data_plane is not None:
-                self.data_plane.close()
-                self.data_plane = None
-            super().teardown()
+def single_controller_strategy(
+    config: SCConfig, engine_factory: EngineFactory, *, ranks: int, resume_state: Path | None = None
+) -> SingleControllerStrategy | MultiRankSingleControllerStrategy:
+    """The strategy for ``ranks`` trainer processes (``trainer.devices`` x ``trainer.num_nodes``)."""
+    if ranks == 1:
+        return SingleControllerStrategy(config, engine_factory, resume_state=resume_state)
+    return MultiRankSingleControllerStrategy(config, engine_factory, resume_state=resume_state)

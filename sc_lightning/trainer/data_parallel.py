@@ -41,6 +41,15 @@ def data_parallel_rank() -> int:
     return parallel_state.get_data_parallel_rank()
 
 
+def data_parallel_representative() -> bool:
+    """Whether this rank speaks for its data-parallel replica: its first tensor- and pipeline-parallel rank."""
+    if not parallel_state.model_parallel_is_initialized():
+        return True
+    return (
+        parallel_state.get_tensor_model_parallel_rank() == 0 and parallel_state.get_pipeline_model_parallel_rank() == 0
+    )
+
+
 def data_parallel_group() -> Any:
     """The data-parallel process group, or None with one replica."""
     return parallel_state.get_data_parallel_group() if data_parallel_size() > 1 else None

@@ -4,6 +4,10 @@ The stream is sized (``max_num_steps``), so Lightning never prefetches a step: t
 after the previous one has trained and refit. Requesting a step waits for its first chunk (so an exhausted
 dataset ends training cleanly); the step's other chunks are selected lazily, inside ``training_step``, as the
 controller releases them — that is what lets a streamed step start training before all its groups are ready.
+
+With several trainer ranks every rank runs the same stream: the selections come from the leader's controller
+(:mod:`~sc_lightning.trainer.rank_sync`), so all ranks agree on each step's chunks, and each rank reads only its
+data-parallel share of a chunk's rows (tensor- and pipeline-parallel peers read the same share).
 """
 
 from __future__ import annotations
@@ -16,9 +20,19 @@ from typing import Any, Protocol
 import torch
 
 from sc_lightning.config import SCConfig, resolve
-from sc_lightning.controller.api import ControllerClient, GroupMeta
+from sc_lightning.controller.api import GroupMeta
 from sc_lightning.data_plane.base import DataPlane
 from sc_lightning.trainer.chunks import TrainChunk, load_chunk
+from sc_lightning.trainer.data_parallel import data_parallel_rank, data_parallel_size, share_of_groups
+
+
+class GroupSource(Protocol):
+    """Where a step's groups come from: the controller, or (on a non-leader rank) the leader's broadcast."""
+
+    def select(
+        self, trainer_version: int, min_groups: int, max_groups: int, *, timeout_s: float | None = None
+    ) -> list[GroupMeta] | None:
+        """Wait for and take trainable groups; None once rollouts are exhausted."""
 
 
 class RLStep(Protocol):
@@ -27,10 +41,10 @@ class RLStep(Protocol):
     version: int
     first_wait_s: float
     chunk_wait_s: float
-    trained_rows: list[dict[str, Any]]  # filled as chunks are trained, with data.train_data_log
+    trained_rows: list[dict[str, Any]]  # this rank's, filled as chunks are trained, with data.train_data_log
 
     def chunks(self) -> Iterable[TrainChunk]:
-        """The step's chunks of whole prompt groups."""
+        """This rank's share of each of the step's chunks of whole prompt groups (shares without rows are skipped)."""
 
 
 class RolloutsExhausted(RuntimeError):
@@ -72,7 +86,7 @@ class RLStepBatch:
 
     def __init__(
         self,
-        client: ControllerClient,
+        client: GroupSource,
         data_plane: DataPlane,
         settings: StepSettings,
         version: int,
@@ -100,16 +114,8 @@ class RLStepBatch:
         while groups is not None:
             if not groups:
                 return  # closed short
-            chunk = self._load(groups)
-            tags = (
-                self.data_plane.tags([key for group in groups for key in group.keys])
-                if self.settings.log_rows
-                else None
-            )
-            yield chunk
-            if tags is not None:
-                rewards = chunk.rewards.tolist()  # one device sync for the whole chunk
-                self.trained_rows += [{**tag, "reward": r} for tag, r in zip(tags, rewards, strict=True)]
+            if share := share_of_groups(groups, data_parallel_rank(), data_parallel_size()):
+                yield from self._train_share(share)
             self.groups += len(groups)
             if self.groups >= need:
                 return
@@ -120,6 +126,15 @@ class RLStepBatch:
             )
             self.chunk_wait_s += time.monotonic() - started
         raise RolloutsExhausted(f"step {self.version}: rollouts ran out with {self.groups} of {need} groups assembled")
+
+    def _train_share(self, share: list[GroupMeta]) -> Iterator[TrainChunk]:
+        """Load this rank's share of a chunk, yield it, and (with ``log_rows``) record its rows once trained."""
+        chunk = self._load(share)
+        tags = self.data_plane.tags([key for group in share for key in group.keys]) if self.settings.log_rows else None
+        yield chunk
+        if tags is not None:
+            rewards = chunk.rewards.tolist()  # one device sync for the whole chunk
+            self.trained_rows += [{**tag, "reward": r} for tag, r in zip(tags, rewards, strict=True)]
 
     @property
     def exposed_generation_s(self) -> float:
@@ -144,7 +159,7 @@ class RLStepStream:
 
     def __init__(
         self,
-        client: ControllerClient,
+        client: GroupSource,
         data_plane: DataPlane,
         settings: StepSettings,
         *,

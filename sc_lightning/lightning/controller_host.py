@@ -1,0 +1,295 @@
+"""ControllerHost: the Single-Controller's side of a Lightning strategy, for one trainer process or many.
+
+At ``setup`` (after the module built its policy) the leader rank — the only rank of a one-process run, global rank 0
+of many — loads the prompt dataset (a bad one fails here, before anything starts), then starts, in order: the data
+plane, the generation engine (seeded with the policy's current weights), and the controller with its rollout pump
+(on a background thread). With ``expose_http_server`` on (``vllm_cfg`` or ``mcore_generation_config``, by backend)
+it also serves the engine as an OpenAI-compatible completions endpoint on loopback (:attr:`endpoint_url`). The other
+ranks start nothing: they receive a handle on the data plane and, for every selection, the leader's group metadata
+(:mod:`~sc_lightning.trainer.rank_sync`), and read their own rows by key. At ``teardown`` — also after an exception
+or Ctrl-C — the leader stops what it started, in reverse order. The module's train dataloader is :meth:`rl_steps`,
+one item per RL step.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from sc_lightning.checkpoint.bundle import CONTROLLER_FILE, DATA_PLANE_DIR, read_controller_state
+from sc_lightning.checkpoint.periodic import RolloutSnapshotter
+from sc_lightning.checkpoint.snapshots import config_identity
+from sc_lightning.config import SCConfig
+from sc_lightning.controller.api import RefitReport
+from sc_lightning.controller.build import (
+    BeforeStart,
+    LocalController,
+    build_controller,
+    resume_restorer,
+    rollout_settings,
+)
+from sc_lightning.data_plane import build_data_plane
+from sc_lightning.data_plane.base import DataPlane
+from sc_lightning.engines.base import GenerationEngine
+from sc_lightning.engines.http_endpoint import CompletionsEndpoint
+from sc_lightning.rollout.datasets import build_dataset
+from sc_lightning.rollout.envs import build_environment
+from sc_lightning.trainer.data_parallel import data_parallel_rank
+from sc_lightning.trainer.rank_sync import FollowerSelect, LeaderSelect, RankGroup
+from sc_lightning.trainer.step_stream import GroupSource, RLStepStream, StepSettings
+
+EngineFactory = Callable[[SCConfig, list[tuple[str, torch.Tensor]]], GenerationEngine]
+"""Builds the generation engine from the config and the policy's initial (HF-named) weights."""
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class RefitRecord:
+    """The last refit: the version it published, the controller's report, how long it took and when it ended."""
+
+    version: int
+    report: RefitReport
+    duration_s: float
+    finished_at: float  # time.monotonic()
+
+
+def _exposes_http_server(config: SCConfig) -> bool:
+    """Whether the config asks for the OpenAI-compatible endpoint (the knob of the chosen backend)."""
+    generation = config.policy.generation
+    if generation.backend == "vllm":
+        return generation.vllm_cfg.expose_http_server
+    return generation.mcore_generation_config.expose_http_server
+
+
+def rollout_snapshotter(config: SCConfig) -> RolloutSnapshotter | None:
+    """The periodic rollout snapshotter ``rollout_checkpointing`` asks for, or None."""
+    settings = config.rollout_checkpointing
+    if settings.snapshot_attempt_interval_s is None:
+        return None
+    return RolloutSnapshotter(
+        checkpoint_dir=Path(config.checkpointing.checkpoint_dir),
+        interval_s=settings.snapshot_attempt_interval_s,
+        keep_latest_k=settings.keep_latest_k,
+        max_consecutive_failures=settings.max_consecutive_failures,
+        identity=config_identity(config),
+    )
+
+
+class ControllerHost:
+    """The rollout side of a Lightning strategy (a mixin before the strategy's Lightning base)."""
+
+    lightning_module: Any  # provided by the Lightning strategy this is mixed into
+
+    def _init_controller_host(self, config: SCConfig, engine_factory: EngineFactory, resume_state: Path | None) -> None:
+        self.config = config
+        self.engine_factory = engine_factory
+        self.resume_state = resume_state
+        self.data_plane: DataPlane | None = None
+        self._engine_accepts_megatron_weights = False  # set when the engine is built (see _refit_weights)
+        self.controller: LocalController | None = None
+        self.last_refit: RefitRecord | None = None
+        self.endpoint: CompletionsEndpoint | None = None
+        self.endpoint_url: str | None = None
+        self.ranks: RankGroup | None = None  # with several trainer ranks: their metadata channel
+
+    @property
+    def leader(self) -> bool:
+        """Whether this rank owns the controller, the data plane and the engine (always, in one process)."""
+        return self.ranks is None or self.ranks.leader
+
+    def setup(self, trainer: Any) -> None:
+        """Set up the model as usual, then start (or, off the leader, attach to) the rollout side.
+
+        The whole RL run is one Lightning epoch (dataset epochs are ``max_num_epochs``, counted by the controller):
+        see :meth:`_allow_one_more_epoch`.
+        """
+        super().setup(trainer)  # type: ignore[misc]
+        self._start()
+
+    def _allow_one_more_epoch(self) -> None:
+        """Let the fit loop run exactly one Lightning epoch more than its restored state has finished.
+
+        When rollouts run out, that epoch ends and so does the fit, instead of Lightning opening empty epochs until
+        ``max_steps``. A resumed run (with the same or a larger ``max_num_steps``) may restore an epoch that is
+        finished, or one that the loop marks finished when it restarts on its last batch. Lightning decides whether
+        to run at all after restoring its loops and asking for the train dataloader (:meth:`rl_steps`), and marks a
+        restarted last batch's epoch finished just before ``on_train_start``: both call this.
+        """
+        fit_loop = self.lightning_module.trainer.fit_loop
+        fit_loop.max_epochs = fit_loop.epoch_progress.current.processed + 1
+
+    def on_train_start(self) -> None:
+        """Allow one more epoch than the (restarted) loop has finished."""
+        super().on_train_start()  # type: ignore[misc]
+        self._allow_one_more_epoch()
+
+    @property
+    def colocated(self) -> bool:
+        """Whether the engine shares the trainer's accelerator (``policy.generation.colocated.enabled``)."""
+        return self.config.policy.generation.colocated.enabled
+
+    def policy_weights(self) -> list[tuple[str, torch.Tensor]]:
+        """The module's policy under HF names, detached copies, on the leader: what the engine loads at start and at
+        each refit. Every rank of the first data-parallel replica takes part (tensor-parallel shards are gathered);
+        the other ranks get an empty list."""
+        from sc_lightning.models import export_hf_weights
+
+        module = self.lightning_module
+        if data_parallel_rank() != 0:
+            return []
+        weights = export_hf_weights(module.policy, module.spec)
+        if not self.leader:
+            for _ in weights:  # a tensor-parallel peer: its shards go into the leader's gathers
+                pass
+            return []
+        return [(name, tensor.detach().clone()) for name, tensor in weights]
+
+    def _refit_weights(self) -> list[tuple[str, torch.Tensor]]:
+        """What a refit pushes: the live megatron-named parameters to an in-process Megatron engine (it copies them
+        in one multi-tensor copy before the refit returns), else :meth:`policy_weights`."""
+        if self._engine_accepts_megatron_weights:
+            from sc_lightning.models.megatron import megatron_weights
+
+            return megatron_weights(self.lightning_module.policy)
+        return self.policy_weights()
+
+    def refit(self, version: int, *, wake: bool = False) -> RefitReport | None:
+        """After the optimizer step that made ``version``: release the step, push the policy, reopen dispatch.
+
+        The weights are pushed only when the module's ``policy_trained`` says the step changed the policy (a PPO
+        critic warm-up does not); ``wake`` wakes a colocated engine before dispatch reopens. One controller call, on
+        the leader (the other ranks only help gather the weights, and get None); :attr:`last_refit` records it.
+        """
+        started = time.monotonic()
+        weights = self._refit_weights() if self.lightning_module.policy_trained else None
+        if not self.leader:
+            return None
+        report = self._running_controller().refit(version, weights, wake=wake)
+        finished = time.monotonic()
+        self.last_refit = RefitRecord(version, report, finished - started, finished)
+        return report
+
+    def stand_down_engine(self) -> None:
+        """Colocated: the engine releases the accelerator for the train step (its requests and deadlines freeze)."""
+        if self.leader:
+            self._running_controller().stand_down_engine()
+
+    def trained_rows_on_leader(self, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Every data-parallel replica's trained rows of a step, on the leader (a collective over the ranks; the
+        other ranks get an empty list). Tensor- and pipeline-parallel peers trained the same rows: one sends them."""
+        if self.ranks is None:
+            return rows
+        from sc_lightning.trainer.data_parallel import data_parallel_representative
+
+        gathered = self.ranks.gather(rows if data_parallel_representative() else [])
+        return [row for rank_rows in gathered or [] for row in rank_rows]
+
+    def _running_controller(self) -> LocalController:
+        """The started controller; RuntimeError before ``setup``, after ``teardown`` or off the leader."""
+        if self.controller is None:
+            raise RuntimeError("the Single-Controller strategy has not been set up (or this rank is not the leader)")
+        return self.controller
+
+    def _start(self) -> None:
+        weights = self.policy_weights()  # every rank of the first replica takes part in gathering TP shards
+        if self.leader:
+            self._start_rollout_side(weights)
+        if self.ranks is not None:
+            self.data_plane = self.ranks.broadcast(self.data_plane)  # a handle: the others attach by key
+
+    def _start_rollout_side(self, weights: list[tuple[str, torch.Tensor]]) -> None:
+        module = self.lightning_module
+        config, tokenizer = self.config, module.tokenizer
+        dataset = build_dataset(config.data, tokenizer, seed=config.algo.seed)  # bad rows fail before anything starts
+        self.data_plane = build_data_plane(config.data_plane)
+        data_plane = self.data_plane
+        engine = self.engine_factory(config, weights)  # here, on the main thread (it may start Ray)
+        self._engine_accepts_megatron_weights = bool(getattr(engine, "accepts_megatron_weights", False))
+
+        snapshotter = rollout_snapshotter(config)
+
+        def build() -> Any:
+            """Runs on the controller thread: the controller and its parts."""
+            controller = build_controller(
+                config,
+                data_plane=data_plane,
+                engine=engine,
+                environment=build_environment(config.env),
+                tokenizer=tokenizer,
+                dataset=dataset,
+            )
+            if snapshotter is not None:
+                controller.add_background_task("rollout snapshots", snapshotter.run)
+            return controller
+
+        self.controller = LocalController(build, before_start=self._restorer(weights))
+        if _exposes_http_server(config):
+            self.endpoint = CompletionsEndpoint(
+                engine, tokenizer, model_name=config.policy.model_name, defaults=rollout_settings(config).sampling
+            )
+            self.endpoint_url = self.controller.call(self.endpoint.start())  # on the loop that owns the engine
+            log.info("OpenAI-compatible completions endpoint: %s", self.endpoint_url)
+
+    def resume_bundle(self) -> Path | None:
+        """The bundle or snapshot a resume loads (``resume_state``, else the bundle of ``trainer.fit``'s ckpt_path)."""
+        if self.resume_state is not None:
+            return self.resume_state
+        ckpt_path = self.lightning_module.trainer.ckpt_path
+        if ckpt_path is None:
+            return None
+        bundle = Path(ckpt_path).parent
+        return bundle if (bundle / CONTROLLER_FILE).exists() else None
+
+    def _restorer(self, weights: list[tuple[str, torch.Tensor]]) -> BeforeStart | None:
+        """On a bundle resume: load its rows and controller state, and give the engine the restored weights."""
+        bundle = self.resume_bundle()
+        if bundle is None:
+            return None
+        assert self.data_plane is not None
+        state = read_controller_state(bundle)
+        if state.get("rows_indexed", True):  # shadow mode or no save_data_plane: the groups are pending instead
+            self.data_plane.load(bundle / DATA_PLANE_DIR)
+        return resume_restorer(state, weights, group_size=self.config.algo.num_generations_per_prompt, source=bundle)
+
+    def _group_source(self) -> GroupSource:
+        """Where this rank's step stream gets its groups: the controller, through the leader's broadcast if any."""
+        if self.ranks is None:
+            return self._running_controller()
+        if self.ranks.leader:
+            return LeaderSelect(self._running_controller(), self.ranks)
+        return FollowerSelect(self.ranks)
+
+    def rl_steps(self) -> RLStepStream:
+        """The train dataloader: one RL step per item, ``max_num_steps`` items at most."""
+        if self.data_plane is None:
+            raise RuntimeError("the Single-Controller strategy has not been set up")
+        trainer = self.lightning_module.trainer
+        self._allow_one_more_epoch()  # the loops are restored by now, and Lightning has not yet decided to run
+        settings = StepSettings.from_config(self.config, pad_token_id=self.lightning_module.tokenizer.pad_token_id)
+        return RLStepStream(
+            self._group_source(),
+            self.data_plane,
+            settings,
+            max_steps=self.config.algo.max_num_steps,
+            version=lambda: trainer.global_step,
+        )
+
+    def teardown(self) -> None:
+        """Stop the controller (its pump and engine), then the data plane, then the usual strategy teardown."""
+        try:
+            if self.controller is not None:
+                if self.endpoint is not None:
+                    self.controller.call(self.endpoint.stop())
+                self.controller.shutdown()
+        finally:
+            self.controller, self.endpoint, self.endpoint_url = None, None, None
+            if self.data_plane is not None and self.leader:
+                self.data_plane.close()
+            self.data_plane = None
+            super().teardown()  # type: ignore[misc]
