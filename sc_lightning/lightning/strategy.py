@@ -15,6 +15,8 @@ controller, started on the leader at ``setup`` and stopped at ``teardown``) besi
 
 from __future__ import annotations
 
+import signal
+import time
 from pathlib import Path
 from typing import Any
 
@@ -72,6 +74,38 @@ class MultiRankSingleControllerStrategy(ControllerHost, DDPStrategy):
 
     def configure_ddp(self) -> None:
         """No torch DDP wrapper: megatron-core's DDP inside the optimizers sums the gradients."""
+
+    def on_exception(self, exception: BaseException) -> None:
+        """Name the trainer ranks whose process died in the error (a dead rank shows up on the others as a broken
+        connection). Children of Lightning's own launcher only: torchrun and SLURM report their ranks themselves."""
+        super().on_exception(exception)
+        if died := dead_ranks(self.launcher, node_rank=self.node_rank, ranks_per_node=self.num_processes):
+            exception.args = (f"{exception.args[0] if exception.args else exception!r}\n{died}", *exception.args[1:])
+
+
+def dead_ranks(launcher: Any, *, node_rank: int, ranks_per_node: int, grace_s: float = 2.0) -> str:
+    """A sentence naming the ranks this node's launcher started whose process has ended with an error ('' if none).
+
+    A rank that died just now may not have been reaped yet: it waits up to ``grace_s`` for one to show.
+    """
+    children = getattr(launcher, "procs", None) or []
+    deadline = time.monotonic() + grace_s
+    while True:
+        failed = [(i + 1, child) for i, child in enumerate(children) if child.poll() not in (None, 0)]
+        if failed or time.monotonic() >= deadline or not children:
+            break
+        time.sleep(0.05)
+    return "; ".join(
+        f"trainer rank {node_rank * ranks_per_node + local} (pid {child.pid}) died: {_exit_reason(child.returncode)}"
+        for local, child in failed
+    )
+
+
+def _exit_reason(returncode: int) -> str:
+    """How a process ended, from its return code (negative: the signal that killed it)."""
+    if returncode < 0:
+        return f"killed by {signal.Signals(-returncode).name}"
+    return f"exited with code {returncode}"
 
 
 def single_controller_strategy(

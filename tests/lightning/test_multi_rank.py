@@ -1,0 +1,88 @@
+"""The tiny example on two trainer ranks (CPU, gloo), started by Lightning's launcher from the real CLI.
+
+DP=2 and TP=2 each train every prompt exactly once; SIGKILL of the non-leader rank ends the whole run within a
+deadline with that rank named, and the same command resumes with nothing lost or trained twice.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO, TINY
+from tests.test_recovery import RENDEZVOUS, assert_each_prompt_trained_once, command, wait_for, write_dataset
+
+pytestmark = pytest.mark.slow
+
+TWO_RANKS = (TINY, REPO / "tests" / "small_steps.yaml")  # the tiny example (its engine in a Ray actor), small steps
+ASYNC = ("--async_rl.max_buffered_rollouts", "8", "--async_rl.max_inflight_prompts", "8")  # one step ahead, as tiny
+STEPS = 6
+
+
+def environment() -> dict[str, str]:
+    """This environment without a torch.distributed rendezvous the test process may have set up."""
+    return {k: v for k, v in os.environ.items() if k not in RENDEZVOUS}
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("layout", [[], ["--policy.megatron_cfg.tensor_model_parallel_size", "2"]], ids=["dp2", "tp2"])
+def test_the_tiny_example_trains_on_two_ranks_every_prompt_once(tmp_path: Path, layout: list[str]) -> None:
+    steps = ("--grpo.max_num_steps", str(STEPS))
+    no_bundles = ("--checkpointing.enabled", "false", "--checkpointing.save_data_plane", "false")
+    argv = command(tmp_path, TWO_RANKS, "--trainer.devices", "2", *ASYNC, *steps, *no_bundles, *layout)
+    write_dataset(tmp_path / "prompts.jsonl")
+    result = subprocess.run(argv, cwd=REPO, env=environment(), capture_output=True, text=True, timeout=540)
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = [json.loads(line) for line in (tmp_path / "train_data.jsonl").read_text().splitlines()]
+    assert Counter(row["step"] for row in rows) == dict.fromkeys(range(STEPS), 16)  # both replicas' rows, logged once
+    per_prompt = Counter(row["prompt_index"] for row in rows)
+    assert len(per_prompt) == STEPS * 4 and set(per_prompt.values()) == {4}
+    (metrics,) = tmp_path.glob("lightning_logs/version_*/metrics.csv")  # one logger: the leader's
+    header, *steps = metrics.read_text().splitlines()
+    index = header.split(",").index("train/global_valid_toks")
+    counted = [float(line.split(",")[index]) for line in steps if line.split(",")[index]]
+    assert len(counted) == STEPS and all(c >= 16 for c in counted)  # the step's tokens on both ranks, not one's
+
+
+def child_rank_pid(parent: int, local_rank: int) -> int | None:
+    """The pid of the trainer rank ``local_rank`` that Lightning's launcher in ``parent`` started (None: not yet)."""
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            env = (entry / "environ").read_bytes().split(b"\0")
+        except (OSError, IndexError, ValueError):
+            continue  # gone meanwhile
+        if ppid == parent and f"LOCAL_RANK={local_rank}".encode() in env:
+            return int(entry.name)
+    return None
+
+
+@pytest.mark.timeout(900)
+def test_sigkill_of_one_rank_ends_the_run_naming_it_and_the_same_command_resumes(tmp_path: Path) -> None:
+    write_dataset(tmp_path / "prompts.jsonl")
+    argv = command(tmp_path, TWO_RANKS, "--trainer.devices", "2", *ASYNC, "--checkpointing.save_period", "3")
+    first = subprocess.Popen(argv, cwd=REPO, env=environment(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    bundles = tmp_path / "checkpoints"
+    assert wait_for(lambda: len(list(bundles.glob("step_*"))) >= 2, first, "two bundles"), "the run ended early"
+    rank1 = child_rank_pid(first.pid, 1)
+    assert rank1 is not None
+    os.kill(rank1, signal.SIGKILL)
+    killed = time.monotonic()
+    stderr = first.communicate(timeout=120)[1].decode()
+    ended_after_s = time.monotonic() - killed
+    assert first.returncode != 0
+    assert ended_after_s < 30, f"the leader outlived the dead rank by {ended_after_s:.0f} s"
+    assert f"trainer rank 1 (pid {rank1}) died: killed by SIGKILL" in stderr, stderr[-3000:]
+    resumed = subprocess.run(argv, cwd=REPO, env=environment(), capture_output=True, text=True, timeout=600)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "resuming from" in resumed.stderr
+    assert_each_prompt_trained_once(tmp_path)
