@@ -143,6 +143,8 @@ def streaming_threshold_within_step(config: SCConfig, report: Report) -> None:
     "policy.generation.top_p",
     "policy.generation.top_k",
     "async_rl.min_groups_for_streaming_train",
+    "policy.megatron_cfg.tensor_model_parallel_size",
+    "policy.megatron_cfg.pipeline_model_parallel_size",
 )
 def generation_engine(config: SCConfig, report: Report) -> None:
     """Backend/colocation/async-engine/truncation rules of the generation engine."""
@@ -151,6 +153,15 @@ def generation_engine(config: SCConfig, report: Report) -> None:
         report.error(
             "policy.generation.colocated.enabled",
             f"is true with backend {gen.backend!r}; only the megatron backend can be colocated, set it to false",
+        )
+    megatron_cfg = config.policy.megatron_cfg
+    split = (megatron_cfg.tensor_model_parallel_size, megatron_cfg.pipeline_model_parallel_size)
+    if gen.colocated.enabled and gen.backend == "megatron" and split != (1, 1):
+        report.error(
+            "policy.megatron_cfg.tensor_model_parallel_size",
+            f"with pipeline_model_parallel_size gives (TP, PP) = {split}, but the colocated Megatron engine runs in "
+            "the trainer's process on its parallel state, which it needs at (1, 1): set "
+            "policy.generation.colocated.enabled to false (the engine then runs in its own Ray actor) or both to 1",
         )
     if gen.colocated.enabled and gen.backend == "megatron" and config.has_one_algorithm:
         n, threshold = config.algo.num_prompts_per_step, min_groups_for_streaming_train(config)

@@ -11,6 +11,8 @@ from tests.config.helpers import PPO_COMPANION
 from tests.config.rule_builders import NON_COLOCATED, VLLM, async_rl, ppo, sampler
 from tests.conftest import variant
 
+SEPARATE_ENGINE = {"generation": {"colocated": {"enabled": False}}}  # the tests' base config colocates the engine
+
 ALGORITHM_CASES: list[tuple[str, dict[str, Any], dict[str, Any], str, str]] = [
     ("one block: both", ppo(), variant({"ppo": PPO_COMPANION["ppo"]}), "ppo", "only one algorithm block"),
     ("one block: none", variant(), variant({"grpo": None}), "grpo", "needs a grpo: block"),
@@ -175,10 +177,24 @@ ALGORITHM_CASES: list[tuple[str, dict[str, Any], dict[str, Any], str, str]] = [
     ),
     (
         "sequence parallel is not supported yet",
-        variant({"policy": {"megatron_cfg": {"tensor_model_parallel_size": 2}}}),
-        variant({"policy": {"megatron_cfg": {"sequence_parallel": True, "tensor_model_parallel_size": 2}}}),
+        variant({"policy": {"megatron_cfg": {"tensor_model_parallel_size": 2}, **SEPARATE_ENGINE}}),
+        variant(
+            {
+                "policy": {
+                    "megatron_cfg": {"sequence_parallel": True, "tensor_model_parallel_size": 2},
+                    **SEPARATE_ENGINE,
+                }
+            }
+        ),
         "policy.megatron_cfg.sequence_parallel",
         "not supported yet",
+    ),
+    (
+        "a colocated Megatron engine needs the trainer's parallel state at TP = PP = 1",
+        variant({"policy": {"megatron_cfg": {"tensor_model_parallel_size": 2}, **SEPARATE_ENGINE}}),
+        variant({"policy": {"megatron_cfg": {"tensor_model_parallel_size": 2}}}),
+        "policy.megatron_cfg.tensor_model_parallel_size",
+        "the colocated Megatron engine runs in the trainer's process",
     ),
     (
         "pipeline parallel is not supported yet",
