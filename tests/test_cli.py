@@ -58,6 +58,7 @@ def test_dry_run_validates_and_starts_nothing() -> None:
         ["configs/grpo_tiny_vllm.yaml"],
         ["configs/grpo_math_1B_megatron.yaml"],
         ["configs/ppo_math_1B_megatron.yaml"],
+        *[["configs/grpo_math_1B_megatron.yaml", f"configs/layouts/grpo_math_1B_{n}nodes.yaml"] for n in (2, 8)],
         ["configs/ppo_tiny.yaml"],
         ["configs/grpo_1gpu.yaml"],
         ["configs/ppo_1gpu.yaml"],
