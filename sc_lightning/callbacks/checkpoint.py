@@ -47,18 +47,20 @@ class BundleCheckpoint(Checkpoint):
     def save(self, trainer: Trainer, step: int) -> Path:
         """Write the bundle of ``step`` (a bundle that exists already, e.g. the one resumed from, is kept as is).
 
-        With several trainer ranks every rank calls this: the leader writes the bundle, the others join the trainer
-        checkpoint's collectives.
+        With several trainer ranks every rank calls this: the leader writes the bundle, and every rank writes its
+        shards of the models into the leader's temporary directory (see the strategy's ``save_checkpoint``).
         """
         final = Path(self.config.checkpoint_dir) / bundle_name(step)
-        if trainer.strategy.broadcast(final.exists()):  # the leader's answer, so every rank takes the same branch
+        strategy, weights_only = trainer.strategy, not self.config.save_optimizer
+        if strategy.broadcast(final.exists()):  # the leader's answer, so every rank takes the same branch
             return final
         if not trainer.is_global_zero:
-            trainer.save_checkpoint(final / TRAINER_FILE, weights_only=not self.config.save_optimizer)  # writes nothing
+            trainer.save_checkpoint(Path(strategy.broadcast(None)) / TRAINER_FILE, weights_only=weights_only)
             return final
-        controller = trainer.strategy.controller
+        controller = strategy.controller
         with write_atomically(final) as directory:
-            trainer.save_checkpoint(directory / TRAINER_FILE, weights_only=not self.config.save_optimizer)
+            strategy.broadcast(str(directory))  # where the other ranks write their shards
+            trainer.save_checkpoint(directory / TRAINER_FILE, weights_only=weights_only)
             rows = str(directory / DATA_PLANE_DIR) if self.config.save_data_plane else None
             state = controller.snapshot(rows)  # without rows, the buffered groups are listed to regenerate
             write_controller_files(directory, state)

@@ -1,6 +1,9 @@
 """What a trainer bundle ``checkpointing.checkpoint_dir/step_N/`` holds, and how the controller's part is stored.
 
     trainer.ckpt            Lightning's checkpoint: model, optimizer and scheduler state, loop progress (global_step)
+    sharded/                with several trainer ranks, the models and optimizers instead, as megatron-core's
+                            distributed checkpoint (every rank writes its shards; a resume on another layout
+                            reshards); trainer.ckpt then holds the rest
     controller_state.json   the trainer's weight version, the prompt stream's cursor, the sampler's dispatch index
     replay_index.json       the metadata-only replay index of the committed, unconsumed groups (digest-checked)
     data_plane/             the data plane's own snapshot: exactly those groups' rows
@@ -29,6 +32,7 @@ REPLAY_INDEX_FILE = "replay_index.json"
 RECOVERY_FILE = "rollout_recovery.pt"
 RESERVE_FILE = "replacement_reserve.pt"
 DATA_PLANE_DIR = "data_plane"
+SHARDED_DIR = "sharded"
 
 
 def bundle_name(step: int) -> str:

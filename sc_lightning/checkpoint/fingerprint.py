@@ -58,6 +58,8 @@ BUILTIN_EXCLUDED_PATHS = (
     "trainer.accelerator",
     "trainer.devices",
     "trainer.num_nodes",
+    "policy.megatron_cfg.tensor_model_parallel_size",
+    "value.megatron_cfg.tensor_model_parallel_size",
     "policy.generation.colocated",
     "policy.generation.vllm_cfg.gpu_memory_utilization",
     "policy.generation.vllm_cfg.kv_cache_memory_bytes",

@@ -193,15 +193,6 @@ def _parallel_layout_issues(lightning: dict[str, Any], config: SCConfig) -> list
                     "which it does not divide; choose sizes whose product divides the world size",
                 )
             )
-        if tp > 1 and config.checkpointing.enabled:
-            issues.append(
-                ConfigIssue(
-                    "checkpointing.enabled",
-                    f"is true with {model}.megatron_cfg.tensor_model_parallel_size {tp}, but bundles hold one "
-                    "rank's weights until they are written as distributed checkpoints; use data parallelism for a "
-                    "run that must resume, or set checkpointing.enabled to false",
-                )
-            )
     if world > 1 and config.data_plane.backend == "memory":
         issues.append(
             ConfigIssue(

@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from sc_lightning.checkpoint.bundle import CONTROLLER_FILE, DATA_PLANE_DIR, read_controller_state
+from sc_lightning.checkpoint.bundle import CONTROLLER_FILE, DATA_PLANE_DIR, SHARDED_DIR, read_controller_state
 from sc_lightning.checkpoint.periodic import RolloutSnapshotter
 from sc_lightning.checkpoint.snapshots import config_identity
 from sc_lightning.config import SCConfig
@@ -42,11 +42,14 @@ from sc_lightning.rollout.datasets import build_dataset
 from sc_lightning.rollout.envs import build_environment
 from sc_lightning.trainer.data_parallel import data_parallel_rank
 from sc_lightning.trainer.rank_sync import FollowerSelect, LeaderSelect, RankGroup
+from sc_lightning.trainer.sharded_checkpoint import load_sharded, save_sharded
 from sc_lightning.trainer.step_stream import GroupSource, RLStepStream, StepSettings
 
 EngineFactory = Callable[[SCConfig, list[tuple[str, torch.Tensor]]], GenerationEngine]
 """Builds the generation engine from the config and the policy's initial (HF-named) weights."""
 log = logging.getLogger(__name__)
+SHARDED_KEY = "sc_lightning_sharded"
+"""The trainer checkpoint's entry saying its models and optimizers are in a distributed checkpoint beside it."""
 
 
 @dataclass(frozen=True)
@@ -189,6 +192,41 @@ class ControllerHost:
 
         gathered = self.ranks.gather(rows if data_parallel_representative() else [])
         return [row for rank_rows in gathered or [] for row in rank_rows]
+
+    def save_checkpoint(self, checkpoint: dict[str, Any], filepath: Any, storage_options: Any = None) -> None:
+        """With several ranks: the models and optimizers go to ``sharded/`` beside ``filepath`` as a distributed
+        checkpoint (every rank writes its shards), the rest to ``filepath`` as usual (on the leader)."""
+        if self.ranks is not None:
+            with_optimizers = "optimizer_states" in checkpoint
+            save_sharded(Path(filepath).parent / SHARDED_DIR, self._checkpoint_parts(optimizers=with_optimizers))
+            checkpoint["state_dict"] = {}  # Lightning checks the keys exist; the strategy's loaders read sharded/
+            if with_optimizers:
+                checkpoint["optimizer_states"] = []
+            checkpoint[SHARDED_KEY] = {"directory": SHARDED_DIR, "optimizers": with_optimizers}
+        super().save_checkpoint(checkpoint, filepath, storage_options)  # type: ignore[misc]
+
+    def load_model_state_dict(self, checkpoint: Any, strict: bool = True) -> None:
+        """Load the models: from the bundle's distributed checkpoint, resharded to this layout, if it has one."""
+        if SHARDED_KEY not in checkpoint:
+            super().load_model_state_dict(checkpoint, strict=strict)  # type: ignore[misc]
+            return
+        load_sharded(self._sharded_directory(checkpoint), self._checkpoint_parts(optimizers=False))
+
+    def load_optimizer_state_dict(self, checkpoint: Any) -> None:
+        """Load the optimizers: from the bundle's distributed checkpoint (resharded), if it has one."""
+        if SHARDED_KEY not in checkpoint:
+            super().load_optimizer_state_dict(checkpoint)  # type: ignore[misc]
+        elif checkpoint[SHARDED_KEY]["optimizers"]:
+            load_sharded(self._sharded_directory(checkpoint), self._checkpoint_parts(optimizers=True))
+
+    def _sharded_directory(self, checkpoint: dict[str, Any]) -> Path:
+        """The distributed checkpoint beside the trainer checkpoint being restored."""
+        return Path(self.lightning_module.trainer.ckpt_path).parent / checkpoint[SHARDED_KEY]["directory"]
+
+    def _checkpoint_parts(self, *, optimizers: bool) -> dict[str, Any]:
+        """The module's models (and, with ``optimizers``, the optimizer of each trained one) by name."""
+        trainer_optimizers = self.lightning_module.trainer.optimizers if optimizers else []
+        return self.lightning_module.checkpoint_parts(trainer_optimizers)
 
     def _running_controller(self) -> LocalController:
         """The started controller; RuntimeError before ``setup``, after ``teardown`` or off the leader."""

@@ -98,6 +98,14 @@ class GRPOModule(LightningModule):
         """The policy's learning-rate scheduler."""
         return self.lr_schedulers()
 
+    def checkpoint_parts(self, optimizers: list[Any]) -> dict[str, tuple[torch.nn.Module, Any]]:
+        """The models a distributed checkpoint holds, by name, each with its optimizer from ``optimizers`` (the
+        trainer's, in configure_optimizers' order; empty: models only)."""
+        parts: dict[str, tuple[torch.nn.Module, Any]] = {"policy": (self.policy, optimizers[0] if optimizers else None)}
+        if self.reference is not None:
+            parts["reference"] = (self.reference, None)
+        return parts
+
     def policy_update(self, *, optimizer: Any = None, step_scheduler: bool = True) -> PolicyUpdate:
         """The split train API over the policy's optimizer (or ``optimizer``), scheduler and backward."""
         return PolicyUpdate(

@@ -83,6 +83,12 @@ class PPOModule(GRPOModule):
         critic_opt, critic_sched = adamw(self.critic, self.config.value.optimizer, ppo.max_num_steps)
         return [policy_opt, critic_opt], [policy_sched, critic_sched]
 
+    def checkpoint_parts(self, optimizers: list[Any]) -> dict[str, tuple[torch.nn.Module, Any]]:
+        """The policy's parts (see GRPOModule) and the critic with its optimizer (the second)."""
+        parts = super().checkpoint_parts(optimizers)
+        parts["critic"] = (self.critic, optimizers[1] if optimizers else None)
+        return parts
+
     def policy_optimizer(self) -> Any:
         """The policy's optimizer (the first): its steps count RL steps."""
         return self.optimizers()[0]

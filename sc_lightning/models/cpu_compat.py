@@ -15,11 +15,15 @@ recomputation. What is patched, and why (paths relative to ``megatron/core``):
    activation recomputation (``CheckpointFunction``) read and write the CPU generator.
 
 3. megatron's ``DistributedDataParallel`` allocates its gradient buffers on ``torch.cuda.current_device()``
-   (``distributed/param_and_grad_buffer.py:806``). :func:`megatron_buffers_on` points that call at the model's
-   device while the DDP is built; with ``overlap_grad_reduce`` off nothing else in it touches CUDA.
+   (``distributed/param_and_grad_buffer.py:806``), and ``dist_checkpointing`` synchronises the GPU after copying
+   tensors to the host and broadcasts its failure flag from a CUDA tensor
+   (``dist_checkpointing/strategies/filesystem_async.py:230``, ``state_dict_saver.py:252``).
+   :func:`cuda_calls_on` points ``torch.cuda.current_device`` at the model's device and makes
+   ``torch.cuda.synchronize`` a no-op while those run (with ``overlap_grad_reduce`` off nothing else in the DDP
+   touches CUDA).
 
 Not covered (needs a device-faking ``TorchFunctionMode``, see ``notes/lightning-megatron.md`` §5.1 Tier 2):
-``get_megatron_optimizer``, ``dist_checkpointing`` and the inference engines. On CPU, the trainer steps plain
+``get_megatron_optimizer`` and the inference engines. On CPU, the trainer steps plain
 ``torch.optim`` optimizers (over megatron DDP's summed gradients with several data-parallel ranks).
 """
 
@@ -109,17 +113,19 @@ def apply_cpu_compat() -> None:
 
 
 @contextlib.contextmanager
-def megatron_buffers_on(device: torch.device) -> Iterator[None]:
-    """While megatron's DDP is built: its buffers go to ``device`` (a CUDA device: nothing changes)."""
+def cuda_calls_on(device: torch.device) -> Iterator[None]:
+    """While megatron's DDP is built or ``dist_checkpointing`` runs: its ``torch.cuda.current_device()`` is
+    ``device`` and ``torch.cuda.synchronize()`` does nothing (a CUDA device: nothing changes)."""
     if device.type == "cuda":
         yield
         return
-    current_device = torch.cuda.current_device
+    current_device, synchronize = torch.cuda.current_device, torch.cuda.synchronize
     torch.cuda.current_device = lambda: device  # type: ignore[assignment]
+    torch.cuda.synchronize = lambda device=None: None  # type: ignore[assignment]
     try:
         yield
     finally:
-        torch.cuda.current_device = current_device
+        torch.cuda.current_device, torch.cuda.synchronize = current_device, synchronize
 
 
 def seed_cpu_rng_tracker(seed: int, tp_rank: int) -> None:

@@ -87,10 +87,10 @@ def megatron_ddp(model: torch.nn.Module, *, grad_reduce_in_fp32: bool) -> Distri
     """megatron-core's DDP over ``model``: every gradient accumulates into a ``main_grad`` buffer, and
     ``finish_grad_sync`` sums the buffers over the data-parallel group (the model's config sets
     ``calculate_per_token_loss``, so megatron scales nothing). On the CPU its buffers are CPU tensors."""
-    from sc_lightning.models.cpu_compat import megatron_buffers_on
+    from sc_lightning.models.cpu_compat import cuda_calls_on
 
     device = next(model.parameters()).device
-    with megatron_buffers_on(device):
+    with cuda_calls_on(device):
         return DistributedDataParallel(
             model.config,
             DistributedDataParallelConfig(grad_reduce_in_fp32=grad_reduce_in_fp32, overlap_grad_reduce=False),

@@ -129,6 +129,15 @@ class MixedPrecisionAdamW(torch.optim.Optimizer):
         self.megatron.load_state_dict(state_dict)
         self._share_inner_groups()
 
+    def sharded_state_dict(self, model_state: dict[str, Any], *, is_loading: bool) -> dict[str, Any]:
+        """megatron's distributed-checkpoint form of the state (fp32 masters and moments sharded like the
+        parameters of ``model_state``, the model's ``sharded_state_dict``); ``is_loading``: a template to load into."""
+        return self.megatron.sharded_state_dict(model_state, is_loading=is_loading)
+
+    def load_sharded_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore what :meth:`sharded_state_dict` saved, as loaded by ``dist_checkpointing``."""
+        self.load_state_dict(state)
+
     def _share_inner_groups(self) -> None:
         """Alias the inner AdamW's ``param_groups`` and ``state`` (its ``load_state_dict`` replaces both objects),
         so a schedule setting ``lr`` here sets it where the step reads it."""

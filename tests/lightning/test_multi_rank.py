@@ -1,7 +1,8 @@
 """The tiny example on two trainer ranks (CPU, gloo), started by Lightning's launcher from the real CLI.
 
-DP=2 and TP=2 each train every prompt exactly once; SIGKILL of the non-leader rank ends the whole run within a
-deadline with that rank named, and the same command resumes with nothing lost or trained twice.
+Runs at DP=2, then TP=2, then DP=2 again, each resuming the last one's bundle (resharded), train every prompt
+exactly once; SIGKILL of the non-leader rank ends the whole run within a deadline with that rank named, and the same
+command resumes with nothing lost or trained twice.
 """
 
 from __future__ import annotations
@@ -23,32 +24,11 @@ pytestmark = pytest.mark.slow
 
 TWO_RANKS = (TINY, REPO / "tests" / "small_steps.yaml")  # the tiny example (its engine in a Ray actor), small steps
 ASYNC = ("--async_rl.max_buffered_rollouts", "8", "--async_rl.max_inflight_prompts", "8")  # one step ahead, as tiny
-STEPS = 6
 
 
 def environment() -> dict[str, str]:
     """This environment without a torch.distributed rendezvous the test process may have set up."""
     return {k: v for k, v in os.environ.items() if k not in RENDEZVOUS}
-
-
-@pytest.mark.timeout(600)
-@pytest.mark.parametrize("layout", [[], ["--policy.megatron_cfg.tensor_model_parallel_size", "2"]], ids=["dp2", "tp2"])
-def test_the_tiny_example_trains_on_two_ranks_every_prompt_once(tmp_path: Path, layout: list[str]) -> None:
-    steps = ("--grpo.max_num_steps", str(STEPS))
-    no_bundles = ("--checkpointing.enabled", "false", "--checkpointing.save_data_plane", "false")
-    argv = command(tmp_path, TWO_RANKS, "--trainer.devices", "2", *ASYNC, *steps, *no_bundles, *layout)
-    write_dataset(tmp_path / "prompts.jsonl")
-    result = subprocess.run(argv, cwd=REPO, env=environment(), capture_output=True, text=True, timeout=540)
-    assert result.returncode == 0, result.stderr[-3000:]
-    rows = [json.loads(line) for line in (tmp_path / "train_data.jsonl").read_text().splitlines()]
-    assert Counter(row["step"] for row in rows) == dict.fromkeys(range(STEPS), 16)  # both replicas' rows, logged once
-    per_prompt = Counter(row["prompt_index"] for row in rows)
-    assert len(per_prompt) == STEPS * 4 and set(per_prompt.values()) == {4}
-    (metrics,) = tmp_path.glob("lightning_logs/version_*/metrics.csv")  # one logger: the leader's
-    header, *steps = metrics.read_text().splitlines()
-    index = header.split(",").index("train/global_valid_toks")
-    counted = [float(line.split(",")[index]) for line in steps if line.split(",")[index]]
-    assert len(counted) == STEPS and all(c >= 16 for c in counted)  # the step's tokens on both ranks, not one's
 
 
 def child_rank_pid(parent: int, local_rank: int) -> int | None:
@@ -86,3 +66,26 @@ def test_sigkill_of_one_rank_ends_the_run_naming_it_and_the_same_command_resumes
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "resuming from" in resumed.stderr
     assert_each_prompt_trained_once(tmp_path)
+
+
+@pytest.mark.timeout(900)
+def test_a_bundle_saved_at_dp2_resumes_at_tp2_and_back_training_every_prompt_once(tmp_path: Path) -> None:
+    """Bundles hold megatron-core distributed checkpoints: each resume reshards the policy and its AdamW state."""
+    write_dataset(tmp_path / "prompts.jsonl")
+    tp2 = ("--policy.megatron_cfg.tensor_model_parallel_size", "2")
+    for steps, layout in ((4, ()), (8, tp2), (12, ())):
+        extra = ("--grpo.max_num_steps", str(steps), "--checkpointing.save_period", "2", *layout)
+        argv = command(tmp_path, TWO_RANKS, "--trainer.devices", "2", *ASYNC, *extra)
+        result = subprocess.run(argv, cwd=REPO, env=environment(), capture_output=True, text=True, timeout=400)
+        assert result.returncode == 0, result.stderr[-3000:]
+        assert (steps == 4) != (f"resuming from {tmp_path / 'checkpoints' / f'step_{steps - 4}'}" in result.stderr)
+        assert (tmp_path / "checkpoints" / f"step_{steps}" / "sharded" / ".metadata").is_file()
+    rows = [json.loads(line) for line in (tmp_path / "train_data.jsonl").read_text().splitlines()]
+    assert Counter(row["step"] for row in rows) == dict.fromkeys(range(12), 16)  # both replicas' rows, logged once
+    per_prompt = Counter(row["prompt_index"] for row in rows)
+    assert len(per_prompt) == 12 * 4 and set(per_prompt.values()) == {4}
+    for metrics in tmp_path.glob("lightning_logs/version_*/metrics.csv"):  # one logger per run: the leader's
+        header, *lines = metrics.read_text().splitlines()
+        index = header.split(",").index("train/num_valid_samples")
+        counted = [float(line.split(",")[index]) for line in lines if line.split(",")[index]]
+        assert counted == [16.0] * 4  # every row of the step, over both replicas (one replica trains about 8)

@@ -55,23 +55,50 @@ def this_ranks_rows(chunk: TrainChunk) -> TrainChunk | None:
     return concat_chunks(parts, pad_token_id=0)
 
 
-def train_three_steps(tensor_parallel_size: int = 1) -> tuple[list[dict[str, float]], dict[str, torch.Tensor], bool]:
-    """Three GRPO steps of the seeded tiny policy (two chunks each), this rank training its share of each chunk;
-    the metrics, the full weights and whether megatron's DDP summed the gradients."""
-    model = build_gpt_model(SPEC, precision="fp32", seed=0, tensor_parallel_size=tensor_parallel_size)
-    optimizer, _ = adamw(model, OptimizerConfig(lr=1e-3, clip_grad=0.05), STEPS)
+def new_policy(tensor_parallel_size: int = 1, seed: int = 0) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+    """The seeded tiny policy at ``tensor_parallel_size`` and its AdamW (megatron DDP's with several replicas)."""
+    model = build_gpt_model(SPEC, precision="fp32", seed=seed, tensor_parallel_size=tensor_parallel_size)
+    return model, adamw(model, OptimizerConfig(lr=1e-3, clip_grad=0.05), STEPS)[0]
+
+
+def train_steps(model: torch.nn.Module, optimizer: torch.optim.Optimizer, steps: range) -> list[dict[str, float]]:
+    """GRPO steps ``steps`` (each two chunks), this rank training its share of each chunk; their metrics."""
     loss_fn = ClippedPGLoss(token_level_loss=True, reference_policy_kl_penalty=0.0)
     update = PolicyUpdate(model, optimizer, loss_fn, micro_batch_size=5, clip_grad=0.05)
     metrics = []
-    for step in range(STEPS):
+    for step in steps:
         rows = step_rows(10 + step, gens=GENERATIONS)
         update.begin(step=step)
         for part in CHUNKS:
             if (mine := this_ranks_rows(rows.rows(part))) is not None:
                 update.train_chunk(mine)
         metrics.append(update.finish())
-    weights = {name: tensor.clone() for name, tensor in export_hf_weights(model, SPEC)}
-    return metrics, weights, isinstance(optimizer, DataParallelAdamW)
+    return metrics
+
+
+def full_weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The model's whole weights under HF names (gathered over tensor-parallel ranks)."""
+    return {name: tensor.clone() for name, tensor in export_hf_weights(model, SPEC)}
+
+
+def train_three_steps(tensor_parallel_size: int = 1) -> tuple[list[dict[str, float]], dict[str, torch.Tensor], bool]:
+    """Three GRPO steps of the seeded tiny policy (two chunks each), this rank training its share of each chunk;
+    the metrics, the full weights and whether megatron's DDP summed the gradients."""
+    model, optimizer = new_policy(tensor_parallel_size)
+    metrics = train_steps(model, optimizer, range(STEPS))
+    return metrics, full_weights(model), isinstance(optimizer, DataParallelAdamW)
+
+
+def assert_matches_one_process(
+    single: tuple[list[dict[str, float]], dict[str, torch.Tensor]], metrics: list, weights: dict, rank: int
+) -> None:
+    """A rank's metrics and weights equal one process's (metrics rel 1e-5; weights as for TP)."""
+    for one, split in zip(single[0], metrics, strict=True):
+        for key in KEYS:
+            assert split[key] == pytest.approx(one[key], rel=1e-5, abs=1e-7), (rank, key)
+    for name, tensor in single[1].items():
+        # as for TP (tests/trainer/test_tensor_parallel.py): summation order noise through AdamW's m / sqrt(v)
+        torch.testing.assert_close(weights[name], tensor, rtol=1e-5, atol=2e-6, msg=f"rank {rank}: {name}")
 
 
 def _data_parallel_rank(rank: int, world_size: int, tensor_parallel_size: int, out: Path) -> None:
@@ -91,12 +118,7 @@ def test_a_data_parallel_policy_update_equals_the_single_process_one(
     for rank in range(world_size):
         metrics, weights, used_ddp = torch.load(tmp_path / f"rank{rank}.pt")
         assert used_ddp, "several data-parallel ranks must sum their gradients through megatron's DDP"
-        for one, split in zip(single_metrics, metrics, strict=True):
-            for key in KEYS:
-                assert split[key] == pytest.approx(one[key], rel=1e-5, abs=1e-7), (rank, key)
-        for name, tensor in single_weights.items():
-            # as for TP (tests/trainer/test_tensor_parallel.py): summation order noise through AdamW's m / sqrt(v)
-            torch.testing.assert_close(weights[name], tensor, rtol=1e-5, atol=2e-6, msg=f"rank {rank}: {name}")
+        assert_matches_one_process((single_metrics, single_weights), metrics, weights, rank)
 
 
 def train_ppo_three_steps() -> tuple[list[dict[str, float]], torch.Tensor]:

@@ -1,0 +1,117 @@
+"""The trainer's models and optimizers as a distributed checkpoint: megatron-core's ``dist_checkpointing``.
+
+Every rank writes its own shards in parallel (the ``torch_dist`` format); each tensor is saved with its place in
+the global tensor (megatron's ``sharded_state_dict``), so a load on another tensor- or data-parallel layout
+reshards: a rank reads exactly the slices it now holds. AdamW's moments are sharded like their parameters (megatron's
+``optim_state_to_sharding_state``); the hyper-parameters and step counts are plain common state.
+
+    parts = {"policy": (policy, policy_optimizer), "reference": (reference, None), ...}
+    save_sharded(directory, parts)        # a collective: every rank calls it with its own shards
+    load_sharded(directory, parts)        # the same parts, built for the new layout: loaded in place
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+from megatron.core import dist_checkpointing
+from megatron.core.dist_checkpointing.optimizer import (
+    get_param_id_to_sharded_param_map,
+    optim_state_to_sharding_state,
+)
+
+from sc_lightning.models.cpu_compat import cuda_calls_on
+
+Part = tuple[torch.nn.Module, torch.optim.Optimizer | None]
+"""A model and its optimizer (None: the model is not trained, e.g. the frozen reference)."""
+
+_MOMENTS = ("exp_avg", "exp_avg_sq")
+
+
+def _optimizer_params(optimizer: torch.optim.Optimizer) -> list[torch.nn.Parameter]:
+    """The optimizer's parameters in its state-dict order."""
+    return [p for group in optimizer.param_groups for p in group["params"]]
+
+
+def _sharded_optimizer_state(
+    optimizer: torch.optim.Optimizer, model_state: dict[str, Any], *, template: bool
+) -> dict[str, Any]:
+    """The optimizer's state with each moment sharded like its parameter; ``template``: zero moments in the shape
+    a load fills (a fresh optimizer has no state yet). An optimizer with its own ``sharded_state_dict`` (megatron's
+    mixed-precision stack) describes itself."""
+    if hasattr(optimizer, "sharded_state_dict"):
+        return optimizer.sharded_state_dict(model_state, is_loading=template)
+    params = _optimizer_params(optimizer)
+    state = optimizer.state_dict()
+    steps = [float(s["step"]) for s in state["state"].values() if "step" in s]
+    if template:
+        state["state"] = {i: {name: torch.zeros_like(p) for name in _MOMENTS} for i, p in enumerate(params)}
+    else:
+        state["state"] = {i: {n: v for n, v in s.items() if n != "step"} for i, s in state["state"].items()}
+    optim_state_to_sharding_state(state, get_param_id_to_sharded_param_map(model_state, params))
+    state["step"] = steps[0] if steps else 0.0  # AdamW steps every parameter together
+    return state
+
+
+def _sharded_state(parts: Mapping[str, Part], *, template: bool) -> dict[str, Any]:
+    """The sharded state of every part: ``{name: {"model": ..., "optimizer": ...}}``."""
+    state: dict[str, Any] = {}
+    for name, (model, optimizer) in parts.items():
+        model_state = model.sharded_state_dict(prefix=f"{name}.")
+        state[name] = {"model": model_state}
+        if optimizer is not None:
+            state[name]["optimizer"] = _sharded_optimizer_state(optimizer, model_state, template=template)
+    return state
+
+
+def _device(parts: Mapping[str, Part]) -> torch.device:
+    model = next(iter(parts.values()))[0]
+    return next(model.parameters()).device
+
+
+def save_sharded(directory: Path, parts: Mapping[str, Part]) -> None:
+    """Write every part's shards into ``directory`` (created; every rank calls this, each writing its shards)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    with cuda_calls_on(_device(parts)):
+        dist_checkpointing.save(_sharded_state(parts, template=False), str(directory))
+
+
+def load_sharded(directory: Path, parts: Mapping[str, Part]) -> None:
+    """Load ``directory`` into ``parts`` (built for this run's layout), resharding as needed; every rank calls it."""
+    with cuda_calls_on(_device(parts)):
+        loaded = dist_checkpointing.load(_sharded_state(parts, template=True), str(directory))
+    for name, (model, optimizer) in parts.items():
+        weights = {key.removeprefix(f"{name}."): value for key, value in loaded[name]["model"].items()}
+        result = model.load_state_dict(weights, strict=False)
+        missing = [key for key in result.missing_keys if not key.endswith("_extra_state")]
+        if missing or result.unexpected_keys:
+            raise KeyError(
+                f"{directory}: {name} does not fit: missing {missing[:4]}, unexpected {result.unexpected_keys[:4]}"
+            )
+        if optimizer is not None:
+            _load_optimizer(optimizer, loaded[name]["optimizer"])
+
+
+def _load_optimizer(optimizer: torch.optim.Optimizer, loaded: dict[str, Any]) -> None:
+    """Restore AdamW from its loaded sharded state (moments as this rank's slices, the step count shared)."""
+    if hasattr(optimizer, "load_sharded_state_dict"):
+        optimizer.load_sharded_state_dict(loaded)
+        return
+    params = _optimizer_params(optimizer)
+    step = loaded["step"]
+    state = (
+        {
+            i: {**{n: loaded["state"][i][n] for n in _MOMENTS}, "step": torch.tensor(step, dtype=torch.float32)}
+            for i in range(len(params))
+        }
+        if step
+        else {}
+    )
+    groups = [
+        {**group, "params": own["params"]}
+        for group, own in zip(loaded["param_groups"], optimizer.state_dict()["param_groups"], strict=True)
+    ]
+    optimizer.load_state_dict({"state": state, "param_groups": groups})
