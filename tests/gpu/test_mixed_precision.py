@@ -11,6 +11,7 @@ from sc_lightning.models import build_gpt_model, builtin_spec
 from sc_lightning.trainer.mixed_precision import MixedPrecisionAdamW
 from sc_lightning.trainer.optim import adamw
 from sc_lightning.trainer.policy_update import PolicyUpdate
+from sc_lightning.trainer.sharded_checkpoint import load_sharded, save_sharded
 from tests.trainer.test_policy_update import step_rows
 
 pytestmark = pytest.mark.gpu
@@ -77,3 +78,27 @@ def test_the_state_round_trips_through_a_checkpoint() -> None:
     assert moments and all(m.dtype == torch.float32 and bool(m.abs().sum() > 0) for m in moments)
     restored.param_groups[0]["lr"] = 0.5  # what a learning-rate schedule does after a resume
     assert restored.megatron.optimizer.param_groups[0]["lr"] == 0.5  # ... reaches the AdamW that steps
+
+
+def test_a_distributed_checkpoint_restores_the_bf16_weights_fp32_masters_and_moments(tmp_path) -> None:
+    """megatron's mixed-precision state through dist_checkpointing: a model built from another seed, loaded, takes
+    the same next step as the one that saved."""
+    model, optimizer, _ = one_step("bf16")
+    save_sharded(tmp_path / "sharded", {"policy": (model, optimizer)})
+    other = build_gpt_model(SPEC, precision="bf16", seed=99, device=CUDA)
+    other_optimizer, _ = adamw(other, OptimizerConfig(lr=1e-3, weight_decay=0.1), total_steps=1)
+    load_sharded(tmp_path / "sharded", {"policy": (other, other_optimizer)})
+    for a, b in zip(masters(optimizer), masters(other_optimizer), strict=True):
+        assert torch.equal(a, b)
+    for a, b in zip(model.parameters(), other.parameters(), strict=True):
+        assert torch.equal(a, b)
+    for state, loaded in zip(optimizer.state.values(), other_optimizer.state.values(), strict=True):
+        assert torch.equal(state["exp_avg_sq"], loaded["exp_avg_sq"])
+    loss_fn = ClippedPGLoss(reference_policy_kl_penalty=0.0)
+    for net, opt in ((model, optimizer), (other, other_optimizer)):
+        update = PolicyUpdate(net, opt, loss_fn, micro_batch_size=4, clip_grad=1.0)
+        update.begin()
+        update.train_chunk(step_rows(2).to(CUDA))
+        update.finish()
+    for a, b in zip(model.parameters(), other.parameters(), strict=True):
+        assert torch.equal(a, b)
