@@ -83,6 +83,14 @@ def share_of_groups(groups: Sequence[GroupMeta], rank: int, size: int) -> list[G
     return [group for index, group in enumerate(groups) if owner[index] == rank]
 
 
+def transformer_config_of(model: torch.nn.Module) -> Any:
+    """The megatron ``TransformerConfig`` a GPTModel (or a critic built on one) carries."""
+    config = getattr(model, "config", None)
+    if config is None:
+        raise TypeError(f"{type(model).__name__} carries no megatron TransformerConfig (.config)")
+    return config
+
+
 def megatron_ddp(model: torch.nn.Module, *, grad_reduce_in_fp32: bool) -> DistributedDataParallel:
     """megatron-core's DDP over ``model``: every gradient accumulates into a ``main_grad`` buffer, and
     ``finish_grad_sync`` sums the buffers over the data-parallel group (the model's config sets
@@ -92,32 +100,27 @@ def megatron_ddp(model: torch.nn.Module, *, grad_reduce_in_fp32: bool) -> Distri
     device = next(model.parameters()).device
     with cuda_calls_on(device):
         return DistributedDataParallel(
-            model.config,
+            transformer_config_of(model),
             DistributedDataParallelConfig(grad_reduce_in_fp32=grad_reduce_in_fp32, overlap_grad_reduce=False),
             module=model,
         )
 
 
-class DataParallelAdamW(torch.optim.AdamW):
-    """torch's AdamW over fp32 parameters whose gradients megatron-core's DDP sums across data-parallel ranks.
+class SummedGradients:
+    """An optimizer's side of megatron DDP's gradient buffer (a mixin before the optimizer class): zero the buffer,
+    scale it once by the step's normaliser, sum it over the data-parallel ranks, apply it.
 
-    One step: ``zero_grad`` → backward × k (gradients land in the DDP buffer) → ``scale_grads(1 / n)`` → ``step()``
-    (all-reduce, clip the whole model's norm to ``clip_grad``, AdamW). ``last_grad_norm`` is the norm before clipping.
-    A ``step()`` without ``scale_grads`` since ``zero_grad`` changes nothing (PPO's critic warm-up relies on it).
-    Its ``state_dict`` is plain AdamW's, so checkpoints move between data-parallel sizes.
+    One step: ``zero_grad`` → backward × k (gradients land in the buffer) → ``scale_grads(1 / n)`` → ``step()``.
+    ``last_grad_norm`` is the norm before clipping. A ``step()`` without ``scale_grads`` since ``zero_grad`` changes
+    nothing (PPO's critic warm-up relies on it). Subclasses set ``ddp`` and implement :meth:`_apply_summed_grads`.
     """
 
-    def __init__(self, model: torch.nn.Module, param_groups: list[dict[str, Any]], clip_grad: float, **adam: Any):
-        super().__init__(param_groups, **adam)
-        self.ddp = megatron_ddp(model, grad_reduce_in_fp32=True)
-        self.clip_grad = clip_grad
-        self.last_grad_norm = 0.0
-        self._grads_scaled = False
+    ddp: DistributedDataParallel
+    last_grad_norm: float = 0.0
+    _grads_scaled: bool = False
 
-    def zero_grad(self, set_to_none: bool = True) -> None:
-        """Zero the DDP gradient buffer (and any ``.grad``)."""
+    def _zero_summed_grads(self) -> None:
         self.ddp.zero_grad_buffer()
-        super().zero_grad(set_to_none=set_to_none)
         self._grads_scaled = False
 
     def scale_grads(self, factor: float) -> None:
@@ -127,15 +130,41 @@ class DataParallelAdamW(torch.optim.AdamW):
 
     @torch.no_grad()
     def step(self, closure: Callable[[], Any] | None = None) -> Any:
-        """Sum the scaled gradients over the data-parallel ranks, clip, and apply AdamW."""
+        """Sum the scaled gradients over the data-parallel ranks, then clip and apply them."""
         loss = closure() if closure is not None else None
         if not self._grads_scaled:
             return loss
         self.ddp.finish_grad_sync()
+        self.last_grad_norm = self._apply_summed_grads()
+        self._grads_scaled = False
+        return loss
+
+    def _apply_summed_grads(self) -> float:
+        """Clip and apply the summed gradients; returns the norm before clipping."""
+        raise NotImplementedError
+
+
+class DataParallelAdamW(SummedGradients, torch.optim.AdamW):
+    """torch's AdamW over fp32 parameters whose gradients megatron-core's DDP sums across data-parallel ranks.
+
+    ``step()`` all-reduces, clips the whole model's norm to ``clip_grad`` and applies AdamW. Its ``state_dict`` is
+    plain AdamW's, so checkpoints move between data-parallel sizes.
+    """
+
+    def __init__(self, model: torch.nn.Module, param_groups: list[dict[str, Any]], clip_grad: float, **adam: Any):
+        torch.optim.AdamW.__init__(self, param_groups, **adam)
+        self.ddp = megatron_ddp(model, grad_reduce_in_fp32=True)
+        self.clip_grad = clip_grad
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """Zero the DDP gradient buffer (and any ``.grad``)."""
+        self._zero_summed_grads()
+        super().zero_grad(set_to_none=set_to_none)
+
+    def _apply_summed_grads(self) -> float:
         params = [p for group in self.param_groups for p in group["params"]]
         for param in params:
             param.grad = param.main_grad
-        self.last_grad_norm = clip_model_parallel_grads(params, self.clip_grad)
-        super().step()
-        self._grads_scaled = False
-        return loss
+        grad_norm = clip_model_parallel_grads(params, self.clip_grad)
+        torch.optim.AdamW.step(self)
+        return grad_norm

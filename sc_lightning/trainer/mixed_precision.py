@@ -18,30 +18,21 @@ allocates its buffers on ``torch.cuda.current_device()``); a CPU run trains in f
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable
 from typing import Any
 
 import torch
 
 with warnings.catch_warnings():  # at import: "Transformer Engine and Apex are not installed" (torch fallbacks used)
     warnings.filterwarnings("ignore", message=".*Apex.*")
-    from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
     from megatron.core.optimizer import OptimizerConfig as MegatronOptimizerConfig
     from megatron.core.optimizer import get_megatron_optimizer
 
 from sc_lightning.config.model import OptimizerConfig
+from sc_lightning.trainer.data_parallel import SummedGradients, megatron_ddp
 from sc_lightning.trainer.multi_tensor import install_foreach_multi_tensor
 
 
-def transformer_config_of(model: torch.nn.Module) -> Any:
-    """The megatron ``TransformerConfig`` a GPTModel (or a critic built on one) carries."""
-    config = getattr(model, "config", None)
-    if config is None:
-        raise TypeError(f"{type(model).__name__} carries no megatron TransformerConfig (.config)")
-    return config
-
-
-class MixedPrecisionAdamW(torch.optim.Optimizer):
+class MixedPrecisionAdamW(SummedGradients, torch.optim.Optimizer):
     """AdamW on fp32 master copies of a bf16 megatron model, with fp32 gradient accumulation (CUDA only).
 
     One step: ``zero_grad`` → backward × k (gradients land in the fp32 buffer) → ``scale_grads(1 / n)`` →
@@ -59,11 +50,7 @@ class MixedPrecisionAdamW(torch.optim.Optimizer):
                 f"this model is on {device}: set policy.precision (value.precision for a critic) to fp32 for a CPU run"
             )
         install_foreach_multi_tensor()  # without Apex, megatron's norm and copies would loop over tensors in Python
-        self.ddp = DistributedDataParallel(
-            transformer_config_of(model),
-            DistributedDataParallelConfig(grad_reduce_in_fp32=True, overlap_grad_reduce=False),
-            module=model,
-        )
+        self.ddp = megatron_ddp(model, grad_reduce_in_fp32=True)
         self.megatron = get_megatron_optimizer(
             MegatronOptimizerConfig(
                 optimizer="adam",
@@ -85,8 +72,6 @@ class MixedPrecisionAdamW(torch.optim.Optimizer):
             group.update(fused=True, foreach=False)  # one kernel per tensor chunk, not torch's foreach passes
         super().__init__([p for group in inner.param_groups for p in group["params"]], dict(inner.defaults))
         self._share_inner_groups()
-        self.last_grad_norm = 0.0
-        self._grads_scaled = False
 
     def master_pairs(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """Each bf16 model parameter with its fp32 master copy."""
@@ -99,26 +84,13 @@ class MixedPrecisionAdamW(torch.optim.Optimizer):
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Zero the fp32 gradient buffer (and any bf16 ``.grad`` left over)."""
-        self.ddp.zero_grad_buffer()
+        self._zero_summed_grads()
         self.megatron.zero_grad(set_to_none=set_to_none)
-        self._grads_scaled = False
 
-    def scale_grads(self, factor: float) -> None:
-        """Multiply the accumulated gradients by ``factor`` (the step's normaliser is known only at its end)."""
-        self.ddp.scale_gradients(factor)
-        self._grads_scaled = True
-
-    @torch.no_grad()
-    def step(self, closure: Callable[[], Any] | None = None) -> Any:
-        """Clip and apply the scaled gradients to the fp32 masters, then copy them into the bf16 parameters."""
-        loss = closure() if closure is not None else None
-        if not self._grads_scaled:
-            return loss
-        self.ddp.finish_grad_sync()
+    def _apply_summed_grads(self) -> float:
+        """Clip and apply the gradients to the fp32 masters, then copy them into the bf16 parameters."""
         _, grad_norm, _ = self.megatron.step()  # bf16 has no loss scaler, so megatron never skips the update
-        self.last_grad_norm = float(grad_norm)
-        self._grads_scaled = False
-        return loss
+        return float(grad_norm)
 
     def state_dict(self) -> dict[str, Any]:
         """megatron's state: the inner AdamW's ``state_dict`` and the fp32 master parameters."""
