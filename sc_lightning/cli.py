@@ -141,8 +141,10 @@ def _resume_point(config: Any) -> Any:
 
     checkpoint_dir = Path(config.checkpointing.checkpoint_dir)
     sweep_temporaries(checkpoint_dir)
+    from lightning.pytorch.utilities.rank_zero import rank_zero_only
+
     resume = resume_point(checkpoint_dir, config.rollout_checkpointing.restore_mode, config_identity(config))
-    if resume is not None:
+    if resume is not None and rank_zero_only.rank == 0:  # once, not once per trainer rank
         print(f"resuming from {resume.describe()}", file=sys.stderr)
     return resume
 
