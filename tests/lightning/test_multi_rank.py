@@ -61,7 +61,12 @@ def test_sigkill_of_one_rank_ends_the_run_naming_it_and_the_same_command_resumes
     ended_after_s = time.monotonic() - killed
     assert first.returncode != 0
     assert ended_after_s < 30, f"the leader outlived the dead rank by {ended_after_s:.0f} s"
-    assert f"trainer rank 1 (pid {rank1}) died: killed by SIGKILL" in stderr, stderr[-3000:]
+    named = (  # by the strategy, from the leader's broken collective; or by Lightning's launcher, whose observer kills
+        # the leader within 5 s when it was not in a collective (e.g. waiting for rollouts)
+        f"trainer rank 1 (pid {rank1}) died: killed by SIGKILL",
+        f"[rank: 1] Child process with PID {rank1} terminated with code -9",
+    )
+    assert any(message in stderr for message in named), stderr[-3000:]
     resumed = subprocess.run(argv, cwd=REPO, env=environment(), capture_output=True, text=True, timeout=600)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "resuming from" in resumed.stderr
