@@ -42,4 +42,15 @@ PPO (lightning/ppo_module.py) replaces the body of training_step:
                                                    last epoch's optimizer step is Lightning's counted step
     else:                                          critic warm-up: the policy optimizer steps without gradients
                                                    (the step still counts), and the refit skips push_weights
+
+With several trainer ranks (lightning/strategy.py's multi-rank strategy) every rank runs the same loop:
+
+    client.select(...)                             rank_sync.py: the leader's controller answers, the answer
+                                                   (group metadata) is broadcast to every rank
+    step.chunks()                                  data_parallel.py: each data-parallel replica loads only its
+                                                   share of the chunk's groups (tensor-parallel peers: the same)
+    update.finish()                                step_totals.py: counts and metrics summed over the replicas;
+                                                   megatron DDP sums the gradients (DataParallelAdamW)
+    train_data_log, refit, bundle                  on the leader; the others join the weight gather (TP) and
+                                                   write their shards of sharded_checkpoint.py's checkpoint
 """
