@@ -18,9 +18,11 @@ recomputation. What is patched, and why (paths relative to ``megatron/core``):
    (``distributed/param_and_grad_buffer.py:806``), and ``dist_checkpointing`` synchronises the GPU after copying
    tensors to the host and broadcasts its failure flag from a CUDA tensor
    (``dist_checkpointing/strategies/filesystem_async.py:230``, ``state_dict_saver.py:252``).
-   :func:`cuda_calls_on` points ``torch.cuda.current_device`` at the model's device and makes
-   ``torch.cuda.synchronize`` a no-op while those run (with ``overlap_grad_reduce`` off nothing else in the DDP
-   touches CUDA).
+   megatron's pipeline schedule counts tokens in ``torch.zeros(..., device="cuda")``
+   (``pipeline_parallel/schedules.py:2138``) and its point-to-point shape exchange allocates on the current device.
+   :func:`cuda_calls_on` points ``torch.cuda.current_device`` at the model's device, makes
+   ``torch.cuda.synchronize`` a no-op and sends tensors created with ``device="cuda"`` to the model's device while
+   those run (with ``overlap_grad_reduce`` off nothing else in the DDP touches CUDA).
 
 Not covered (needs a device-faking ``TorchFunctionMode``, see ``notes/lightning-megatron.md`` §5.1 Tier 2):
 ``get_megatron_optimizer`` and the inference engines. On CPU, the trainer steps plain
@@ -35,6 +37,7 @@ from collections.abc import Iterator
 import torch
 from megatron.core.models.common.embeddings import rotary_pos_embedding
 from megatron.core.tensor_parallel import random as mc_random
+from torch.overrides import TorchFunctionMode
 
 _MODEL_PARALLEL_RNG = "model-parallel-rng"
 _DEFAULT_RNG = "default-rng"
@@ -123,9 +126,25 @@ def cuda_calls_on(device: torch.device) -> Iterator[None]:
     torch.cuda.current_device = lambda: device  # type: ignore[assignment]
     torch.cuda.synchronize = lambda device=None: None  # type: ignore[assignment]
     try:
-        yield
+        with _CudaTensorsOn(device):
+            yield
     finally:
         torch.cuda.current_device, torch.cuda.synchronize = current_device, synchronize
+
+
+class _CudaTensorsOn(TorchFunctionMode):
+    """Tensors created with ``device="cuda"`` (or a CUDA ``torch.device``) go to ``device`` instead."""
+
+    def __init__(self, device: torch.device) -> None:
+        super().__init__()
+        self.device = device
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204 - torch's protocol
+        kwargs = kwargs or {}
+        where = kwargs.get("device")
+        if where is not None and torch.device(where).type == "cuda":
+            kwargs = {**kwargs, "device": self.device}
+        return func(*args, **kwargs)
 
 
 def seed_cpu_rng_tracker(seed: int, tp_rank: int) -> None:

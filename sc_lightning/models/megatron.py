@@ -156,6 +156,8 @@ def transformer_config(
         persist_layer_norm=False,
         gradient_accumulation_fusion=False,
         calculate_per_token_loss=True,  # the trainer divides by the step's global count: DDP only sums over ranks
+        variable_seq_lengths=pipeline_parallel_size > 1,  # micro-batches vary in width: stages exchange shapes
+        moe_token_dispatcher_type="alltoall",  # no MoE here; megatron refuses variable lengths with "allgather"
         **(recompute if activation_checkpointing else {}),
     )
 

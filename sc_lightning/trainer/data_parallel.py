@@ -25,6 +25,7 @@ from sc_lightning.trainer.grad_clip import clip_model_parallel_grads
 with warnings.catch_warnings():  # at import: "Transformer Engine and Apex are not installed" (torch fallbacks used)
     warnings.filterwarnings("ignore", message=".*Apex.*")
     from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
+    from megatron.core.distributed.finalize_model_grads import finalize_model_grads
 
 
 def data_parallel_size() -> int:
@@ -134,7 +135,7 @@ class SummedGradients:
         loss = closure() if closure is not None else None
         if not self._grads_scaled:
             return loss
-        self.ddp.finish_grad_sync()
+        finalize_model_grads([self.ddp])  # the data-parallel sum, and tied embeddings across pipeline stages
         self.last_grad_norm = self._apply_summed_grads()
         self._grads_scaled = False
         return loss

@@ -15,6 +15,7 @@ import torch
 from sc_lightning.config.model import OptimizerConfig
 from sc_lightning.trainer.data_parallel import DataParallelAdamW, data_parallel_size
 from sc_lightning.trainer.lr_schedule import lr_multiplier
+from sc_lightning.trainer.pipeline import pipeline_parallel_size
 
 
 def decays(name: str, param: torch.Tensor) -> bool:
@@ -40,7 +41,7 @@ def adamw(
             {"params": [p for n, p in named if not decays(n, p)], "weight_decay": 0.0},
         ]
         adam = {"lr": opt_cfg.lr, "betas": (opt_cfg.adam_beta1, opt_cfg.adam_beta2), "eps": opt_cfg.adam_eps}
-        if data_parallel_size() > 1:
+        if data_parallel_size() > 1 or pipeline_parallel_size() > 1:  # megatron DDP's buffers and grad finalising
             optimizer = DataParallelAdamW(model, groups, opt_cfg.clip_grad, **adam)
         else:
             optimizer = torch.optim.AdamW(groups, **adam)

@@ -19,8 +19,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 
 import torch
+from megatron.core import parallel_state
 
 from sc_lightning.algorithms import (
     METRIC_REDUCTIONS,
@@ -31,10 +33,11 @@ from sc_lightning.algorithms import (
     seq_mult_prob_error,
     valid_counts,
 )
-from sc_lightning.models.logprobs import token_logprobs
+from sc_lightning.models.logprobs import logprobs_from_logits, real_vocab_size, token_logprobs
 from sc_lightning.trainer.chunks import TrainChunk
 from sc_lightning.trainer.data_parallel import data_parallel_group
 from sc_lightning.trainer.grad_clip import clip_model_parallel_grads
+from sc_lightning.trainer.pipeline import pipeline_parallel_size, train_pipelined
 from sc_lightning.trainer.step_totals import StepTotals
 
 
@@ -64,7 +67,10 @@ class _StepTotals:
         self.values.update(values)
 
     def read(self) -> dict[str, float]:
-        """Every count (0 when none was added) and metric of the whole step, over all data-parallel ranks."""
+        """Every count (0 when none was added) and metric of the whole step, over all pipeline stages (only the last
+        computes the loss) and data-parallel ranks."""
+        if pipeline_parallel_size() > 1:
+            self.values.fold_over(parallel_state.get_pipeline_model_parallel_group())
         return {**dict.fromkeys(COUNTS, 0.0), **self.values.compute()}
 
 
@@ -169,28 +175,46 @@ class PolicyUpdate:
         totals = self._open_step()
         totals.rows += len(chunk)
         totals.group_ids.update(dict.fromkeys(chunk.group_ids))
-        for plan, batch in chunk.microbatches(self.micro_batch_size, self.micro_batch_tokens):
+        microbatches = chunk.microbatches(self.micro_batch_size, self.micro_batch_tokens)
+        if pipeline_parallel_size() > 1:  # megatron's schedule runs forward and backward; the loss on the last stage
+            planned = list(microbatches)
+            for plan, _ in planned:
+                self.trained_lengths.extend(plan.lengths)
+            train_pipelined(self.model, [batch for _, batch in planned], partial(self._logits_loss, totals))
+            return
+        for plan, batch in microbatches:
             self.trained_lengths.extend(plan.lengths)
-            mask = loss_mask(batch.token_mask, batch.sample_mask)
             logprobs = token_logprobs(
                 self.model, batch.input_ids, vocab_size=self.vocab_size, temperature=self.temperature
             )
-            prev_logprobs = logprobs.detach() if batch.prev_logprobs is None else batch.prev_logprobs
-            mask = self._mask_seq_logprob_error(batch, prev_logprobs, mask, totals)
-            tokens, seqs = valid_counts(mask)
-            totals.add({"tokens": tokens, "seqs": seqs})
-            loss, metrics = self.loss_fn(
-                logprobs,
-                prev_logprobs=prev_logprobs,
-                generation_logprobs=batch.generation_logprobs,
-                advantages=batch.advantages,
-                mask=mask,
-                num_valid_tokens=1.0,
-                num_valid_seqs=1.0,
-                reference_logprobs=self._reference_logprobs(batch),
-            )
-            self.backward(loss)  # an all-masked micro-batch backpropagates 0; its metrics are neutral
-            totals.add(metrics)
+            self.backward(self._microbatch_loss(batch, logprobs, totals))
+
+    def _logits_loss(self, totals: _StepTotals, batch: TrainChunk, logits: torch.Tensor) -> torch.Tensor:
+        """The micro-batch's loss from the last pipeline stage's logits."""
+        input_ids = batch.input_ids.to(logits.device)
+        vocab = self.vocab_size if self.vocab_size is not None else real_vocab_size(self.model)
+        logprobs = logprobs_from_logits(logits, input_ids, vocab_size=vocab, temperature=self.temperature)
+        return self._microbatch_loss(batch, logprobs, totals)
+
+    def _microbatch_loss(self, batch: TrainChunk, logprobs: torch.Tensor, totals: _StepTotals) -> torch.Tensor:
+        """The micro-batch's loss as a raw sum (normaliser 1), its counts and metrics folded into ``totals``."""
+        mask = loss_mask(batch.token_mask, batch.sample_mask)
+        prev_logprobs = logprobs.detach() if batch.prev_logprobs is None else batch.prev_logprobs
+        mask = self._mask_seq_logprob_error(batch, prev_logprobs, mask, totals)
+        tokens, seqs = valid_counts(mask)
+        totals.add({"tokens": tokens, "seqs": seqs})
+        loss, metrics = self.loss_fn(
+            logprobs,
+            prev_logprobs=prev_logprobs,
+            generation_logprobs=batch.generation_logprobs,
+            advantages=batch.advantages,
+            mask=mask,
+            num_valid_tokens=1.0,
+            num_valid_seqs=1.0,
+            reference_logprobs=self._reference_logprobs(batch),
+        )
+        totals.add(metrics)
+        return loss  # an all-masked micro-batch backpropagates 0; its metrics are neutral
 
     def _mask_seq_logprob_error(
         self, batch: TrainChunk, prev_logprobs: torch.Tensor, mask: torch.Tensor, totals: _StepTotals

@@ -56,6 +56,13 @@ class StepTotals(Metric):
                 torch.maximum(slot, value, out=slot)
             self.values[_SEEN, column] = 1.0
 
+    def fold_over(self, group: object) -> None:
+        """Combine this rank's values with those of ``group``'s ranks in place (e.g. pipeline stages, of which only
+        the last computes the loss), before the read reduces them over the data-parallel ranks."""
+        ops = torch.distributed.ReduceOp
+        for rows, op in ((slice(0, 1), ops.SUM), (slice(1, 2), ops.MIN), (slice(2, 4), ops.MAX)):
+            torch.distributed.all_reduce(self.values[rows], op=op, group=group)
+
     def compute(self) -> dict[str, float]:
         """Every value some rank added, as a Python float (one device-to-host copy)."""
         table = self.values.tolist()

@@ -55,9 +55,18 @@ def this_ranks_rows(chunk: TrainChunk) -> TrainChunk | None:
     return concat_chunks(parts, pad_token_id=0)
 
 
-def new_policy(tensor_parallel_size: int = 1, seed: int = 0) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
-    """The seeded tiny policy at ``tensor_parallel_size`` and its AdamW (megatron DDP's with several replicas)."""
-    model = build_gpt_model(SPEC, precision="fp32", seed=seed, tensor_parallel_size=tensor_parallel_size)
+def new_policy(
+    tensor_parallel_size: int = 1, seed: int = 0, pipeline_parallel_size: int = 1
+) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+    """The seeded tiny policy at this layout and its AdamW (over megatron DDP's buffer with several replicas or
+    stages)."""
+    model = build_gpt_model(
+        SPEC,
+        precision="fp32",
+        seed=seed,
+        tensor_parallel_size=tensor_parallel_size,
+        pipeline_parallel_size=pipeline_parallel_size,
+    )
     return model, adamw(model, OptimizerConfig(lr=1e-3, clip_grad=0.05), STEPS)[0]
 
 
