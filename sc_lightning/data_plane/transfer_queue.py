@@ -84,6 +84,7 @@ class TransferQueueDataPlane:
         self.num_storage_units = num_storage_units
         self.start_timeout_s = start_timeout_s
         self.ray_num_cpus = ray_num_cpus
+        self.ray_address: str | None = None  # on a copy: the owner's Ray cluster, which it must join
         self._reset_process_state()
         self._start()
 
@@ -102,7 +103,15 @@ class TransferQueueDataPlane:
             "num_storage_units": self.num_storage_units,
             "start_timeout_s": self.start_timeout_s,
             "ray_num_cpus": self.ray_num_cpus,
+            "ray_address": self._ray_address(),
         }
+
+    @staticmethod
+    def _ray_address() -> str | None:
+        """The Ray cluster this process is connected to (where a copy handed to a plain process attaches)."""
+        import ray
+
+        return ray.get_runtime_context().gcs_address if ray.is_initialized() else None
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
@@ -350,6 +359,12 @@ class TransferQueueDataPlane:
 
         if not ray.is_initialized():  # a plain process (Ray actors are connected already)
             ray.init(address=os.environ.get("RAY_ADDRESS", "auto"), runtime_env={"env_vars": env})
+            joined = ray.get_runtime_context().gcs_address
+            if self.ray_address is not None and joined != self.ray_address:
+                raise DataPlaneError(
+                    f"this process joined the Ray cluster at {joined}, but the data plane lives in the one at "
+                    f"{self.ray_address} (another Ray runs on this machine?): set RAY_ADDRESS={self.ray_address}"
+                )
         if not controller_exists(ray):
             raise DataPlaneError(
                 "TransferQueue is not running in this Ray cluster (no TransferQueueController actor); build the "
