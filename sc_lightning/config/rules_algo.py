@@ -213,11 +213,12 @@ def prompts_fit_the_context(config: SCConfig, report: Report) -> None:
     "policy.megatron_cfg.pipeline_model_parallel_size",
     "value.megatron_cfg.sequence_parallel",
     "value.megatron_cfg.pipeline_model_parallel_size",
+    "loss_fn.reference_policy_kl_penalty",
     "policy.is_vlm",
 )
 def megatron_models(config: SCConfig, report: Report) -> None:
-    """megatron-core is the only trainer (and Megatron generation needs it); VLM, pipeline and sequence
-    parallelism are not supported yet."""
+    """megatron-core is the only trainer (and Megatron generation needs it); VLM and sequence parallelism are not
+    supported yet, pipeline parallelism only for a GRPO policy without a reference model."""
     if not config.policy.megatron_cfg.enabled:
         report.error("policy.megatron_cfg.enabled", "is false; megatron-core is the only trainer, set it to true")
     if config.value is not None and not config.value.megatron_cfg.enabled:
@@ -227,10 +228,20 @@ def megatron_models(config: SCConfig, report: Report) -> None:
         if section is None:
             continue
         mcfg = section.megatron_cfg
-        if mcfg.pipeline_model_parallel_size != 1:
+        pp = mcfg.pipeline_model_parallel_size
+        unsupported = (
+            "a PPO run (its critic and fixed pi_old do not run through the pipeline schedule yet)"
+            if config.is_ppo
+            else "a KL term (loss_fn.reference_policy_kl_penalty > 0: the reference model does not run through the "
+            "pipeline schedule yet)"
+            if config.loss_fn.reference_policy_kl_penalty > 0
+            else None
+        )
+        if pp != 1 and unsupported is not None:
             report.error(
                 f"{model}.megatron_cfg.pipeline_model_parallel_size",
-                f"is {mcfg.pipeline_model_parallel_size} but pipeline parallelism is not supported yet; set 1",
+                f"is {pp} but pipeline parallelism does not support {unsupported}; set 1 (tensor and data "
+                "parallelism do)",
             )
         if mcfg.sequence_parallel:
             report.error(

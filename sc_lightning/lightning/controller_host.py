@@ -40,7 +40,8 @@ from sc_lightning.engines.base import GenerationEngine
 from sc_lightning.engines.http_endpoint import CompletionsEndpoint
 from sc_lightning.rollout.datasets import build_dataset
 from sc_lightning.rollout.envs import build_environment
-from sc_lightning.trainer.data_parallel import data_parallel_rank
+from sc_lightning.trainer.data_parallel import data_parallel_rank, data_parallel_representative
+from sc_lightning.trainer.pipeline import pipeline_parallel_size
 from sc_lightning.trainer.rank_sync import FollowerSelect, LeaderSelect, RankGroup
 from sc_lightning.trainer.sharded_checkpoint import load_sharded, save_sharded
 from sc_lightning.trainer.step_stream import GroupSource, RLStepStream, StepSettings
@@ -139,19 +140,23 @@ class ControllerHost:
 
     def policy_weights(self) -> list[tuple[str, torch.Tensor]]:
         """The module's policy under HF names, detached copies, on the leader: what the engine loads at start and at
-        each refit. Every rank of the first data-parallel replica takes part (tensor-parallel shards are gathered);
+        each refit. A collective over the ranks: the first data-parallel replica exports (tensor-parallel shards are
+        gathered), and with pipeline stages each stage's first tensor-parallel rank sends its layers to the leader;
         the other ranks get an empty list."""
         from sc_lightning.models import export_hf_weights
 
-        module = self.lightning_module
-        if data_parallel_rank() != 0:
-            return []
-        weights = export_hf_weights(module.policy, module.spec)
-        if not self.leader:
-            for _ in weights:  # a tensor-parallel peer: its shards go into the leader's gathers
-                pass
-            return []
-        return [(name, tensor.detach().clone()) for name, tensor in weights]
+        module, staged = self.lightning_module, pipeline_parallel_size() > 1
+        mine: list[tuple[str, torch.Tensor]] = []
+        if data_parallel_rank() == 0:
+            sends = self.leader or (staged and data_parallel_representative())
+            for name, tensor in export_hf_weights(module.policy, module.spec):  # TP peers join each gather
+                if sends:
+                    mine.append((name, tensor.detach().clone() if self.leader else tensor.detach().cpu()))
+        if staged:  # the other stages' layers, to the leader (in the CPU metadata group)
+            assert self.ranks is not None
+            stages = self.ranks.gather(None if self.leader else mine)
+            mine = list(dict([*mine, *(pair for stage in stages or [] for pair in stage or [])]).items())
+        return mine if self.leader else []
 
     def _refit_weights(self) -> list[tuple[str, torch.Tensor]]:
         """What a refit pushes: the live megatron-named parameters to an in-process Megatron engine (it copies them
@@ -188,8 +193,6 @@ class ControllerHost:
         other ranks get an empty list). Tensor- and pipeline-parallel peers trained the same rows: one sends them."""
         if self.ranks is None:
             return rows
-        from sc_lightning.trainer.data_parallel import data_parallel_representative
-
         gathered = self.ranks.gather(rows if data_parallel_representative() else [])
         return [row for rank_rows in gathered or [] for row in rank_rows]
 

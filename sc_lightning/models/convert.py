@@ -320,21 +320,22 @@ def megatron_to_hf_state(
 def export_hf_weights(
     model: torch.nn.Module, spec: ModelSpec, *, dtype: torch.dtype | None = None
 ) -> Iterator[tuple[str, Tensor]]:
-    """Stream ``(hf_name, tensor)`` for every HF parameter of a (TP-sharded, single pipeline stage) megatron model.
+    """Stream ``(hf_name, tensor)`` for every HF parameter of a (TP-sharded) megatron model's pipeline stage.
 
     At TP > 1 every rank of the tensor-parallel group must iterate together (each parameter is all-gathered) and
-    every rank receives full tensors. Tensors may share memory with the live parameters: copy them if they must
-    outlive the next optimizer step. ``dtype`` casts them (None keeps the model's dtype).
+    every rank receives full tensors. At PP > 1 a stage yields its own layers (under their model-wide HF names), and
+    the embedding or output layer it holds. Tensors may share memory with the live parameters: copy them if they
+    must outlive the next optimizer step. ``dtype`` casts them (None keeps the model's dtype).
     """
     from megatron.core import parallel_state
 
-    if parallel_state.get_pipeline_model_parallel_world_size() > 1:
-        raise NotImplementedError("export_hf_weights needs pipeline_model_parallel_size == 1")
+    pp_rank = parallel_state.get_pipeline_model_parallel_rank()
+    pp_size = parallel_state.get_pipeline_model_parallel_world_size()
     tp = parallel_state.get_tensor_model_parallel_world_size()
     group = parallel_state.get_tensor_model_parallel_group() if tp > 1 else None
     local = {unwrapped_name(name): t for name, t in model.state_dict(keep_vars=True).items()}
     embedding: Tensor | None = None
-    for m in parameter_mappings(spec):
+    for m in parameter_mappings(spec, pp_rank=pp_rank, pp_size=pp_size):
         tensor = _norm_lookup(local, m.mcore).detach()
         shards = [tensor]
         if tp > 1 and m.kind != "norm":

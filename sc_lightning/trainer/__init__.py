@@ -49,8 +49,10 @@ With several trainer ranks (lightning/strategy.py's multi-rank strategy) every r
                                                    (group metadata) is broadcast to every rank
     step.chunks()                                  data_parallel.py: each data-parallel replica loads only its
                                                    share of the chunk's groups (tensor-parallel peers: the same)
-    update.finish()                                step_totals.py: counts and metrics summed over the replicas;
-                                                   megatron DDP sums the gradients (DataParallelAdamW)
-    train_data_log, refit, bundle                  on the leader; the others join the weight gather (TP) and
+    update.train_chunk(chunk)                      pipeline.py with pipeline stages: megatron's 1F1B schedule,
+                                                   the loss on the last stage
+    update.finish()                                step_totals.py: counts and metrics summed over the stages and
+                                                   replicas; megatron DDP sums the gradients (DataParallelAdamW)
+    train_data_log, refit, bundle                  on the leader; the others join the weight gather (TP, PP) and
                                                    write their shards of sharded_checkpoint.py's checkpoint
 """

@@ -197,11 +197,23 @@ ALGORITHM_CASES: list[tuple[str, dict[str, Any], dict[str, Any], str, str]] = [
         "the colocated Megatron engine runs in the trainer's process",
     ),
     (
-        "pipeline parallel is not supported yet",
+        "pipeline parallel does not run PPO yet",
         ppo(),
         ppo({"value": {"megatron_cfg": {"pipeline_model_parallel_size": 2}}}),
         "value.megatron_cfg.pipeline_model_parallel_size",
-        "not supported yet",
+        "pipeline parallelism does not support a PPO run",
+    ),
+    (
+        "pipeline parallel does not run a reference model yet",
+        variant({"policy": {"megatron_cfg": {"pipeline_model_parallel_size": 2}, **SEPARATE_ENGINE}}),
+        variant(
+            {
+                "policy": {"megatron_cfg": {"pipeline_model_parallel_size": 2}, **SEPARATE_ENGINE},
+                "loss_fn": {"reference_policy_kl_penalty": 0.01},
+            }
+        ),
+        "policy.megatron_cfg.pipeline_model_parallel_size",
+        "does not support a KL term",
     ),
     ("vlm", variant(), variant({"policy": {"is_vlm": True}}), "policy.is_vlm", "not supported"),
     (

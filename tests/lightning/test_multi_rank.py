@@ -1,8 +1,8 @@
 """The tiny example on two trainer ranks (CPU, gloo), started by Lightning's launcher from the real CLI.
 
-Runs at DP=2, then TP=2, then DP=2 again, each resuming the last one's bundle (resharded), train every prompt
-exactly once; SIGKILL of the non-leader rank ends the whole run within a deadline with that rank named, and the same
-command resumes with nothing lost or trained twice.
+Runs at DP=2, then TP=2, then PP=2, then DP=2 again, each resuming the last one's bundle (resharded), train every
+prompt exactly once; SIGKILL of the non-leader rank ends the whole run within a deadline with that rank named, and
+the same command resumes with nothing lost or trained twice.
 """
 
 from __future__ import annotations
@@ -52,7 +52,8 @@ def test_sigkill_of_one_rank_ends_the_run_naming_it_and_the_same_command_resumes
     argv = command(tmp_path, TWO_RANKS, "--trainer.devices", "2", *ASYNC, "--checkpointing.save_period", "3")
     first = subprocess.Popen(argv, cwd=REPO, env=environment(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     bundles = tmp_path / "checkpoints"
-    assert wait_for(lambda: len(list(bundles.glob("step_*"))) >= 2, first, "two bundles"), "the run ended early"
+    if not wait_for(lambda: len(list(bundles.glob("step_*"))) >= 2, first, "two bundles"):
+        raise AssertionError(f"the run ended early: {first.communicate()[1].decode()[-3000:]}")
     rank1 = child_rank_pid(first.pid, 1)
     assert rank1 is not None
     os.kill(rank1, signal.SIGKILL)
@@ -74,11 +75,12 @@ def test_sigkill_of_one_rank_ends_the_run_naming_it_and_the_same_command_resumes
 
 
 @pytest.mark.timeout(900)
-def test_a_bundle_saved_at_dp2_resumes_at_tp2_and_back_training_every_prompt_once(tmp_path: Path) -> None:
+def test_bundles_resume_across_dp2_tp2_and_pp2_training_every_prompt_once(tmp_path: Path) -> None:
     """Bundles hold megatron-core distributed checkpoints: each resume reshards the policy and its AdamW state."""
     write_dataset(tmp_path / "prompts.jsonl")
     tp2 = ("--policy.megatron_cfg.tensor_model_parallel_size", "2")
-    for steps, layout in ((4, ()), (8, tp2), (12, ())):
+    pp2 = ("--policy.megatron_cfg.pipeline_model_parallel_size", "2")
+    for steps, layout in ((4, ()), (8, tp2), (12, pp2), (16, ())):
         extra = ("--grpo.max_num_steps", str(steps), "--checkpointing.save_period", "2", *layout)
         argv = command(tmp_path, TWO_RANKS, "--trainer.devices", "2", *ASYNC, *extra)
         result = subprocess.run(argv, cwd=REPO, env=environment(), capture_output=True, text=True, timeout=400)
@@ -86,9 +88,9 @@ def test_a_bundle_saved_at_dp2_resumes_at_tp2_and_back_training_every_prompt_onc
         assert (steps == 4) != (f"resuming from {tmp_path / 'checkpoints' / f'step_{steps - 4}'}" in result.stderr)
         assert (tmp_path / "checkpoints" / f"step_{steps}" / "sharded" / ".metadata").is_file()
     rows = [json.loads(line) for line in (tmp_path / "train_data.jsonl").read_text().splitlines()]
-    assert Counter(row["step"] for row in rows) == dict.fromkeys(range(12), 16)  # both replicas' rows, logged once
+    assert Counter(row["step"] for row in rows) == dict.fromkeys(range(16), 16)  # both replicas' rows, logged once
     per_prompt = Counter(row["prompt_index"] for row in rows)
-    assert len(per_prompt) == 12 * 4 and set(per_prompt.values()) == {4}
+    assert len(per_prompt) == 16 * 4 and set(per_prompt.values()) == {4}
     for metrics in tmp_path.glob("lightning_logs/version_*/metrics.csv"):  # one logger per run: the leader's
         header, *lines = metrics.read_text().splitlines()
         index = header.split(",").index("train/num_valid_samples")
