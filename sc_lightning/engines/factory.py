@@ -54,9 +54,14 @@ def default_engine_factory(
 
 
 def _start_ray() -> None:
+    """Join the Ray cluster ``RAY_ADDRESS`` names (a multi-node run), or start a local one."""
     import ray
 
-    if not ray.is_initialized():
+    if ray.is_initialized():
+        return
+    if os.environ.get("RAY_ADDRESS"):
+        ray.init(address=os.environ["RAY_ADDRESS"], log_to_driver=False)  # a cluster's resources are its own
+    else:
         ray.init(num_cpus=(os.cpu_count() or 1) + 1, include_dashboard=False, log_to_driver=False)
 
 

@@ -38,3 +38,21 @@ def test_a_colocated_engine_decodes_at_most_max_batch_size_rows_at_once() -> Non
     assert all(len(g.token_ids) >= 1 for g in generations)
     assert widest == 3  # eight requests, three KV-cache rows: the others waited for a free row
     assert engine._batch.max_rows == 3
+
+
+def test_engines_join_the_ray_cluster_ray_address_names(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A multi-node run sets RAY_ADDRESS: the factory joins that cluster instead of starting one (Ray refuses CPU
+    counts when joining, so none may be passed)."""
+    import ray
+
+    from sc_lightning.engines import factory
+
+    calls: list[dict] = []
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray, "init", lambda **kwargs: calls.append(kwargs))
+    monkeypatch.setenv("RAY_ADDRESS", "10.0.0.1:6379")
+    factory._start_ray()
+    monkeypatch.delenv("RAY_ADDRESS")
+    factory._start_ray()
+    assert calls[0] == {"address": "10.0.0.1:6379", "log_to_driver": False}
+    assert "address" not in calls[1] and calls[1]["num_cpus"] >= 2
