@@ -26,6 +26,9 @@ NATIVE_DIR = "transfer_queue"
 WIRE_POOL_BYTES = 256 * 2**20
 """Memory kept per process for packing puts into TransferQueue's wire form (buffers are reused, not re-faulted)."""
 
+RAY_AUTH_MODE = "RAY_AUTH_MODE"
+"""Ray's switch for token authentication ("token" or "disabled")."""
+
 _T = TypeVar("_T")
 
 
@@ -41,6 +44,26 @@ def tq_thread_env() -> dict[str, str]:
     """Set ``TQ_NUM_THREADS`` to the core count unless already set (TQ reads it at import); returns it as env."""
     os.environ.setdefault("TQ_NUM_THREADS", str(cpu_cores()))
     return {"TQ_NUM_THREADS": os.environ["TQ_NUM_THREADS"]}
+
+
+def ray_token_auth_enabled() -> bool:
+    """Whether this process's Ray checks auth tokens (``RAY_AUTH_MODE=token``, set by a local ``ray.init``)."""
+    return os.environ.get(RAY_AUTH_MODE, "").lower() == "token"
+
+
+def enable_ray_token_auth() -> None:
+    """Make this process send Ray's auth token when it joins a cluster by address.
+
+    Ray 2.60 turns token auth on for every local cluster ``ray.init`` starts, but a process joining by an explicit
+    address sends the token only when ``RAY_AUTH_MODE=token``, which Ray reads once at import: set it and let Ray
+    re-read its settings (its own helper for exactly this). The token itself comes from where Ray keeps it
+    (``~/.ray/auth_token`` or ``RAY_AUTH_TOKEN``).
+    """
+    if ray_token_auth_enabled():
+        return
+    from ray._private.authentication.authentication_token_setup import _enable_token_auth
+
+    _enable_token_auth()
 
 
 def check_ray_cpus(available: Mapping[str, float], needed: int) -> None:

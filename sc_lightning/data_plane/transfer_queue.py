@@ -41,8 +41,10 @@ from sc_lightning.data_plane.tq_runtime import (
     check_ray_cpus,
     controller_exists,
     cpu_cores,
+    enable_ray_token_auth,
     import_tq,
     kill_controller,
+    ray_token_auth_enabled,
     run_with_deadline,
     tq_thread_env,
 )
@@ -84,7 +86,8 @@ class TransferQueueDataPlane:
         self.num_storage_units = num_storage_units
         self.start_timeout_s = start_timeout_s
         self.ray_num_cpus = ray_num_cpus
-        self.ray_address: str | None = None  # on a copy: the owner's Ray cluster, which it must join
+        self.ray_address: str | None = None  # on a copy: the owner's Ray cluster, which it joins
+        self.ray_token_auth = False  # on a copy: whether the owner's cluster checks Ray's auth token
         self._reset_process_state()
         self._start()
 
@@ -104,6 +107,7 @@ class TransferQueueDataPlane:
             "start_timeout_s": self.start_timeout_s,
             "ray_num_cpus": self.ray_num_cpus,
             "ray_address": self._ray_address(),
+            "ray_token_auth": ray_token_auth_enabled(),
         }
 
     @staticmethod
@@ -358,13 +362,7 @@ class TransferQueueDataPlane:
         import ray
 
         if not ray.is_initialized():  # a plain process (Ray actors are connected already)
-            ray.init(address=os.environ.get("RAY_ADDRESS", "auto"), runtime_env={"env_vars": env})
-            joined = ray.get_runtime_context().gcs_address
-            if self.ray_address is not None and joined != self.ray_address:
-                raise DataPlaneError(
-                    f"this process joined the Ray cluster at {joined}, but the data plane lives in the one at "
-                    f"{self.ray_address} (another Ray runs on this machine?): set RAY_ADDRESS={self.ray_address}"
-                )
+            self._join_owner_ray(ray, env)
         if not controller_exists(ray):
             raise DataPlaneError(
                 "TransferQueue is not running in this Ray cluster (no TransferQueueController actor); build the "
@@ -373,6 +371,19 @@ class TransferQueueDataPlane:
         tq = import_tq()
         self._deadline(tq.init, "attaching to the running TransferQueue")
         self._tq = tq
+
+    def _join_owner_ray(self, ray: ModuleType, env: dict[str, str]) -> None:
+        """Join the owner's Ray cluster by its address (``RAY_ADDRESS`` wins), with the owner's auth mode."""
+        address = os.environ.get("RAY_ADDRESS") or self.ray_address or "auto"
+        if self.ray_token_auth:
+            enable_ray_token_auth()  # Ray checks tokens only where told to when it joins by address
+        ray.init(address=address, runtime_env={"env_vars": env})
+        joined = ray.get_runtime_context().gcs_address
+        if self.ray_address is not None and joined != self.ray_address:
+            raise DataPlaneError(
+                f"this process joined the Ray cluster at {joined} (RAY_ADDRESS={address}), but the data plane lives "
+                f"in the one at {self.ray_address}: unset RAY_ADDRESS or set it to {self.ray_address}"
+            )
 
     def _deadline(self, fn: Callable[[], _T], what: str) -> _T:
         return run_with_deadline(fn, self.start_timeout_s, what)

@@ -26,28 +26,6 @@ TWO_RANKS = (TINY, REPO / "tests" / "small_steps.yaml")  # the tiny example (its
 ASYNC = ("--async_rl.max_buffered_rollouts", "8", "--async_rl.max_inflight_prompts", "8")  # one step ahead, as tiny
 
 
-def ray_heads() -> list[int]:
-    """Pids of the Ray clusters running on this machine (their GCS servers)."""
-    heads = []
-    for entry in Path("/proc").iterdir():
-        try:
-            if entry.name.isdigit() and b"gcs_server" in (entry / "cmdline").read_bytes().split(b"\0")[0]:
-                heads.append(int(entry.name))
-        except OSError:
-            continue  # gone meanwhile
-    return heads
-
-
-@pytest.fixture(autouse=True)
-def no_other_ray() -> None:
-    """Wait (60 s at most) for the Ray clusters of earlier tests to finish shutting down: the trainer ranks other
-    than the leader join the newest local cluster (docs/distributed.md: set RAY_ADDRESS when several run)."""
-    deadline = time.monotonic() + 60
-    while ray_heads():
-        assert time.monotonic() < deadline, f"Ray clusters still running: {ray_heads()}"
-        time.sleep(0.1)
-
-
 def environment() -> dict[str, str]:
     """This environment without a torch.distributed rendezvous the test process may have set up."""
     return {k: v for k, v in os.environ.items() if k not in RENDEZVOUS}
