@@ -61,7 +61,7 @@ class GRPOModule(LightningModule):
         from sc_lightning.models.warm_start import resolve_model_name
 
         policy_cfg, seed = self.config.policy, self.config.algo.seed
-        tp = policy_cfg.megatron_cfg.tensor_model_parallel_size
+        layout = policy_cfg.megatron_cfg
         model_name = resolve_model_name(policy_cfg.model_name, seed=seed, device=self.model_device())
 
         def load() -> tuple[Any, Any, Any]:
@@ -70,8 +70,9 @@ class GRPOModule(LightningModule):
                 model_name,
                 precision=policy_cfg.precision,
                 seed=seed,
-                tp=tp,
-                activation_checkpointing=policy_cfg.megatron_cfg.activation_checkpointing,
+                tp=layout.tensor_model_parallel_size,
+                pp=layout.pipeline_model_parallel_size,
+                activation_checkpointing=layout.activation_checkpointing,
                 tokenizer_name=policy_cfg.tokenizer_name,
                 device=self.model_device(),
             )

@@ -51,6 +51,15 @@ def data_parallel_representative() -> bool:
     )
 
 
+def parallel_layout() -> str:
+    """The trainer's ranks as megatron split them, e.g. ``4 ranks = TP 2 x PP 1 x DP 2``."""
+    if not parallel_state.model_parallel_is_initialized():
+        return "1 rank (megatron's parallel state not initialised)"
+    tp = parallel_state.get_tensor_model_parallel_world_size()
+    pp = parallel_state.get_pipeline_model_parallel_world_size()
+    return f"{torch.distributed.get_world_size()} ranks = TP {tp} x PP {pp} x DP {data_parallel_size()}"
+
+
 def data_parallel_group() -> Any:
     """The data-parallel process group, or None with one replica."""
     return parallel_state.get_data_parallel_group() if data_parallel_size() > 1 else None

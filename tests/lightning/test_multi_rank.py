@@ -80,11 +80,13 @@ def test_bundles_resume_across_dp2_tp2_and_pp2_training_every_prompt_once(tmp_pa
     write_dataset(tmp_path / "prompts.jsonl")
     tp2 = ("--policy.megatron_cfg.tensor_model_parallel_size", "2")
     pp2 = ("--policy.megatron_cfg.pipeline_model_parallel_size", "2")
+    split = {(): "TP 1 x PP 1 x DP 2", tp2: "TP 2 x PP 1 x DP 1", pp2: "TP 1 x PP 2 x DP 1"}
     for steps, layout in ((4, ()), (8, tp2), (12, pp2), (16, ())):
         extra = ("--grpo.max_num_steps", str(steps), "--checkpointing.save_period", "2", *layout)
         argv = command(tmp_path, TWO_RANKS, "--trainer.devices", "2", *ASYNC, *extra)
         result = subprocess.run(argv, cwd=REPO, env=environment(), capture_output=True, text=True, timeout=400)
         assert result.returncode == 0, result.stderr[-3000:]
+        assert f"trainer: 2 ranks = {split[layout]}" in result.stderr  # the layout asked for is the one trained
         assert (steps == 4) != (f"resuming from {tmp_path / 'checkpoints' / f'step_{steps - 4}'}" in result.stderr)
         assert (tmp_path / "checkpoints" / f"step_{steps}" / "sharded" / ".metadata").is_file()
     rows = [json.loads(line) for line in (tmp_path / "train_data.jsonl").read_text().splitlines()]
