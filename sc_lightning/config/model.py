@@ -13,7 +13,7 @@ class MegatronConfig:
 
     enabled: bool = knob(True, "Train with megatron-core (the only supported trainer).")
     tensor_model_parallel_size: int = knob(1, "Tensor-parallel ranks.", ge=1)
-    pipeline_model_parallel_size: int = knob(1, "Pipeline-parallel stages (rejected until supported; keep 1).", ge=1)
+    pipeline_model_parallel_size: int = knob(1, "Pipeline-parallel stages (megatron-core's 1F1B schedule).", ge=1)
     sequence_parallel: bool = knob(False, "Megatron sequence parallelism (rejected until supported; keep false).")
     activation_checkpointing: bool = knob(False, "Recompute activations in the backward pass.")
 

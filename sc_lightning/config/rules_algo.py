@@ -213,12 +213,13 @@ def prompts_fit_the_context(config: SCConfig, report: Report) -> None:
     "policy.megatron_cfg.pipeline_model_parallel_size",
     "value.megatron_cfg.sequence_parallel",
     "value.megatron_cfg.pipeline_model_parallel_size",
-    "loss_fn.reference_policy_kl_penalty",
+    "policy.megatron_cfg.tensor_model_parallel_size",
+    "value.megatron_cfg.tensor_model_parallel_size",
     "policy.is_vlm",
 )
 def megatron_models(config: SCConfig, report: Report) -> None:
-    """megatron-core is the only trainer (and Megatron generation needs it); VLM and sequence parallelism are not
-    supported yet, pipeline parallelism only for a GRPO policy without a reference model."""
+    """megatron-core is the only trainer (and Megatron generation needs it); the critic splits like the policy
+    (megatron's parallel state is one per process); VLM and sequence parallelism are not supported yet."""
     if not config.policy.megatron_cfg.enabled:
         report.error("policy.megatron_cfg.enabled", "is false; megatron-core is the only trainer, set it to true")
     if config.value is not None and not config.value.megatron_cfg.enabled:
@@ -228,26 +229,20 @@ def megatron_models(config: SCConfig, report: Report) -> None:
         if section is None:
             continue
         mcfg = section.megatron_cfg
-        pp = mcfg.pipeline_model_parallel_size
-        unsupported = (
-            "a PPO run (its critic and fixed pi_old do not run through the pipeline schedule yet)"
-            if config.is_ppo
-            else "a KL term (loss_fn.reference_policy_kl_penalty > 0: the reference model does not run through the "
-            "pipeline schedule yet)"
-            if config.loss_fn.reference_policy_kl_penalty > 0
-            else None
-        )
-        if pp != 1 and unsupported is not None:
-            report.error(
-                f"{model}.megatron_cfg.pipeline_model_parallel_size",
-                f"is {pp} but pipeline parallelism does not support {unsupported}; set 1 (tensor and data "
-                "parallelism do)",
-            )
         if mcfg.sequence_parallel:
             report.error(
                 f"{model}.megatron_cfg.sequence_parallel",
                 "is true but sequence parallelism is not supported yet (it needs Transformer Engine norms); set false",
             )
+    if config.value is not None:
+        for size in ("tensor_model_parallel_size", "pipeline_model_parallel_size"):
+            policy, critic = getattr(config.policy.megatron_cfg, size), getattr(config.value.megatron_cfg, size)
+            if critic != policy:
+                report.error(
+                    f"value.megatron_cfg.{size}",
+                    f"is {critic} but policy.megatron_cfg.{size} is {policy}; the critic and the policy share one "
+                    f"megatron parallel state per trainer rank, so set both to the same size",
+                )
     if config.policy.is_vlm:
         report.error("policy.is_vlm", "is true but vision-language policies are not supported yet; set false")
 

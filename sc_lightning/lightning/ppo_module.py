@@ -71,6 +71,7 @@ class PPOModule(GRPOModule):
             precision=value.precision,
             seed=seed,
             tp=value.megatron_cfg.tensor_model_parallel_size,
+            pp=value.megatron_cfg.pipeline_model_parallel_size,
             activation_checkpointing=value.megatron_cfg.activation_checkpointing,
             device=self.model_device(),
         )
@@ -111,7 +112,12 @@ class PPOModule(GRPOModule):
         batch = concat_chunks(chunks, pad_token_id=self.tokenizer.pad_token_id)
         staleness = [step.version - w for w in batch.start_weights]
         with self._policy_optimizer_offloaded():
-            targets = value_targets(self.critic, batch, self.config.ppo.adv_estimator)
+            targets = value_targets(
+                self.critic,
+                batch,
+                self.config.ppo.adv_estimator,
+                micro_batch_size=self.config.value.train_micro_batch_size,
+            )
             critic_metrics = self._critic_update().train(batch, targets, self.config.ppo.critic_epochs())
         self.lr_schedulers()[1].step()
         batch = dataclasses.replace(batch, advantages=targets.advantages)

@@ -35,18 +35,28 @@ class ValueHead(torch.nn.Module):
 
 
 def attach_value_head(model: torch.nn.Module) -> torch.nn.Module:
-    """Replace ``model``'s vocabulary projection by a :class:`ValueHead` (untied from the embedding)."""
+    """Replace ``model``'s vocabulary projection by a :class:`ValueHead` (untied from the embedding).
+
+    With pipeline stages only the last stage has the projection; every stage unties (megatron then sums no
+    embedding gradient between the first and the last stage).
+    """
     config = model.config
-    device = next(model.parameters()).device
-    model.output_layer = ValueHead(config.hidden_size, config.params_dtype).to(device)
+    if model.post_process:
+        device = next(model.parameters()).device
+        model.output_layer = ValueHead(config.hidden_size, config.params_dtype).to(device)
     model.share_embeddings_and_output_weights = False
     return model
 
 
+def values_from_output(output: Tensor) -> Tensor:
+    """``(B, T)`` fp32 values aligned with log-probs from the critic's (last stage's) output ``(B, T, 1)``."""
+    values = output[..., 0].float()  # (B, T): after reading token t
+    return torch.nn.functional.pad(values[:, :-1], (1, 0))  # shift right: the state before token t
+
+
 def token_values(critic: torch.nn.Module, input_ids: Tensor) -> Tensor:
     """``(B, T)`` fp32 values aligned with log-probs (the state before each token; 0 at ``t = 0``); differentiable."""
-    out = critic(input_ids.to(device_of(critic)), None, None)[..., 0].float()  # (B, T): after reading token t
-    return torch.nn.functional.pad(out[:, :-1], (1, 0))  # shift right: the state before token t
+    return values_from_output(critic(input_ids.to(device_of(critic)), None, None))
 
 
 def load_critic(model_name: str, **policy_kwargs: Any) -> torch.nn.Module:

@@ -33,7 +33,7 @@ plain torch over the controller's port (``controller/api.py``) and the data plan
 PPO (lightning/ppo_module.py) replaces the body of training_step:
 
     batch = concat_chunks(list(step.chunks()))     chunks.py: PPO trains a step as one batch
-    targets = value_targets(critic, batch, gae)    critic_update.py: V_old, terminal rewards, GAE, whitening
+    targets = value_targets(critic, batch, gae, …) critic_update.py: V_old, terminal rewards, GAE, whitening
                                                    (the policy's AdamW state waits on the CPU meanwhile:
                                                    optim.optimizer_state_to, policy.offload_optimizer_for_logprob)
     CriticUpdate.train(batch, targets, epochs)     critic_ppo_epochs optimizer steps (not counted as RL steps)

@@ -38,6 +38,7 @@ class TrainChunk:
     group_ids: list[str] = field(default_factory=list)
     start_weights: list[int] = field(default_factory=list)
     prev_logprobs: torch.Tensor | None = None  # pi_old fixed for several epochs (PPO); None: the current policy's
+    reference_logprobs: torch.Tensor | None = None  # the reference policy's, read before the chunk trains (KL term)
 
     def __len__(self) -> int:
         return self.input_ids.shape[0]
@@ -66,11 +67,12 @@ class TrainChunk:
         index = torch.tensor(plan.rows, device=self.input_ids.device)
 
         def take(value: object) -> object:
-            """``value``'s planned rows: a tensor by index (and width), a per-row list by position."""
+            """``value``'s planned rows: a tensor by index (and width), a per-row list by position (an empty one,
+            not given, stays empty)."""
             if isinstance(value, torch.Tensor):
                 rows = value.index_select(0, index)
                 return rows[:, : plan.width] if rows.dim() == 2 else rows
-            return [value[i] for i in plan.rows] if isinstance(value, list) else value
+            return [value[i] for i in plan.rows] if isinstance(value, list) and value else value
 
         return TrainChunk(**{f.name: take(getattr(self, f.name)) for f in fields(self)})
 
@@ -86,7 +88,8 @@ class TrainChunk:
 
 
 def concat_chunks(chunks: Sequence[TrainChunk], pad_token_id: int) -> TrainChunk:
-    """One chunk of the rows of ``chunks``, right-padded to the longest (prev_logprobs are not carried)."""
+    """One chunk of the rows of ``chunks``, right-padded to the longest (prev_ and reference_logprobs are not
+    carried)."""
     if len(chunks) == 1:
         return chunks[0]
     width = max(chunk.input_ids.shape[1] for chunk in chunks)

@@ -10,7 +10,9 @@
 Micro-batches backpropagate raw sums; the gradient is divided once by the step's valid-token count, so the update
 does not depend on the micro-batch size. With several data-parallel ranks each holds a share of the step's rows;
 the count, the whitening statistics and the metrics cover every rank's rows. ``critic/explained_var`` =
-1 - Var(R - V) / Var(R) over valid tokens, with V from the last epoch's forward.
+1 - Var(R - V) / Var(R) over valid tokens, with V from the last epoch's forward. With pipeline stages the forwards
+and the loss run through megatron's schedule (:mod:`~sc_lightning.trainer.pipeline`): values, GAE targets and the
+loss exist on the last stage, and its metrics reach every stage.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
+from megatron.core import parallel_state
 from torch import Tensor
 
 from sc_lightning.algorithms import (
@@ -30,9 +33,17 @@ from sc_lightning.algorithms import (
     whiten,
 )
 from sc_lightning.config.algorithm import GAEAdvantage, ValueLossConfig
-from sc_lightning.models.value import token_values
+from sc_lightning.models.value import values_from_output
 from sc_lightning.trainer.chunks import TrainChunk
 from sc_lightning.trainer.data_parallel import Reduce, data_parallel_group, sum_over_data_parallel
+from sc_lightning.trainer.microbatch import MicroBatchPlan
+from sc_lightning.trainer.pipeline import (
+    from_last_stage,
+    microbatch_shape,
+    per_token_forward,
+    pipeline_parallel_size,
+    train_microbatches,
+)
 from sc_lightning.trainer.policy_update import normalised_step
 from sc_lightning.trainer.step_totals import StepTotals
 
@@ -50,13 +61,23 @@ class ValueTargets:
     mask: Tensor
 
 
-def value_targets(critic: torch.nn.Module, batch: TrainChunk, estimator: GAEAdvantage) -> ValueTargets:
-    """Critic forward (no gradient), terminal rewards, GAE and optional whitening for ``batch`` (with several
-    data-parallel ranks, whitened over every rank's share of the step)."""
+def value_targets(
+    critic: torch.nn.Module,
+    batch: TrainChunk,
+    estimator: GAEAdvantage,
+    *,
+    micro_batch_size: int,
+    micro_batch_tokens: int | None = None,
+) -> ValueTargets:
+    """Critic forward by micro-batch (no gradient), terminal rewards, GAE and optional whitening for ``batch`` (with
+    several data-parallel ranks, whitened over every rank's share of the step).
+
+    Values are read where a loss term can use them (a row's positions up to its last valid token), 0 elsewhere;
+    with pipeline stages only the last stage reads them, and the targets of the other stages are never used.
+    """
     mask = loss_mask(batch.token_mask, batch.sample_mask)  # (B, T)
-    with torch.no_grad():
-        critic.eval()
-        old_values = token_values(critic, batch.input_ids)
+    plans = batch.plan(micro_batch_size, micro_batch_tokens)
+    old_values = per_token_forward(critic, batch, plans, lambda _, output: values_from_output(output))
     token_rewards = terminal_token_rewards(batch.rewards, mask)
     advantages, returns = gae_advantages(
         token_rewards, old_values, mask, gamma=estimator.gae_gamma, lam=estimator.gae_lambda
@@ -110,38 +131,51 @@ class CriticUpdate:
         self.critic.train()
         self.optimizer.zero_grad(set_to_none=True)
         group = data_parallel_group()
-        totals = StepTotals(_REDUCTIONS, process_group=group, sync=group is not None).to(targets.mask.device)
-        values_seen = []
-        for rows in _slices(len(batch), self.micro_batch_size):
-            values = token_values(self.critic, batch.input_ids[rows])
+        device = targets.mask.device
+        totals = StepTotals(_REDUCTIONS, process_group=group, sync=group is not None).to(device)
+        values = torch.zeros_like(targets.returns)  # this epoch's, for explained variance (on the last stage)
+        plans = batch.plan(self.micro_batch_size)
+
+        def loss_of(plan: MicroBatchPlan, output: Tensor) -> Tensor:
+            """The clipped value loss of one micro-batch (a raw sum), its metrics folded into ``totals``."""
+            rows, width = torch.tensor(plan.rows, device=device), plan.width
+            predicted = values_from_output(output)
+            mask = targets.mask[rows, :width]
             loss, parts = clipped_value_loss(
-                values,
-                targets.old_values[rows],
-                targets.returns[rows],
-                targets.mask[rows],
+                predicted,
+                targets.old_values[rows, :width],
+                targets.returns[rows, :width],
+                mask,
                 clip_epsilon=self.loss.value_clip_epsilon,
                 coef=self.loss.value_loss_coef,
                 num_valid_tokens=1.0,  # raw sums; normalised once below
             )
-            self.backward(loss)
-            valid = values.detach()[targets.mask[rows].bool()]
+            valid = predicted.detach()[mask.bool()]
             totals.update({name: parts[name] for name in _SUMS})
             if valid.numel():
                 totals.update({"values_min": valid.min(), "values_max": valid.max()})
-            values_seen.append(values.detach())
+            values[rows, :width] = predicted.detach().to(values.dtype)
+            return loss
+
+        train_microbatches(
+            self.critic,
+            ((batch.input_ids[plan.rows, : plan.width], plan) for plan in plans),
+            loss_of,
+            count=len(plans),
+            shape=microbatch_shape(plans),
+            backward=self.backward,
+        )
+        if pipeline_parallel_size() > 1:
+            totals.fold_over(parallel_state.get_pipeline_model_parallel_group())
         grad_norm, lr = normalised_step(self.critic, self.optimizer, tokens, self.clip_grad)
-        values = torch.cat(values_seen) if values_seen else torch.zeros_like(targets.returns)
         read = totals.compute()
         metrics = {name: read.get(name, 0.0) / tokens for name in _SUMS}
+        explained = explained_variance(values, targets.returns, targets.mask, reduce=sum_over_data_parallel)
         metrics.update(
             values_min=read["values_min"],
             values_max=read["values_max"],
-            explained_var=explained_variance(values, targets.returns, targets.mask, reduce=sum_over_data_parallel),
+            explained_var=from_last_stage(explained, device),
             grad_norm=grad_norm,
             lr=lr,
         )
         return metrics
-
-
-def _slices(rows: int, size: int) -> list[slice]:
-    return [slice(start, start + size) for start in range(0, rows, size)]

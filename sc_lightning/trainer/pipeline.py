@@ -1,20 +1,25 @@
-"""Pipeline parallelism in the train pump: micro-batches through megatron-core's pipeline schedule, the RL loss on
-the last stage.
+"""Pipeline parallelism in the train pump: micro-batches through megatron-core's pipeline schedule, the RL losses
+and every per-token read (pi_old, the reference's logprobs, the critic's values) on the last stage.
 
-    stage 0:  embed + its layers ──send──► stage 1 … ──► last stage: layers + output layer → logits → RL loss
-    1F1B: each stage runs forwards ahead, then one backward per forward; gradients accumulate as raw sums
+    stage 0:  embed + its layers ──send──► stage 1 … ──► last stage: layers + output layer → logits / values
+    training (1F1B): each stage runs forwards ahead, then one backward per forward; gradients accumulate as raw sums
+    forward only: the same pass without backward, under no_grad; the last stage reads each micro-batch's output
 
 Every stage of a data-parallel replica runs the same micro-batches (the same rows, planned the same way), so
-they agree on the count and the shapes (``variable_seq_lengths``: each micro-batch's width is exchanged). The loss
-function, metrics and valid counts exist on the last stage only; :class:`~sc_lightning.trainer.step_totals.
-StepTotals` folds them over the pipeline group before the step is normalised, and the optimizer's
-``finalize_model_grads`` sums the data-parallel gradients (and tied embeddings across the first and last stages).
+they agree on the count and the shapes (``variable_seq_lengths``: each micro-batch's width is exchanged). A
+micro-batch is a pair: the token ids every stage needs (the first embeds them) and what the last stage needs with
+its output (the rows, the targets). Loss, metrics and per-token reads exist on the last stage only:
+:class:`~sc_lightning.trainer.step_totals.StepTotals` folds the counts and metrics over the pipeline group before a
+step is normalised, :func:`from_last_stage` hands a value the last stage computed to every stage, and the
+optimizer's ``finalize_model_grads`` sums the data-parallel gradients (and tied embeddings across the first and last
+stages). Micro-batches are cut lazily, one at a time, as the schedule asks for them.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from functools import partial
+from typing import Any, TypeVar
 
 import torch
 from megatron.core import parallel_state
@@ -23,9 +28,17 @@ from megatron.core.pipeline_parallel import get_forward_backward_func
 from sc_lightning.models.cpu_compat import cuda_calls_on
 from sc_lightning.models.logprobs import device_of
 from sc_lightning.trainer.chunks import TrainChunk
+from sc_lightning.trainer.microbatch import MicroBatchPlan
 
-LossOf = Callable[[TrainChunk, torch.Tensor], torch.Tensor]
-"""The last stage's loss of a micro-batch from its logits (a raw sum; it backpropagates as is)."""
+_P = TypeVar("_P")
+
+
+MicroBatches = Iterable[tuple[torch.Tensor, _P]]
+"""Micro-batches as (token ids (b, t), what the last stage needs with the output)."""
+
+LastStage = Callable[[_P, torch.Tensor], torch.Tensor | None]
+"""The last stage's work on a micro-batch's output: training returns its loss (a raw sum, backpropagated as is);
+a forward-only read returns None."""
 
 
 def pipeline_parallel_size() -> int:
@@ -35,33 +48,117 @@ def pipeline_parallel_size() -> int:
     return parallel_state.get_pipeline_model_parallel_world_size()
 
 
-def train_pipelined(model: torch.nn.Module, microbatches: Sequence[TrainChunk], loss_of: LossOf) -> None:
-    """Forward and backward ``microbatches`` through the pipeline (every stage of the replica calls this with the
-    same micro-batches); ``loss_of`` runs on the last stage. Gradients accumulate in the parameters' buffers."""
-    if not microbatches:
+def microbatch_shape(plans: Sequence[MicroBatchPlan]) -> tuple[int, int]:
+    """The largest (rows, columns) of planned micro-batches (the pipeline schedule's buffer shape)."""
+    return max((len(plan.rows) for plan in plans), default=0), max((plan.width for plan in plans), default=0)
+
+
+def train_microbatches(
+    model: torch.nn.Module,
+    microbatches: MicroBatches,
+    last_stage: LastStage,
+    *,
+    count: int,
+    shape: tuple[int, int],
+    backward: Callable[[torch.Tensor], None],
+) -> None:
+    """Forward and backward ``count`` micro-batches; ``last_stage`` returns each one's loss (a raw sum) from the
+    model's output. Gradients accumulate in the parameters' buffers. With pipeline stages megatron's schedule runs
+    them (every stage of the replica calls this with the same micro-batches; ``shape`` is the largest one's (rows,
+    columns)); otherwise each is run and ``backward`` is called on its loss."""
+    if pipeline_parallel_size() > 1:
+        _run_schedule(model, microbatches, last_stage, count=count, shape=shape, forward_only=False)
+        return
+    device = device_of(model)
+    for input_ids, payload in microbatches:
+        backward(last_stage(payload, model(input_ids.to(device), None, None)))
+
+
+def forward_microbatches(
+    model: torch.nn.Module, microbatches: MicroBatches, last_stage: LastStage, *, count: int, shape: tuple[int, int]
+) -> None:
+    """Forward ``count`` micro-batches in eval mode without gradients; ``last_stage`` reads each output (through
+    megatron's schedule with pipeline stages, as :func:`train_microbatches`)."""
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            if pipeline_parallel_size() > 1:
+                _run_schedule(model, microbatches, last_stage, count=count, shape=shape, forward_only=True)
+                return
+            device = device_of(model)
+            for input_ids, payload in microbatches:
+                last_stage(payload, model(input_ids.to(device), None, None))
+    finally:
+        model.train(was_training)
+
+
+def per_token_forward(
+    model: torch.nn.Module,
+    chunk: TrainChunk,
+    plans: Sequence[MicroBatchPlan],
+    of_output: Callable[[TrainChunk, torch.Tensor], torch.Tensor],
+) -> torch.Tensor:
+    """A (B, T) fp32 per-token read of ``chunk`` without gradient: ``of_output(micro-batch, model output)`` placed at
+    each planned micro-batch's rows and columns; 0 elsewhere (rows no plan covers, columns past a micro-batch's
+    width), and everywhere on the stages before the last (which never read it)."""
+    out = torch.zeros(chunk.input_ids.shape, dtype=torch.float32, device=chunk.input_ids.device)
+
+    def read(item: tuple[MicroBatchPlan, TrainChunk], output: torch.Tensor) -> None:
+        """Place one micro-batch's values."""
+        plan, rows = item
+        out[torch.tensor(plan.rows, device=out.device), : plan.width] = of_output(rows, output).to(out.device)
+
+    batches = ((rows.input_ids, (plan, rows)) for plan in plans for rows in [chunk.select(plan)])
+    forward_microbatches(model, batches, read, count=len(plans), shape=microbatch_shape(plans))
+    return out
+
+
+def _run_schedule(
+    model: torch.nn.Module,
+    microbatches: MicroBatches,
+    last_stage: LastStage,
+    *,
+    count: int,
+    shape: tuple[int, int],
+    forward_only: bool,
+) -> None:
+    if count == 0:
         return
     device = device_of(model)
 
-    def forward_step(data: Iterator[TrainChunk], stage: torch.nn.Module) -> tuple[torch.Tensor, Callable]:
-        """One micro-batch through this stage: its output, and the loss function the last stage applies."""
-        batch = next(data)
-        return stage(batch.input_ids.to(device), None, None), partial(_last_stage_loss, loss_of, batch)
+    def forward_step(data: Iterator[tuple[torch.Tensor, Any]], stage: torch.nn.Module) -> tuple[torch.Tensor, Any]:
+        """One micro-batch through this stage: its output, and the function the last stage applies to it."""
+        input_ids, payload = next(data)
+        return stage(input_ids.to(device), None, None), partial(_last_stage_output, last_stage, payload)
 
     with cuda_calls_on(device):
         get_forward_backward_func()(
             forward_step_func=forward_step,
             data_iterator=iter(microbatches),
             model=[model],
-            num_microbatches=len(microbatches),
-            seq_length=max(batch.input_ids.shape[1] for batch in microbatches),
-            micro_batch_size=max(len(batch) for batch in microbatches),
-            forward_only=False,
+            num_microbatches=count,
+            seq_length=shape[1],
+            micro_batch_size=shape[0],
+            forward_only=forward_only,
         )
 
 
-def _last_stage_loss(
-    loss_of: LossOf, batch: TrainChunk, logits: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor, dict]:
+def _last_stage_output(last_stage: LastStage, payload: Any, output: torch.Tensor) -> tuple[torch.Tensor, Any, dict]:
     """megatron's loss-function protocol with ``calculate_per_token_loss``: (loss, tokens, reduced); the schedule
     then backpropagates the loss unscaled (the trainer normalises the whole step once)."""
-    return loss_of(batch, logits), torch.tensor(0, dtype=torch.int), {}
+    loss = last_stage(payload, output)
+    if loss is None:  # a forward-only read
+        loss = torch.zeros((), device=output.device)
+    return loss, torch.tensor(0, dtype=torch.int), {}
+
+
+def from_last_stage(value: float, device: torch.device) -> float:
+    """``value`` as the last pipeline stage computed it, on every stage (itself without pipelining)."""
+    if pipeline_parallel_size() == 1:
+        return value
+    group = parallel_state.get_pipeline_model_parallel_group()
+    last = parallel_state.get_pipeline_model_parallel_last_rank()  # a global rank
+    held = torch.tensor([value], dtype=torch.float64, device=device)
+    torch.distributed.broadcast(held, src=last, group=group)
+    return float(held.item())

@@ -17,6 +17,7 @@ tokens and sequences are counted, so the normaliser counts only the kept rows. W
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
@@ -33,11 +34,16 @@ from sc_lightning.algorithms import (
     seq_mult_prob_error,
     valid_counts,
 )
-from sc_lightning.models.logprobs import logprobs_from_logits, real_vocab_size, token_logprobs
+from sc_lightning.models.logprobs import logprobs_from_logits, real_vocab_size
 from sc_lightning.trainer.chunks import TrainChunk
 from sc_lightning.trainer.data_parallel import data_parallel_group
 from sc_lightning.trainer.grad_clip import clip_model_parallel_grads
-from sc_lightning.trainer.pipeline import pipeline_parallel_size, train_pipelined
+from sc_lightning.trainer.pipeline import (
+    microbatch_shape,
+    per_token_forward,
+    pipeline_parallel_size,
+    train_microbatches,
+)
 from sc_lightning.trainer.step_totals import StepTotals
 
 
@@ -106,17 +112,20 @@ def frozen_logprobs(
     temperature: float,
     micro_batch_tokens: int | None = None,
 ) -> torch.Tensor:
-    """``model``'s (B, T) logprobs of ``chunk``'s tokens, without gradient, by micro-batch: PPO's fixed pi_old.
+    """``model``'s (B, T) logprobs of ``chunk``'s tokens, without gradient, by micro-batch: PPO's fixed pi_old, or a
+    reference policy's logprobs for the KL term (through the pipeline schedule with pipeline stages).
 
-    Positions no loss term reads (past a row's last valid token, rows without one) are 0.
+    Positions no loss term reads (past a row's last valid token, rows without one) are 0, and so is every position on
+    a pipeline stage before the last (only the last computes the loss).
     """
-    out = torch.zeros(chunk.input_ids.shape, dtype=torch.float32, device=chunk.input_ids.device)
-    with torch.no_grad():
-        model.eval()
-        for plan, rows in chunk.microbatches(micro_batch_size, micro_batch_tokens):
-            logprobs = token_logprobs(model, rows.input_ids, vocab_size=vocab_size, temperature=temperature)
-            out[torch.tensor(plan.rows, device=out.device), : plan.width] = logprobs.to(out.device)
-    return out
+    vocab = vocab_size if vocab_size is not None else real_vocab_size(model)
+
+    def logprobs(rows: TrainChunk, logits: torch.Tensor) -> torch.Tensor:
+        """The micro-batch's logprobs from its logits."""
+        input_ids = rows.input_ids.to(logits.device)
+        return logprobs_from_logits(logits, input_ids, vocab_size=vocab, temperature=temperature)
+
+    return per_token_forward(model, chunk, chunk.plan(micro_batch_size, micro_batch_tokens), logprobs)
 
 
 class PolicyUpdate:
@@ -175,22 +184,22 @@ class PolicyUpdate:
         totals = self._open_step()
         totals.rows += len(chunk)
         totals.group_ids.update(dict.fromkeys(chunk.group_ids))
-        microbatches = chunk.microbatches(self.micro_batch_size, self.micro_batch_tokens)
-        if pipeline_parallel_size() > 1:  # megatron's schedule runs forward and backward; the loss on the last stage
-            planned = list(microbatches)
-            for plan, _ in planned:
-                self.trained_lengths.extend(plan.lengths)
-            train_pipelined(self.model, [batch for _, batch in planned], partial(self._logits_loss, totals))
-            return
-        for plan, batch in microbatches:
+        plans = chunk.plan(self.micro_batch_size, self.micro_batch_tokens)
+        for plan in plans:
             self.trained_lengths.extend(plan.lengths)
-            logprobs = token_logprobs(
-                self.model, batch.input_ids, vocab_size=self.vocab_size, temperature=self.temperature
-            )
-            self.backward(self._microbatch_loss(batch, logprobs, totals))
+        if self.reference_model is not None:  # read first: with pipeline stages it runs through its own schedule
+            chunk = dataclasses.replace(chunk, reference_logprobs=self._frozen_logprobs(self.reference_model, chunk))
+        train_microbatches(
+            self.model,
+            ((rows.input_ids, rows) for plan in plans for rows in [chunk.select(plan)]),
+            partial(self._logits_loss, totals),
+            count=len(plans),
+            shape=microbatch_shape(plans),
+            backward=self.backward,
+        )
 
     def _logits_loss(self, totals: _StepTotals, batch: TrainChunk, logits: torch.Tensor) -> torch.Tensor:
-        """The micro-batch's loss from the last pipeline stage's logits."""
+        """The micro-batch's loss from the policy's (last stage's) logits."""
         input_ids = batch.input_ids.to(logits.device)
         vocab = self.vocab_size if self.vocab_size is not None else real_vocab_size(self.model)
         logprobs = logprobs_from_logits(logits, input_ids, vocab_size=vocab, temperature=self.temperature)
@@ -211,7 +220,7 @@ class PolicyUpdate:
             mask=mask,
             num_valid_tokens=1.0,
             num_valid_seqs=1.0,
-            reference_logprobs=self._reference_logprobs(batch),
+            reference_logprobs=batch.reference_logprobs,
         )
         totals.add(metrics)
         return loss  # an all-masked micro-batch backpropagates 0; its metrics are neutral
@@ -226,13 +235,15 @@ class PolicyUpdate:
         totals.add(seq_logprob_error_metrics(errors, masked, batch.rewards))
         return mask * (~masked).to(mask.dtype).unsqueeze(-1)
 
-    def _reference_logprobs(self, batch: TrainChunk) -> torch.Tensor | None:
-        if self.reference_model is None:
-            return None
-        with torch.no_grad():
-            return token_logprobs(
-                self.reference_model, batch.input_ids, vocab_size=self.vocab_size, temperature=self.temperature
-            )
+    def _frozen_logprobs(self, model: torch.nn.Module, chunk: TrainChunk) -> torch.Tensor:
+        return frozen_logprobs(
+            model,
+            chunk,
+            micro_batch_size=self.micro_batch_size,
+            micro_batch_tokens=self.micro_batch_tokens,
+            vocab_size=self.vocab_size,
+            temperature=self.temperature,
+        )
 
     def finish(self) -> dict[str, float]:
         """Normalise once by the step's valid count, clip, step; returns the step's metrics (one device read)."""

@@ -197,23 +197,24 @@ ALGORITHM_CASES: list[tuple[str, dict[str, Any], dict[str, Any], str, str]] = [
         "the colocated Megatron engine runs in the trainer's process",
     ),
     (
-        "pipeline parallel does not run PPO yet",
-        ppo(),
-        ppo({"value": {"megatron_cfg": {"pipeline_model_parallel_size": 2}}}),
-        "value.megatron_cfg.pipeline_model_parallel_size",
-        "pipeline parallelism does not support a PPO run",
-    ),
-    (
-        "pipeline parallel does not run a reference model yet",
-        variant({"policy": {"megatron_cfg": {"pipeline_model_parallel_size": 2}, **SEPARATE_ENGINE}}),
-        variant(
+        "the critic splits like the policy (pipeline)",
+        ppo(
             {
                 "policy": {"megatron_cfg": {"pipeline_model_parallel_size": 2}, **SEPARATE_ENGINE},
+                "value": {"megatron_cfg": {"pipeline_model_parallel_size": 2}},
                 "loss_fn": {"reference_policy_kl_penalty": 0.01},
             }
         ),
-        "policy.megatron_cfg.pipeline_model_parallel_size",
-        "does not support a KL term",
+        ppo({"value": {"megatron_cfg": {"pipeline_model_parallel_size": 2}}}),
+        "value.megatron_cfg.pipeline_model_parallel_size",
+        "is 2 but policy.megatron_cfg.pipeline_model_parallel_size is 1",
+    ),
+    (
+        "the critic splits like the policy (tensor)",
+        ppo(),
+        ppo({"value": {"megatron_cfg": {"tensor_model_parallel_size": 2}}}),
+        "value.megatron_cfg.tensor_model_parallel_size",
+        "share one megatron parallel state per trainer rank",
     ),
     ("vlm", variant(), variant({"policy": {"is_vlm": True}}), "policy.is_vlm", "not supported"),
     (

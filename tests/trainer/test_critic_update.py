@@ -50,7 +50,7 @@ def test_the_critic_update_does_not_depend_on_the_micro_batch_size(micro_batch_s
             micro_batch_size=size,
             clip_grad=1.0,
         )
-        targets = value_targets(critic, batch(), GAEAdvantage(gae_lambda=1.0, gae_gamma=1.0))
+        targets = value_targets(critic, batch(), GAEAdvantage(gae_lambda=1.0, gae_gamma=1.0), micro_batch_size=3)
         metrics = update.train(batch(), targets, epochs=2)
         results.append((metrics, critic.output_layer.linear.weight.detach().clone()))
     (whole, w_whole), (split, w_split) = results

@@ -1,5 +1,6 @@
-"""Pipeline parallelism in real processes (gloo on the CPU): PP=2 (and PP=2 x DP=2) GRPO updates through
-megatron-core's pipeline schedule equal one process's."""
+"""Pipeline parallelism in real processes (gloo on the CPU): PP=2 (and PP=2 x DP=2) GRPO updates, and PP=2 PPO
+steps (critic, frozen pi_old, a reference policy's KL term), through megatron-core's pipeline schedule equal one
+process's."""
 
 from __future__ import annotations
 
@@ -9,18 +10,15 @@ import pytest
 import torch
 
 from tests.ranks import run_ranks
-from tests.trainer.test_data_parallel import KEYS, STEPS, new_policy, train_steps
-
-
-def stage_weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """This stage's parameters under model-wide names (its layers renumbered by their global layer number)."""
-    weights = {}
-    for name, param in model.named_parameters():
-        parts = name.split(".")
-        if parts[:2] == ["decoder", "layers"]:
-            parts[2] = str(model.decoder.layers[int(parts[2])].layer_number - 1)  # layer_number counts from 1
-        weights[".".join(parts)] = param.detach().clone()
-    return weights
+from tests.trainer.test_data_parallel import (
+    KEYS,
+    STEPS,
+    assert_ppo_matches_one_process,
+    new_policy,
+    stage_weights,
+    train_ppo_three_steps,
+    train_steps,
+)
 
 
 def _pipeline_rank(rank: int, world_size: int, out: Path) -> None:
@@ -47,3 +45,14 @@ def test_a_pipeline_parallel_policy_update_equals_the_single_process_one(tmp_pat
         for name, tensor in weights.items():
             torch.testing.assert_close(tensor, single_weights[name], rtol=1e-5, atol=2e-6, msg=f"rank {rank}: {name}")
     assert covered.keys() == single_weights.keys()  # the stages together hold the whole model
+
+
+def _ppo_pipeline_rank(rank: int, world_size: int, out: Path) -> None:
+    """A rank of a PP=2 PPO run: its stage of the policy and of the critic."""
+    torch.save(train_ppo_three_steps(pipeline_parallel_size=2), out / f"ppo{rank}.pt")
+
+
+@pytest.mark.timeout(900)
+def test_a_pipeline_parallel_ppo_step_equals_the_single_process_one(tmp_path: Path) -> None:
+    run_ranks(_ppo_pipeline_rank, 2, tmp_path)
+    assert_ppo_matches_one_process(tmp_path, 2)

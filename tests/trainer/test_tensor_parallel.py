@@ -69,7 +69,7 @@ def train_critic_three_times(tensor_parallel_size: int) -> tuple[list[dict[str, 
     )
     metrics = []
     for _ in range(STEPS):
-        targets = value_targets(critic, batch(), GAEAdvantage(gae_lambda=0.95, gae_gamma=1.0))
+        targets = value_targets(critic, batch(), GAEAdvantage(gae_lambda=0.95, gae_gamma=1.0), micro_batch_size=3)
         metrics.append(update.train(batch(), targets, epochs=2))
     with torch.no_grad():
         return metrics, token_values(critic, step_rows(0).input_ids)
