@@ -14,7 +14,9 @@ class MegatronConfig:
     enabled: bool = knob(True, "Train with megatron-core (the only supported trainer).")
     tensor_model_parallel_size: int = knob(1, "Tensor-parallel ranks.", ge=1)
     pipeline_model_parallel_size: int = knob(1, "Pipeline-parallel stages (megatron-core's 1F1B schedule).", ge=1)
-    sequence_parallel: bool = knob(False, "Megatron sequence parallelism (rejected until supported; keep false).")
+    sequence_parallel: bool = knob(
+        False, "Megatron sequence parallelism: norms and residuals on each TP rank's slice of the sequence (TP > 1)."
+    )
     activation_checkpointing: bool = knob(False, "Recompute activations in the backward pass.")
 
 

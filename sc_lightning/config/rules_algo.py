@@ -219,7 +219,7 @@ def prompts_fit_the_context(config: SCConfig, report: Report) -> None:
 )
 def megatron_models(config: SCConfig, report: Report) -> None:
     """megatron-core is the only trainer (and Megatron generation needs it); the critic splits like the policy
-    (megatron's parallel state is one per process); VLM and sequence parallelism are not supported yet."""
+    (megatron's parallel state is one per process); sequence parallelism needs TP > 1; VLM is not supported yet."""
     if not config.policy.megatron_cfg.enabled:
         report.error("policy.megatron_cfg.enabled", "is false; megatron-core is the only trainer, set it to true")
     if config.value is not None and not config.value.megatron_cfg.enabled:
@@ -229,10 +229,11 @@ def megatron_models(config: SCConfig, report: Report) -> None:
         if section is None:
             continue
         mcfg = section.megatron_cfg
-        if mcfg.sequence_parallel:
+        if mcfg.sequence_parallel and mcfg.tensor_model_parallel_size == 1:
             report.error(
                 f"{model}.megatron_cfg.sequence_parallel",
-                "is true but sequence parallelism is not supported yet (it needs Transformer Engine norms); set false",
+                "is true but tensor_model_parallel_size is 1; sequence parallelism splits the sequence over the "
+                "tensor-parallel ranks: raise the TP size or set it to false",
             )
     if config.value is not None:
         for size in ("tensor_model_parallel_size", "pipeline_model_parallel_size"):

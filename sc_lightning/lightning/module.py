@@ -72,6 +72,7 @@ class GRPOModule(LightningModule):
                 seed=seed,
                 tp=layout.tensor_model_parallel_size,
                 pp=layout.pipeline_model_parallel_size,
+                sequence_parallel=layout.sequence_parallel,
                 activation_checkpointing=layout.activation_checkpointing,
                 tokenizer_name=policy_cfg.tokenizer_name,
                 device=self.model_device(),

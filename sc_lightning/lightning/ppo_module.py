@@ -72,6 +72,7 @@ class PPOModule(GRPOModule):
             seed=seed,
             tp=value.megatron_cfg.tensor_model_parallel_size,
             pp=value.megatron_cfg.pipeline_model_parallel_size,
+            sequence_parallel=value.megatron_cfg.sequence_parallel,
             activation_checkpointing=value.megatron_cfg.activation_checkpointing,
             device=self.model_device(),
         )

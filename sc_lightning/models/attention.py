@@ -26,6 +26,7 @@ from megatron.core.utils import divide
 from torch import Tensor
 
 from sc_lightning.models.fused import FusedSwiGLU
+from sc_lightning.models.norms import TorchNorm
 
 
 class SDPACoreAttention(MegatronModule):
@@ -113,7 +114,8 @@ class SDPACoreAttention(MegatronModule):
 
 
 def gpt_layer_spec_sdpa(*, fused_swiglu: bool = False) -> ModuleSpec:
-    """megatron-core's local GPT layer spec (RMSNorm, column/row-parallel linears) with SDPA core attention.
+    """megatron-core's local GPT layer spec (RMSNorm, column/row-parallel linears) with SDPA core attention and
+    :class:`~sc_lightning.models.norms.TorchNorm` norms (which allow sequence parallelism).
 
     With ``fused_swiglu`` the MLP's activation is :class:`~sc_lightning.models.fused.FusedSwiGLU` (the config must
     then set ``use_te_activation_func``, the MLP's switch for an activation submodule).
@@ -121,7 +123,11 @@ def gpt_layer_spec_sdpa(*, fused_swiglu: bool = False) -> ModuleSpec:
     spec = get_gpt_layer_local_spec(normalization="RMSNorm")
     attention = spec.submodules.self_attention
     attention_submodules = dataclasses.replace(attention.submodules, core_attention=SDPACoreAttention)
-    changes = {"self_attention": dataclasses.replace(attention, submodules=attention_submodules)}
+    changes = {
+        "self_attention": dataclasses.replace(attention, submodules=attention_submodules),
+        "input_layernorm": TorchNorm,
+        "pre_mlp_layernorm": TorchNorm,
+    }
     if fused_swiglu:
         mlp = spec.submodules.mlp
         mlp_submodules = dataclasses.replace(mlp.submodules, activation_func=ModuleSpec(module=FusedSwiGLU))

@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 from megatron.core import parallel_state, tensor_parallel
 from megatron.core.models.gpt import GPTModel
+from megatron.core.transformer.transformer_block import TransformerBlockSubmodules, get_num_layers_to_build
 from megatron.core.transformer.transformer_config import TransformerConfig
 from torch import Tensor
 
@@ -35,6 +36,7 @@ from sc_lightning.models.convert import (
 from sc_lightning.models.cpu_compat import apply_cpu_compat, seed_cpu_rng_tracker
 from sc_lightning.models.fused import install_fused_rope
 from sc_lightning.models.logprobs import REAL_VOCAB_ATTR
+from sc_lightning.models.norms import TorchNorm
 from sc_lightning.models.spec import ModelSpec, builtin_spec
 from sc_lightning.tokenizer import Tokenizer, check_tokenizer_fits_model, load_tokenizer
 
@@ -112,6 +114,7 @@ def transformer_config(
     precision: str = "fp32",
     tensor_parallel_size: int = 1,
     pipeline_parallel_size: int = 1,
+    sequence_parallel: bool = False,
     activation_checkpointing: bool = False,
     fused_kernels: bool = False,
 ) -> TransformerConfig:
@@ -143,6 +146,7 @@ def transformer_config(
         attention_dropout=0.0,
         tensor_model_parallel_size=tensor_parallel_size,
         pipeline_model_parallel_size=pipeline_parallel_size,
+        sequence_parallel=sequence_parallel,  # norms and residuals on a slice of the sequence per TP rank
         pipeline_dtype=dtype,
         params_dtype=dtype,
         bf16=precision == "bf16",
@@ -212,9 +216,13 @@ def _quiet_megatron() -> Iterator[None]:
 
 def _gpt_model(spec: ModelSpec, config: TransformerConfig, tensor_parallel_size: int) -> GPTModel:
     """The (uninitialised) ``GPTModel`` of ``spec`` for this pipeline stage: local spec + SDPA, RoPE."""
+    layers = TransformerBlockSubmodules(  # this stage's layers and the final norm, all with sequence-parallel norms
+        layer_specs=[gpt_layer_spec_sdpa(fused_swiglu=config.use_te_activation_func)] * get_num_layers_to_build(config),
+        layer_norm=TorchNorm,
+    )
     model = GPTModel(
         config=config,
-        transformer_layer_spec=gpt_layer_spec_sdpa(fused_swiglu=config.use_te_activation_func),
+        transformer_layer_spec=layers,
         vocab_size=spec.padded_vocab_size(tensor_parallel_size),
         max_sequence_length=spec.max_position_embeddings,
         pre_process=parallel_state.is_pipeline_first_stage(),
@@ -268,12 +276,14 @@ def build_gpt_model(
     (parameters and compute). The model is built on the CPU and moved to ``device`` (never chosen for you: a GPU is
     used only when asked for). ``fused_kernels`` (default: on a CUDA device) fuses SwiGLU and RoPE
     (:mod:`sc_lightning.models.fused`; same weights, same math). Output logits are vocab-parallel
-    ``(B, T, padded_vocab / TP)``; see :mod:`sc_lightning.models.logprobs`.
+    ``(B, T, padded_vocab / TP)``; see :mod:`sc_lightning.models.logprobs`. With ``sequence_parallel`` (TP > 1) each
+    tensor-parallel rank keeps its slice of the sequence between the parallel linears: the input width must then
+    be a multiple of TP (:func:`~sc_lightning.trainer.pipeline.train_microbatches` pads for it).
     """
     if precision not in _DTYPES:
         raise ValueError(f"precision must be one of {sorted(_DTYPES)}, got {precision!r}")
-    if sequence_parallel:
-        raise NotImplementedError("sequence_parallel needs Transformer Engine norms; the local layer spec lacks it")
+    if sequence_parallel and tensor_parallel_size == 1:
+        raise ValueError("sequence_parallel splits the sequence over tensor-parallel ranks: it needs TP > 1")
     spec.check_parallel(tensor_parallel_size, pipeline_parallel_size)
     init_model_parallel(tensor_parallel_size, pipeline_parallel_size, seed=seed, device=device)
     with _quiet_megatron():
@@ -282,6 +292,7 @@ def build_gpt_model(
             precision=precision,
             tensor_parallel_size=tensor_parallel_size,
             pipeline_parallel_size=pipeline_parallel_size,
+            sequence_parallel=sequence_parallel,
             activation_checkpointing=activation_checkpointing,
             fused_kernels=torch.device(device).type == "cuda" if fused_kernels is None else fused_kernels,
         )
@@ -330,6 +341,7 @@ def load_policy(
     seed: int = 0,
     tp: int = 1,
     pp: int = 1,
+    sequence_parallel: bool = False,
     activation_checkpointing: bool = False,
     tokenizer_name: str | None = None,
     check_tokenizer: bool = True,
@@ -357,6 +369,7 @@ def load_policy(
         seed=seed,
         tensor_parallel_size=tp,
         pipeline_parallel_size=pp,
+        sequence_parallel=sequence_parallel,
         activation_checkpointing=activation_checkpointing,
         hf_state=hf_state,
         device=device,

@@ -14,23 +14,31 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+from megatron.core import tensor_parallel
 from torch import Tensor
 
 from sc_lightning.models.logprobs import device_of
 
 
 class ValueHead(torch.nn.Module):
-    """``hidden (S, B, H) -> values (S, B, 1)``, called like a GPTModel output layer; starts at zero."""
+    """``hidden (S, B, H) -> values (S, B, 1)``, called like a GPTModel output layer; starts at zero.
 
-    def __init__(self, hidden_size: int, dtype: torch.dtype) -> None:
+    With ``sequence_parallel`` the hidden states arrive as this tensor-parallel rank's slice of the sequence: the head
+    gathers the whole sequence first (every rank then holds the same values and computes the same loss, so the
+    backward hands each rank its own slice's gradient instead of summing the copies).
+    """
+
+    def __init__(self, hidden_size: int, dtype: torch.dtype, *, sequence_parallel: bool = False) -> None:
         super().__init__()
         self.linear = torch.nn.Linear(hidden_size, 1, dtype=dtype)
         torch.nn.init.zeros_(self.linear.weight)
         torch.nn.init.zeros_(self.linear.bias)
-        self.sequence_parallel = False  # read by GPTModel's inference path
+        self.sequence_parallel = sequence_parallel  # also read by GPTModel's inference path
 
     def forward(self, hidden: Tensor, weight: Tensor | None = None, **_: Any) -> tuple[Tensor, None]:
         """The values and no bias (the output-layer calling convention)."""
+        if self.sequence_parallel:
+            hidden = tensor_parallel.gather_from_sequence_parallel_region(hidden, tensor_parallel_output_grad=False)
         return self.linear(hidden), None
 
 
@@ -43,7 +51,8 @@ def attach_value_head(model: torch.nn.Module) -> torch.nn.Module:
     config = model.config
     if model.post_process:
         device = next(model.parameters()).device
-        model.output_layer = ValueHead(config.hidden_size, config.params_dtype).to(device)
+        head = ValueHead(config.hidden_size, config.params_dtype, sequence_parallel=config.sequence_parallel)
+        model.output_layer = head.to(device)
     model.share_embeddings_and_output_weights = False
     return model
 

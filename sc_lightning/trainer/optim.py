@@ -23,6 +23,13 @@ def decays(name: str, param: torch.Tensor) -> bool:
     return param.dim() > 1 and not name.endswith(".bias")
 
 
+def needs_grad_finalising(model: torch.nn.Module) -> bool:
+    """Whether ``model``'s gradients need megatron's DDP buffer and ``finalize_model_grads``: a sum over data-parallel
+    replicas, tied embeddings across pipeline stages, or sequence-parallel norm weights summed over TP."""
+    sequence_parallel = getattr(getattr(model, "config", None), "sequence_parallel", False)
+    return data_parallel_size() > 1 or pipeline_parallel_size() > 1 or sequence_parallel
+
+
 def adamw(
     model: torch.nn.Module, opt_cfg: OptimizerConfig, total_steps: int
 ) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
@@ -41,7 +48,7 @@ def adamw(
             {"params": [p for n, p in named if not decays(n, p)], "weight_decay": 0.0},
         ]
         adam = {"lr": opt_cfg.lr, "betas": (opt_cfg.adam_beta1, opt_cfg.adam_beta2), "eps": opt_cfg.adam_eps}
-        if data_parallel_size() > 1 or pipeline_parallel_size() > 1:  # megatron DDP's buffers and grad finalising
+        if needs_grad_finalising(model):
             optimizer = DataParallelAdamW(model, groups, opt_cfg.clip_grad, **adam)
         else:
             optimizer = torch.optim.AdamW(groups, **adam)

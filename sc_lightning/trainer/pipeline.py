@@ -17,6 +17,7 @@ stages). Micro-batches are cut lazily, one at a time, as the schedule asks for t
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from functools import partial
 from typing import Any, TypeVar
@@ -70,8 +71,9 @@ def train_microbatches(
         _run_schedule(model, microbatches, last_stage, count=count, shape=shape, forward_only=False)
         return
     device = device_of(model)
-    for input_ids, payload in microbatches:
-        backward(last_stage(payload, model(input_ids.to(device), None, None)))
+    with _sequence_parallel_calls(model, device):
+        for input_ids, payload in microbatches:
+            backward(last_stage(payload, _forward(model, input_ids, device)))
 
 
 def forward_microbatches(
@@ -87,8 +89,9 @@ def forward_microbatches(
                 _run_schedule(model, microbatches, last_stage, count=count, shape=shape, forward_only=True)
                 return
             device = device_of(model)
-            for input_ids, payload in microbatches:
-                last_stage(payload, model(input_ids.to(device), None, None))
+            with _sequence_parallel_calls(model, device):
+                for input_ids, payload in microbatches:
+                    last_stage(payload, _forward(model, input_ids, device))
     finally:
         model.train(was_training)
 
@@ -127,10 +130,13 @@ def _run_schedule(
         return
     device = device_of(model)
 
+    multiple = _width_multiple(model)
+
     def forward_step(data: Iterator[tuple[torch.Tensor, Any]], stage: torch.nn.Module) -> tuple[torch.Tensor, Any]:
         """One micro-batch through this stage: its output, and the function the last stage applies to it."""
         input_ids, payload = next(data)
-        return stage(input_ids.to(device), None, None), partial(_last_stage_output, last_stage, payload)
+        output = stage(_pad_width(input_ids, multiple).to(device), None, None)
+        return output, partial(_last_stage_output, last_stage, payload, input_ids.shape[1])
 
     with cuda_calls_on(device):
         get_forward_backward_func()(
@@ -138,19 +144,55 @@ def _run_schedule(
             data_iterator=iter(microbatches),
             model=[model],
             num_microbatches=count,
-            seq_length=shape[1],
+            seq_length=-(-shape[1] // multiple) * multiple,
             micro_batch_size=shape[0],
             forward_only=forward_only,
         )
 
 
-def _last_stage_output(last_stage: LastStage, payload: Any, output: torch.Tensor) -> tuple[torch.Tensor, Any, dict]:
+def _last_stage_output(
+    last_stage: LastStage, payload: Any, width: int, output: torch.Tensor
+) -> tuple[torch.Tensor, Any, dict]:
     """megatron's loss-function protocol with ``calculate_per_token_loss``: (loss, tokens, reduced); the schedule
-    then backpropagates the loss unscaled (the trainer normalises the whole step once)."""
-    loss = last_stage(payload, output)
+    then backpropagates the loss unscaled (the trainer normalises the whole step once). The output is cut back to the
+    micro-batch's ``width`` (sequence parallelism pads it)."""
+    loss = last_stage(payload, _cut(output, width))
     if loss is None:  # a forward-only read
         loss = torch.zeros((), device=output.device)
     return loss, torch.tensor(0, dtype=torch.int), {}
+
+
+def _width_multiple(model: torch.nn.Module) -> int:
+    """What a micro-batch's width must be a multiple of: the TP size under sequence parallelism (each rank keeps an
+    equal slice of the sequence), else 1."""
+    config = getattr(model, "config", None)
+    if config is None or not config.sequence_parallel:
+        return 1
+    return parallel_state.get_tensor_model_parallel_world_size()
+
+
+def _pad_width(input_ids: torch.Tensor, multiple: int) -> torch.Tensor:
+    """``input_ids`` right-padded (with id 0) to a width that is a multiple of ``multiple``. Attention is causal, so
+    the padding changes no output at the real positions."""
+    missing = -input_ids.shape[1] % multiple
+    return torch.nn.functional.pad(input_ids, (0, missing)) if missing else input_ids
+
+
+def _sequence_parallel_calls(model: torch.nn.Module, device: torch.device) -> contextlib.AbstractContextManager:
+    """Around a sequence-parallel model's forwards and backwards on the CPU: megatron's sequence gathers and
+    scatters allocate on ``torch.cuda.current_device()`` (:func:`~sc_lightning.models.cpu_compat.cuda_calls_on`)."""
+    return cuda_calls_on(device) if _width_multiple(model) > 1 else contextlib.nullcontext()
+
+
+def _forward(model: torch.nn.Module, input_ids: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """``model``'s output for ``input_ids`` (padded as sequence parallelism needs, the output cut back)."""
+    output = model(_pad_width(input_ids, _width_multiple(model)).to(device), None, None)
+    return _cut(output, input_ids.shape[1])
+
+
+def _cut(output: torch.Tensor, width: int) -> torch.Tensor:
+    """``output`` (B, T', ...) cut back to ``width`` columns (contiguous, as megatron's cross entropy needs)."""
+    return output if output.shape[1] == width else output[:, :width].contiguous()
 
 
 def from_last_stage(value: float, device: torch.device) -> float:

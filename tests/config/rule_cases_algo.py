@@ -176,8 +176,7 @@ ALGORITHM_CASES: list[tuple[str, dict[str, Any], dict[str, Any], str, str]] = [
         "Megatron",
     ),
     (
-        "sequence parallel is not supported yet",
-        variant({"policy": {"megatron_cfg": {"tensor_model_parallel_size": 2}, **SEPARATE_ENGINE}}),
+        "sequence parallelism needs tensor parallelism",
         variant(
             {
                 "policy": {
@@ -186,8 +185,9 @@ ALGORITHM_CASES: list[tuple[str, dict[str, Any], dict[str, Any], str, str]] = [
                 }
             }
         ),
+        variant({"policy": {"megatron_cfg": {"sequence_parallel": True}, **SEPARATE_ENGINE}}),
         "policy.megatron_cfg.sequence_parallel",
-        "not supported yet",
+        "is true but tensor_model_parallel_size is 1",
     ),
     (
         "a colocated Megatron engine needs the trainer's parallel state at TP = PP = 1",

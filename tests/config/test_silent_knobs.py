@@ -99,11 +99,6 @@ READ_ONLY_BY_VALIDATION: dict[str, str] = {
     "value.train_global_batch_size": _TRAINER_BATCH,
     "policy.generation.vllm_cfg.async_engine": "vLLM always runs its async engine: generation_engine rejects false",
     "policy.is_vlm": "vision-language policies are not supported yet: megatron_models rejects true",
-    **{
-        f"{model}.megatron_cfg.{knob}": f"{what} is not supported yet: megatron_models rejects anything but {default}"
-        for model in ("policy", "value")
-        for knob, what, default in (("sequence_parallel", "sequence parallelism", "false"),)
-    },
 }
 
 

@@ -150,7 +150,9 @@ def synchronous_reference(config: SCConfig, steps: int) -> list[tuple[float, flo
             leave_one_out=True,
             normalize_rewards=True,
         )
-        targets = value_targets(critic, chunk, config.ppo.adv_estimator, micro_batch_size=config.value.train_micro_batch_size)
+        targets = value_targets(
+            critic, chunk, config.ppo.adv_estimator, micro_batch_size=config.value.train_micro_batch_size
+        )
         critic_loss = critic_update.train(chunk, targets, config.ppo.critic_epochs())["loss"]
         critic_sched.step()
         chunk.advantages = targets.advantages

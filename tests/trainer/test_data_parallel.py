@@ -55,16 +55,17 @@ def this_ranks_rows(chunk: TrainChunk) -> TrainChunk | None:
 
 
 def new_policy(
-    tensor_parallel_size: int = 1, seed: int = 0, pipeline_parallel_size: int = 1
+    tensor_parallel_size: int = 1, seed: int = 0, pipeline_parallel_size: int = 1, sequence_parallel: bool = False
 ) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
     """The seeded tiny policy at this layout and its AdamW (over megatron DDP's buffer with several replicas or
-    stages)."""
+    stages, or sequence parallelism)."""
     model = build_gpt_model(
         SPEC,
         precision="fp32",
         seed=seed,
         tensor_parallel_size=tensor_parallel_size,
         pipeline_parallel_size=pipeline_parallel_size,
+        sequence_parallel=sequence_parallel,
     )
     return model, adamw(model, OptimizerConfig(lr=1e-3, clip_grad=0.05), STEPS)[0]
 
@@ -89,10 +90,12 @@ def full_weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return {name: tensor.clone() for name, tensor in export_hf_weights(model, SPEC)}
 
 
-def train_three_steps(tensor_parallel_size: int = 1) -> tuple[list[dict[str, float]], dict[str, torch.Tensor], bool]:
+def train_three_steps(
+    tensor_parallel_size: int = 1, sequence_parallel: bool = False
+) -> tuple[list[dict[str, float]], dict[str, torch.Tensor], bool]:
     """Three GRPO steps of the seeded tiny policy (two chunks each), this rank training its share of each chunk;
     the metrics, the full weights and whether megatron's DDP summed the gradients."""
-    model, optimizer = new_policy(tensor_parallel_size)
+    model, optimizer = new_policy(tensor_parallel_size, sequence_parallel=sequence_parallel)
     metrics = train_steps(model, optimizer, range(STEPS))
     return metrics, full_weights(model), isinstance(optimizer, DataParallelAdamW)
 

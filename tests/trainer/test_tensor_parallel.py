@@ -1,4 +1,5 @@
-"""Tensor parallelism in real processes (gloo on the CPU): TP=2 policy and critic updates equal single-process ones."""
+"""Tensor parallelism in real processes (gloo on the CPU): TP=2 policy and critic updates, with and without sequence
+parallelism, equal single-process ones."""
 
 from __future__ import annotations
 
@@ -8,10 +9,13 @@ import pytest
 import torch
 
 from sc_lightning.config.algorithm import GAEAdvantage, ValueLossConfig
+from sc_lightning.config.model import OptimizerConfig
 from sc_lightning.models import build_gpt_model
-from sc_lightning.models.value import load_critic, token_values
+from sc_lightning.models.value import load_critic, values_from_output
 from sc_lightning.trainer.critic_update import CriticUpdate, value_targets
 from sc_lightning.trainer.grad_clip import clip_model_parallel_grads
+from sc_lightning.trainer.optim import adamw
+from sc_lightning.trainer.pipeline import per_token_forward
 from tests.ranks import run_ranks
 from tests.trainer.test_critic_update import batch
 from tests.trainer.test_data_parallel import train_three_steps
@@ -20,17 +24,18 @@ from tests.trainer.test_policy_update import SPEC, step_rows
 STEPS = 3
 
 
-def _tensor_parallel_rank(rank: int, world_size: int, out: Path) -> None:
+def _tensor_parallel_rank(rank: int, world_size: int, sequence_parallel: bool, out: Path) -> None:
     """A rank of the TP runs: train the policy and the critic, then save what it saw (all ranks gather everything)."""
-    torch.save(train_three_steps(tensor_parallel_size=world_size)[:2], out / f"policy{rank}.pt")
-    torch.save(train_critic_three_times(tensor_parallel_size=world_size), out / f"critic{rank}.pt")
+    layout = {"tensor_parallel_size": world_size, "sequence_parallel": sequence_parallel}
+    torch.save(train_three_steps(**layout)[:2], out / f"policy{rank}.pt")
+    torch.save(train_critic_three_times(**layout), out / f"critic{rank}.pt")
 
 
-@pytest.fixture(scope="module")
-def tp2_results(tmp_path_factory: pytest.TempPathFactory) -> Path:
+@pytest.fixture(scope="module", params=[False, True], ids=["tp2", "tp2-sequence-parallel"])
+def tp2_results(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Where the two ranks of one TP=2 run (policy, then critic) left their results."""
     out = tmp_path_factory.mktemp("tp2")
-    run_ranks(_tensor_parallel_rank, 2, out)
+    run_ranks(_tensor_parallel_rank, 2, request.param, out)
     return out
 
 
@@ -60,10 +65,14 @@ def test_a_tp2_policy_update_equals_the_single_process_one(tp2_results: Path) ->
             torch.testing.assert_close(weights[name], tensor, rtol=1e-5, atol=2e-6, msg=f"rank {rank}: {name}")
 
 
-def train_critic_three_times(tensor_parallel_size: int) -> tuple[list[dict[str, float]], torch.Tensor]:
+def train_critic_three_times(
+    tensor_parallel_size: int, sequence_parallel: bool = False
+) -> tuple[list[dict[str, float]], torch.Tensor]:
     """Three critic updates (two epochs each) of the seeded tiny critic; the metrics and its values afterwards."""
-    critic = load_critic("builtin:tiny", precision="fp32", seed=5, tp=tensor_parallel_size)
-    optimizer = torch.optim.AdamW(critic.parameters(), lr=1e-3)
+    critic = load_critic(
+        "builtin:tiny", precision="fp32", seed=5, tp=tensor_parallel_size, sequence_parallel=sequence_parallel
+    )
+    optimizer, _ = adamw(critic, OptimizerConfig(lr=1e-3, clip_grad=0.05), STEPS)  # the clip CriticUpdate names
     update = CriticUpdate(
         critic, optimizer, ValueLossConfig(value_clip_epsilon=0.2), micro_batch_size=4, clip_grad=0.05
     )
@@ -71,8 +80,8 @@ def train_critic_three_times(tensor_parallel_size: int) -> tuple[list[dict[str, 
     for _ in range(STEPS):
         targets = value_targets(critic, batch(), GAEAdvantage(gae_lambda=0.95, gae_gamma=1.0), micro_batch_size=3)
         metrics.append(update.train(batch(), targets, epochs=2))
-    with torch.no_grad():
-        return metrics, token_values(critic, step_rows(0).input_ids)
+    probe = step_rows(0)  # all its weights, through the values at every position a loss reads
+    return metrics, per_token_forward(critic, probe, probe.plan(4), lambda _, output: values_from_output(output))
 
 
 @pytest.mark.timeout(600)
