@@ -126,6 +126,7 @@ class SummedGradients:
     """
 
     ddp: DistributedDataParallel
+    clip_grad: float  # the norm its step clips the summed gradients to
     last_grad_norm: float = 0.0
     _grads_scaled: bool = False
 

@@ -51,6 +51,7 @@ class MixedPrecisionAdamW(SummedGradients, torch.optim.Optimizer):
             )
         install_foreach_multi_tensor()  # without Apex, megatron's norm and copies would loop over tensors in Python
         self.ddp = megatron_ddp(model, grad_reduce_in_fp32=True)
+        self.clip_grad = opt_cfg.clip_grad
         self.megatron = get_megatron_optimizer(
             MegatronOptimizerConfig(
                 optimizer="adam",

@@ -92,6 +92,11 @@ def normalised_step(
     raw = getattr(optimizer, "optimizer", optimizer)
     lr = optimizer.param_groups[0]["lr"]
     if hasattr(raw, "scale_grads"):
+        if raw.clip_grad != clip_grad:
+            raise ValueError(
+                f"the optimizer clips to its own clip_grad {raw.clip_grad}, but this update was asked to clip to "
+                f"{clip_grad}: build the optimizer from the same optimizer config as the update"
+            )
         raw.scale_grads(1.0 / normaliser)
         optimizer.step()
         return raw.last_grad_norm, lr
