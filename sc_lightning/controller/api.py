@@ -193,8 +193,9 @@ class ControllerClient(Protocol):
     def begin_refit(self, next_version: int) -> int:
         """Close dispatch and abort doomed rollouts."""
 
-    def push_weights(self, named_tensors: list[tuple[str, torch.Tensor]], version: int) -> None:
-        """Load new weights into the generation engine."""
+    def push_weights(self, named_tensors: list[tuple[str, torch.Tensor]], version: int, *, last: bool = True) -> None:
+        """Load new weights into the generation engine (``last=False``: one bucket of them, more follow; the engine
+        adopts ``version`` with the last)."""
 
     def stand_down_engine(self) -> None:
         """Release a colocated engine's accelerator for the train step."""

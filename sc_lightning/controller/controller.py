@@ -16,7 +16,8 @@
                                          they are the step's *training claims*
                    begin_refit(v + 1)    release the claims (delete their rows and evicted groups' rows), close
                                          dispatch, abort rollouts the sampler says are doomed
-                   push_weights(w, v+1)  load the trainer's new weights into the engine
+                   push_weights(w, v+1)  load the trainer's new weights into the engine (once, or bucket by
+                                         bucket: the engine adopts v + 1 with the last)
                    finish_refit(v + 1)   stamp the engine's new version, reopen dispatch
 
 A buffer permit is held by every dispatched group until it is selected or evicted, or its rollout fails, is
@@ -119,6 +120,7 @@ class SingleController:
             buffer, sampler, prompts, self.recovery, self.drops, self.reserve, self.buffer_permits, self.ledger
         )
         self._aborting = False
+        self._refit_engine_s: dict[int, float] = {}  # the engine's time so far on the refit to a version
         self._background: list[tuple[str, Callable[[SingleController], Awaitable[None]]]] = []
         self._background_tasks: list[asyncio.Task] = []
         self._failed_part = "rollout pump"
@@ -366,6 +368,7 @@ class SingleController:
             await self.buffer.delete_rows(claims)  # and the rows of groups evicted meanwhile
             self._dispatch_open.clear()
             self.trainer_version = next_version
+        self._refit_engine_s.clear()  # a new refit: its buckets share a fresh deadline
         doomed = [
             group.task
             for group in list(self.manager.inflight.values())
@@ -390,16 +393,30 @@ class SingleController:
         """Colocated engine: take the accelerator back after the train step (paused requests resume)."""
         await self.served.engine.wake()
 
-    async def push_weights(self, named_tensors: list[tuple[str, torch.Tensor]], version: int) -> None:
-        """Load new weights into the generation engine (between begin_refit and finish_refit), under a deadline."""
+    async def push_weights(
+        self, named_tensors: list[tuple[str, torch.Tensor]], version: int, *, last: bool = True
+    ) -> None:
+        """Load new weights into the generation engine (between begin_refit and finish_refit), under a deadline.
+
+        ``last=False``: one bucket of them, more follow (the engine's ``stage_weights``); the last bucket (or the
+        whole set) goes through ``update_weights``, when the engine adopts ``version``. One deadline,
+        ``refit_timeout_s``, holds for the engine's time on all of a version's buckets together.
+        """
         engine, limit = self.served.engine, self.manager.settings.refit_timeout_s
+        spent = self._refit_engine_s.get(version, 0.0)
+        if not last and not hasattr(engine, "stage_weights"):
+            raise EngineError(f"engine {engine.name!r} cannot take weights in buckets (it has no stage_weights)")
+        load = engine.update_weights(named_tensors, version) if last else engine.stage_weights(named_tensors, version)
+        started = time.monotonic()
         try:
-            await asyncio.wait_for(engine.update_weights(named_tensors, version), limit)
+            await asyncio.wait_for(load, max(0.0, limit - spent))
         except TimeoutError:
             raise EngineError(
                 f"engine {engine.name!r}: the refit to weight version {version} did not finish within "
                 f"policy.generation.refit_timeout_s={limit}"
             ) from None
+        finally:
+            self._refit_engine_s[version] = spent + time.monotonic() - started
 
     async def finish_refit(self, version: int) -> None:
         """The engines now hold ``version``: stamp it on new rollouts and reopen dispatch."""

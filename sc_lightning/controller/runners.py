@@ -101,9 +101,9 @@ class ControllerHandle:
         """Close dispatch and abort doomed rollouts."""
         return self._invoke("begin_refit", next_version)
 
-    def push_weights(self, named_tensors: list[tuple[str, torch.Tensor]], version: int) -> None:
-        """Load new weights into the generation engine."""
-        self._invoke("push_weights", named_tensors, version)
+    def push_weights(self, named_tensors: list[tuple[str, torch.Tensor]], version: int, *, last: bool = True) -> None:
+        """Load new weights into the generation engine (``last=False``: one bucket of them, more follow)."""
+        self._invoke("push_weights", named_tensors, version, last=last)
 
     def stand_down_engine(self) -> None:
         """Release a colocated engine's accelerator for the train step."""

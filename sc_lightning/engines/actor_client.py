@@ -79,10 +79,13 @@ class ActorEngineClient:
 
     async def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
         """Ship HF-named tensors to the actor by value (one ``ray.put``) and load them there as ``version``."""
-        import ray
+        self._version = await self._call(
+            f"refit to version {version}", "update_weights", _by_value(named_tensors), version
+        )
 
-        payload = [(name, tensor.detach().to("cpu", copy=True).contiguous()) for name, tensor in named_tensors]
-        self._version = await self._call(f"refit to version {version}", "update_weights", ray.put(payload), version)
+    async def stage_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
+        """Ship one bucket of ``version``'s HF-named tensors to the actor (more follow); the version stays."""
+        await self._call(f"refit to version {version} (a bucket)", "stage_weights", _by_value(named_tensors), version)
 
     async def stats(self) -> dict[str, int]:
         """The actor engine's counters."""
@@ -98,3 +101,10 @@ class ActorEngineClient:
         with contextlib.suppress(ray.exceptions.RayError, TimeoutError):  # dead or hung: killed below anyway
             await asyncio.wait_for(actor.shutdown.remote(), self.control_timeout_s)
         ray.kill(actor, no_restart=True)
+
+
+def _by_value(named_tensors: Iterable[tuple[str, torch.Tensor]]) -> Any:
+    """The tensors as one object in Ray's store, on the CPU (what an actor's refit method receives)."""
+    import ray
+
+    return ray.put([(name, tensor.detach().to("cpu", copy=True).contiguous()) for name, tensor in named_tensors])

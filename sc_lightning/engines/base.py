@@ -28,7 +28,13 @@ class GenerationEngine(Protocol):
         """Sample one completion of the prompt; the result records the weight version that produced it."""
 
     async def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
-        """Load new weights and adopt ``version``; requests in flight continue on the new weights."""
+        """Load new weights (all of them, or the last bucket after :meth:`stage_weights`) and adopt ``version``;
+        requests in flight continue on the new weights."""
+
+    async def stage_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
+        """Load one bucket of ``version``'s HF-named weights, more to follow; ``weight_version`` stays until the
+        :meth:`update_weights` that brings the last bucket, and no token is sampled from a half-loaded model
+        meanwhile (requests in flight wait). A bucket holds whole modules (see ``export_hf_units``)."""
 
     async def stand_down(self) -> None:
         """Release the accelerator for training (colocated engines); in-flight requests pause until ``wake``."""

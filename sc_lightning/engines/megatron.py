@@ -28,6 +28,9 @@ noise stream (:mod:`~sc_lightning.engines.decode_sampling`): the same tokens wha
   requests in flight continue on the new weights (their KV cache is recomputed with them: prefilled again from
   prompt + tokens so far). ``Generation.weight_version`` is the version that sampled the request's *first* token
   (its start); the controller records end versions itself.
+- ``stage_weights(named_tensors, version)``: one bucket of a refit's HF-named weights (more follow), loaded in
+  place; decoding then holds (no token comes from a half-loaded model) until the ``update_weights`` that brings the
+  last bucket, which checks that the version's buckets covered every parameter, adopts ``version`` and resumes.
 - ``stand_down()``: stops decoding after the current step, frees the KV cache and the CUDA graphs and stops the
   engine's :class:`~sc_lightning.engines.megatron_clock.ActiveClock`; requests (running or new) wait. ``wake()``
   resumes them (running ones are prefilled again). :meth:`MegatronEngine.active_deadline` /
@@ -64,12 +67,13 @@ from sc_lightning.engines.cached_forward import CachedForward
 from sc_lightning.engines.decode_sampling import noise_stream
 from sc_lightning.engines.megatron_batch import ContinuousBatch, Outcome, Request, replier
 from sc_lightning.engines.megatron_clock import ActiveClock
+from sc_lightning.models.convert import hf_to_megatron_state
 from sc_lightning.models.megatron import copy_megatron_weights, load_hf_weights, load_policy, megatron_weights
 from sc_lightning.models.spec import ModelSpec
 from sc_lightning.types import FinishReason, Generation, SamplingParams
 
 T = TypeVar("T")
-CommandKind = Literal["update", "stand_down", "wake", "shutdown"]
+CommandKind = Literal["update", "stage", "stand_down", "wake", "shutdown"]
 
 
 @dataclass
@@ -175,6 +179,7 @@ class MegatronEngine:
         self._pending: deque[Request] = deque()
         self._commands: list[_Command] = []
         self._stood_down = False  # worker-side state; the loop side reads the clock
+        self._staged: tuple[int, set[str]] | None = None  # worker-side: (version, parameters) of stage_weights
         self._thread = threading.Thread(target=self._worker_main, name=f"{name}-decode", daemon=True)
         self._thread.start()
 
@@ -304,10 +309,18 @@ class MegatronEngine:
         await future
 
     async def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
-        """Load a full set of HF-named weights between two decode steps and adopt ``version``."""
+        """Load a full set of weights (or the last bucket after :meth:`stage_weights`: the set must then be complete)
+        between two decode steps and adopt ``version``."""
         if self._closed:
             raise EngineError(f"engine {self.name!r}: the engine is shut down (update to version {version} refused)")
         await self._command("update", named_tensors=named_tensors, version=version)
+
+    async def stage_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
+        """Load one bucket of ``version``'s HF-named weights, more to follow: decoding holds (no token comes from a
+        half-loaded model) and ``weight_version`` stays until the :meth:`update_weights` with the last bucket."""
+        if self._closed:
+            raise EngineError(f"engine {self.name!r}: the engine is shut down (stage of version {version} refused)")
+        await self._command("stage", named_tensors=named_tensors, version=version)
 
     async def stand_down(self) -> None:
         """Pause decoding after the current step, free the KV cache and stop the active clock (idempotent)."""
@@ -355,7 +368,9 @@ class MegatronEngine:
     def _next_work(self) -> tuple[list[_Command], list[Request]]:
         """Wait for commands (returned alone) or, when awake, work: the pending requests that fit in the batch."""
         with self._cond:
-            while not self._commands and (self._stood_down or not (self._pending or self._batch.rows)):
+            while not self._commands and (
+                self._stood_down or self._staged is not None or not (self._pending or self._batch.rows)
+            ):
                 self._cond.wait()
             if self._commands:
                 commands, self._commands = self._commands, []
@@ -370,7 +385,9 @@ class MegatronEngine:
     def _apply(self, command: _Command) -> None:
         """Apply one control command on the worker thread and reply to its caller."""
         try:
-            if command.kind == "update":
+            if command.kind in ("update", "stage") and (command.kind == "stage" or self._staged is not None):
+                self._load_bucket(command)
+            elif command.kind == "update":
                 assert command.named_tensors is not None
                 weights = dict(command.named_tensors)
                 if weights and next(iter(weights)) in self._megatron_names:
@@ -392,6 +409,26 @@ class MegatronEngine:
             command.reply(EngineError(f"engine {self.name!r}: {command.kind} failed: {type(err).__name__}: {err}"))
         else:
             command.reply(None)
+
+    def _load_bucket(self, command: _Command) -> None:
+        """Load one bucket of HF-named weights (``stage``), or the last one (``update``: every parameter of the
+        model must have come in one of the version's buckets; then the version is adopted and decoding resumes)."""
+        assert command.named_tensors is not None
+        version, loaded = self._staged or (command.version, set())
+        if version != command.version:
+            raise ValueError(f"a bucket of version {command.version} while version {version}'s buckets are loading")
+        self._staged = (version, loaded)  # decoding holds from the first bucket on
+        part = hf_to_megatron_state(dict(command.named_tensors), self._spec, partial=True)  # TP=1, PP=1
+        unexpected = self._model.load_state_dict(part, strict=False).unexpected_keys
+        if unexpected:
+            raise KeyError(f"weights do not fit the model: unexpected {unexpected[:8]}")
+        loaded.update(part)
+        if command.kind == "update":
+            missing = sorted(self._megatron_names - loaded)
+            if missing:
+                raise KeyError(f"version {version}'s buckets miss {missing[:8]}")
+            self._staged, self._version = None, version
+            self._batch.weights_changed()
 
     def _abort_all(self) -> None:
         """End every running and pending request with ``finish_reason="abort"`` and what it has so far."""

@@ -61,6 +61,10 @@ class MegatronEngineActor:
         await self.engine.update_weights(named_tensors, version)
         return self.engine.weight_version
 
+    async def stage_weights(self, named_tensors: list[tuple[str, torch.Tensor]], version: int) -> None:
+        """``MegatronEngine.stage_weights`` in the actor."""
+        await self.engine.stage_weights(named_tensors, version)
+
     async def stand_down(self) -> None:
         """``MegatronEngine.stand_down`` in the actor."""
         await self.engine.stand_down()

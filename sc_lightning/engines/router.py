@@ -104,10 +104,20 @@ class EngineRouter:
         succeeds on the survivors; with none left it fails listing the dead. Any other failure is raised (the
         first one; it names its replica).
         """
+        await self._on_every_replica("update_weights", named_tensors, version)
+
+    async def stage_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
+        """One bucket of a refit to every healthy replica concurrently (failures as in :meth:`update_weights`)."""
+        await self._on_every_replica("stage_weights", named_tensors, version)
+
+    async def _on_every_replica(
+        self, method: str, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int
+    ) -> None:
+        """Call a refit ``method`` on every healthy replica concurrently; mark the dead, raise the first failure."""
         tensors = list(named_tensors)  # every replica reads the same tensors
         replicas = self._healthy()
         results = await asyncio.gather(
-            *(replica.update_weights(tensors, version) for replica in replicas), return_exceptions=True
+            *(getattr(replica, method)(tensors, version) for replica in replicas), return_exceptions=True
         )
         failures = [(r, e) for r, e in zip(replicas, results, strict=True) if isinstance(e, BaseException)]
         for replica, error in failures:

@@ -17,7 +17,8 @@ the running requests are also preempted so their KV cache is recomputed with the
 only then: without it, a cached prefix could outlive its weights). A failed refit is an
 :class:`~sc_lightning.engines.base.EngineError` naming the engine and the version; the controller puts every refit
 under ``policy.generation.refit_timeout_s``. ``Generation.weight_version`` is the version loaded when the request
-was admitted.
+was admitted. A refit in buckets (``stage_weights`` for each but the last) reloads each bucket as it comes, with
+generation paused from the first bucket until the last is in (the version is adopted then).
 
 The GPU transfer path (NCCL / CUDA IPC through vLLM's weight-transfer engines) plugs in at
 :meth:`VLLMEngineActor.update_weights`; only the by-value path exists today.
@@ -31,6 +32,7 @@ import importlib.util
 import itertools
 import shutil
 import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -118,6 +120,7 @@ class VLLMEngineActor:
         self._llm = AsyncLLM.from_engine_args(AsyncEngineArgs(**settings.engine_args()))
         self._ids = itertools.count()
         self._drop = _refit_directory()
+        self._staged: int | None = None  # the version whose buckets are loading (generation paused meanwhile)
         self._stats = {"requests": 0, "running": 0, "generated_tokens": 0, "refits": 0}
 
     async def ready(self) -> int:
@@ -164,30 +167,55 @@ class VLLMEngineActor:
         return Generation(tokens, logprobs, _FINISH.get(completion.finish_reason, "abort"), version)
 
     async def update_weights(self, named_tensors: list[tuple[str, torch.Tensor]], version: int) -> int:
-        """Reload the weights in place between two engine steps and adopt ``version``; returns it."""
+        """Reload the weights in place between two engine steps and adopt ``version``; returns it. After
+        :meth:`stage_weights` this is the last bucket: generation resumes once it is in."""
+        staged, recompute = self._staged is not None, self.settings.recompute_kv_cache_after_weight_updates
+        with self._written(named_tensors, version) as payload:
+            if recompute and not staged:  # freeze the requests so no step runs on new weights with the old cache
+                await self._llm.pause_generation(mode="keep", clear_cache=False)
+            try:
+                await self._reload(payload)
+                if recompute:  # preempt the running requests: they re-prefill on the new weights
+                    await self._llm.reset_prefix_cache(reset_running_requests=True)
+            finally:
+                if recompute or staged:
+                    self._staged = None
+                    await self._llm.resume_generation()
+        self.version = version
+        self._stats["refits"] += 1
+        return version
+
+    async def stage_weights(self, named_tensors: list[tuple[str, torch.Tensor]], version: int) -> None:
+        """Reload one bucket of ``version``'s weights in place (more follow); generation pauses from the first
+        bucket until :meth:`update_weights` brings the last, so no step runs on a half-loaded model."""
+        if self._staged not in (None, version):
+            raise EngineError(f"a bucket of version {version} while version {self._staged}'s buckets are loading")
+        with self._written(named_tensors, version) as payload:
+            if self._staged is None:
+                await self._llm.pause_generation(mode="keep", clear_cache=False)
+                self._staged = version
+            await self._reload(payload)
+
+    @contextlib.contextmanager
+    def _written(self, named_tensors: list[tuple[str, torch.Tensor]], version: int) -> Iterator[Path]:
+        """``named_tensors`` as a safetensors directory in the refit drop, removed afterwards."""
         from safetensors.torch import save_file
 
         payload = self._drop / f"v{version}"
         payload.mkdir(parents=True, exist_ok=True)
-        recompute = self.settings.recompute_kv_cache_after_weight_updates
         try:
             save_file(dict(named_tensors), payload / "model.safetensors")
-            if recompute:  # freeze the requests so no step runs on new weights with the old cache in between
-                await self._llm.pause_generation(mode="keep", clear_cache=False)
-            try:
-                await self._llm.collective_rpc(
-                    "reload_weights", kwargs={"weights_path": str(payload), "is_checkpoint_format": True}
-                )
-                if recompute:  # preempt the running requests: they re-prefill on the new weights
-                    await self._llm.reset_prefix_cache(reset_running_requests=True)
-            finally:
-                if recompute:
-                    await self._llm.resume_generation()
+            yield payload
         finally:
             shutil.rmtree(payload, ignore_errors=True)
-        self.version = version
-        self._stats["refits"] += 1
-        return version
+
+    async def _reload(self, payload: Path) -> None:
+        """Have every vLLM worker reload the tensors in ``payload`` in place. vLLM reloads a fused module (q/k/v,
+        gate/up) from the tensors given at once and keeps the modules they do not name, so a bucket holds whole
+        modules (:func:`~sc_lightning.models.convert.export_hf_units`)."""
+        await self._llm.collective_rpc(
+            "reload_weights", kwargs={"weights_path": str(payload), "is_checkpoint_format": True}
+        )
 
     async def stats(self) -> dict[str, int]:
         """Counters: requests admitted, requests running, tokens generated so far, refits done."""

@@ -266,16 +266,20 @@ def hf_to_megatron_state(
     tp_size: int = 1,
     pp_rank: int = 0,
     pp_size: int = 1,
+    partial: bool = False,
 ) -> dict[str, Tensor]:
     """This (TP, PP) rank's megatron state dict from a full Hugging Face state dict.
 
     Raises KeyError naming a missing HF tensor, and (for ``pp_size == 1``) ValueError listing HF tensors that
-    nothing consumed, so a wrong architecture never loads silently.
+    nothing consumed, so a wrong architecture never loads silently. With ``partial`` (one bucket of a refit), a
+    megatron parameter none of whose HF tensors is given is left out; one given only in part is still a KeyError.
     """
     spec.check_parallel(tp_size, pp_size)
     state, used = {}, set()
     for m in parameter_mappings(spec, pp_rank=pp_rank, pp_size=pp_size):
         missing = [name for name in m.hf if name not in hf_state]
+        if partial and len(missing) == len(m.hf):
+            continue
         if missing:
             raise KeyError(f"Hugging Face weights lack {missing[0]!r} (needed for megatron {m.mcore!r})")
         used.update(m.hf)
@@ -327,26 +331,75 @@ def export_hf_weights(
     the embedding or output layer it holds. Tensors may share memory with the live parameters: copy them if they
     must outlive the next optimizer step. ``dtype`` casts them (None keeps the model's dtype).
     """
+    for unit in export_hf_units(model, spec, dtype=dtype):
+        yield from unit
+
+
+def export_hf_units(
+    model: torch.nn.Module, spec: ModelSpec, *, dtype: torch.dtype | None = None
+) -> Iterator[list[tuple[str, Tensor]]]:
+    """:func:`export_hf_weights` in *units*: the HF tensors of one megatron module together (a layer's q, k, v
+    weights and biases; its gate and up projections; ...), and a tied ``lm_head.weight`` alone, in the same order.
+
+    A refit sends a unit whole, in one bucket: an engine that fuses those tensors (vLLM's ``qkv_proj`` and
+    ``gate_up_proj``, the megatron engine's ``linear_qkv`` and ``linear_fc1``) then loads each of its modules at
+    once. The same collectives as :func:`export_hf_weights` (one all-gather per megatron parameter; the tied
+    embedding is gathered again for ``lm_head``, so no unit is held past its yield); :func:`export_hf_unit_headers`
+    describes the units without gathering.
+    """
+    local = {unwrapped_name(name): t for name, t in model.state_dict(keep_vars=True).items()}
+    for unit in _unit_mappings(spec):
+        # a fresh list per yield: the generator keeps no reference to a unit once its consumer has it
+        yield [pair for m in unit for pair in _export_mapping(spec, local, m, dtype)]
+
+
+def export_hf_unit_headers(
+    model: torch.nn.Module, spec: ModelSpec, *, dtype: torch.dtype | None = None
+) -> list[list[tuple[str, tuple[int, ...], torch.dtype]]]:
+    """``(hf_name, shape, dtype)`` of every tensor :func:`export_hf_units` yields, unit by unit; no collectives."""
+    local = {unwrapped_name(name): t for name, t in model.state_dict(keep_vars=True).items()}
+    shapes = hf_param_shapes(spec)
+    return [
+        [(name, shapes[name], dtype or _norm_lookup(local, m.mcore).dtype) for m in unit for name in m.hf]
+        for unit in _unit_mappings(spec)
+    ]
+
+
+def _unit_mappings(spec: ModelSpec) -> list[list[ParamMapping]]:
+    """This pipeline stage's megatron parameters grouped by module, in export order; a tied model's ``lm_head``
+    (the embedding again) last, alone."""
     from megatron.core import parallel_state
 
     pp_rank = parallel_state.get_pipeline_model_parallel_rank()
     pp_size = parallel_state.get_pipeline_model_parallel_world_size()
-    tp = parallel_state.get_tensor_model_parallel_world_size()
-    group = parallel_state.get_tensor_model_parallel_group() if tp > 1 else None
-    local = {unwrapped_name(name): t for name, t in model.state_dict(keep_vars=True).items()}
-    embedding: Tensor | None = None
+    units: list[list[ParamMapping]] = []
     for m in parameter_mappings(spec, pp_rank=pp_rank, pp_size=pp_size):
-        tensor = _norm_lookup(local, m.mcore).detach()
-        shards = [tensor]
-        if tp > 1 and m.kind != "norm":
-            shards = [torch.empty_like(tensor) for _ in range(tp)]
-            torch.distributed.all_gather(shards, tensor.contiguous(), group=group)
-        for name, full in zip(m.hf, _unshard(spec, m.kind, shards), strict=True):
-            out = full if dtype is None else full.to(dtype)
-            embedding = out if name == "model.embed_tokens.weight" else embedding
-            yield name, out
-    if spec.tie_word_embeddings and embedding is not None:
-        yield "lm_head.weight", embedding
+        module = m.mcore.rsplit(".", 1)[0]
+        if units and units[-1][0].mcore.rsplit(".", 1)[0] == module:
+            units[-1].append(m)
+        else:
+            units.append([m])
+    embedding = [m for unit in units for m in unit if m.hf == ("model.embed_tokens.weight",)]
+    if spec.tie_word_embeddings and embedding:
+        units.append([ParamMapping(embedding[-1].mcore, ("lm_head.weight",), "vocab")])
+    return units
+
+
+def _export_mapping(
+    spec: ModelSpec, local: Mapping[str, Tensor], m: ParamMapping, dtype: torch.dtype | None
+) -> list[tuple[str, Tensor]]:
+    """The full HF tensors of one megatron parameter (all-gathered over the tensor-parallel group)."""
+    from megatron.core import parallel_state
+
+    tp = parallel_state.get_tensor_model_parallel_world_size()
+    tensor = _norm_lookup(local, m.mcore).detach()
+    shards = [tensor]
+    if tp > 1 and m.kind != "norm":
+        shards = [torch.empty_like(tensor) for _ in range(tp)]
+        group = parallel_state.get_tensor_model_parallel_group()
+        torch.distributed.all_gather(shards, tensor.contiguous(), group=group)
+    full = _unshard(spec, m.kind, shards)
+    return [(name, t if dtype is None else t.to(dtype)) for name, t in zip(m.hf, full, strict=True)]
 
 
 def unwrapped_name(name: str) -> str:

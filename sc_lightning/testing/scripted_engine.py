@@ -34,6 +34,7 @@ class ScriptedEngine:
         self.fail_on = fail_on
         self.calls = 0
         self.updates: list[int] = []
+        self.staged: list[int] = []  # the version of each bucket staged before its update
         self._version = 0
         self._gates: dict[tuple[int, ...], asyncio.Event] = {}
         self.waiting = 0
@@ -85,6 +86,10 @@ class ScriptedEngine:
         """Record the new version."""
         self._version = version
         self.updates.append(version)
+
+    async def stage_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
+        """Record a bucket of ``version`` (the version stays until ``update_weights``)."""
+        self.staged.append(version)
 
     async def stand_down(self) -> None:
         """Nothing to release."""

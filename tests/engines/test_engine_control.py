@@ -14,6 +14,7 @@ from sc_lightning.engines.base import EngineError
 from sc_lightning.engines.megatron import MegatronEngine
 from sc_lightning.engines.megatron_clock import ActiveClock
 from sc_lightning.models import export_hf_weights, load_policy, token_logprobs
+from sc_lightning.models.convert import export_hf_units
 from sc_lightning.models.megatron import megatron_weights
 from sc_lightning.types import SamplingParams
 from tests.engines.helpers import follows_argmax
@@ -91,6 +92,42 @@ def test_a_request_in_flight_across_an_update_finishes_on_the_new_weights(tiny_d
     on_b = follows_argmax(model_b.eval(), PROMPT, result.token_ids)
     switch = [k for k in range(1, 200) if all(on_a[:k]) and all(on_b[k:])]
     assert switch, "expected tokens of model a, then (after the update) tokens of model b"
+
+
+def test_weights_in_buckets_hold_decoding_and_the_version_until_the_last(tiny_dirs: dict) -> None:
+    """A refit in buckets (one module each): no token is sampled between the first and the last, the version comes
+    with the last, and the request in flight goes on with model b's weights; a version missing a module is refused."""
+    model_b, spec_b, _ = load_policy(str(tiny_dirs["b"]))
+    model_a = load_policy(str(tiny_dirs["a"]))[0].eval()
+    units = list(export_hf_units(model_b, spec_b))
+
+    async def scenario() -> tuple:
+        engine = engine_on(tiny_dirs["a"])
+        task = asyncio.create_task(engine.generate(PROMPT, SamplingParams(200, temperature=0.0)))
+        await until_tokens(engine, 5)
+        for unit in units[:-1]:
+            await engine.stage_weights(unit, version=3)
+        held = engine.stats.generated_tokens
+        await asyncio.sleep(0.3)
+        frozen = (engine.stats.generated_tokens == held, engine.weight_version)
+        with pytest.raises(EngineError, match="a bucket of version 4 while version 3's buckets are loading"):
+            await engine.stage_weights(units[0], version=4)
+        await engine.update_weights(units[-1], version=3)
+        result = await task
+        replica = dict(megatron_weights(engine._model))
+        await engine.stage_weights(units[0], version=5)
+        with pytest.raises(EngineError, match=r"version 5's buckets miss \["):
+            await engine.update_weights(units[2], version=5)
+        await engine.shutdown()
+        return frozen, result, replica, engine.weight_version
+
+    frozen, result, replica, version = asyncio.run(scenario())
+    assert frozen == (True, 0) and version == 3
+    assert all(torch.equal(replica[name], param) for name, param in megatron_weights(model_b))
+    assert result.weight_version == 0 and len(result.token_ids) == 200
+    on_a = follows_argmax(model_a, PROMPT, result.token_ids)
+    on_b = follows_argmax(model_b.eval(), PROMPT, result.token_ids)
+    assert [k for k in range(1, 200) if all(on_a[:k]) and all(on_b[k:])], "tokens of model a, then of model b"
 
 
 @pytest.mark.parametrize("overlap", [False, True])

@@ -16,6 +16,7 @@ import torch
 from sc_lightning.engines.base import EngineError, GenerationEngine
 from sc_lightning.engines.vllm import VLLMEngine, VLLMSettings
 from sc_lightning.models import export_hf_weights, load_policy, token_logprobs
+from sc_lightning.models.convert import export_hf_units
 from sc_lightning.types import SamplingParams
 from tests.engines.helpers import follows_argmax
 
@@ -156,6 +157,41 @@ def test_an_in_flight_request_spans_a_refit_and_keeps_its_start_version(
     switch = on_new_weights.index(True)
     assert switch >= 1, "tokens before the refit came from the old weights"
     assert all(on_new_weights[switch:]), "every token after the refit comes from the new (uniform) weights"
+
+
+def test_a_refit_in_buckets_pauses_generation_until_the_last_one_and_then_agrees(
+    engine: VLLMEngine, versions: Versions, tiny_dirs
+) -> None:
+    """Buckets of one module each (q/k/v together, gate/up together): generation pauses from the first bucket to the
+    last, the version and the refit count come with the last, and then the engine computes what the trainer does."""
+    model, spec, _ = load_policy(str(tiny_dirs["b"]))
+    model.eval()
+    perturbed(model, seed=11)
+    units = list(export_hf_units(model, spec))
+
+    async def scenario():
+        before, refits, version = engine.weight_version, (await engine.stats())["refits"], versions.next()
+        generated = (await engine.stats())["generated_tokens"]
+        request = asyncio.create_task(engine.generate(PROMPT, SamplingParams(240, temperature=1.0, seed=0)))
+        deadline = time.monotonic() + 120
+        while (await engine.stats())["generated_tokens"] == generated:  # watch the request start, under a deadline
+            assert time.monotonic() < deadline, "the request never started"
+        for unit in units[:-1]:
+            await engine.stage_weights(unit, version)
+        held = (await engine.stats())["generated_tokens"]
+        await asyncio.sleep(0.5)
+        paused = (await engine.stats())["generated_tokens"] == held and engine.weight_version == before
+        await engine.update_weights(units[-1], version)
+        in_flight = await request
+        greedy = await engine.generate(PROMPT, SamplingParams(12, temperature=0.0))
+        return paused, (await engine.stats())["refits"] - refits, in_flight, greedy, version
+
+    paused, refits, in_flight, greedy, version = asyncio.run(scenario())
+    assert paused and refits == 1 and len(in_flight.token_ids) == 240
+    assert greedy.weight_version == version == engine.weight_version
+    expected = token_logprobs(model, torch.tensor([PROMPT + greedy.token_ids]))[0, len(PROMPT) :]
+    assert all(follows_argmax(model, PROMPT, greedy.token_ids))
+    torch.testing.assert_close(torch.tensor(greedy.logprobs), expected, atol=1e-4, rtol=0)
 
 
 def test_a_refit_with_a_wrong_tensor_names_the_engine_and_version(
