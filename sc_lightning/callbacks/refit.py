@@ -1,9 +1,10 @@
 """RefitCallback: after every RL step, push the policy's new weights to the generation engine.
 
-on_train_batch_end (the optimizer step is done, global_step = v): ``trainer.strategy.refit(v)``, one controller call
+on_train_batch_end (the optimizer step is done, global_step = v): ``trainer.strategy.refit(v)``
     begin_refit(v)     release the step's rows; close dispatch; abort in-flight rollouts that can never be trained
-    push_weights(v)    export the policy under HF names and load it into the engine (skipped while a PPO
-                       critic warm-up leaves the policy unchanged: the module's ``policy_trained`` is False)
+    push_weights(v)    export the policy under HF names and load it into the engine, in buckets of bounded size
+                       (the engine adopts v with the last); skipped while a PPO critic warm-up leaves the policy
+                       unchanged (the module's ``policy_trained`` is False)
     finish_refit(v)    new rollouts are stamped with version v; dispatch reopens
 
 The strategy records the refit (``strategy.last_refit``); :class:`~sc_lightning.callbacks.monitor.RolloutMonitor`

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -38,10 +38,10 @@ from sc_lightning.data_plane import build_data_plane
 from sc_lightning.data_plane.base import DataPlane
 from sc_lightning.engines.base import GenerationEngine
 from sc_lightning.engines.http_endpoint import CompletionsEndpoint
+from sc_lightning.lightning.refit_stream import REFIT_BUCKET_BYTES, policy_buckets
 from sc_lightning.rollout.datasets import build_dataset
 from sc_lightning.rollout.envs import build_environment
-from sc_lightning.trainer.data_parallel import data_parallel_rank, data_parallel_representative
-from sc_lightning.trainer.pipeline import pipeline_parallel_size
+from sc_lightning.trainer.data_parallel import data_parallel_representative
 from sc_lightning.trainer.rank_sync import FollowerSelect, LeaderSelect, RankGroup
 from sc_lightning.trainer.sharded_checkpoint import load_sharded, save_sharded
 from sc_lightning.trainer.step_stream import GroupSource, RLStepStream, StepSettings
@@ -89,13 +89,14 @@ class ControllerHost:
     """The rollout side of a Lightning strategy (a mixin before the strategy's Lightning base)."""
 
     lightning_module: Any  # provided by the Lightning strategy this is mixed into
+    refit_bucket_bytes: int = REFIT_BUCKET_BYTES  # the most gathered weight bytes the leader holds during a refit
 
     def _init_controller_host(self, config: SCConfig, engine_factory: EngineFactory, resume_state: Path | None) -> None:
         self.config = config
         self.engine_factory = engine_factory
         self.resume_state = resume_state
         self.data_plane: DataPlane | None = None
-        self._engine_accepts_megatron_weights = False  # set when the engine is built (see _refit_weights)
+        self._engine_accepts_megatron_weights = False  # set when the engine is built (see refit)
         self.controller: LocalController | None = None
         self.last_refit: RefitRecord | None = None
         self.endpoint: CompletionsEndpoint | None = None
@@ -139,49 +140,64 @@ class ControllerHost:
         return self.config.policy.generation.colocated.enabled
 
     def policy_weights(self) -> list[tuple[str, torch.Tensor]]:
-        """The module's policy under HF names, detached copies, on the leader: what the engine loads at start and at
-        each refit. A collective over the ranks: the first data-parallel replica exports (tensor-parallel shards are
-        gathered), and with pipeline stages each stage's first tensor-parallel rank sends its layers to the leader;
-        the other ranks get an empty list."""
-        from sc_lightning.models import export_hf_weights
+        """The module's whole policy under HF names, on the leader (the other ranks get an empty list): what the
+        engine is built from at start. A collective over the ranks, like :meth:`policy_buckets`, whose buckets it
+        joins."""
+        return [pair for bucket, _ in self.policy_buckets() for pair in bucket]
 
-        module, staged = self.lightning_module, pipeline_parallel_size() > 1
-        mine: list[tuple[str, torch.Tensor]] = []
-        if data_parallel_rank() == 0:
-            sends = self.leader or (staged and data_parallel_representative())
-            for name, tensor in export_hf_weights(module.policy, module.spec):  # TP peers join each gather
-                if sends:
-                    mine.append((name, tensor.detach().clone() if self.leader else tensor.detach().cpu()))
-        if staged:  # the other stages' layers, to the leader (in the CPU metadata group)
-            assert self.ranks is not None
-            stages = self.ranks.gather(None if self.leader else mine)
-            mine = list(dict([*mine, *(pair for stage in stages or [] for pair in stage or [])]).items())
-        return mine if self.leader else []
-
-    def _refit_weights(self) -> list[tuple[str, torch.Tensor]]:
-        """What a refit pushes: the live megatron-named parameters to an in-process Megatron engine (it copies them
-        in one multi-tensor copy before the refit returns), else :meth:`policy_weights`."""
-        if self._engine_accepts_megatron_weights:
-            from sc_lightning.models.megatron import megatron_weights
-
-            return megatron_weights(self.lightning_module.policy)
-        return self.policy_weights()
+    def policy_buckets(self) -> Iterator[tuple[list[tuple[str, torch.Tensor]], bool]]:
+        """The module's policy under HF names as ``(bucket, last)`` on the leader, each bucket at most
+        :attr:`refit_bucket_bytes` (or one module's tensors), gathered only when asked for; nothing on the other
+        ranks. A collective: every rank must exhaust it (:mod:`~sc_lightning.lightning.refit_stream`: the first
+        data-parallel replica exports, tensor-parallel shards are gathered, later pipeline stages send theirs)."""
+        module = self.lightning_module
+        return policy_buckets(module.policy, module.spec, self.ranks, bound=self.refit_bucket_bytes)
 
     def refit(self, version: int, *, wake: bool = False) -> RefitReport | None:
         """After the optimizer step that made ``version``: release the step, push the policy, reopen dispatch.
 
         The weights are pushed only when the module's ``policy_trained`` says the step changed the policy (a PPO
-        critic warm-up does not); ``wake`` wakes a colocated engine before dispatch reopens. One controller call, on
-        the leader (the other ranks only help gather the weights, and get None); :attr:`last_refit` records it.
+        critic warm-up does not); ``wake`` wakes a colocated engine before dispatch reopens. The controller calls
+        are the leader's (the other ranks only help gather the weights, and get None); :attr:`last_refit` records
+        the refit. An in-process Megatron engine takes the live megatron-named parameters in one call (it copies
+        them before the call returns); any other engine gets the HF-named policy bucket by bucket
+        (:meth:`_streamed_refit`).
         """
         started = time.monotonic()
-        weights = self._refit_weights() if self.lightning_module.policy_trained else None
+        trained = self.lightning_module.policy_trained
         if not self.leader:
+            for _ in self.policy_buckets() if trained else ():  # this rank's share of the gathers and sends
+                pass
             return None
-        report = self._running_controller().refit(version, weights, wake=wake)
+        controller = self._running_controller()
+        if trained and not self._engine_accepts_megatron_weights:
+            report = self._streamed_refit(controller, version, wake=wake)
+        else:
+            from sc_lightning.models.megatron import megatron_weights
+
+            weights = megatron_weights(self.lightning_module.policy) if trained else None
+            report = controller.refit(version, weights, wake=wake)
         finished = time.monotonic()
         self.last_refit = RefitRecord(version, report, finished - started, finished)
         return report
+
+    def _streamed_refit(self, controller: LocalController, version: int, *, wake: bool) -> RefitReport:
+        """begin_refit, then each bucket pushed as soon as it is gathered (and dropped before the next is), then
+        wake and finish_refit: the engines adopt ``version`` with its last bucket, and rollouts are stamped with it
+        once dispatch reopens. The first bucket is gathered while dispatch is still open."""
+        buckets = self.policy_buckets()
+        pending = next(buckets, None)
+        aborted = controller.begin_refit(version)
+        while pending is not None:
+            bucket, last = pending
+            pending = None
+            controller.push_weights(bucket, version, last=last)
+            del bucket  # gone before the next bucket is gathered
+            pending = next(buckets, None)
+        if wake:
+            controller.wake_engine()
+        controller.finish_refit(version)
+        return RefitReport(aborted, controller.stats())
 
     def stand_down_engine(self) -> None:
         """Colocated: the engine releases the accelerator for the train step (its requests and deadlines freeze)."""

@@ -22,10 +22,12 @@ plain torch over the controller's port (``controller/api.py``) and the data plan
     train_data_log.write(v, step.trained_rows)     train_data_log.py (data.train_data_log)
     log train/*, timing/train/*
     # --- on_train_batch_end: refit, then bundle (Lightning runs Checkpoint callbacks after all others) ---
-    strategy.refit(v + 1)                          callbacks/refit.py -> lightning/strategy.py: one controller call
+    strategy.refit(v + 1)                          callbacks/refit.py -> lightning/controller_host.py
         begin_refit(v + 1)                        release the step's rows, close dispatch, abort rollouts that
                                                    can never train
-        push_weights(export_hf(policy), v + 1)    (skipped while PPO's critic warms up: policy_trained False)
+        push_weights(bucket, v + 1) per bucket    the policy in HF names, in bounded buckets
+                                                   (lightning/refit_stream.py); skipped while PPO's critic
+                                                   warms up (policy_trained False)
         finish_refit(v + 1)                       new rollouts are stamped v + 1; dispatch reopens
     if (v + 1) % save_period == 0 or last:         callbacks/checkpoint.py: trainer.ckpt + controller state +
         write bundle step_{v+1}                    data-plane rows, atomically

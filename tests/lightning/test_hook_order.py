@@ -82,7 +82,8 @@ def step_pattern(*, colocated: bool, ppo: bool) -> str:
         train = r"(select )*backward (optimizer_step )?(backward )*optimizer_step "
     else:  # GRPO trains each chunk as it arrives: backward, then the next select
         train = r"backward (select backward )*optimizer_step "
-    refit = "refit-wake " if colocated else "refit "
+    # the refit: the policy streamed to the engine bucket by bucket, a colocated engine woken, dispatch reopened
+    refit = "begin_refit (push_weights )+" + ("wake_engine " if colocated else "") + "finish_refit stats "
     # callbacks run in registration order (the refit callback first: the engine stands down before the recorder
     # sees the batch start, and the refit comes before the recorder sees its end), except that Lightning runs
     # Checkpoint callbacks last: the bundle, registered first, is written after every other callback's hook
