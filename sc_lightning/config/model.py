@@ -100,6 +100,13 @@ class GenerationConfig:
     refit_timeout_s: float | None = knob(
         600.0, "Deadline of one weight update of an engine (null = none).", unit="s", gt=0
     )
+    refit_bucket_mb: float = knob(
+        512.0,
+        "At a refit the policy travels to the engines in buckets of at most this size (a larger single module "
+        "travels alone): the most gathered weights the leader holds at once.",
+        unit="MiB",
+        gt=0,
+    )
     vllm_cfg: VllmConfig = knob(doc="vLLM settings.", factory=VllmConfig)
     mcore_generation_config: McoreGenerationConfig = knob(
         doc="Megatron generation settings.", factory=McoreGenerationConfig

@@ -38,7 +38,7 @@ from sc_lightning.data_plane import build_data_plane
 from sc_lightning.data_plane.base import DataPlane
 from sc_lightning.engines.base import GenerationEngine
 from sc_lightning.engines.http_endpoint import CompletionsEndpoint
-from sc_lightning.lightning.refit_stream import REFIT_BUCKET_BYTES, policy_buckets
+from sc_lightning.lightning.refit_stream import policy_buckets
 from sc_lightning.rollout.datasets import build_dataset
 from sc_lightning.rollout.envs import build_environment
 from sc_lightning.trainer.data_parallel import data_parallel_representative
@@ -89,10 +89,10 @@ class ControllerHost:
     """The rollout side of a Lightning strategy (a mixin before the strategy's Lightning base)."""
 
     lightning_module: Any  # provided by the Lightning strategy this is mixed into
-    refit_bucket_bytes: int = REFIT_BUCKET_BYTES  # the most gathered weight bytes the leader holds during a refit
 
     def _init_controller_host(self, config: SCConfig, engine_factory: EngineFactory, resume_state: Path | None) -> None:
         self.config = config
+        self.refit_bucket_bytes = int(config.policy.generation.refit_bucket_mb * 2**20)  # held at most in a refit
         self.engine_factory = engine_factory
         self.resume_state = resume_state
         self.data_plane: DataPlane | None = None

@@ -29,11 +29,6 @@ from torch import Tensor
 from sc_lightning.trainer.data_parallel import data_parallel_rank
 from sc_lightning.trainer.rank_sync import LEADER, RankGroup
 
-REFIT_BUCKET_BYTES = 512 * 2**20
-"""The most bytes of gathered weights a refit holds on the leader at once (one bucket, pushed to the engines before
-the next is gathered); a unit larger than this travels alone. 512 MiB: few engine calls per refit, and a small
-fraction of an accelerator's memory."""
-
 Named = list[tuple[str, Tensor]]
 Header = list[tuple[str, tuple[int, ...], torch.dtype]]
 Announced = tuple[int, Callable[[], Named]]
@@ -78,7 +73,7 @@ def stage_owners(spec: Any, pp_size: int) -> dict[str, int]:
 
 
 def policy_buckets(
-    model: torch.nn.Module, spec: Any, ranks: RankGroup | None, *, bound: int = REFIT_BUCKET_BYTES
+    model: torch.nn.Module, spec: Any, ranks: RankGroup | None, *, bound: int
 ) -> Iterator[tuple[Named, bool]]:
     """The policy in HF names as ``(bucket, last)`` on the leader; a collective: every rank must exhaust it.
 

@@ -219,10 +219,10 @@ def test_each_refit_streams_bounded_buckets_and_the_engine_ends_with_the_trainer
         built.append(FakeHFOnlyEngine(MegatronEngine.from_pretrained(model_name, seed=seed)))
         return built[-1]
 
-    config = tiny_config("grpo.max_num_steps=2")
+    config = tiny_config("grpo.max_num_steps=2", f"policy.generation.refit_bucket_mb={BOUND / 2**20}")
     check = EngineHoldsTheTrainersWeights()
     trainer = tiny_trainer(config, engine_factory, [check])
-    trainer.strategy.refit_bucket_bytes = BOUND
+    assert trainer.strategy.refit_bucket_bytes == BOUND  # the knob, in bytes
     trainer.fit(GRPOModule(config))
     assert check.exact == [True, True] and check.versions == [1, 2]
     calls = built[0].calls
