@@ -67,13 +67,7 @@ def train_microbatches(
     model's output. Gradients accumulate in the parameters' buffers. With pipeline stages megatron's schedule runs
     them (every stage of the replica calls this with the same micro-batches; ``shape`` is the largest one's (rows,
     columns)); otherwise each is run and ``backward`` is called on its loss."""
-    if pipeline_parallel_size() > 1:
-        _run_schedule(model, microbatches, last_stage, count=count, shape=shape, forward_only=False)
-        return
-    device = device_of(model)
-    with _sequence_parallel_calls(model, device):
-        for input_ids, payload in microbatches:
-            backward(last_stage(payload, _forward(model, input_ids, device)))
+    _run_microbatches(model, microbatches, last_stage, count=count, shape=shape, backward=backward)
 
 
 def forward_microbatches(
@@ -85,15 +79,30 @@ def forward_microbatches(
     model.eval()
     try:
         with torch.no_grad():
-            if pipeline_parallel_size() > 1:
-                _run_schedule(model, microbatches, last_stage, count=count, shape=shape, forward_only=True)
-                return
-            device = device_of(model)
-            with _sequence_parallel_calls(model, device):
-                for input_ids, payload in microbatches:
-                    last_stage(payload, _forward(model, input_ids, device))
+            _run_microbatches(model, microbatches, last_stage, count=count, shape=shape, backward=None)
     finally:
         model.train(was_training)
+
+
+def _run_microbatches(
+    model: torch.nn.Module,
+    microbatches: MicroBatches,
+    last_stage: LastStage,
+    *,
+    count: int,
+    shape: tuple[int, int],
+    backward: Callable[[torch.Tensor], None] | None,
+) -> None:
+    """Through megatron's schedule with pipeline stages, else one by one; ``backward`` None: forward only."""
+    if pipeline_parallel_size() > 1:
+        _run_schedule(model, microbatches, last_stage, count=count, shape=shape, forward_only=backward is None)
+        return
+    device = device_of(model)
+    with _sequence_parallel_calls(model, device):
+        for input_ids, payload in microbatches:
+            result = last_stage(payload, _forward(model, input_ids, device))
+            if backward is not None:
+                backward(result)
 
 
 def per_token_forward(
