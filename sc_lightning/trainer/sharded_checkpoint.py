@@ -8,10 +8,17 @@ reshards: a rank reads exactly the slices it now holds. AdamW's moments are shar
     parts = {"policy": (policy, policy_optimizer), "reference": (reference, None), ...}
     save_sharded(directory, parts)        # a collective: every rank calls it with its own shards
     load_sharded(directory, parts)        # the same parts, built for the new layout: loaded in place
+
+megatron's ``torch_dist`` writer hands its write results through a queue it creates on first use in a
+``multiprocessing.Manager`` server process (made for asynchronous saves, which run elsewhere). That server outlives a
+rank killed by a signal (Lightning's launcher SIGKILLs the leader when another rank dies), holding on to the rank's
+memory and its inherited stdout/stderr, so a pipe reading the run's output never closes. Our saves are synchronous:
+the queue is written and read in the saving process, so an in-process queue serves it and no server is started.
 """
 
 from __future__ import annotations
 
+import queue
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -22,6 +29,7 @@ from megatron.core.dist_checkpointing.optimizer import (
     get_param_id_to_sharded_param_map,
     optim_state_to_sharding_state,
 )
+from megatron.core.dist_checkpointing.strategies import filesystem_async
 
 from sc_lightning.models.cpu_compat import cuda_calls_on
 
@@ -75,6 +83,8 @@ def _device(parts: Mapping[str, Part]) -> torch.device:
 def save_sharded(directory: Path, parts: Mapping[str, Part]) -> None:
     """Write every part's shards into ``directory`` (created; every rank calls this, each writing its shards)."""
     directory.mkdir(parents=True, exist_ok=True)
+    if filesystem_async._results_queue is None:  # see the module docstring: no Manager process for a sync save
+        filesystem_async._results_queue = queue.Queue()
     with cuda_calls_on(_device(parts)):
         dist_checkpointing.save(_sharded_state(parts, template=False), str(directory))
 

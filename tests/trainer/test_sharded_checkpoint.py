@@ -24,7 +24,16 @@ def _first_step(rank: int, world_size: int, tensor_parallel_size: int, out: Path
     model, optimizer = new_policy(tensor_parallel_size)
     metrics = train_steps(model, optimizer, range(1))
     save_sharded(out / "checkpoint", {"policy": (model, optimizer)})
-    torch.save(metrics, out / f"first{rank}.pt")
+    torch.save((metrics, live_children()), out / f"first{rank}.pt")
+
+
+def live_children() -> list[str]:
+    """The command lines of this process's children still running (a save must leave none, or they outlive a rank
+    killed by a signal, holding its output pipes open)."""
+    import psutil
+
+    alive = [p for p in psutil.Process().children(recursive=True) if p.status() != psutil.STATUS_ZOMBIE]
+    return [" ".join(p.cmdline()) for p in alive]
 
 
 def _later_steps(rank: int, world_size: int, tensor_parallel_size: int, out: Path) -> None:
@@ -46,6 +55,7 @@ def test_a_checkpoint_saved_on_one_layout_resumes_on_another_as_if_uninterrupted
     model, optimizer = new_policy()
     single = (train_steps(model, optimizer, range(STEPS)), full_weights(model))
     for rank in range(2):
-        first = torch.load(tmp_path / f"first{rank}.pt")
+        first, children = torch.load(tmp_path / f"first{rank}.pt")
+        assert children == [], f"rank {rank}'s save left processes running: {children}"
         later, weights = torch.load(tmp_path / f"later{rank}.pt")
         assert_matches_one_process(single, first + later, weights, rank)
