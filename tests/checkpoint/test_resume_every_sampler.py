@@ -4,9 +4,12 @@ snapshot, and the history in ``train_data.jsonl`` trains every prompt at most on
 Each mode runs one version ahead with a buffer of two steps (colocated engine and in-process data plane, so no Ray
 and quick runs), so the pump holds dispatched groups — and, for the ungated windowed and custom modes, a batch
 waiting for buffer permits — when a checkpoint is cut. Per mode: 2 steps; then the same command resumes from the
-``step_2`` bundle (its rollout snapshots removed) and runs to step 4 taking rollout snapshots; then the bundles
+``step_2`` bundle (its rollout snapshots removed) and runs to step 6 taking rollout snapshots; then the bundles
 newer than the newest snapshot's anchor are removed (a crash before they were renamed) and the same command resumes
-from that snapshot and runs to step 5. Real CLI, megatron-core policy, Megatron engine, controller and data plane.
+from that snapshot and runs to step 7. A snapshot lands only while the trainer's version has its bundle and the next
+refit has not begun (about one train step): four such windows, and small micro-batches that widen them, make one
+land in practice (two windows of quick steps missed now and then). Real CLI, megatron-core policy, Megatron engine,
+controller and data plane.
 """
 
 from __future__ import annotations
@@ -57,6 +60,7 @@ def fit(tmp_path: Path, sampler: str, steps: int) -> str:
         "--checkpointing.save_data_plane", "true",
         "--checkpointing.save_period", "1",
         "--rollout_checkpointing.snapshot_attempt_interval_s", "0.1",
+        "--policy.train_micro_batch_size", "2",  # longer train steps: wider windows for a snapshot to land
         "--token_capture.enabled", "true",
         "--data.train_data_log", "true",
         "--trainer.default_root_dir", str(tmp_path),
@@ -99,12 +103,12 @@ def test_every_sampler_resumes_from_its_bundle_and_from_a_rollout_snapshot(tmp_p
     fit(tmp_path, sampler, steps=2)
     for _, bundle in complete_bundles(checkpoints):
         shutil.rmtree(bundle / SNAPSHOTS_DIR, ignore_errors=True)
-    assert resumed_from(fit(tmp_path, sampler, steps=4)).endswith(f"{checkpoints / 'step_2'}")
-    assert_history_exactly_once(tmp_path, steps=4)
+    assert resumed_from(fit(tmp_path, sampler, steps=6)).endswith(f"{checkpoints / 'step_2'}")
+    assert_history_exactly_once(tmp_path, steps=6)
 
     anchor = newest_snapshot_anchor(checkpoints)
     for step, bundle in complete_bundles(checkpoints):
         if step > anchor:
             shutil.rmtree(bundle)  # as if the run had died before renaming them
-    assert SNAPSHOTS_DIR in resumed_from(fit(tmp_path, sampler, steps=5))
-    assert_history_exactly_once(tmp_path, steps=5)
+    assert SNAPSHOTS_DIR in resumed_from(fit(tmp_path, sampler, steps=7))
+    assert_history_exactly_once(tmp_path, steps=7)
