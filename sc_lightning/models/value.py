@@ -23,23 +23,32 @@ from sc_lightning.models.logprobs import device_of
 class ValueHead(torch.nn.Module):
     """``hidden (S, B, H) -> values (S, B, 1)``, called like a GPTModel output layer; starts at zero.
 
-    With ``sequence_parallel`` the hidden states arrive as this tensor-parallel rank's slice of the sequence: the head
+    Its parameters are ``weight`` (1, H) and ``bias`` (1,), the names megatron's sharded state dict expects of an
+    output layer (checkpoints that name them ``linear.weight`` / ``linear.bias`` still load). With
+    ``sequence_parallel`` the hidden states arrive as this tensor-parallel rank's slice of the sequence: the head
     gathers the whole sequence first (every rank then holds the same values and computes the same loss, so the
     backward hands each rank its own slice's gradient instead of summing the copies).
     """
 
     def __init__(self, hidden_size: int, dtype: torch.dtype, *, sequence_parallel: bool = False) -> None:
         super().__init__()
-        self.linear = torch.nn.Linear(hidden_size, 1, dtype=dtype)
-        torch.nn.init.zeros_(self.linear.weight)
-        torch.nn.init.zeros_(self.linear.bias)
+        self.weight = torch.nn.Parameter(torch.zeros(1, hidden_size, dtype=dtype))
+        self.bias = torch.nn.Parameter(torch.zeros(1, dtype=dtype))
         self.sequence_parallel = sequence_parallel  # also read by GPTModel's inference path
+        self.register_load_state_dict_pre_hook(_rename_linear_keys)
 
     def forward(self, hidden: Tensor, weight: Tensor | None = None, **_: Any) -> tuple[Tensor, None]:
         """The values and no bias (the output-layer calling convention)."""
         if self.sequence_parallel:
             hidden = tensor_parallel.gather_from_sequence_parallel_region(hidden, tensor_parallel_output_grad=False)
-        return self.linear(hidden), None
+        return torch.nn.functional.linear(hidden, self.weight, self.bias), None
+
+
+def _rename_linear_keys(_: torch.nn.Module, state_dict: dict[str, Tensor], prefix: str, *__: Any) -> None:
+    """Load a head saved as ``linear.weight`` / ``linear.bias`` (before its parameters took megatron's names)."""
+    for name in ("weight", "bias"):
+        if f"{prefix}linear.{name}" in state_dict:
+            state_dict[f"{prefix}{name}"] = state_dict.pop(f"{prefix}linear.{name}")
 
 
 def attach_value_head(model: torch.nn.Module) -> torch.nn.Module:

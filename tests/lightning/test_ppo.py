@@ -82,7 +82,7 @@ def test_warm_up_trains_the_critic_only_and_pushes_no_weights() -> None:
     assert all(torch.equal(before[name], after[name]) for name in before), "the policy is bit-identical"
     assert engine.updates == []
     fresh = load_critic(resolve_model_name(warm_only.value.model_name, seed=warm_only.algo.seed), seed=7)
-    assert not torch.equal(fresh.output_layer.linear.weight, module.critic.output_layer.linear.weight)
+    assert not torch.equal(fresh.output_layer.weight, module.critic.output_layer.weight)
 
 
 class CriticMetrics(Callback):

@@ -25,7 +25,7 @@ def test_a_fresh_critic_predicts_zero_and_its_own_parameters_are_separate_from_t
 def test_values_are_causal_and_aligned_with_logprobs() -> None:
     """values[:, t] is the state before token t: it changes with tokens < t only, and is 0 at t = 0."""
     critic = load_critic("builtin:tiny", precision="fp32", seed=3).eval()
-    torch.nn.init.normal_(critic.output_layer.linear.weight)
+    torch.nn.init.normal_(critic.output_layer.weight)
     ids = torch.randint(0, 18, (2, 8))
     changed = ids.clone()
     changed[:, 5] = (ids[:, 5] + 1) % 18
@@ -49,3 +49,24 @@ def test_the_critic_regresses_onto_targets() -> None:
         loss.backward()
         optimizer.step()
     assert float(loss) < 0.05 * first
+
+
+def test_the_critic_round_trips_through_a_distributed_checkpoint(tmp_path) -> None:
+    """megatron's sharded state dict reads an output layer's ``weight``: the value head's parameters carry that name
+    (with ``linear.weight`` it raised KeyError on the first multi-rank PPO bundle)."""
+    from sc_lightning.trainer.sharded_checkpoint import load_sharded, save_sharded
+
+    critic = load_critic("builtin:tiny", precision="fp32", seed=3)
+    torch.nn.init.normal_(critic.output_layer.weight)
+    save_sharded(tmp_path / "sharded", {"critic": (critic, None)})
+    fresh = load_critic("builtin:tiny", precision="fp32", seed=4)
+    load_sharded(tmp_path / "sharded", {"critic": (fresh, None)})
+    for (name, saved), loaded in zip(critic.state_dict().items(), fresh.state_dict().values(), strict=True):
+        if isinstance(saved, torch.Tensor):
+            assert torch.equal(saved, loaded), name
+
+
+def test_a_head_saved_under_its_former_names_still_loads() -> None:
+    head = ValueHead(4, torch.float32)
+    head.load_state_dict({"linear.weight": torch.ones(1, 4), "linear.bias": torch.full((1,), 2.0)})
+    assert torch.equal(head.weight, torch.ones(1, 4)) and torch.equal(head.bias, torch.full((1,), 2.0))
