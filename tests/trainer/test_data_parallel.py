@@ -15,7 +15,7 @@ from sc_lightning.config.algorithm import GAEAdvantage, ValueLossConfig
 from sc_lightning.config.model import OptimizerConfig
 from sc_lightning.controller.api import GroupMeta
 from sc_lightning.models import build_gpt_model, export_hf_weights
-from sc_lightning.models.value import load_critic
+from sc_lightning.models.value import load_critic, values_from_output
 from sc_lightning.trainer.chunks import TrainChunk, concat_chunks
 from sc_lightning.trainer.critic_update import CriticUpdate, value_targets
 from sc_lightning.trainer.data_parallel import (
@@ -25,6 +25,7 @@ from sc_lightning.trainer.data_parallel import (
     share_of_groups,
 )
 from sc_lightning.trainer.optim import adamw
+from sc_lightning.trainer.pipeline import per_token_forward
 from sc_lightning.trainer.policy_update import PolicyUpdate, frozen_logprobs
 from tests.ranks import run_ranks
 from tests.trainer.test_policy_update import SPEC, step_rows
@@ -147,14 +148,17 @@ def stage_weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 PPO_KEYS = (*KEYS, "kl_penalty", "critic/loss", "critic/grad_norm", "critic/explained_var", "critic/values_min")
 
 
-def train_ppo_three_steps(pipeline_parallel_size: int = 1) -> tuple[list[dict[str, float]], dict[str, torch.Tensor]]:
+def train_ppo_three_steps(
+    pipeline_parallel_size: int = 1, tensor_parallel_size: int = 1, *, gathered: bool = False
+) -> tuple[list[dict[str, float]], dict[str, torch.Tensor]]:
     """Three PPO steps (value stage with whitened GAE, two critic epochs, two policy epochs against a frozen pi_old,
     a KL term to a reference policy) on this rank's share of each step's groups; the critic's and policy's metrics,
-    and both models' weights after (this pipeline stage's)."""
-    stages = {"pipeline_parallel_size": pipeline_parallel_size}
-    policy = build_gpt_model(SPEC, precision="fp32", seed=0, **stages)
-    reference = build_gpt_model(SPEC, precision="fp32", seed=1, **stages).requires_grad_(False).eval()
-    critic = load_critic("builtin:tiny", precision="fp32", seed=5, pp=pipeline_parallel_size)
+    and both models' weights after: this pipeline stage's, or (``gathered``, for TP) the policy's whole weights and
+    the critic's values on a probe, which every tensor-parallel rank holds whole."""
+    layout = {"pipeline_parallel_size": pipeline_parallel_size, "tensor_parallel_size": tensor_parallel_size}
+    policy = build_gpt_model(SPEC, precision="fp32", seed=0, **layout)
+    reference = build_gpt_model(SPEC, precision="fp32", seed=1, **layout).requires_grad_(False).eval()
+    critic = load_critic("builtin:tiny", precision="fp32", seed=5, pp=pipeline_parallel_size, tp=tensor_parallel_size)
     policy_opt, _ = adamw(policy, OptimizerConfig(lr=1e-3, clip_grad=0.05), STEPS)
     critic_opt, _ = adamw(critic, OptimizerConfig(lr=1e-3, clip_grad=0.05), STEPS)
     critic_update = CriticUpdate(
@@ -178,15 +182,19 @@ def train_ppo_three_steps(pipeline_parallel_size: int = 1) -> tuple[list[dict[st
             update.train_chunk(batch)
             policy_metrics = update.finish()
         metrics.append({**{f"critic/{k}": v for k, v in critic_metrics.items()}, **policy_metrics})
+    if gathered:
+        probe = step_rows(0)
+        values = per_token_forward(critic, probe, probe.plan(4), lambda _, output: values_from_output(output))
+        return metrics, {**{f"policy.{k}": v for k, v in full_weights(policy).items()}, "critic.values": values}
     weights = {f"policy.{name}": tensor for name, tensor in stage_weights(policy).items()}
     weights.update({f"critic.{name}": tensor for name, tensor in stage_weights(critic).items()})
     return metrics, weights
 
 
-def assert_ppo_matches_one_process(out: Path, world_size: int) -> None:
+def assert_ppo_matches_one_process(out: Path, world_size: int, *, gathered: bool = False) -> None:
     """Every rank's saved PPO metrics and weights (``ppo{rank}.pt``) equal one process's; together the ranks hold
     every weight."""
-    single_metrics, single_weights = train_ppo_three_steps()
+    single_metrics, single_weights = train_ppo_three_steps(gathered=gathered)
     assert all(m["kl_penalty"] > 0 for m in single_metrics), "the KL term must be live for the test to check it"
     covered: dict[str, torch.Tensor] = {}
     for rank in range(world_size):

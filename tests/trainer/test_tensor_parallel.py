@@ -18,7 +18,7 @@ from sc_lightning.trainer.optim import adamw
 from sc_lightning.trainer.pipeline import per_token_forward
 from tests.ranks import run_ranks
 from tests.trainer.test_critic_update import batch
-from tests.trainer.test_data_parallel import train_three_steps
+from tests.trainer.test_data_parallel import assert_ppo_matches_one_process, train_ppo_three_steps, train_three_steps
 from tests.trainer.test_policy_update import SPEC, step_rows
 
 STEPS = 3
@@ -100,3 +100,15 @@ def test_in_one_process_the_clip_is_torchs() -> None:
     assert clip_model_parallel_grads(list(other.parameters()), 0.01) == pytest.approx(float(expected), rel=1e-6)
     for a, b in zip(one.parameters(), other.parameters(), strict=True):
         torch.testing.assert_close(a.grad, b.grad, rtol=1e-6, atol=0.0)
+
+
+def _ppo_tensor_parallel_rank(rank: int, world_size: int, out: Path) -> None:
+    """A rank of a TP=2 PPO run: the policy's whole weights and the critic's probe values after three steps."""
+    torch.save(train_ppo_three_steps(tensor_parallel_size=2, gathered=True), out / f"ppo{rank}.pt")
+
+
+@pytest.mark.timeout(600)
+def test_a_tp2_ppo_step_equals_the_single_process_one(tmp_path: Path) -> None:
+    """Value stage, critic and policy epochs, frozen pi_old and the KL term, all at TP=2."""
+    run_ranks(_ppo_tensor_parallel_rank, 2, tmp_path)
+    assert_ppo_matches_one_process(tmp_path, 2, gathered=True)
