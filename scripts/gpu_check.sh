@@ -3,7 +3,7 @@
 # (scripts/gpu_bench.sh; SC_GPU_BENCH=0 skips them). Extra arguments go to pytest.
 #   scripts/gpu_check.sh                 # every test marked gpu, then the benchmarks
 #   SC_GPU_BENCH=0 scripts/gpu_check.sh -k bf16         # some of the tests only
-#   SC_GPU_BENCH=0 scripts/gpu_check.sh tests/gpu/test_mixed_precision.py   # one file
+#   SC_GPU_BENCH=0 scripts/gpu_check.sh tests/gpu/test_megatron_optimizer.py   # one file
 set -euo pipefail
 source "$(dirname "$0")/gpu_env.sh"
 # GPU tests live in tests/gpu (the rest need Ray, absent here); arguments naming tests/... replace that default

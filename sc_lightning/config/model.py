@@ -18,6 +18,12 @@ class MegatronConfig:
         False, "Megatron sequence parallelism: norms and residuals on each TP rank's slice of the sequence (TP > 1)."
     )
     activation_checkpointing: bool = knob(False, "Recompute activations in the backward pass.")
+    use_distributed_optimizer: bool = knob(
+        False,
+        "megatron-core's distributed optimizer (ZeRO-1): each data-parallel rank keeps the fp32 main weights and AdamW "
+        "moments of 1/DP of the parameters; gradients are reduce-scattered, updated weights all-gathered. Its "
+        "checkpoints are always sharded; resume with the same setting.",
+    )
 
 
 @section

@@ -213,9 +213,10 @@ class ControllerHost:
         return [row for rank_rows in gathered or [] for row in rank_rows]
 
     def save_checkpoint(self, checkpoint: dict[str, Any], filepath: Any, storage_options: Any = None) -> None:
-        """With several ranks: the models and optimizers go to ``sharded/`` beside ``filepath`` as a distributed
-        checkpoint (every rank writes its shards), the rest to ``filepath`` as usual (on the leader)."""
-        if self.ranks is not None:
+        """With several ranks, or an optimizer whose state is sliced over data-parallel ranks (megatron's distributed
+        optimizer): the models and optimizers go to ``sharded/`` beside ``filepath`` as a distributed checkpoint
+        (every rank writes its shards), the rest to ``filepath`` as usual (on the leader)."""
+        if self.ranks is not None or self._optimizer_state_is_sliced():
             with_optimizers = "optimizer_states" in checkpoint
             save_sharded(Path(filepath).parent / SHARDED_DIR, self._checkpoint_parts(optimizers=with_optimizers))
             checkpoint["state_dict"] = {}  # Lightning checks the keys exist; the strategy's loaders read sharded/
@@ -237,6 +238,11 @@ class ControllerHost:
             super().load_optimizer_state_dict(checkpoint)  # type: ignore[misc]
         elif checkpoint[SHARDED_KEY]["optimizers"]:
             load_sharded(self._sharded_directory(checkpoint), self._checkpoint_parts(optimizers=True))
+
+    def _optimizer_state_is_sliced(self) -> bool:
+        """Whether a trained model's optimizer is megatron's distributed optimizer (its ``state_dict`` holds no
+        weights or moments)."""
+        return any(getattr(optimizer, "distributed", False) for optimizer in self.lightning_module.trainer.optimizers)
 
     def _sharded_directory(self, checkpoint: dict[str, Any]) -> Path:
         """The distributed checkpoint beside the trainer checkpoint being restored."""

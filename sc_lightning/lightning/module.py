@@ -89,7 +89,13 @@ class GRPOModule(LightningModule):
 
     def configure_optimizers(self) -> Any:
         """AdamW with the configured warm-up and decay (stepped once per RL step by finish_train_step)."""
-        optimizer, scheduler = adamw(self.policy, self.config.policy.optimizer, self.config.algo.max_num_steps)
+        policy = self.config.policy
+        optimizer, scheduler = adamw(
+            self.policy,
+            policy.optimizer,
+            self.config.algo.max_num_steps,
+            distributed=policy.megatron_cfg.use_distributed_optimizer,
+        )
         return {"optimizer": optimizer, "lr_scheduler": scheduler}
 
     def policy_optimizer(self) -> Any:

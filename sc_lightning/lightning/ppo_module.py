@@ -81,8 +81,16 @@ class PPOModule(GRPOModule):
         """Policy and critic AdamW, each with its schedule (the policy's spans its trained steps only)."""
         ppo = self.config.ppo
         trained_steps = max(1, ppo.max_num_steps - ppo.policy_training_start_step)
-        policy_opt, policy_sched = adamw(self.policy, self.config.policy.optimizer, trained_steps)
-        critic_opt, critic_sched = adamw(self.critic, self.config.value.optimizer, ppo.max_num_steps)
+        policy, value = self.config.policy, self.config.value
+        policy_opt, policy_sched = adamw(
+            self.policy,
+            policy.optimizer,
+            trained_steps,
+            distributed=policy.megatron_cfg.use_distributed_optimizer,
+        )
+        critic_opt, critic_sched = adamw(
+            self.critic, value.optimizer, ppo.max_num_steps, distributed=value.megatron_cfg.use_distributed_optimizer
+        )
         return [policy_opt, critic_opt], [policy_sched, critic_sched]
 
     def checkpoint_parts(self, optimizers: list[Any]) -> dict[str, tuple[torch.nn.Module, Any]]:

@@ -24,9 +24,12 @@ recomputation. What is patched, and why (paths relative to ``megatron/core``):
    ``torch.cuda.synchronize`` a no-op and sends tensors created with ``device="cuda"`` to the model's device while
    those run (with ``overlap_grad_reduce`` off nothing else in the DDP touches CUDA).
 
-Not covered (needs a device-faking ``TorchFunctionMode``, see ``notes/lightning-megatron.md`` §5.1 Tier 2):
-``get_megatron_optimizer`` and the inference engines. On CPU, the trainer steps plain
-``torch.optim`` optimizers (over megatron DDP's summed gradients with several data-parallel ranks).
+   megatron's distributed optimizer accepts only parameters whose ``Tensor.type()`` names a CUDA type
+   (``optimizer/distrib_optimizer.py:361,420``) and stages its checkpoint gathers through ``Tensor.cuda()``
+   (``:1089``): under :func:`cuda_calls_on` a CPU tensor's ``type()`` reads as its CUDA twin and ``.cuda()``
+   stays on the model's device, so an fp32 model builds, steps and checkpoints the distributed optimizer on CPUs.
+
+Not covered: megatron's mixed-precision (bf16) optimizer and the inference engines, which need a GPU.
 """
 
 from __future__ import annotations
@@ -117,8 +120,9 @@ def apply_cpu_compat() -> None:
 
 @contextlib.contextmanager
 def cuda_calls_on(device: torch.device) -> Iterator[None]:
-    """While megatron's DDP is built or ``dist_checkpointing`` runs: its ``torch.cuda.current_device()`` is
-    ``device`` and ``torch.cuda.synchronize()`` does nothing (a CUDA device: nothing changes)."""
+    """While megatron's DDP or optimizer is built or steps, or ``dist_checkpointing`` runs: its
+    ``torch.cuda.current_device()`` is ``device``, ``torch.cuda.synchronize()`` does nothing, and CUDA tensor requests
+    land on ``device`` (a CUDA device: nothing changes)."""
     if device.type == "cuda":
         yield
         return
@@ -133,7 +137,8 @@ def cuda_calls_on(device: torch.device) -> Iterator[None]:
 
 
 class _CudaTensorsOn(TorchFunctionMode):
-    """Tensors created with ``device="cuda"`` (or a CUDA ``torch.device``) go to ``device`` instead."""
+    """Tensors created with ``device="cuda"`` (or a CUDA ``torch.device``) or moved by ``.cuda()`` go to ``device``
+    instead, and ``Tensor.type()`` names the CUDA type of a tensor's dtype (megatron's optimizer checks for them)."""
 
     def __init__(self, device: torch.device) -> None:
         super().__init__()
@@ -141,6 +146,10 @@ class _CudaTensorsOn(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204 - torch's protocol
         kwargs = kwargs or {}
+        if func is torch.Tensor.type and len(args) == 1 and not kwargs:
+            return func(*args).replace("torch.", "torch.cuda.", 1)
+        if func is torch.Tensor.cuda:
+            return args[0].to(self.device)
         where = kwargs.get("device")
         if where is not None and torch.device(where).type == "cuda":
             kwargs = {**kwargs, "device": self.device}

@@ -101,17 +101,25 @@ def transformer_config_of(model: torch.nn.Module) -> Any:
     return config
 
 
-def megatron_ddp(model: torch.nn.Module, *, grad_reduce_in_fp32: bool) -> DistributedDataParallel:
+def megatron_ddp(
+    model: torch.nn.Module, *, grad_reduce_in_fp32: bool, distributed_optimizer: bool = False
+) -> DistributedDataParallel:
     """megatron-core's DDP over ``model``: every gradient accumulates into a ``main_grad`` buffer, and
     ``finish_grad_sync`` sums the buffers over the data-parallel group (the model's config sets
-    ``calculate_per_token_loss``, so megatron scales nothing). On the CPU its buffers are CPU tensors."""
+    ``calculate_per_token_loss``, so megatron scales nothing); for megatron's ``distributed_optimizer`` it
+    reduce-scatters them instead (each rank gets the sum of the slice it updates). On the CPU its buffers are CPU
+    tensors."""
     from sc_lightning.models.cpu_compat import cuda_calls_on
 
     device = next(model.parameters()).device
     with cuda_calls_on(device):
         return DistributedDataParallel(
             transformer_config_of(model),
-            DistributedDataParallelConfig(grad_reduce_in_fp32=grad_reduce_in_fp32, overlap_grad_reduce=False),
+            DistributedDataParallelConfig(
+                grad_reduce_in_fp32=grad_reduce_in_fp32,
+                overlap_grad_reduce=False,
+                use_distributed_optimizer=distributed_optimizer,
+            ),
             module=model,
         )
 

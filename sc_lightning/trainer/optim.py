@@ -1,11 +1,13 @@
 """The trainer's optimizers: AdamW with its learning-rate schedule, and moving optimizer state between devices.
 
-The model's parameter dtype picks the recipe. fp32 parameters (CPU runs, and GPU runs with ``precision: fp32``)
-train with torch's AdamW directly: the parameters are their own master weights (with several data-parallel ranks,
-over megatron-core DDP's summed gradients: :class:`~sc_lightning.trainer.data_parallel.DataParallelAdamW`). bf16
-parameters train through megatron-core's mixed-precision stack
-(:class:`~sc_lightning.trainer.mixed_precision.MixedPrecisionAdamW`): fp32 gradient accumulation, fp32 master weights
-and fp32 AdamW state. Both skip weight decay on biases and 1-D parameters (norm weights), as megatron does.
+The model's parameter dtype and ``megatron_cfg.use_distributed_optimizer`` pick the recipe. fp32 parameters (CPU
+runs, and GPU runs with ``precision: fp32``) train with torch's AdamW directly: the parameters are their own master
+weights (with several data-parallel ranks, over megatron-core DDP's summed gradients:
+:class:`~sc_lightning.trainer.data_parallel.DataParallelAdamW`). bf16 parameters, and any model with the distributed
+optimizer, train through megatron-core's optimizer stack
+(:class:`~sc_lightning.trainer.megatron_optimizer.MegatronAdamW`): fp32 gradient accumulation, fp32 main weights and
+fp32 AdamW state, sliced over the data-parallel ranks when distributed. All skip weight decay on biases and 1-D
+parameters (norm weights), as megatron does.
 """
 
 from __future__ import annotations
@@ -31,16 +33,17 @@ def needs_grad_finalising(model: torch.nn.Module) -> bool:
 
 
 def adamw(
-    model: torch.nn.Module, opt_cfg: OptimizerConfig, total_steps: int
+    model: torch.nn.Module, opt_cfg: OptimizerConfig, total_steps: int, *, distributed: bool = False
 ) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
-    """AdamW over ``model`` (mixed precision when its parameters are bf16) and its learning-rate schedule.
+    """AdamW over ``model`` (mixed precision when its parameters are bf16; megatron's distributed optimizer with
+    ``distributed``) and its learning-rate schedule.
 
     ``total_steps`` bounds the decay. bf16 parameters must be on a CUDA device.
     """
-    if next(model.parameters()).dtype == torch.bfloat16:
-        from sc_lightning.trainer.mixed_precision import MixedPrecisionAdamW
+    if distributed or next(model.parameters()).dtype == torch.bfloat16:
+        from sc_lightning.trainer.megatron_optimizer import MegatronAdamW
 
-        optimizer: torch.optim.Optimizer = MixedPrecisionAdamW(model, opt_cfg)
+        optimizer: torch.optim.Optimizer = MegatronAdamW(model, opt_cfg, distributed=distributed)
     else:
         named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
         groups = [

@@ -85,8 +85,8 @@ def normalised_step(
 ) -> tuple[float, float]:
     """Divide the accumulated raw-sum gradients by ``normaliser``, clip, step; returns (grad norm, lr used).
 
-    ``optimizer`` may be Lightning's wrapper. An optimizer with ``scale_grads`` (the mixed-precision
-    :class:`~sc_lightning.trainer.mixed_precision.MixedPrecisionAdamW`) holds the gradients in its own fp32 buffer
+    ``optimizer`` may be Lightning's wrapper. An optimizer with ``scale_grads`` (megatron's stack,
+    :class:`~sc_lightning.trainer.megatron_optimizer.MegatronAdamW`) holds the gradients in its own fp32 buffer
     and clips inside its step, to the same configured ``clip_grad``.
     """
     raw = getattr(optimizer, "optimizer", optimizer)

@@ -3,7 +3,9 @@
 Every rank writes its own shards in parallel (the ``torch_dist`` format); each tensor is saved with its place in
 the global tensor (megatron's ``sharded_state_dict``), so a load on another tensor- or data-parallel layout
 reshards: a rank reads exactly the slices it now holds. AdamW's moments are sharded like their parameters (megatron's
-``optim_state_to_sharding_state``); the hyper-parameters and step counts are plain common state.
+``optim_state_to_sharding_state``; megatron's distributed optimizer gathers its data-parallel slices into the same
+per-parameter form, with its main weights); the hyper-parameters, step counts and each optimizer's form are plain
+common state. A load needs the form this run's optimizers keep: another fails naming the knob that sets it.
 
     parts = {"policy": (policy, policy_optimizer), "reference": (reference, None), ...}
     save_sharded(directory, parts)        # a collective: every rank calls it with its own shards
@@ -72,7 +74,32 @@ def _sharded_state(parts: Mapping[str, Part], *, template: bool) -> dict[str, An
         state[name] = {"model": model_state}
         if optimizer is not None:
             state[name]["optimizer"] = _sharded_optimizer_state(optimizer, model_state, template=template)
+            state[name]["optimizer_form"] = optimizer_form(optimizer)
     return state
+
+
+def optimizer_form(optimizer: torch.optim.Optimizer) -> str:
+    """The form an optimizer's checkpointed state takes: ``distributed`` (megatron's distributed optimizer: main
+    weights and moments) or ``per-parameter`` (moments, and fp32 masters for bf16)."""
+    return "distributed" if getattr(optimizer, "distributed", False) else "per-parameter"
+
+
+_FORMS = {"distributed": "megatron's distributed optimizer", "per-parameter": "a non-distributed optimizer"}
+
+
+def _check_optimizer_forms(directory: Path, parts: Mapping[str, Part]) -> None:
+    """Fail, naming the knob, when a part's optimizer keeps its state in another form than the one saved."""
+    saved = dist_checkpointing.load_common_state_dict(str(directory))
+    for name, (_, optimizer) in parts.items():
+        if optimizer is None:
+            continue
+        was, now = saved.get(name, {}).get("optimizer_form", "per-parameter"), optimizer_form(optimizer)
+        if was != now:
+            raise ValueError(
+                f"{directory}: {name}'s optimizer state was saved by {_FORMS[was]}, but this run uses {_FORMS[now]}: "
+                f"resume with megatron_cfg.use_distributed_optimizer (policy's, value's for the critic) set to "
+                f"{str(was == 'distributed').lower()}, as in the run that saved it"
+            )
 
 
 def _device(parts: Mapping[str, Part]) -> torch.device:
@@ -91,6 +118,7 @@ def save_sharded(directory: Path, parts: Mapping[str, Part]) -> None:
 
 def load_sharded(directory: Path, parts: Mapping[str, Part]) -> None:
     """Load ``directory`` into ``parts`` (built for this run's layout), resharding as needed; every rank calls it."""
+    _check_optimizer_forms(directory, parts)
     with cuda_calls_on(_device(parts)):
         loaded = dist_checkpointing.load(_sharded_state(parts, template=True), str(directory))
     for name, (model, optimizer) in parts.items():

@@ -2,7 +2,8 @@
 
 Runs at DP=2, then TP=2, then PP=2, each resuming the last one's bundle (resharded), train every prompt exactly once
 (resharding back to DP=2: tests/trainer/test_sharded_checkpoint.py); SIGKILL of the non-leader rank ends the whole
-run within a deadline with that rank named, and the same command resumes with nothing lost or trained twice.
+run within a deadline with that rank named, and the same command resumes with nothing lost or trained twice (its
+AdamW state sliced over the two replicas by megatron's distributed optimizer).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+from megatron.core import dist_checkpointing
 
 from tests.conftest import REPO, TINY
 from tests.test_recovery import RENDEZVOUS, assert_each_prompt_trained_once, command, wait_for, write_dataset
@@ -49,7 +51,8 @@ def child_rank_pid(parent: int, local_rank: int) -> int | None:
 @pytest.mark.timeout(900)
 def test_sigkill_of_one_rank_ends_the_run_naming_it_and_the_same_command_resumes(tmp_path: Path) -> None:
     write_dataset(tmp_path / "prompts.jsonl")
-    argv = command(tmp_path, TWO_RANKS, "--trainer.devices", "2", *ASYNC, "--checkpointing.save_period", "3")
+    sliced = ("--policy.megatron_cfg.use_distributed_optimizer", "true")  # AdamW state sliced over the replicas
+    argv = command(tmp_path, TWO_RANKS, "--trainer.devices", "2", *ASYNC, "--checkpointing.save_period", "3", *sliced)
     first = subprocess.Popen(argv, cwd=REPO, env=environment(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     bundles = tmp_path / "checkpoints"
     if not wait_for(lambda: len(list(bundles.glob("step_*"))) >= 2, first, "two bundles"):
@@ -72,6 +75,9 @@ def test_sigkill_of_one_rank_ends_the_run_naming_it_and_the_same_command_resumes
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "resuming from" in resumed.stderr
     assert_each_prompt_trained_once(tmp_path)
+    for bundle in bundles.glob("step_*"):
+        common = dist_checkpointing.load_common_state_dict(str(bundle / "sharded"))
+        assert common["policy"]["optimizer_form"] == "distributed"
 
 
 @pytest.mark.timeout(900)

@@ -19,7 +19,7 @@ from sc_lightning.models.value import load_critic, values_from_output
 from sc_lightning.trainer.chunks import TrainChunk, concat_chunks
 from sc_lightning.trainer.critic_update import CriticUpdate, value_targets
 from sc_lightning.trainer.data_parallel import (
-    DataParallelAdamW,
+    SummedGradients,
     data_parallel_rank,
     data_parallel_size,
     share_of_groups,
@@ -56,10 +56,14 @@ def this_ranks_rows(chunk: TrainChunk) -> TrainChunk | None:
 
 
 def new_policy(
-    tensor_parallel_size: int = 1, seed: int = 0, pipeline_parallel_size: int = 1, sequence_parallel: bool = False
+    tensor_parallel_size: int = 1,
+    seed: int = 0,
+    pipeline_parallel_size: int = 1,
+    sequence_parallel: bool = False,
+    distributed_optimizer: bool = False,
 ) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
     """The seeded tiny policy at this layout and its AdamW (over megatron DDP's buffer with several replicas or
-    stages, or sequence parallelism)."""
+    stages, or sequence parallelism; megatron's distributed optimizer with ``distributed_optimizer``)."""
     model = build_gpt_model(
         SPEC,
         precision="fp32",
@@ -68,7 +72,7 @@ def new_policy(
         pipeline_parallel_size=pipeline_parallel_size,
         sequence_parallel=sequence_parallel,
     )
-    return model, adamw(model, OptimizerConfig(lr=1e-3, clip_grad=0.05), STEPS)[0]
+    return model, adamw(model, OptimizerConfig(lr=1e-3, clip_grad=0.05), STEPS, distributed=distributed_optimizer)[0]
 
 
 def train_steps(model: torch.nn.Module, optimizer: torch.optim.Optimizer, steps: range) -> list[dict[str, float]]:
@@ -92,13 +96,18 @@ def full_weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 
 
 def train_three_steps(
-    tensor_parallel_size: int = 1, sequence_parallel: bool = False
-) -> tuple[list[dict[str, float]], dict[str, torch.Tensor], bool]:
+    tensor_parallel_size: int = 1, sequence_parallel: bool = False, distributed_optimizer: bool = False
+) -> tuple[list[dict[str, float]], dict[str, torch.Tensor], bool, float]:
     """Three GRPO steps of the seeded tiny policy (two chunks each), this rank training its share of each chunk;
-    the metrics, the full weights and whether megatron's DDP summed the gradients."""
-    model, optimizer = new_policy(tensor_parallel_size, sequence_parallel=sequence_parallel)
+    the metrics, the full weights, whether megatron's DDP summed the gradients, and the share of this rank's
+    parameters whose AdamW moments this rank keeps."""
+    model, optimizer = new_policy(
+        tensor_parallel_size, sequence_parallel=sequence_parallel, distributed_optimizer=distributed_optimizer
+    )
     metrics = train_steps(model, optimizer, range(STEPS))
-    return metrics, full_weights(model), isinstance(optimizer, DataParallelAdamW)
+    moments = sum(state["exp_avg"].numel() for state in optimizer.state.values())
+    kept = moments / sum(p.numel() for p in model.parameters())
+    return metrics, full_weights(model), isinstance(optimizer, SummedGradients), kept
 
 
 def assert_matches_one_process(
@@ -113,24 +122,38 @@ def assert_matches_one_process(
         torch.testing.assert_close(weights[name], tensor, rtol=1e-5, atol=2e-6, msg=f"rank {rank}: {name}")
 
 
-def _data_parallel_rank(rank: int, world_size: int, tensor_parallel_size: int, out: Path) -> None:
+def _data_parallel_rank(
+    rank: int, world_size: int, tensor_parallel_size: int, distributed_optimizer: bool, out: Path
+) -> None:
     """A rank of a DP (x TP) run: train and save what it saw."""
-    torch.save(train_three_steps(tensor_parallel_size), out / f"rank{rank}.pt")
+    result = train_three_steps(tensor_parallel_size, distributed_optimizer=distributed_optimizer)
+    torch.save(result, out / f"rank{rank}.pt")
 
 
 @pytest.mark.timeout(900)
-@pytest.mark.parametrize(("world_size", "tensor_parallel_size"), [(2, 1), (4, 2)], ids=["dp2", "tp2xdp2"])
+@pytest.mark.parametrize(
+    ("world_size", "tensor_parallel_size", "distributed_optimizer"),
+    [(2, 1, False), (4, 2, False), (2, 1, True)],
+    ids=["dp2", "tp2xdp2", "dp2-distributed-optimizer"],
+)
 def test_a_data_parallel_policy_update_equals_the_single_process_one(
-    tmp_path: Path, world_size: int, tensor_parallel_size: int
+    tmp_path: Path, world_size: int, tensor_parallel_size: int, distributed_optimizer: bool
 ) -> None:
-    run_ranks(_data_parallel_rank, world_size, tensor_parallel_size, tmp_path)
-    single_metrics, single_weights, single_ddp = train_three_steps()
-    assert not single_ddp
+    """With megatron's distributed optimizer each rank keeps about half of the AdamW state, and the update is the
+    same."""
+    run_ranks(_data_parallel_rank, world_size, tensor_parallel_size, distributed_optimizer, tmp_path)
+    single_metrics, single_weights, single_ddp, single_kept = train_three_steps()
+    assert not single_ddp and single_kept == 1.0
     assert all(m["grad_norm"] > 0.05 for m in single_metrics), "the clip must bite for the test to check the norm"
+    kept_in_all = 0.0
     for rank in range(world_size):
-        metrics, weights, used_ddp = torch.load(tmp_path / f"rank{rank}.pt")
+        metrics, weights, used_ddp, kept = torch.load(tmp_path / f"rank{rank}.pt")
         assert used_ddp, "several data-parallel ranks must sum their gradients through megatron's DDP"
         assert_matches_one_process((single_metrics, single_weights), metrics, weights, rank)
+        assert (kept < 0.6) if distributed_optimizer else (kept == 1.0), kept
+        kept_in_all += kept
+    if distributed_optimizer:  # the replicas' slices cover every parameter once
+        assert kept_in_all == pytest.approx(1.0)
 
 
 def stage_weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -149,18 +172,24 @@ PPO_KEYS = (*KEYS, "kl_penalty", "critic/loss", "critic/grad_norm", "critic/expl
 
 
 def train_ppo_three_steps(
-    pipeline_parallel_size: int = 1, tensor_parallel_size: int = 1, *, gathered: bool = False
+    pipeline_parallel_size: int = 1,
+    tensor_parallel_size: int = 1,
+    *,
+    gathered: bool = False,
+    distributed_optimizer: bool = False,
 ) -> tuple[list[dict[str, float]], dict[str, torch.Tensor]]:
     """Three PPO steps (value stage with whitened GAE, two critic epochs, two policy epochs against a frozen pi_old,
     a KL term to a reference policy) on this rank's share of each step's groups; the critic's and policy's metrics,
     and both models' weights after: this pipeline stage's, or (``gathered``, for TP) the policy's whole weights and
-    the critic's values on a probe, which every tensor-parallel rank holds whole."""
+    the critic's values on a probe, which every tensor-parallel rank holds whole. ``distributed_optimizer``: both
+    models step megatron's distributed optimizer."""
     layout = {"pipeline_parallel_size": pipeline_parallel_size, "tensor_parallel_size": tensor_parallel_size}
     policy = build_gpt_model(SPEC, precision="fp32", seed=0, **layout)
     reference = build_gpt_model(SPEC, precision="fp32", seed=1, **layout).requires_grad_(False).eval()
     critic = load_critic("builtin:tiny", precision="fp32", seed=5, pp=pipeline_parallel_size, tp=tensor_parallel_size)
-    policy_opt, _ = adamw(policy, OptimizerConfig(lr=1e-3, clip_grad=0.05), STEPS)
-    critic_opt, _ = adamw(critic, OptimizerConfig(lr=1e-3, clip_grad=0.05), STEPS)
+    opt_cfg = OptimizerConfig(lr=1e-3, clip_grad=0.05)
+    policy_opt, _ = adamw(policy, opt_cfg, STEPS, distributed=distributed_optimizer)
+    critic_opt, _ = adamw(critic, opt_cfg, STEPS, distributed=distributed_optimizer)
     critic_update = CriticUpdate(
         critic, critic_opt, ValueLossConfig(value_clip_epsilon=0.2), micro_batch_size=3, clip_grad=0.05
     )
@@ -208,14 +237,15 @@ def assert_ppo_matches_one_process(out: Path, world_size: int, *, gathered: bool
     assert covered.keys() == single_weights.keys()
 
 
-def _ppo_rank(rank: int, world_size: int, out: Path) -> None:
+def _ppo_rank(rank: int, world_size: int, distributed_optimizer: bool, out: Path) -> None:
     """A rank of a DP=2 PPO run."""
-    torch.save(train_ppo_three_steps(), out / f"ppo{rank}.pt")
+    torch.save(train_ppo_three_steps(distributed_optimizer=distributed_optimizer), out / f"ppo{rank}.pt")
 
 
 @pytest.mark.timeout(900)
-def test_a_data_parallel_ppo_step_equals_the_single_process_one(tmp_path: Path) -> None:
-    run_ranks(_ppo_rank, 2, tmp_path)
+@pytest.mark.parametrize("distributed_optimizer", [False, True], ids=["adamw", "distributed-optimizer"])
+def test_a_data_parallel_ppo_step_equals_the_single_process_one(tmp_path: Path, distributed_optimizer: bool) -> None:
+    run_ranks(_ppo_rank, 2, distributed_optimizer, tmp_path)
     assert_ppo_matches_one_process(tmp_path, 2)
 
 

@@ -54,7 +54,7 @@ def matching_rank_outputs(single_metrics: list[dict[str, float]], results: Path,
 
 @pytest.mark.timeout(600)
 def test_a_tp2_policy_update_equals_the_single_process_one(tp2_results: Path) -> None:
-    single_metrics, single_weights, _ = train_three_steps(tensor_parallel_size=1)
+    single_metrics, single_weights, *_ = train_three_steps(tensor_parallel_size=1)
     keys = ("loss", "grad_norm", "global_valid_toks", "approx_entropy")
     for rank, weights in enumerate(matching_rank_outputs(single_metrics, tp2_results, "policy", keys)):
         assert weights.keys() == single_weights.keys()

@@ -1,4 +1,5 @@
-"""On one GPU: bf16 training keeps fp32 master weights, fp32 gradients and fp32 AdamW state (megatron's stack)."""
+"""On one GPU: bf16 training keeps fp32 master weights, fp32 gradients and fp32 AdamW state (megatron's stack),
+also through megatron's distributed optimizer."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import torch
 from sc_lightning.algorithms import ClippedPGLoss
 from sc_lightning.config.model import OptimizerConfig
 from sc_lightning.models import build_gpt_model, builtin_spec
-from sc_lightning.trainer.mixed_precision import MixedPrecisionAdamW
+from sc_lightning.trainer.megatron_optimizer import MegatronAdamW
 from sc_lightning.trainer.optim import adamw
 from sc_lightning.trainer.policy_update import PolicyUpdate
 from sc_lightning.trainer.sharded_checkpoint import load_sharded, save_sharded
@@ -20,25 +21,33 @@ SPEC = builtin_spec("builtin:tiny")
 CUDA = torch.device("cuda", 0)
 
 
-def one_step(precision: str, *, micro_batch_size: int = 4) -> tuple[torch.nn.Module, torch.optim.Optimizer, dict]:
-    """A fresh tiny policy on the GPU after one GRPO step over the same rows."""
-    model = build_gpt_model(SPEC, precision=precision, seed=0, device=CUDA)
-    optimizer, _ = adamw(model, OptimizerConfig(lr=1e-3, weight_decay=0.1), total_steps=1)
+def one_step(
+    precision: str, *, micro_batch_size: int = 4, distributed: bool = False, seed: int = 0
+) -> tuple[torch.nn.Module, torch.optim.Optimizer, dict]:
+    """A fresh tiny policy on the GPU after one GRPO step over the same rows (megatron's distributed optimizer with
+    ``distributed``)."""
+    model = build_gpt_model(SPEC, precision=precision, seed=seed, device=CUDA)
+    optimizer, _ = adamw(model, OptimizerConfig(lr=1e-3, weight_decay=0.1), total_steps=1, distributed=distributed)
+    return model, optimizer, train_on(model, optimizer, step_rows(1), micro_batch_size=micro_batch_size)
+
+
+def train_on(model: torch.nn.Module, optimizer: torch.optim.Optimizer, rows, *, micro_batch_size: int = 4) -> dict:
+    """One GRPO step of ``model`` over ``rows``; its metrics."""
     loss_fn = ClippedPGLoss(reference_policy_kl_penalty=0.0)
     update = PolicyUpdate(model, optimizer, loss_fn, micro_batch_size=micro_batch_size, clip_grad=1.0)
     update.begin()
-    update.train_chunk(step_rows(1).to(CUDA))
-    return model, optimizer, update.finish()
+    update.train_chunk(rows.to(CUDA))
+    return update.finish()
 
 
-def masters(optimizer: MixedPrecisionAdamW) -> list[torch.Tensor]:
+def masters(optimizer: MegatronAdamW) -> list[torch.Tensor]:
     """The fp32 master copies."""
     return [master for _, master in optimizer.master_pairs()]
 
 
 def test_bf16_steps_fp32_masters_and_tracks_the_fp32_update() -> None:
     model, optimizer, metrics = one_step("bf16")
-    assert isinstance(optimizer, MixedPrecisionAdamW)
+    assert isinstance(optimizer, MegatronAdamW)
     assert {p.dtype for p in model.parameters()} == {torch.bfloat16}
     assert {p.dtype for p in masters(optimizer)} == {torch.float32}
     assert all(state["exp_avg"].dtype == torch.float32 for state in optimizer.state.values())
@@ -94,11 +103,27 @@ def test_a_distributed_checkpoint_restores_the_bf16_weights_fp32_masters_and_mom
         assert torch.equal(a, b)
     for state, loaded in zip(optimizer.state.values(), other_optimizer.state.values(), strict=True):
         assert torch.equal(state["exp_avg_sq"], loaded["exp_avg_sq"])
-    loss_fn = ClippedPGLoss(reference_policy_kl_penalty=0.0)
     for net, opt in ((model, optimizer), (other, other_optimizer)):
-        update = PolicyUpdate(net, opt, loss_fn, micro_batch_size=4, clip_grad=1.0)
-        update.begin()
-        update.train_chunk(step_rows(2).to(CUDA))
-        update.finish()
+        train_on(net, opt, step_rows(2))
+    for a, b in zip(model.parameters(), other.parameters(), strict=True):
+        assert torch.equal(a, b)
+
+
+def test_the_distributed_optimizer_takes_the_mixed_precision_step_and_resumes_it(tmp_path) -> None:
+    """One GPU (DP=1: one slice): megatron's distributed optimizer steps the bf16 model like the mixed-precision
+    optimizer; a model from another seed loaded from its distributed checkpoint takes the same next step."""
+    reference, _, expected = one_step("bf16")
+    model, optimizer, metrics = one_step("bf16", distributed=True)
+    assert optimizer.distributed
+    assert {state["exp_avg"].dtype for state in optimizer.state.values()} == {torch.float32}
+    assert metrics["grad_norm"] == pytest.approx(expected["grad_norm"], rel=1e-5)
+    for a, b in zip(model.parameters(), reference.parameters(), strict=True):
+        torch.testing.assert_close(a, b, rtol=2**-7, atol=1e-6)  # the same fp32 update, rounded to bf16
+    save_sharded(tmp_path / "sharded", {"policy": (model, optimizer)})
+    other = build_gpt_model(SPEC, precision="bf16", seed=99, device=CUDA)
+    other_optimizer, _ = adamw(other, OptimizerConfig(lr=1e-3, weight_decay=0.1), total_steps=1, distributed=True)
+    load_sharded(tmp_path / "sharded", {"policy": (other, other_optimizer)})
+    for net, opt in ((model, optimizer), (other, other_optimizer)):
+        train_on(net, opt, step_rows(2))
     for a, b in zip(model.parameters(), other.parameters(), strict=True):
         assert torch.equal(a, b)
