@@ -1,0 +1,38 @@
+"""A real tiny run, once per session: 6 asynchronous GRPO steps (one version of lookahead, so staleness 0 and 1
+both occur) through the real CLI, with the train-data log and ``run_info.yaml``."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO, TINY
+
+STEPS = 6
+
+
+@pytest.fixture(scope="session")
+def tiny_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The run directory of a finished 6-step run; tests copy it before changing anything."""
+    from sc_lightning.cli import load_and_check
+    from sc_lightning.report import write_run_info
+
+    run_dir = tmp_path_factory.mktemp("tiny_run")
+    layers = (TINY, REPO / "tests" / "small_steps.yaml")
+    overrides = [
+        "async_rl.max_buffered_rollouts=8",  # room for step k+1's groups while step k trains
+        f"grpo.max_num_steps={STEPS}",
+        "data.train_data_log=true",
+        f"trainer.default_root_dir={run_dir}",
+        "trainer.enable_progress_bar=false",
+    ]
+    config, lightning = load_and_check([str(path) for path in layers], overrides)
+    write_run_info(run_dir, config, lightning)  # what cli.fit does at the start of a run
+    configs = [arg for path in layers for arg in ("--config", str(path))]
+    flags = [arg for override in overrides for arg in ("--" + override.split("=")[0], override.split("=", 1)[1])]
+    argv = [sys.executable, "-m", "sc_lightning", "fit", *configs, *flags]
+    subprocess.run(argv, cwd=REPO, check=True, capture_output=True, timeout=300)
+    return run_dir

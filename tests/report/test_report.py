@@ -1,0 +1,173 @@
+"""The report of a real tiny run: every plot's PNG is written and embedded, and each drew the run's own numbers
+(read here straight from metrics.csv and train_data.jsonl); a killed run's short or missing CSV still reports."""
+
+from __future__ import annotations
+
+import base64
+import csv
+import json
+import shutil
+from collections import Counter
+from importlib import metadata
+from pathlib import Path
+
+import numpy as np
+import pytest
+from matplotlib.image import imread
+
+from sc_lightning.report import build_report, main
+from sc_lightning.report.main import plot_folder
+from tests.report.conftest import STEPS
+
+pytestmark = pytest.mark.slow
+
+PLOTS = {"reward", "staleness", "step_time", "goodput", "throughput", "failures"}
+
+
+def csv_path(run_dir: Path) -> Path:
+    return run_dir / "lightning_logs" / "version_0" / "metrics.csv"
+
+
+def csv_columns(run_dir: Path) -> dict[str, tuple[tuple[float, ...], tuple[float, ...]]]:
+    """Every column of the run's one metrics.csv as (steps, values) over the rows that hold it."""
+    with csv_path(run_dir).open() as handle:
+        rows = list(csv.DictReader(handle))
+    columns = {}
+    for name in rows[0]:
+        points = [(float(row["step"]), float(row[name])) for row in rows if row[name] != ""]
+        columns[name] = (tuple(s for s, _ in points), tuple(v for _, v in points))
+    return columns
+
+
+def samples(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "train_data.jsonl").read_text().splitlines()]
+
+
+def jsonl_reward(run_dir: Path) -> dict[float, float]:
+    by_step: dict[float, list[float]] = {}
+    for sample in samples(run_dir):
+        by_step.setdefault(float(sample["step"]), []).append(sample["reward"])
+    return {step: sum(rewards) / len(rewards) for step, rewards in by_step.items()}
+
+
+def copy_run(tiny_run: Path, tmp_path: Path) -> Path:
+    return Path(shutil.copytree(tiny_run, tmp_path / "run", ignore=shutil.ignore_patterns("report*")))
+
+
+def check_png(path: Path, panels: int) -> None:
+    """A real PNG of the plot's size, with more than a blank canvas on it."""
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    image = imread(path)
+    assert image.shape[0] == 330 and image.shape[1] == 500 * panels, image.shape
+    assert len(np.unique(image.reshape(-1, image.shape[2]), axis=0)) > 50  # lines, text, ticks
+
+
+def test_the_report_of_a_finished_run_draws_its_data(tiny_run: Path, tmp_path: Path) -> None:
+    out = tmp_path / "out" / "report.html"
+    assert main([str(tiny_run), "--out", str(out)]) == 0
+    plots = {plot.name: plot for plot in build_report(tiny_run, out)}
+    assert set(plots) == PLOTS
+    html = out.read_text()
+    for name, plot in plots.items():
+        png = plot_folder(out) / f"{name}.png"
+        assert png.read_bytes() == plot.png
+        assert base64.b64encode(plot.png).decode() in html  # embedded: the page needs no other file
+        check_png(png, panels=1 if name == "goodput" and not plot.series else 2)
+
+    logged = csv_columns(tiny_run)
+    steps = tuple(float(s) for s in range(STEPS))
+    assert logged["train/reward"][0] == steps
+    wall = tuple(np.cumsum(logged["timing/train/total_step_time"][1]))
+    drawn = plots["reward"].series
+    assert drawn["train/reward"] == logged["train/reward"]
+    assert drawn["train/reward vs wall time"][1] == logged["train/reward"][1]
+    assert drawn["train/reward vs wall time"][0] == pytest.approx(wall)
+    assert drawn["train/reward"][1] == pytest.approx([jsonl_reward(tiny_run)[s] for s in steps])  # same rewards
+
+    staleness = Counter(sample["step"] - sample["start_weight"] for sample in samples(tiny_run))
+    assert set(staleness) == {0, 1} and sum(staleness.values()) == STEPS * 16
+    drawn = plots["staleness"].series
+    assert drawn["samples per staleness"] == ((0.0, 1.0), (float(staleness[0]), float(staleness[1])))
+    for column in ("train/staleness_mean", "train/staleness_max"):
+        assert drawn[column] == logged[column]
+
+    timing = {name: series for name, series in logged.items() if name.startswith("timing/train/")}
+    assert {"timing/train/policy_training", "timing/train/weight_sync"} <= set(timing)
+    assert plots["step_time"].series == timing
+
+    goodput = {name: series for name, series in logged.items() if name.startswith("goodput/")}
+    assert plots["goodput"].series == {name: s for name, s in goodput.items() if name.endswith("_total_s")}
+
+    assert plots["throughput"].series == {"perf/tokens_per_s": logged["perf/tokens_per_s"]}  # no MFU on a CPU
+
+    failures = {n: s for n, s in logged.items() if n.startswith("rollout/") and n.endswith("_total")}
+    failures.pop("rollout/committed_total"), failures.pop("rollout/selected_total")
+    failures |= {n: s for n, s in logged.items() if n.startswith("train/") and n.endswith("_groups")}
+    assert {"rollout/redispatch_total", "rollout/infra_failures_total", "train/dropped_prompt_groups"} <= set(failures)
+    assert plots["failures"].series == failures
+
+    for shown in ("builtin:tiny-arith", "in_order", f"last step</td><td>{STEPS} of {STEPS}", "megatron-core"):
+        assert shown in html
+    assert metadata.version("torch") in html
+
+
+def test_a_killed_run_without_metrics_csv_reports_from_train_data(tiny_run: Path, tmp_path: Path) -> None:
+    run_dir = copy_run(tiny_run, tmp_path)
+    shutil.rmtree(run_dir / "lightning_logs")  # killed before the CSV logger's first flush
+    (run_dir / "run_info.yaml").unlink()  # and started before run_info.yaml existed
+    plots = {plot.name: plot for plot in build_report(run_dir)}
+    reward = jsonl_reward(run_dir)
+    assert plots["reward"].series == {"train/reward": (tuple(reward), tuple(reward.values()))}
+    assert plots["staleness"].series["samples per staleness"][1] == (16.0, 80.0)
+    assert all(not plots[name].series for name in ("step_time", "goodput", "throughput", "failures"))
+    html = (run_dir / "report.html").read_text()
+    assert "no <code>run_info.yaml</code>" in html and "no rows yet" in html
+    assert f"{STEPS * 16} samples over {STEPS} steps" in html
+    for name in PLOTS:
+        assert (run_dir / "report_plots" / f"{name}.png").stat().st_size > 5_000
+
+
+def test_a_short_torn_csv_is_extended_by_train_data(tiny_run: Path, tmp_path: Path) -> None:
+    run_dir = copy_run(tiny_run, tmp_path)
+    lines = csv_path(run_dir).read_text().splitlines(keepends=True)
+    csv_path(run_dir).write_text("".join(lines[:4]) + lines[4][: len(lines[4]) // 2])  # 3 steps and a torn line
+    plots = {plot.name: plot for plot in build_report(run_dir)}
+    logged, reward = csv_columns(tiny_run), jsonl_reward(run_dir)
+    drawn = plots["reward"].series
+    assert drawn["train/reward"][0] == tuple(float(s) for s in range(STEPS))
+    assert drawn["train/reward"][1][:3] == logged["train/reward"][1][:3]
+    assert drawn["train/reward"][1][3:] == tuple(reward[float(s)] for s in range(3, STEPS))
+    assert drawn["train/reward vs wall time"][1] == logged["train/reward"][1][:3]  # step times: CSV only
+    assert plots["step_time"].series["timing/train/total_step_time"] == tuple(
+        values[:3] for values in logged["timing/train/total_step_time"]
+    )
+
+
+def test_goodput_and_validation_columns_are_drawn_whatever_their_names(tiny_run: Path, tmp_path: Path) -> None:
+    run_dir = copy_run(tiny_run, tmp_path)
+    extra = {  # fleets and parts the report does not know in advance, and a validation metric
+        "goodput/trainer/productive_total_s": [1.0, 2.0, 3.5, 5.0, 6.0, 7.0],
+        "goodput/trainer/refit_total_s": [0.1, 0.2, 0.3, 0.4, 0.5, 0.6],
+        "goodput/engine/trained_total_s": [0.5, 1.5, 2.5, 3.5, 4.5, 5.5],
+        "goodput/engine/pending_total_s": [0.2, 0.2, 0.3, 0.3, 0.4, 0.4],
+        "goodput/engine/wall_total_s": [0.7, 1.7, 2.8, 3.8, 4.9, 5.9],  # their sum: a line over the stack
+        "goodput/engine/trained_s": [0.5, 1.0, 1.0, 1.0, 1.0, 1.0],  # per step, not cumulative: not stacked
+        "val/reward": ["", "", "0.25", "", "", "0.5"],
+    }
+    with csv_path(tiny_run).open() as handle:
+        rows = [{k: v for k, v in row.items() if not k.startswith("goodput/")} for row in csv.DictReader(handle)]
+    with csv_path(run_dir).open("w", newline="") as handle:
+        writer = csv.DictWriter(handle, [*rows[0], *extra])
+        writer.writeheader()
+        writer.writerows({**row, **{name: values[i] for name, values in extra.items()}} for i, row in enumerate(rows))
+    plots = {plot.name: plot for plot in build_report(run_dir)}
+    steps = tuple(float(s) for s in range(STEPS))
+    expected = {name: (steps, tuple(values)) for name, values in extra.items() if name.endswith("_total_s")}
+    assert plots["goodput"].series == expected
+    check_png(run_dir / "report_plots" / "goodput.png", panels=2)  # one panel per fleet
+    assert plots["reward"].series["val/reward"] == ((2.0, 5.0), (0.25, 0.5))
+
+
+def test_main_refuses_a_missing_run_directory(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main([str(tmp_path / "absent")]) == 2
+    assert "is not a directory" in capsys.readouterr().err
