@@ -80,6 +80,7 @@ def fit(config: SCConfig, lightning: dict[str, Any]) -> int:
             print(f"error: {err}", file=sys.stderr)
             return EXIT_INVALID_CONFIG
     from sc_lightning.callbacks.checkpoint import BundleCheckpoint
+    from sc_lightning.callbacks.goodput import GoodputMonitor, fleet_devices
     from sc_lightning.callbacks.monitor import RolloutMonitor
     from sc_lightning.callbacks.refit import RefitCallback
     from sc_lightning.engines.factory import default_engine_factory
@@ -88,7 +89,8 @@ def fit(config: SCConfig, lightning: dict[str, Any]) -> int:
     from sc_lightning.lightning.ppo_module import PPOModule
     from sc_lightning.lightning.strategy import single_controller_strategy
 
-    callbacks: list[Any] = [RefitCallback(), RolloutMonitor()]
+    ranks = trainer_world_size(lightning.get("trainer")) or 1
+    callbacks: list[Any] = [RefitCallback(), RolloutMonitor(), GoodputMonitor(fleet_devices(config, ranks))]
     resume = None
     if config.checkpointing.enabled:
         from sc_lightning.checkpoint.atomic import BundleError
@@ -104,7 +106,7 @@ def fit(config: SCConfig, lightning: dict[str, Any]) -> int:
     strategy = single_controller_strategy(
         config,
         default_engine_factory,
-        ranks=trainer_world_size(lightning.get("trainer")) or 1,
+        ranks=ranks,
         resume_state=resume.state_dir if resume else None,
     )
     trainer = lightning.setdefault("trainer", {})

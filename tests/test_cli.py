@@ -10,8 +10,10 @@ import time
 import pytest
 import yaml
 
+from sc_lightning.callbacks.goodput import TRAINER_PARTS
 from sc_lightning.cli import main
 from sc_lightning.config import ConfigError
+from sc_lightning.rollout.goodput import EngineTime
 from tests.conftest import REPO, TEST_BASE
 
 TINY = "configs/grpo_tiny.yaml"
@@ -292,6 +294,19 @@ def assert_reward_climbs(steps: list[dict[str, str]], by: float = 0.3) -> None:
     assert last >= first + by, f"mean reward of the first 5 steps {first:.3f}, of the last 5 {last:.3f}"
 
 
+def assert_goodput_adds_up(steps: list[dict[str, str]]) -> None:
+    """Each fleet's goodput parts add up to its wall time, and the trainer's wall time is the one RolloutMonitor
+    measured step by step on its own clock (within 2%)."""
+    last = {key: float(value) for key, value in steps[-1].items() if key.startswith("goodput/") and value}
+    for fleet, parts in (("trainer", TRAINER_PARTS), ("engine", EngineTime().parts())):
+        total = sum(last[f"goodput/{fleet}/{part}_total_s"] for part in parts)
+        assert total == pytest.approx(last[f"goodput/{fleet}/wall_total_s"], rel=0.02), fleet
+    measured = sum(float(step["timing/train/total_step_time"]) for step in steps)
+    assert last["goodput/trainer/wall_total_s"] == pytest.approx(measured, rel=0.02)
+    assert last["goodput/trainer/productive_total_s"] > 0 and last["goodput/engine/trained_total_s"] > 0
+    assert last["goodput/engine/trained_tokens_total"] > 0
+
+
 @pytest.mark.timeout(900)  # the subprocess's own 600 s deadline is the bar; this only outlasts it
 def test_the_tiny_example_visibly_learns(tmp_path) -> None:
     """The shipped default (async in_order, Megatron engine in a Ray actor): the reward climbs by >= 0.3.
@@ -303,6 +318,7 @@ def test_the_tiny_example_visibly_learns(tmp_path) -> None:
     assert len(steps) == shipped["grpo"]["max_num_steps"]
     assert max(float(step["train/staleness_max"]) for step in steps) == 1  # it really ran one version ahead
     assert_reward_climbs(steps)
+    assert_goodput_adds_up(steps)
     # the optimizer ran the shipped schedule: the peak rate first, decaying to min_lr by the last step
     optimizer = shipped["policy"]["optimizer"]
     assert float(steps[0]["train/lr"]) == pytest.approx(optimizer["lr"])

@@ -33,6 +33,7 @@ class BundleCheckpoint(Checkpoint):
         self.config = config
         self.max_steps = max_steps
         self.saved: list[Path] = []
+        self.total_save_s = 0.0  # seconds spent writing bundles (GoodputMonitor's checkpoint part)
 
     def on_train_batch_end(
         self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int
@@ -42,7 +43,9 @@ class BundleCheckpoint(Checkpoint):
         if step % self.config.save_period == 0 or step >= self.max_steps:
             started = time.monotonic()
             self.save(trainer, step)
-            pl_module.log("timing/train/checkpointing", time.monotonic() - started, on_step=True, batch_size=1)
+            seconds = time.monotonic() - started
+            self.total_save_s += seconds
+            pl_module.log("timing/train/checkpointing", seconds, on_step=True, batch_size=1)
 
     def save(self, trainer: Trainer, step: int) -> Path:
         """Write the bundle of ``step`` (a bundle that exists already, e.g. the one resumed from, is kept as is).

@@ -2,7 +2,8 @@
 
 - :class:`GroupMeta` — a committed prompt group as the trainer sees it (data-plane keys and weight versions);
 - :class:`ControllerClient` — the blocking train-side calls of a running controller (in a thread or a Ray actor);
-- :class:`ControllerStats` (with :class:`StepDrops`) — the counters the trainer logs, and :class:`RefitReport`, what
+- :class:`ControllerStats` (with :class:`StepDrops` and the engine's goodput, :class:`EngineTime`) — the counters the
+  trainer logs, and :class:`RefitReport`, what
   one refit returns;
 - the errors a train-side call raises: :class:`RolloutPumpError`, :class:`SelectTimeout`,
   :class:`ControllerUnresponsive`, :class:`ControllerDied`;
@@ -19,6 +20,8 @@ from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
 import torch
+
+from sc_lightning.rollout.goodput import EngineTime
 
 # ------------------------------------------------------------------------------------------------ group metadata
 
@@ -135,6 +138,7 @@ class ControllerStats:
     replaced: int = 0  # spares committed in place of dropped groups, run total
     promoted: int = 0  # later steps' groups lent to steps that lost one, run total
     last_step: StepDrops = StepDrops()  # what drops did to the step closed by the last begin_refit
+    engine_time: EngineTime = EngineTime()  # the engine fleet's goodput accounts (rollout/goodput.py)
 
 
 @dataclass(frozen=True)

@@ -308,6 +308,7 @@ class SingleController:
         self.raise_if_failed()
         evicted = await self.sampler.evict(trainer_version=trainer_version)
         self._account_removed(evicted, "evicted")
+        self.manager.goodput.evicted(group.group_id for group in evicted)
         self.ledger.drop_committed(evicted)
         return evicted
 
@@ -333,6 +334,7 @@ class SingleController:
                 )
                 if chosen:
                     self._account_removed(chosen, "selected")
+                    self.manager.goodput.trained(group.group_id for group in chosen)
                     self.ledger.claim(chosen)
                     self._selected_for[trainer_version] += len(chosen)
                     return chosen
@@ -388,9 +390,11 @@ class SingleController:
     async def stand_down_engine(self) -> None:
         """Colocated engine: release the accelerator for the train step (in-flight requests pause)."""
         await self.served.engine.stand_down()
+        self.manager.goodput.stand_down()
 
     async def wake_engine(self) -> None:
         """Colocated engine: take the accelerator back after the train step (paused requests resume)."""
+        self.manager.goodput.wake()
         await self.served.engine.wake()
 
     async def push_weights(
@@ -499,6 +503,7 @@ class SingleController:
             replaced=self.drops.totals["replaced"],
             promoted=self.drops.totals["promoted"],
             last_step=self._last_step_drops,
+            engine_time=self.manager.goodput.snapshot(),
             **self._counts,
         )
 

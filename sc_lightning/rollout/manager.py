@@ -5,7 +5,8 @@ prompt concurrently (each under ``generation_timeout_s``), score them with the e
 under ``env_timeout_s``), and commit the group with the versions seen at start and end. Any failure or
 cancellation removes the slot, so the buffer never holds a group that will not commit; a failed attempt is
 retried within ``async_rl.rollout_failure``'s budgets; once they are spent the controller drops the group within
-its drop budgets (``controller/drops.py``) or stops the run.
+its drop budgets (``controller/drops.py``) or stops the run. Every attempt's engine time and tokens go to the
+goodput accounts (``rollout/goodput.py``).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from typing import Any, Protocol
 from sc_lightning.engines.base import GenerationEngine
 from sc_lightning.rollout.envs.base import Environment, Score, as_score
 from sc_lightning.rollout.failures import RetryBudget, classify
+from sc_lightning.rollout.goodput import EngineGoodput
 from sc_lightning.tokenizer import Tokenizer
 from sc_lightning.types import Generation, Prompt, SamplingParams, ScoredGroup
 
@@ -96,7 +98,8 @@ class ServedPolicy:
 
 @dataclass
 class RolloutManager:
-    """Turns prompts into committed prompt groups with the served policy; tracks the groups in flight."""
+    """Turns prompts into committed prompt groups with the served policy; tracks the groups in flight and their
+    engine goodput (``goodput``: the controller reports what became of each committed group)."""
 
     served: ServedPolicy
     environment: Environment
@@ -105,6 +108,7 @@ class RolloutManager:
     settings: RolloutSettings
     inflight: dict[str, InflightGroup] = field(default_factory=dict)
     failures: dict[str, int] = field(default_factory=lambda: {"infra": 0, "data": 0, "redispatched": 0})
+    goodput: EngineGoodput = field(default_factory=EngineGoodput)
     _visits: dict[str, int] = field(default_factory=dict)
 
     @property
@@ -135,12 +139,20 @@ class RolloutManager:
         try:
             return await wait_for(self._with_retries(prompt, target_step, sealed), self.settings.rollout_timeout_s)
         except TimeoutError:
+            self._waste_sealed(sealed)
             raise RolloutTimeout(
                 f"the prompt group exceeded rollout_timeout_s={self.settings.rollout_timeout_s}",
                 prompt_id=prompt.prompt_id,
                 group_id="-",
                 engine=self.engine.name,
             ) from None
+        except BaseException:  # dropped (retries spent) or aborted: completions kept for a retry are waste too
+            self._waste_sealed(sealed)
+            raise
+
+    def _waste_sealed(self, sealed: dict[int, Generation] | None) -> None:
+        if sealed:
+            self.goodput.wasted_tokens(sum(len(generation.token_ids) for generation in sealed.values()))
 
     async def _with_retries(self, prompt: Prompt, target_step: int | None, sealed: dict[int, Generation] | None) -> Any:
         budget = self.settings.retry_budget()
@@ -163,17 +175,21 @@ class RolloutManager:
         start = min([self.weight_version, *(g.weight_version for g in (sealed or {}).values())])
         group_id = self.sink.reserve(prompt_id=prompt.prompt_id, weight_version=start, target_step=target_step)
         self.inflight[group_id] = InflightGroup(asyncio.current_task(), start, prompt.prompt_id)
+        self.goodput.started(group_id)
         try:
             try:
                 group = await self.run_rollout(prompt, group_id, sealed)
             finally:
                 self.inflight.pop(group_id, None)  # before commit, so an abort cannot interrupt the commit
-            return await self.sink.commit(group_id, group, start_weight=start, end_weight=self.weight_version)
+            committed = await self.sink.commit(group_id, group, start_weight=start, end_weight=self.weight_version)
         except BaseException as exc:
+            self.goodput.failed(group_id)
             self.sink.discard_if_present(group_id)
             if isinstance(exc, RolloutError) or not isinstance(exc, Exception):
                 raise
             raise self._error(f"{type(exc).__name__}: {exc}", prompt, group_id) from exc
+        self.goodput.committed(group_id, tokens=sum(len(g.token_ids) for g in group.generations))
+        return committed
 
     async def run_rollout(
         self, prompt: Prompt, group_id: str, sealed: dict[int, Generation] | None = None
@@ -187,7 +203,9 @@ class RolloutManager:
         async def one(index: int, seed: int) -> Generation:
             generation = await self._generate(prompt, group_id, seed)
             if sealed is not None:
-                sealed[index] = generation
+                sealed[index] = generation  # kept for a retry: its tokens count when the prompt's fate is known
+            else:
+                self.goodput.generated(group_id, len(generation.token_ids))
             return generation
 
         done = dict(sealed or {})

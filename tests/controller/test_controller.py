@@ -6,6 +6,7 @@ The engine is the FAKE ScriptedEngine (nothing here can sample a real model quic
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 
@@ -241,3 +242,59 @@ def test_environment_flags_reach_the_rows_as_sample_mask() -> None:
     rows = asyncio.run(scenario())
     assert [float(m) for m in rows["sample_mask"]] == [1.0, 0.0, 1.0, 0.0]  # the environment scores in index order
     assert [float(r) for r in rows["total_reward"]] == [1.0, 1.0, 1.0, 1.0]
+
+
+def full_and_idle(stats) -> bool:
+    """Every buffer permit is held by a finished group: the pump can dispatch nothing more."""
+    return stats.ready == stats.buffer_permits_held == 4
+
+
+def test_the_engine_goodput_counts_every_evicted_groups_tokens_as_waste() -> None:
+    """windowed with no staleness allowed: groups generated ahead at weight 0 are evicted once the trainer moves on;
+    the waste counter holds exactly their completion tokens, the trained counter those of the trained groups."""
+    completions: dict[tuple[int, ...], int] = {}
+
+    def answer_and_record(prompt: tuple[int, ...], call: int) -> tuple[int, ...]:
+        completion = answer_correctly(prompt, call)
+        completions[prompt] = len(completion)
+        return completion
+
+    async def scenario():
+        started = time.monotonic()
+        cfg = config({"name": "windowed", "max_staleness_versions": 0}, buffered=4, min_groups=1, n=1)
+        controller = make(cfg, ScriptedEngine(answer_and_record), dataset_size=32)
+        built = time.monotonic()  # the accounts start in between
+        prompts = {prompt.prompt_id: prompt.token_ids for prompt in ArithmeticDataset(32, 0, TOKENIZER)}  # make()'s
+        evicted: list = []
+        evict = controller.sampler.evict
+
+        async def recording_evict(trainer_version: int):
+            groups = await evict(trainer_version=trainer_version)
+            evicted.extend(groups)
+            return groups
+
+        controller.sampler.evict = recording_evict  # observe which groups the real sampler evicts
+        await controller.start()
+        trained = []
+        for version in range(3):
+            trained.append(await controller.select(version, 1, 1, timeout_s=30))
+            # the refit comes once the buffer is full and nothing is in flight: evictions, but no aborts
+            await controller.wait_until(lambda: full_and_idle(controller.stats()), timeout_s=30)
+            await controller.begin_refit(version + 1)
+            await controller.finish_refit(version + 1)
+        assert controller.stats().aborted == 0
+        before = time.monotonic()
+        engine_time = controller.stats().engine_time
+        window = (before - built, time.monotonic() - started)  # the accounts' wall time lies within
+        await controller.shutdown()
+        return trained, evicted, prompts, engine_time, window
+
+    trained, evicted, prompts, engine_time, window = asyncio.run(scenario())
+    assert evicted, "the scenario must force evictions"
+
+    def tokens(groups) -> int:
+        return sum(len(g.keys) * completions[prompts[g.prompt_id]] for g in groups)
+
+    assert engine_time.wasted_tokens == tokens(evicted)
+    assert engine_time.trained_tokens == tokens([g for step in trained for g in step])
+    assert window[0] <= engine_time.wall_s <= window[1]  # its parts add up to the time since it started

@@ -1,0 +1,146 @@
+"""GoodputMonitor: where each fleet's time went, per RL step and in total, and what would have balanced them.
+
+Each RL step's window runs from the previous step's end (after its refit) to this one's. The trainer's window is
+split into
+
+    productive      training_step: forward, backward, optimizer (``timing/train/policy_training``)
+    wait_rollouts   waiting for the step's groups (``timing/train/exposed_generation``)
+    refit           the weight update after the step
+    checkpoint      writing the bundle of the previous step (BundleCheckpoint runs after the other callbacks)
+    other           the rest of the window (Lightning's loop, logging, callbacks)
+
+and the engine fleet's accounts (:class:`~sc_lightning.rollout.goodput.EngineTime`, kept by the rollout side) into
+trained, wasted, pending, stood_down and idle. Logged as ``goodput/<fleet>/<part>_s`` (the step) and
+``goodput/<fleet>/<part>_total_s`` (since the start; ``goodput/<fleet>/wall_total_s`` their sum), with
+``goodput/engine/{trained,wasted}_tokens_total``; the progress bar shows ``tok_s``, the step's trained completion
+tokens per second. At the end of the fit the leader prints :func:`allocation_advice`.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from lightning.pytorch import Callback, LightningModule, Trainer
+from lightning.pytorch.utilities import rank_zero_info
+
+from sc_lightning.callbacks.checkpoint import BundleCheckpoint
+from sc_lightning.config import SCConfig
+from sc_lightning.rollout.goodput import EngineTime
+
+TRAINER_PARTS = ("productive", "wait_rollouts", "refit", "checkpoint", "other")
+"""The trainer's time parts, in the order they are logged."""
+
+
+class GoodputMonitor(Callback):
+    """Logs ``goodput/*`` for both fleets each RL step and ``tok_s`` on the progress bar; list it after
+    RefitCallback. ``devices``: (generation, training) device counts of a non-colocated run, for the advice."""
+
+    def __init__(self, devices: tuple[int, int] | None = None) -> None:
+        self.devices = devices
+        self.trainer_totals = dict.fromkeys(TRAINER_PARTS, 0.0)
+        self.engine = EngineTime()
+        self.steps = 0
+        self._window_start = time.monotonic()
+        self._checkpoint_s = 0.0
+
+    def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        """Open the first step's window."""
+        self._window_start = time.monotonic()
+
+    def on_train_batch_end(
+        self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        """Split the step's window and the engines' time since the last step; log both (on the leader)."""
+        if not trainer.is_global_zero:
+            return
+        record = trainer.strategy.last_refit
+        if record is None:
+            return  # RolloutMonitor names the missing refit
+        step = self._trainer_window(trainer, record.duration_s)
+        engine = record.report.stats.engine_time
+        engine_step = {name: now - self.engine.parts()[name] for name, now in engine.parts().items()}
+        trained_tokens = engine.trained_tokens - self.engine.trained_tokens
+        self.engine = engine
+        self.steps += 1
+        logged = {f"goodput/trainer/{part}_s": seconds for part, seconds in step.items()}
+        logged |= {f"goodput/trainer/{part}_total_s": seconds for part, seconds in self.trainer_totals.items()}
+        logged["goodput/trainer/wall_total_s"] = sum(self.trainer_totals.values())
+        logged |= {f"goodput/engine/{part}_s": seconds for part, seconds in engine_step.items()}
+        logged |= {f"goodput/engine/{part}_total_s": seconds for part, seconds in engine.parts().items()}
+        logged["goodput/engine/wall_total_s"] = engine.wall_s
+        logged["goodput/engine/trained_tokens_total"] = float(engine.trained_tokens)
+        logged["goodput/engine/wasted_tokens_total"] = float(engine.wasted_tokens)
+        pl_module.log_dict(logged, on_step=True, batch_size=1)
+        wall = sum(step.values())
+        pl_module.log("tok_s", trained_tokens / wall if wall > 0 else 0.0, prog_bar=True, logger=False, batch_size=1)
+
+    def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        """Print the run's goodput and the allocation advice (the leader)."""
+        if trainer.is_global_zero and self.steps:
+            rank_zero_info(allocation_advice(self.trainer_totals, self.engine, self.steps, self.devices))
+
+    def _trainer_window(self, trainer: Trainer, refit_s: float) -> dict[str, float]:
+        """The trainer's parts of the window that ends now (added to the totals)."""
+        now = time.monotonic()
+        wall, self._window_start = now - self._window_start, now
+        metrics = trainer.callback_metrics
+        saved = sum(c.total_save_s for c in trainer.checkpoint_callbacks if isinstance(c, BundleCheckpoint))
+        step = {
+            "productive": float(metrics.get("timing/train/policy_training", 0.0)),
+            "wait_rollouts": float(metrics.get("timing/train/exposed_generation", 0.0)),
+            "refit": refit_s,
+            "checkpoint": saved - self._checkpoint_s,
+        }
+        self._checkpoint_s = saved
+        step["other"] = max(0.0, wall - sum(step.values()))  # clock reads a few microseconds apart
+        for part, seconds in step.items():
+            self.trainer_totals[part] += seconds
+        return step
+
+
+def fleet_devices(config: SCConfig, training_devices: int) -> tuple[int, int] | None:
+    """The (generation, training) device counts of a run whose engines have their own GPUs (None: colocated, or
+    generation devices not configured, e.g. a CPU run)."""
+    generation = config.policy.generation.colocated
+    if generation.enabled or generation.resources.gpus_per_node is None:
+        return None
+    return generation.resources.num_nodes * generation.resources.gpus_per_node, training_devices
+
+
+def allocation_advice(
+    trainer: dict[str, float], engine: EngineTime, steps: int, devices: tuple[int, int] | None = None
+) -> str:
+    """A few lines on where each fleet's time went over ``steps`` RL steps, and the generation:training split and
+    lookahead that would have balanced the two pumps (``devices``: the (generation, training) device counts)."""
+    trainer_wall = sum(trainer.values()) or 1.0
+    engine_wall = engine.wall_s or 1.0
+    shares = ", ".join(f"{part} {seconds / trainer_wall:.0%}" for part, seconds in trainer.items())
+    engine_shares = ", ".join(f"{part} {seconds / engine_wall:.0%}" for part, seconds in engine.parts().items())
+    lines = [
+        f"goodput over {steps} steps: trainer {trainer_wall:.1f} s ({shares})",
+        f"  engines {engine_wall:.1f} s ({engine_shares}); {engine.trained_tokens} tokens trained, "
+        f"{engine.wasted_tokens} wasted",
+    ]
+    generating = (engine.trained_s + engine.wasted_s + engine.pending_s) / steps  # engine-seconds a step needed
+    training = (trainer_wall - trainer["wait_rollouts"]) / steps
+    balance = f"  advice: per step generation kept the engines busy {generating:.2f} s, training took {training:.2f} s"
+    if devices is not None and generating > 0 and training > 0:
+        generation_devices, training_devices = devices
+        total = generation_devices + training_devices
+        need = generating * generation_devices / (generating * generation_devices + training * training_devices)
+        given = max(1, min(total - 1, round(need * total)))
+        balance += f"; of the {total} devices, about {given} for generation and {total - given} for training"
+    elif training > 0:
+        balance += f"; generation would keep pace with training on about {generating / training:.2f}x its devices"
+    waited, idle = trainer["wait_rollouts"] / trainer_wall, engine.idle_s / engine_wall
+    if waited > 0.05 and idle > 0.05:
+        gate = "the engines idled while the trainer waited: admission held generation back, so allow one more "
+        gate += "version of lookahead (async_rl.sampler's max_lookahead_versions or max_staleness_versions) or "
+        gate += "raise async_rl.max_buffered_rollouts / max_inflight_prompts"
+    elif waited > 0.05:
+        gate = f"the trainer waited {waited:.0%} of its time on busy engines: more generation devices, not lookahead"
+    else:
+        gate = "the trainer barely waited: the lookahead in use suffices"
+    lines += [balance, f"  {gate}"]
+    return "\n".join(lines)
