@@ -36,7 +36,7 @@ SUMMARY = (
 STYLE = """
 body { font-family: system-ui, sans-serif; margin: 24px auto; max-width: 1060px; color: #222; }
 h1 { font-size: 1.5em; margin-bottom: 0; } h2 { font-size: 1.15em; margin: 28px 0 6px; }
-.sub { color: #666; margin-top: 4px; } .columns { display: flex; gap: 40px; flex-wrap: wrap; }
+.sub { color: #666; margin-top: 4px; } .columns { display: grid; grid-template-columns: repeat(3, auto); gap: 28px; }
 table { border-collapse: collapse; font-size: 0.9em; } td { padding: 2px 14px 2px 0; vertical-align: top; }
 td:first-child { color: #555; } code, pre { font-size: 0.85em; } pre { background: #f6f6f6; padding: 8px; }
 img { max-width: 100%; border: 1px solid #eee; } .caption { color: #444; font-size: 0.9em; margin-top: 2px; }
