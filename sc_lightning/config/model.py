@@ -66,6 +66,9 @@ class VllmConfig:
     )
     max_num_seqs: int = knob(256, "Most requests one replica decodes together.", ge=1)
     expose_http_server: bool = knob(False, "Serve an OpenAI-compatible endpoint (needed by agent/Gym rollouts).")
+    http_port: int = knob(
+        0, "Port of that endpoint on 127.0.0.1 (0 = a free one); the start banner prints its URL.", ge=0, le=65535
+    )
 
 
 @section
@@ -73,6 +76,9 @@ class McoreGenerationConfig:
     """Megatron generation engine settings."""
 
     expose_http_server: bool = knob(False, "Serve an OpenAI-compatible endpoint (needed by agent/Gym rollouts).")
+    http_port: int = knob(
+        0, "Port of that endpoint on 127.0.0.1 (0 = a free one); the start banner prints its URL.", ge=0, le=65535
+    )
     max_batch_size: int = knob(
         64, "Most requests the engine decodes together (its KV-cache rows); more wait for a free row.", ge=1
     )

@@ -4,7 +4,8 @@ At ``setup`` (after the module built its policy) the leader rank — the only ra
 of many — loads the prompt dataset (a bad one fails here, before anything starts), then starts, in order: the data
 plane, the generation engine (seeded with the policy's current weights), and the controller with its rollout pump
 (on a background thread). With ``expose_http_server`` on (``vllm_cfg`` or ``mcore_generation_config``, by backend)
-it also serves the engine as an OpenAI-compatible completions endpoint on loopback (:attr:`endpoint_url`). The other
+it also serves the engine as an OpenAI-compatible completions endpoint on loopback (:attr:`endpoint_url`, on the
+backend's ``http_port``). Then the leader prints the start banner (:mod:`~sc_lightning.lightning.banner`). The other
 ranks start nothing: they receive a handle on the data plane and, for every selection, the leader's group metadata
 (:mod:`~sc_lightning.trainer.rank_sync`), and read their own rows by key. At ``teardown`` — also after an exception
 or Ctrl-C — the leader stops what it started, in reverse order. The module's train dataloader is :meth:`rl_steps`,
@@ -13,7 +14,6 @@ one item per RL step.
 
 from __future__ import annotations
 
-import logging
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -38,17 +38,17 @@ from sc_lightning.data_plane import build_data_plane
 from sc_lightning.data_plane.base import DataPlane
 from sc_lightning.engines.base import GenerationEngine
 from sc_lightning.engines.http_endpoint import CompletionsEndpoint
+from sc_lightning.lightning.banner import print_banner, run_facts
 from sc_lightning.lightning.refit_stream import policy_buckets
 from sc_lightning.rollout.datasets import build_dataset
 from sc_lightning.rollout.envs import build_environment
-from sc_lightning.trainer.data_parallel import data_parallel_representative
+from sc_lightning.trainer.data_parallel import data_parallel_representative, parallel_layout
 from sc_lightning.trainer.rank_sync import FollowerSelect, LeaderSelect, RankGroup
 from sc_lightning.trainer.sharded_checkpoint import load_sharded, save_sharded
 from sc_lightning.trainer.step_stream import GroupSource, RLStepStream, StepSettings
 
 EngineFactory = Callable[[SCConfig, list[tuple[str, torch.Tensor]]], GenerationEngine]
 """Builds the generation engine from the config and the policy's initial (HF-named) weights."""
-log = logging.getLogger(__name__)
 SHARDED_KEY = "sc_lightning_sharded"
 """The trainer checkpoint's entry saying its models and optimizers are in a distributed checkpoint beside it."""
 
@@ -63,12 +63,12 @@ class RefitRecord:
     finished_at: float  # time.monotonic()
 
 
-def _exposes_http_server(config: SCConfig) -> bool:
-    """Whether the config asks for the OpenAI-compatible endpoint (the knob of the chosen backend)."""
+def http_server_port(config: SCConfig) -> int | None:
+    """The port of the OpenAI-compatible endpoint (0: a free one), or None when the config serves none (the knobs
+    of the chosen backend)."""
     generation = config.policy.generation
-    if generation.backend == "vllm":
-        return generation.vllm_cfg.expose_http_server
-    return generation.mcore_generation_config.expose_http_server
+    settings = generation.vllm_cfg if generation.backend == "vllm" else generation.mcore_generation_config
+    return settings.http_port if settings.expose_http_server else None
 
 
 def rollout_snapshotter(config: SCConfig) -> RolloutSnapshotter | None:
@@ -263,6 +263,8 @@ class ControllerHost:
         weights = self.policy_weights()  # every rank of the first replica takes part in gathering TP shards
         if self.leader:
             self._start_rollout_side(weights)
+            layout = "1 rank" if self.ranks is None else parallel_layout()
+            print_banner(self.config, run_facts(self, layout, self.endpoint_url))
         if self.ranks is not None:
             self.data_plane = self.ranks.broadcast(self.data_plane)  # a handle: the others attach by key
 
@@ -292,12 +294,16 @@ class ControllerHost:
             return controller
 
         self.controller = LocalController(build, before_start=self._restorer(weights))
-        if _exposes_http_server(config):
+        port = http_server_port(config)
+        if port is not None:
             self.endpoint = CompletionsEndpoint(
-                engine, tokenizer, model_name=config.policy.model_name, defaults=rollout_settings(config).sampling
+                engine,
+                tokenizer,
+                model_name=config.policy.model_name,
+                defaults=rollout_settings(config).sampling,
+                port=port,
             )
             self.endpoint_url = self.controller.call(self.endpoint.start())  # on the loop that owns the engine
-            log.info("OpenAI-compatible completions endpoint: %s", self.endpoint_url)
 
     def resume_bundle(self) -> Path | None:
         """The bundle or snapshot a resume loads (``resume_state``, else the bundle of ``trainer.fit``'s ckpt_path)."""

@@ -16,7 +16,6 @@ controller, started on the leader at ``setup`` and stopped at ``teardown``) besi
 from __future__ import annotations
 
 import signal
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -27,7 +26,6 @@ from lightning.pytorch.strategies import DDPStrategy, SingleDeviceStrategy
 from sc_lightning.config import SCConfig
 from sc_lightning.lightning.controller_host import ControllerHost, EngineFactory
 from sc_lightning.lightning.placement import training_device
-from sc_lightning.trainer.data_parallel import parallel_layout
 from sc_lightning.trainer.rank_sync import RankGroup
 
 __all__ = ["MultiRankSingleControllerStrategy", "SingleControllerStrategy", "single_controller_strategy"]
@@ -73,12 +71,6 @@ class MultiRankSingleControllerStrategy(ControllerHost, DDPStrategy):
         """Join the ranks (Lightning's process group), then open the metadata channel the leader broadcasts on."""
         super().setup_distributed()
         self.ranks = RankGroup(timeout_s=self.config.async_rl.stall_watchdog.stall_timeout_s + 60.0)
-
-    def setup(self, trainer: Any) -> None:
-        """Say how megatron split the ranks (the models are built by now), then set up as every strategy does."""
-        if self.global_rank == 0:
-            print(f"trainer: {parallel_layout()}", file=sys.stderr)
-        super().setup(trainer)
 
     def configure_ddp(self) -> None:
         """No torch DDP wrapper: megatron-core's DDP inside the optimizers sums the gradients."""

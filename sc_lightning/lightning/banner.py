@@ -1,0 +1,139 @@
+"""The start banner: one block on stderr, once the rollout side is up, saying what runs where.
+
+For ``configs/grpo_tiny.yaml`` on a CPU box::
+
+    sc_lightning grpo: builtin:tiny-arith (policy 84.9 K parameters)
+      trainer: 1 rank on cpu (1 device x 1 node), seed 7
+      generation: megatron engine in its own Ray actor
+      sampler: in_order (max_lookahead_versions 1), 8 groups x 8 generations per step, buffer 16 groups
+      data plane: memory
+      logs: CSVLogger lightning_logs/version_0
+      checkpoints: off (checkpointing.enabled: false)
+
+``endpoint:`` (the OpenAI-compatible completions URL) follows when one is served, and ``kernels:`` when a CUDA
+trainer runs without Apex or Transformer Engine (megatron then uses its torch fall-backs). :func:`banner` is pure;
+:func:`run_facts` reads what only the started run knows from its strategy.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+from dataclasses import dataclass
+from typing import Any
+
+from lightning.pytorch.utilities.model_summary import get_human_readable_count
+
+from sc_lightning.config import SCConfig, resolve
+
+_SAMPLER_WINDOW_KNOBS = ("max_lookahead_versions", "max_staleness_versions", "target")
+_FAST_KERNELS = {"apex": "Apex", "transformer_engine": "Transformer Engine"}
+
+
+@dataclass(frozen=True)
+class RunFacts:
+    """What the banner says that only the started run knows (the rest comes from the config)."""
+
+    parameters: dict[str, int]  # trained model -> its parameter count on the leader (its shard, with TP / PP)
+    layout: str  # "1 rank", or megatron's split: "4 ranks = TP 2 x PP 1 x DP 2"
+    device: str  # the leader's device type: "cpu", "cuda"
+    devices: int  # per node
+    nodes: int
+    loggers: tuple[str, ...]  # "CSVLogger lightning_logs/version_0"
+    endpoint_url: str | None = None
+    missing_kernels: tuple[str, ...] = ()  # fast-kernel libraries megatron falls back from (CUDA only)
+
+
+def banner(config: SCConfig, facts: RunFacts) -> str:
+    """The banner's text (no trailing newline)."""
+    counts = ", ".join(f"{name} {get_human_readable_count(n).strip()}" for name, n in facts.parameters.items())
+    megatron = config.policy.megatron_cfg
+    sharded = megatron.tensor_model_parallel_size * megatron.pipeline_model_parallel_size > 1
+    whose = " in rank 0's shard" if sharded else ""
+    plural = "s" if facts.devices != 1 else ""
+    lines = [
+        f"sc_lightning {config.algo_name}: {config.policy.model_name} ({counts} parameters{whose})",
+        f"trainer: {facts.layout} on {facts.device} ({facts.devices} device{plural} x {facts.nodes} node"
+        f"{'s' if facts.nodes != 1 else ''}), seed {config.algo.seed}",
+        f"generation: {_placement(config, facts.device)}",
+        f"sampler: {_sampler(config)}",
+        f"data plane: {config.data_plane.backend}",
+        f"logs: {', '.join(facts.loggers) or 'none (trainer.logger: false)'}",
+        f"checkpoints: {_checkpoints(config)}",
+    ]
+    if facts.endpoint_url:
+        lines.append(f"endpoint: {facts.endpoint_url} (OpenAI-compatible completions)")
+    if facts.missing_kernels:
+        lines.append(f"kernels: megatron's torch fall-backs (not installed: {', '.join(facts.missing_kernels)})")
+    return "\n  ".join(lines)
+
+
+def _placement(config: SCConfig, device: str) -> str:
+    generation = config.policy.generation
+    if generation.backend == "vllm":
+        resources = generation.colocated.resources
+        gpus = resources.num_nodes * (resources.gpus_per_node or 0)
+        where = f"{gpus} GPUs on {resources.num_nodes} node(s)" if gpus else "the CPU"
+        return f"vllm engines in Ray actors ({where}, TP {generation.vllm_cfg.tensor_parallel_size} each)"
+    if generation.colocated.enabled:
+        return f"megatron engine in the trainer process (colocated, on {device})"
+    return "megatron engine in its own Ray actor"
+
+
+def _sampler(config: SCConfig) -> str:
+    sampler, resolved = config.async_rl.sampler, resolve(config)
+    window = ", ".join(f"{k} {getattr(sampler, k)}" for k in _SAMPLER_WINDOW_KNOBS if hasattr(sampler, k))
+    return (
+        f"{sampler.name}{f' ({window})' if window else ''}, {resolved.groups_per_step} groups x "
+        f"{config.algo.num_generations_per_prompt} generations per step, buffer {resolved.max_buffered_rollouts} groups"
+    )
+
+
+def _checkpoints(config: SCConfig) -> str:
+    checkpointing, snapshots = config.checkpointing, config.rollout_checkpointing
+    if not checkpointing.enabled:
+        return "off (checkpointing.enabled: false)"
+    period = checkpointing.save_period
+    text = f"{checkpointing.checkpoint_dir} every {period} step{'s' if period != 1 else ''}"
+    if snapshots.snapshot_attempt_interval_s is not None:
+        text += f", rollout snapshots every {snapshots.snapshot_attempt_interval_s:g} s"
+    return text
+
+
+def run_facts(strategy: Any, layout: str, endpoint_url: str | None) -> RunFacts:
+    """The started run's facts, read on the leader from its strategy (nothing here is a collective)."""
+    module, trainer = strategy.lightning_module, strategy.lightning_module.trainer
+    parts = module.checkpoint_parts([])
+    device = strategy.root_device.type
+    return RunFacts(
+        parameters={
+            name: sum(p.numel() for p in model.parameters())
+            for name, (model, _) in parts.items()
+            if any(p.requires_grad for p in model.parameters())
+        },
+        layout=layout,
+        device=device,
+        devices=trainer.num_devices,
+        nodes=trainer.num_nodes,
+        loggers=tuple(_logger_text(logger) for logger in trainer.loggers),  # not trainer.log_dir: a collective
+        endpoint_url=endpoint_url,
+        missing_kernels=_missing_kernels() if device == "cuda" else (),
+    )
+
+
+def _logger_text(logger: Any) -> str:
+    where = getattr(logger, "log_dir", None) or getattr(logger, "save_dir", None)
+    if where is None:
+        return type(logger).__name__
+    path = os.path.relpath(where) if os.path.isabs(where) and where.startswith(os.getcwd()) else where
+    return f"{type(logger).__name__} {path}"
+
+
+def _missing_kernels() -> tuple[str, ...]:
+    return tuple(name for module, name in _FAST_KERNELS.items() if importlib.util.find_spec(module) is None)
+
+
+def print_banner(config: SCConfig, facts: RunFacts) -> None:
+    """Print the banner to stderr (the console; stdout stays for what a command is asked to print)."""
+    print(banner(config, facts), file=sys.stderr, flush=True)
