@@ -1,5 +1,8 @@
 """``python -m sc_lightning fit --config x.yaml``: the composition root of a run.
 
+The subcommands are ``fit`` and ``knobs`` (the config reference in a terminal); :mod:`sc_lightning.cli_args` holds
+the usage texts and ``fit``'s argument parser.
+
 One YAML holds the spec's sections at top level (``grpo:``, ``policy:``, ``async_rl:`` …) and Lightning's
 ``trainer:`` / ``seed_everything:``. Several ``--config`` files are deep-merged in order, then ``--a.b.c value``
 overrides apply, then ``${…}`` interpolations resolve. The spec sections are loaded and validated first (cheap,
@@ -11,12 +14,13 @@ from __future__ import annotations
 
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from sc_lightning.cli_args import FIT_USAGE, KNOBS_USAGE, UsageError, fit_help, parse_fit_arguments, usage
 from sc_lightning.config import (
     ConfigError,
     SCConfig,
@@ -31,27 +35,27 @@ LIGHTNING_KEYS = ("trainer", "seed_everything")
 EXIT_INVALID_CONFIG = 2
 EXIT_CANNOT_RESUME = 3
 
-_USAGE = """\
-python -m sc_lightning fit --config CONFIG.yaml [--config MORE.yaml] [--a.b.c VALUE ...]
-                           [--print_config] [--dry_run [true|false]]
-
-  fit             train (validates the whole config first)
-  --config        YAML file(s), deep-merged in order; spec sections at top level, Lightning's under trainer:
-  --a.b.c VALUE   override one knob, e.g. --grpo.max_num_steps 5 or --trainer.accelerator=cpu
-  --print_config  print the fully resolved config (defaults included) and exit
-  --dry_run       validate everything (spec sections and trainer:) and exit 0 without starting anything
-"""
-
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the process exit code."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    if not args or args[0] in ("-h", "--help"):
+        print(usage())
+        return 0
+    command = _SUBCOMMANDS.get(args[0])
+    if command is None:
+        return _usage_error(usage(), f"unknown subcommand {args[0]!r}; the subcommands are {', '.join(_SUBCOMMANDS)}")
+    return command(args[1:])
+
+
+def fit_command(args: list[str]) -> int:
+    """``fit``: validate the config, then train (or only print the resolved config, or only check it)."""
     try:
-        request = _parse_command_line(list(sys.argv[1:] if argv is None else argv))
-    except _UsageError as exc:
-        print(f"{_USAGE}\nerror: {exc}", file=sys.stderr)
-        return EXIT_INVALID_CONFIG
+        request = parse_fit_arguments(args)
+    except UsageError as exc:
+        return _usage_error(FIT_USAGE, str(exc))
     if request is None:
-        print(_USAGE)
+        print(fit_help())
         return 0
     started = time.monotonic()
     try:
@@ -66,6 +70,36 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(_dry_run_summary(config, time.monotonic() - started))
         return 0
     return fit(config, lightning)
+
+
+def knobs_command(args: list[str]) -> int:
+    """``knobs [SECTION]``: each knob's type, default, unit and meaning, and the rules that tie it to others."""
+    if any(arg in ("-h", "--help") for arg in args):
+        print(KNOBS_USAGE)
+        return 0
+    if len(args) > 1 or (args and args[0].startswith("-")):
+        return _usage_error(KNOBS_USAGE, f"knobs takes at most one SECTION, got {' '.join(args)!r}")
+    from sc_lightning.config.reference_text import UnknownKnobPath, render_knobs
+
+    if args and args[0].split(".")[0] in LIGHTNING_KEYS:
+        print(f"error: {args[0]} is Lightning's: see lightning.pytorch.Trainer, or fit --print_config", file=sys.stderr)
+        return EXIT_INVALID_CONFIG
+    try:
+        text = render_knobs(args[0] if args else None)
+    except UnknownKnobPath as err:
+        print(f"error: {err}", file=sys.stderr)
+        return EXIT_INVALID_CONFIG
+    print(text, end="")
+    return 0
+
+
+_SUBCOMMANDS: dict[str, Callable[[list[str]], int]] = {"fit": fit_command, "knobs": knobs_command}
+"""Each subcommand's function, given the arguments after its name; cli_args.SUBCOMMANDS_HELP says what each does."""
+
+
+def _usage_error(text: str, message: str) -> int:
+    print(f"{text}\nerror: {message}", file=sys.stderr)
+    return EXIT_INVALID_CONFIG
 
 
 def fit(config: SCConfig, lightning: dict[str, Any]) -> int:
@@ -149,63 +183,6 @@ def _resume_point(config: Any) -> Any:
     if resume is not None and rank_zero_only.rank == 0:  # once, not once per trainer rank
         print(f"resuming from {resume.describe()}", file=sys.stderr)
     return resume
-
-
-class _UsageError(ValueError):
-    """The command line itself is malformed."""
-
-
-class _Request:
-    """What the command line asked for."""
-
-    def __init__(self) -> None:
-        self.configs: list[str] = []
-        self.overrides: list[str] = []
-        self.print_config = False
-        self.dry_run = False
-
-
-def _parse_command_line(argv: list[str]) -> _Request | None:
-    if not argv or argv[0] in ("-h", "--help"):
-        return None
-    if argv[0] != "fit":
-        raise _UsageError(f"unknown subcommand {argv[0]!r}; the subcommand is fit")
-    request, rest = _Request(), argv[1:]
-    while rest:
-        arg = rest.pop(0)
-        key, eq, value = arg.partition("=")
-        if key in ("-h", "--help"):
-            return None
-        if not key.startswith("--"):
-            raise _UsageError(f"unexpected argument {arg!r}; options look like --key value")
-        if key == "--print_config":
-            request.print_config = True
-        elif key == "--dry_run":
-            request.dry_run = _flag_value(value if eq else _optional_value(rest))
-        elif key in ("--config", "-c"):
-            request.configs.append(value if eq else _required_value(arg, rest))
-        else:
-            request.overrides.append(f"{key[2:]}={value if eq else _required_value(arg, rest)}")
-    if not request.configs and not request.overrides:
-        raise _UsageError("give a config: fit --config configs/grpo_tiny.yaml")
-    return request
-
-
-def _required_value(option: str, rest: list[str]) -> str:
-    if not rest:
-        raise _UsageError(f"{option} needs a value")
-    return rest.pop(0)
-
-
-def _optional_value(rest: list[str]) -> str:
-    return rest.pop(0) if rest and not rest[0].startswith("--") else "true"
-
-
-def _flag_value(text: str) -> bool:
-    lowered = text.lower()
-    if lowered not in ("true", "false", "1", "0", "yes", "no"):
-        raise _UsageError(f"--dry_run takes true or false, got {text!r}")
-    return lowered in ("true", "1", "yes")
 
 
 def load_and_check(configs: Sequence[str], overrides: Sequence[str] = ()) -> tuple[SCConfig, dict[str, Any]]:

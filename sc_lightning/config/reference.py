@@ -1,12 +1,15 @@
-"""Render ``docs/config-reference.md`` from the schema, so the reference can never drift from the code.
+"""The config reference, generated from the schema so it can never drift from the code.
 
-Run ``python -m sc_lightning.config.reference > docs/config-reference.md``; a test fails when the file is stale.
+One model of every section, knob and cross-field rule (:func:`reference_sections`, :data:`RULES`), rendered two
+ways: as ``docs/config-reference.md`` (``python -m sc_lightning.config.reference > docs/config-reference.md``; a
+test fails when the file is stale) and as the plain text of ``python -m sc_lightning knobs [SECTION]``.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import typing
+from dataclasses import dataclass
 from typing import Any
 
 from sc_lightning.config.knobs import discriminated_choices, field_types, is_section, type_name
@@ -29,82 +32,51 @@ Every knob has an effect: `tests/config/test_silent_knobs.py` fails for a knob t
 `sc_lightning/config/` reads, unless it is listed there with the reason only validation or migration reads it.
 """
 
-
-def render_reference() -> str:
-    """The whole reference as Markdown."""
-    parts = [_HEADER]
-    for fld in dataclasses.fields(SCConfig):
-        parts.append(_render_section(fld.name, field_types(SCConfig)[fld.name], fld.metadata.get("doc", "")))
-    parts.append(_render_rules())
-    return "\n".join(parts)
-
-
-def _render_section(path: str, tp: Any, doc: str) -> str:
-    lines = [f"## `{path}`\n", f"{doc}\n"]
-    for variant_name, cls in _section_classes(tp):
-        if variant_name:
-            lines.append(f"### `{path}` with `name: {variant_name}`\n\n{(cls.__doc__ or '').strip()}\n")
-        lines.extend(_table(path, cls))
-    return "\n".join(lines)
-
-
-def _section_classes(tp: Any) -> list[tuple[str | None, type]]:
-    choices = discriminated_choices(tp)
-    if choices:
-        return list(choices.items())
-    members = [a for a in typing.get_args(tp) if a is not type(None)] or [tp]
-    return [(None, m) for m in members if is_section(m)]
-
-
-def _table(path: str, cls: type) -> list[str]:
-    rows = ["| knob | type | default | unit | meaning | rules |", "|---|---|---|---|---|---|"]
-    nested = []
-    for fld in dataclasses.fields(cls):
-        tp = field_types(cls)[fld.name]
-        dotpath = f"{path}.{fld.name}"
-        if _section_classes(tp) and not _is_scalar_union(tp):
-            nested.append(_render_section(dotpath, tp, fld.metadata.get("doc", "")))
-            continue
-        rows.append(
-            f"| `{dotpath}` | {_escape(type_name(tp))} | {_default_text(fld)} | {fld.metadata.get('unit') or ''} | "
-            f"{_meaning(fld)} | {_rules_tying(dotpath)} |"
-        )
-    return [*rows, "", *nested]
-
-
-def _is_scalar_union(tp: Any) -> bool:
-    return not any(is_section(a) for a in typing.get_args(tp)) and not is_section(tp)
-
-
-def _meaning(fld: dataclasses.Field) -> str:
-    bounds = [
-        f"{sign} {fld.metadata[k]:g}"
-        for k, sign in (("ge", ">="), ("gt", ">"), ("le", "<="))
-        if fld.metadata.get(k) is not None
-    ]
-    suffix = f" ({', '.join(bounds)})" if bounds else ""
-    return _escape(f"{fld.metadata.get('doc', '')}{suffix}")
-
-
-def _escape(text: str) -> str:
-    return text.replace("|", "\\|")
-
-
-def _default_text(fld: dataclasses.Field) -> str:
-    if fld.default is not dataclasses.MISSING:
-        value = fld.default
-    elif fld.default_factory is not dataclasses.MISSING:
-        value = fld.default_factory()
-    else:
-        return "required"
-    if value is None:
-        return "`null`"
-    if isinstance(value, tuple | list | dict) and not value:
-        return "`[]`" if not isinstance(value, dict) else "`{}`"
-    return f"`{str(value).lower() if isinstance(value, bool) else value}`"
-
-
 RULES = (*ALGORITHM_RULES, *RUNTIME_RULES)
+
+
+@dataclass(frozen=True)
+class KnobDoc:
+    """One knob as the reference documents it: dotpath, type, default, unit, meaning (with bounds), rule names."""
+
+    dotpath: str
+    type: str
+    default: str  # as YAML writes it: 512, null, [], or "required"
+    unit: str
+    meaning: str
+    rules: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class VariantDoc:
+    """A section's knobs for one ``name:`` (a sampler mode, an estimator), or for the only form (``name`` None)."""
+
+    name: str | None
+    doc: str
+    knobs: tuple[KnobDoc, ...]
+    subsections: tuple[SectionDoc, ...]
+
+
+@dataclass(frozen=True)
+class SectionDoc:
+    """A section of the config: its dotpath, its one-line doc and its variants."""
+
+    path: str
+    doc: str
+    variants: tuple[VariantDoc, ...]
+
+
+def reference_sections() -> list[SectionDoc]:
+    """Every top-level section of a config, in declaration order, subsections inside."""
+    return [
+        _section(fld.name, field_types(SCConfig)[fld.name], fld.metadata.get("doc", ""))
+        for fld in dataclasses.fields(SCConfig)
+    ]
+
+
+def section_summaries() -> list[tuple[str, str]]:
+    """Each top-level section's name and one-line doc (what ``fit --help`` lists)."""
+    return [(fld.name, fld.metadata.get("doc", "")) for fld in dataclasses.fields(SCConfig)]
 
 
 def rule_ties(rule: object) -> list[str]:
@@ -115,12 +87,95 @@ def rule_ties(rule: object) -> list[str]:
     return paths
 
 
-def _rules_tying(dotpath: str) -> str:
-    names = [rule.__name__ for rule in RULES if dotpath in rule_ties(rule)]
-    return ", ".join(f"[{name}](#{name})" for name in names)
+def _section(path: str, tp: Any, doc: str) -> SectionDoc:
+    variants = []
+    for name, cls in _section_classes(tp):
+        knobs, subsections = [], []
+        for fld in dataclasses.fields(cls):
+            field_tp, dotpath = field_types(cls)[fld.name], f"{path}.{fld.name}"
+            if _section_classes(field_tp) and not _is_scalar_union(field_tp):
+                subsections.append(_section(dotpath, field_tp, fld.metadata.get("doc", "")))
+            else:
+                knobs.append(_knob(dotpath, field_tp, fld))
+        variants.append(VariantDoc(name, (cls.__doc__ or "").strip(), tuple(knobs), tuple(subsections)))
+    return SectionDoc(path, doc, tuple(variants))
 
 
-def _render_rules() -> str:
+def _section_classes(tp: Any) -> list[tuple[str | None, type]]:
+    choices = discriminated_choices(tp)
+    if choices:
+        return list(choices.items())
+    members = [a for a in typing.get_args(tp) if a is not type(None)] or [tp]
+    return [(None, m) for m in members if is_section(m)]
+
+
+def _is_scalar_union(tp: Any) -> bool:
+    return not any(is_section(a) for a in typing.get_args(tp)) and not is_section(tp)
+
+
+def _knob(dotpath: str, tp: Any, fld: dataclasses.Field) -> KnobDoc:
+    bounds = [
+        f"{sign} {fld.metadata[k]:g}"
+        for k, sign in (("ge", ">="), ("gt", ">"), ("le", "<="))
+        if fld.metadata.get(k) is not None
+    ]
+    suffix = f" ({', '.join(bounds)})" if bounds else ""
+    rules = tuple(rule.__name__ for rule in RULES if dotpath in rule_ties(rule))
+    return KnobDoc(
+        dotpath,
+        type_name(tp),
+        _default_text(fld),
+        fld.metadata.get("unit") or "",
+        fld.metadata.get("doc", "") + suffix,
+        rules,
+    )
+
+
+def _default_text(fld: dataclasses.Field) -> str:
+    if fld.default is not dataclasses.MISSING:
+        value = fld.default
+    elif fld.default_factory is not dataclasses.MISSING:
+        value = fld.default_factory()
+    else:
+        return "required"
+    if value is None:
+        return "null"
+    if isinstance(value, tuple | list | dict) and not value:
+        return "[]" if not isinstance(value, dict) else "{}"
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+# --- Markdown: docs/config-reference.md -------------------------------------------------------------------------
+
+
+def render_reference() -> str:
+    """The whole reference as Markdown."""
+    parts = [_HEADER, *(_markdown_section(section) for section in reference_sections()), _markdown_rules()]
+    return "\n".join(parts)
+
+
+def _markdown_section(section: SectionDoc) -> str:
+    lines = [f"## `{section.path}`\n", f"{section.doc}\n"]
+    for variant in section.variants:
+        if variant.name:
+            lines.append(f"### `{section.path}` with `name: {variant.name}`\n\n{variant.doc}\n")
+        lines += ["| knob | type | default | unit | meaning | rules |", "|---|---|---|---|---|---|"]
+        lines += [_markdown_row(knob) for knob in variant.knobs]
+        lines += ["", *(_markdown_section(sub) for sub in variant.subsections)]
+    return "\n".join(lines)
+
+
+def _markdown_row(knob: KnobDoc) -> str:
+    default = knob.default if knob.default == "required" else f"`{knob.default}`"
+    rules = ", ".join(f"[{name}](#{name})" for name in knob.rules)
+    return f"| `{knob.dotpath}` | {_escape(knob.type)} | {default} | {knob.unit} | {_escape(knob.meaning)} | {rules} |"
+
+
+def _escape(text: str) -> str:
+    return text.replace("|", "\\|")
+
+
+def _markdown_rules() -> str:
     lines = [
         "## Cross-field rules\n",
         "Checked by `validate_single_controller_config` before anything starts (`{algo}` is grpo or ppo).\n",
