@@ -30,6 +30,7 @@ from sc_lightning.config import (
     validate_single_controller_config,
 )
 from sc_lightning.config.yaml_io import load_yaml_layers
+from sc_lightning.console import quiet_libraries
 
 LIGHTNING_KEYS = ("trainer", "seed_everything")
 EXIT_INVALID_CONFIG = 2
@@ -57,6 +58,7 @@ def fit_command(args: list[str]) -> int:
     if request is None:
         print(fit_help())
         return 0
+    quiet_libraries()  # before megatron, Lightning or Ray is imported
     started = time.monotonic()
     try:
         config, lightning = load_and_check(request.configs, request.overrides)
@@ -127,13 +129,9 @@ def fit(config: SCConfig, lightning: dict[str, Any]) -> int:
     callbacks: list[Any] = [RefitCallback(), RolloutMonitor(), GoodputMonitor(fleet_devices(config, ranks))]
     resume = None
     if config.checkpointing.enabled:
-        from sc_lightning.checkpoint.atomic import BundleError
-        from sc_lightning.checkpoint.fingerprint import FingerprintMismatch
-        from sc_lightning.checkpoint.snapshots import SnapshotError
-
         try:
             resume = _resume_point(config)
-        except (BundleError, SnapshotError, FingerprintMismatch) as err:  # nothing was deleted or rewritten
+        except _cannot_resume_errors() as err:  # nothing was deleted or rewritten
             print(f"error: cannot resume: {err}", file=sys.stderr)
             return EXIT_CANNOT_RESUME
         callbacks.append(BundleCheckpoint(config.checkpointing, max_steps=config.algo.max_num_steps))
@@ -160,15 +158,29 @@ def fit(config: SCConfig, lightning: dict[str, Any]) -> int:
     except _bad_input_errors() as err:  # found while setting up, before anything started
         print(f"error: {err}", file=sys.stderr)
         return EXIT_INVALID_CONFIG
+    except _cannot_resume_errors() as err:  # the checkpoint does not fit this run's models or optimizers
+        print(f"error: cannot resume: {err}", file=sys.stderr)
+        return EXIT_CANNOT_RESUME
     return 0
 
 
 def _bad_input_errors() -> tuple[type[Exception], ...]:
-    """What a fit reports as bad input (no traceback, exit code 2): the dataset, the tokenizer or their fit."""
+    """What a fit reports as bad input (one line, no traceback, exit code 2): the config, the dataset, the tokenizer
+    or their fit. Any other error is a bug or a failure and keeps its traceback."""
     from sc_lightning.rollout.datasets import DatasetError
     from sc_lightning.tokenizer import TokenizerLoadError, TokenizerMismatchError
 
-    return DatasetError, TokenizerLoadError, TokenizerMismatchError
+    return ConfigError, DatasetError, TokenizerLoadError, TokenizerMismatchError
+
+
+def _cannot_resume_errors() -> tuple[type[Exception], ...]:
+    """What a fit reports as a checkpoint it cannot resume from (one line, no traceback, exit code 3)."""
+    from sc_lightning.checkpoint.atomic import BundleError
+    from sc_lightning.checkpoint.fingerprint import FingerprintMismatch
+    from sc_lightning.checkpoint.snapshots import SnapshotError
+    from sc_lightning.trainer.sharded_checkpoint import CheckpointMismatch
+
+    return BundleError, SnapshotError, FingerprintMismatch, CheckpointMismatch
 
 
 def _resume_point(config: Any) -> Any:

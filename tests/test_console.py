@@ -1,17 +1,25 @@
-"""The console a person reads: the start banner, ``fit --help`` and ``knobs``."""
+"""The console a person reads: the start banner, quiet libraries, ``fit --help`` and ``knobs``."""
 
 from __future__ import annotations
 
+import logging
+import os
 import re
+import socket
+import subprocess
+import sys
+import warnings
+from pathlib import Path
 
 import pytest
 
 from sc_lightning.cli import load_and_check, main
 from sc_lightning.config.reference import section_summaries
 from sc_lightning.config.reference_text import render_knobs
+from sc_lightning.console import quiet_libraries
 from sc_lightning.lightning.banner import RunFacts, banner
 from tests.conftest import REPO
-from tests.test_cli import TINY
+from tests.test_cli import RENDEZVOUS, TINY, run
 
 TINY_FACTS = RunFacts(
     parameters={"policy": 84_876},
@@ -67,6 +75,35 @@ def test_the_banner_names_the_endpoint_the_layout_checkpoints_and_missing_kernel
     assert "\n  generation: megatron engine in the trainer process (colocated, on cuda)\n" in banner(colocated, facts)
 
 
+def test_quieting_drops_the_known_noise_and_nothing_else(caplog: pytest.LogCaptureFixture) -> None:
+    environ: dict[str, str] = {}
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        quiet_libraries(environ)
+        warnings.warn("Transformer Engine and Apex are not installed. Falling back to Torch optimizers.", stacklevel=1)
+        warnings.warn("Apex is not installed. Falling back to Torch Norm", stacklevel=1)
+        warnings.warn("something a user should see", stacklevel=1)
+    assert [str(w.message) for w in caught] == ["something a user should see"]
+    assert environ == {"RAY_LOGGER_LEVEL": "error"}
+    lightning = logging.getLogger("lightning.pytorch.utilities.rank_zero")
+    with caplog.at_level(logging.INFO, logger="lightning.pytorch.utilities.rank_zero"):
+        lightning.info("GPU available: False, used: False")
+        lightning.info("`Trainer.fit` stopped: `max_steps=3` reached.")
+    assert [r.getMessage() for r in caplog.records] == ["`Trainer.fit` stopped: `max_steps=3` reached."]
+
+
+def test_a_users_ray_level_and_verbose_mode_win() -> None:
+    environ = {"RAY_LOGGER_LEVEL": "info"}
+    quiet_libraries(environ)
+    assert environ == {"RAY_LOGGER_LEVEL": "info"}
+    verbose = {"SC_LIGHTNING_VERBOSE": "1"}
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        quiet_libraries(verbose)
+        warnings.warn("Apex is not installed. Falling back to Torch Norm", stacklevel=1)
+    assert len(caught) == 1 and verbose == {"SC_LIGHTNING_VERBOSE": "1"}
+
+
 def test_fit_help_lists_every_config_section_and_points_to_knobs(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["fit", "--help"]) == 0
     out = capsys.readouterr().out
@@ -105,3 +142,57 @@ def test_knobs_lists_exactly_the_knobs_of_the_config_reference() -> None:
 def test_knobs_errors_are_one_line(argv: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(argv) == 2
     assert message in capsys.readouterr().err
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+@pytest.mark.slow
+def test_the_first_40_lines_of_a_tiny_run_hold_the_banner_and_no_noise(tmp_path: Path) -> None:
+    """The command scripts/run_tiny.sh runs (one step, serving the endpoint on a pinned port), stdout and stderr as
+    a terminal interleaves them: the banner, no traceback, no library warning, no line said twice but the bar's."""
+    port = _free_port()
+    env = {k: v for k, v in os.environ.items() if k not in (*RENDEZVOUS, "RAY_LOGGER_LEVEL")}
+    result = subprocess.run(
+        [sys.executable, "-m", "sc_lightning", "fit", "--config", TINY, "--grpo.max_num_steps=1"]
+        + [f"--trainer.default_root_dir={tmp_path}", "--policy.generation.mcore_generation_config.expose_http_server"]
+        + ["true", f"--policy.generation.mcore_generation_config.http_port={port}"],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stdout[-3000:]
+    first = result.stdout.splitlines()[:40]
+    text = "\n".join(first)
+    assert "sc_lightning grpo: builtin:tiny-arith (policy 84.9 K parameters)\n" in text
+    assert f"\n  logs: CSVLogger {tmp_path}/lightning_logs/version_0\n" in text
+    assert f"\n  endpoint: http://127.0.0.1:{port}/v1 (OpenAI-compatible completions)\n" in text
+    for noise in ("Traceback", "Warning", "warnings.warn", "Apex", "Ray instance", "Token authentication", "Tip:"):
+        assert noise not in text, noise
+    said = [line.strip() for line in first if line.strip() and not set(line.strip()) <= set("━─│┃┏┓┗┛┡┩└┘")]
+    assert len(said) == len(set(said)), said
+
+
+@pytest.mark.slow
+def test_a_checkpoint_that_does_not_fit_ends_the_run_in_one_error_line(tmp_path: Path) -> None:
+    """Saved by megatron's distributed optimizer, resumed without it: exit 3, the fix named, no traceback."""
+    quick = ["--config", "configs/colocated.yaml", "--trainer.enable_progress_bar=false"]
+    quick += ["--checkpointing.enabled=true", "--checkpointing.save_data_plane=true", "--checkpointing.save_period=1"]
+    quick += [f"--checkpointing.checkpoint_dir={tmp_path}/checkpoints", f"--trainer.default_root_dir={tmp_path}"]
+    sliced = "--policy.megatron_cfg.use_distributed_optimizer"
+    first = run("fit", "--config", TINY, *quick, "--grpo.max_num_steps=1", f"{sliced}=true")
+    assert first.returncode == 0, first.stderr[-3000:]
+    second = run("fit", "--config", TINY, *quick, "--grpo.max_num_steps=2", f"{sliced}=false")
+    assert second.returncode == 3, second.stderr[-3000:]
+    assert "Traceback" not in second.stderr
+    (error,) = [line for line in second.stderr.splitlines() if line.startswith("error:")]
+    assert error.startswith(f"error: cannot resume: {tmp_path}/checkpoints/step_1/sharded: policy's optimizer state")
+    assert error.endswith(
+        "use_distributed_optimizer (policy's, value's for the critic) set to true, as in the run that saved it"
+    )

@@ -87,6 +87,10 @@ def optimizer_form(optimizer: torch.optim.Optimizer) -> str:
 _FORMS = {"distributed": "megatron's distributed optimizer", "per-parameter": "a non-distributed optimizer"}
 
 
+class CheckpointMismatch(ValueError):
+    """A distributed checkpoint that does not fit this run's models or optimizers; the message names the fix."""
+
+
 def _check_optimizer_forms(directory: Path, parts: Mapping[str, Part]) -> None:
     """Fail, naming the knob, when a part's optimizer keeps its state in another form than the one saved."""
     saved = dist_checkpointing.load_common_state_dict(str(directory))
@@ -95,7 +99,7 @@ def _check_optimizer_forms(directory: Path, parts: Mapping[str, Part]) -> None:
             continue
         was, now = saved.get(name, {}).get("optimizer_form", "per-parameter"), optimizer_form(optimizer)
         if was != now:
-            raise ValueError(
+            raise CheckpointMismatch(
                 f"{directory}: {name}'s optimizer state was saved by {_FORMS[was]}, but this run uses {_FORMS[now]}: "
                 f"resume with megatron_cfg.use_distributed_optimizer (policy's, value's for the critic) set to "
                 f"{str(was == 'distributed').lower()}, as in the run that saved it"
@@ -126,7 +130,7 @@ def load_sharded(directory: Path, parts: Mapping[str, Part]) -> None:
         result = model.load_state_dict(weights, strict=False)
         missing = [key for key in result.missing_keys if not key.endswith("_extra_state")]
         if missing or result.unexpected_keys:
-            raise KeyError(
+            raise CheckpointMismatch(
                 f"{directory}: {name} does not fit: missing {missing[:4]}, unexpected {result.unexpected_keys[:4]}"
             )
         if optimizer is not None:
