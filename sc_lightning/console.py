@@ -10,10 +10,10 @@ before megatron, Lightning or Ray is imported. What it quiets, none of which a u
 - Lightning's complaint that LightningCLI gets ``args`` while ``sys.argv`` holds our own options (we hand it the
   merged config on purpose), its fall-back to the CSV logger without TensorBoard (the banner names the logger and
   its directory), a torch deprecation inside Lightning's own code, and its device, seed and "Tip" lines (the banner
-  says the devices and the seed);
+  says the devices and the seed), and torch's note on ``is_fx_tracing`` (called inside megatron) on many ranks;
 - Ray's driver logs (the token-authentication notice, "Started a local Ray instance"): ``RAY_LOGGER_LEVEL``
-  defaults to ``error``; set it (e.g. ``RAY_LOGGER_LEVEL=info``) to see them. Ray actors' own output stays in
-  Ray's session logs (``/tmp/ray/session_latest/logs``): the engines start Ray with ``log_to_driver=False``.
+  defaults to ``error``; set it (e.g. ``RAY_LOGGER_LEVEL=info``) to see them. The processes Ray starts (engine
+  and data-plane actors) inherit ``PYTHONWARNINGS`` entries that drop megatron's Apex / Transformer Engine warnings.
 
 ``SC_LIGHTNING_VERBOSE=1`` turns all of it off: every library speaks as it would without sc_lightning.
 """
@@ -37,12 +37,15 @@ _QUIET_WARNINGS = (  # (message, module): regular expressions matched against th
     (r"Starting from v1\.9\.0, `tensorboardX` has been removed", ""),
     (r".*isinstance\(treespec, LeafSpec\)` is deprecated", ""),
 )
-_LIGHTNING_CHATTER = ("GPU available: ", "TPU available: ", "HPU available: ", "Seed set to ", "💡 Tip: ")
-_LIGHTNING_LOGGERS = (
-    "lightning.pytorch.utilities.rank_zero",
-    "lightning.fabric.utilities.rank_zero",
-    "lightning.fabric.utilities.seed",
-)
+_DEVICE_AND_TIP_LINES = ("GPU available: ", "TPU available: ", "HPU available: ", "💡 Tip: ")
+_DROPPED_LINES = {  # logger -> the lines of it dropped (the start banner says the devices and the seed)
+    "lightning.pytorch.utilities.rank_zero": _DEVICE_AND_TIP_LINES,
+    "lightning.fabric.utilities.rank_zero": _DEVICE_AND_TIP_LINES,
+    "lightning.fabric.utilities.seed": ("Seed set to ",),
+    "torch.fx._symbolic_trace": ("is_fx_tracing will return true",),
+}
+_CHILD_WARNINGS = ("ignore:Transformer Engine and Apex are not installed", "ignore:Apex is not installed")
+"""PYTHONWARNINGS entries (a literal start of the message) for the processes Ray starts, which import megatron."""
 
 
 def verbose(environ: MutableMapping[str, str] = os.environ) -> bool:
@@ -56,17 +59,23 @@ def quiet_libraries(environ: MutableMapping[str, str] = os.environ) -> None:
         return
     for message, module in _QUIET_WARNINGS:
         warnings.filterwarnings("ignore", message=message, module=module)
-    for name in _LIGHTNING_LOGGERS:
+    for name, lines in _DROPPED_LINES.items():
         logger = logging.getLogger(name)
-        if not any(isinstance(f, _DropLightningChatter) for f in logger.filters):
-            logger.addFilter(_DropLightningChatter())
+        if not any(isinstance(f, _DropLines) for f in logger.filters):
+            logger.addFilter(_DropLines(lines))
     environ.setdefault(RAY_LOGGER_LEVEL_ENV, "error")
+    inherited = [entry for entry in environ.get("PYTHONWARNINGS", "").split(",") if entry]
+    environ["PYTHONWARNINGS"] = ",".join([*inherited, *(w for w in _CHILD_WARNINGS if w not in inherited)])
 
 
-class _DropLightningChatter(logging.Filter):
-    """Drops Lightning's device, seed and tip lines (the start banner says the devices and the seed)."""
+class _DropLines(logging.Filter):
+    """Drops a logger's records that contain one of ``lines``."""
+
+    def __init__(self, lines: tuple[str, ...]) -> None:
+        super().__init__()
+        self.lines = lines
 
     def filter(self, record: logging.LogRecord) -> bool:
         """Whether to keep ``record``: all but those lines."""
         message = record.getMessage()
-        return not any(marker in message for marker in _LIGHTNING_CHATTER)
+        return not any(line in message for line in self.lines)

@@ -21,6 +21,7 @@ from sc_lightning.lightning.banner import RunFacts, banner
 from tests.conftest import REPO
 from tests.test_cli import RENDEZVOUS, TINY, run
 
+CHILD_WARNINGS = "ignore:Transformer Engine and Apex are not installed,ignore:Apex is not installed"
 TINY_FACTS = RunFacts(
     parameters={"policy": 84_876},
     layout="1 rank",
@@ -84,7 +85,7 @@ def test_quieting_drops_the_known_noise_and_nothing_else(caplog: pytest.LogCaptu
         warnings.warn("Apex is not installed. Falling back to Torch Norm", stacklevel=1)
         warnings.warn("something a user should see", stacklevel=1)
     assert [str(w.message) for w in caught] == ["something a user should see"]
-    assert environ == {"RAY_LOGGER_LEVEL": "error"}
+    assert environ == {"RAY_LOGGER_LEVEL": "error", "PYTHONWARNINGS": CHILD_WARNINGS}
     lightning = logging.getLogger("lightning.pytorch.utilities.rank_zero")
     with caplog.at_level(logging.INFO, logger="lightning.pytorch.utilities.rank_zero"):
         lightning.info("GPU available: False, used: False")
@@ -92,10 +93,20 @@ def test_quieting_drops_the_known_noise_and_nothing_else(caplog: pytest.LogCaptu
     assert [r.getMessage() for r in caplog.records] == ["`Trainer.fit` stopped: `max_steps=3` reached."]
 
 
-def test_a_users_ray_level_and_verbose_mode_win() -> None:
-    environ = {"RAY_LOGGER_LEVEL": "info"}
+def test_processes_ray_starts_inherit_the_quiet_warnings() -> None:
+    """Ray's actors import megatron in processes of their own: the PYTHONWARNINGS they inherit drop its warnings."""
+    environ = {k: v for k, v in os.environ.items() if k != "PYTHONWARNINGS"}
     quiet_libraries(environ)
-    assert environ == {"RAY_LOGGER_LEVEL": "info"}
+    code = "import warnings; warnings.warn('Apex is not installed. Falling back to Torch Norm'); warnings.warn('kept')"
+    child = subprocess.run([sys.executable, "-c", code], env=environ, capture_output=True, text=True, check=True)
+    assert "Apex" not in child.stderr and "UserWarning: kept" in child.stderr
+
+
+def test_a_users_settings_and_verbose_mode_win() -> None:
+    environ = {"RAY_LOGGER_LEVEL": "info", "PYTHONWARNINGS": "error"}
+    quiet_libraries(environ)
+    quiet_libraries(environ)  # each trainer rank runs the CLI again, with the environment it inherited
+    assert environ == {"RAY_LOGGER_LEVEL": "info", "PYTHONWARNINGS": f"error,{CHILD_WARNINGS}"}
     verbose = {"SC_LIGHTNING_VERBOSE": "1"}
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
