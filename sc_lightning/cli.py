@@ -1,7 +1,7 @@
 """``python -m sc_lightning fit --config x.yaml``: the composition root of a run.
 
-The subcommands are ``fit`` and ``knobs`` (the config reference in a terminal); :mod:`sc_lightning.cli_args` holds
-the usage texts and ``fit``'s argument parser.
+The subcommands are ``fit``, ``knobs`` (the config reference in a terminal) and ``report`` (a run's HTML report);
+:mod:`sc_lightning.cli_args` holds the usage texts and ``fit``'s argument parser.
 
 One YAML holds the spec's sections at top level (``grpo:``, ``policy:``, ``async_rl:`` …) and Lightning's
 ``trainer:`` / ``seed_everything:``. Several ``--config`` files are deep-merged in order, then ``--a.b.c value``
@@ -12,6 +12,7 @@ and a list of every error, before any model, engine, Ray or data plane starts.
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -95,7 +96,18 @@ def knobs_command(args: list[str]) -> int:
     return 0
 
 
-_SUBCOMMANDS: dict[str, Callable[[list[str]], int]] = {"fit": fit_command, "knobs": knobs_command}
+def report_command(args: list[str]) -> int:
+    """``report RUN_DIR [--out PATH]``: the run's self-contained HTML report with its PNG plots."""
+    from sc_lightning.report.main import main as report_main
+
+    return report_main(args)
+
+
+_SUBCOMMANDS: dict[str, Callable[[list[str]], int]] = {
+    "fit": fit_command,
+    "knobs": knobs_command,
+    "report": report_command,
+}
 """Each subcommand's function, given the arguments after its name; cli_args.SUBCOMMANDS_HELP says what each does."""
 
 
@@ -145,6 +157,12 @@ def fit(config: SCConfig, lightning: dict[str, Any]) -> int:
     if trainer.get("enable_checkpointing") is None:  # the parsed config names every Trainer argument, unset as None
         # with checkpointing.enabled the bundle is the run's Lightning checkpoint; without it, no Lightning default
         trainer["enable_checkpointing"] = config.checkpointing.enabled
+    root = trainer.get("default_root_dir") or os.getcwd()
+    if trainer.get("logger") in (None, True):  # Lightning's own default turns to TensorBoard once it is installed
+        trainer["logger"] = {"class_path": "lightning.pytorch.loggers.CSVLogger", "init_args": {"save_dir": root}}
+    from sc_lightning.report.run_info import write_run_info
+
+    write_run_info(root, config, lightning)  # the resolved config and versions, for `report`
     cli = SCLightningCLI(
         lightning,
         instantiate=True,

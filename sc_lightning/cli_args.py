@@ -12,6 +12,7 @@ from sc_lightning.config.reference import section_summaries
 SUBCOMMANDS_HELP = {
     "fit": "train: validate the whole config, then run it (fit --help lists the config sections)",
     "knobs": "print each knob of a config section: type, default, unit, meaning and the rules that tie it",
+    "report": "write RUN_DIR's HTML report with PNG plots (reward, staleness, step time, goodput, throughput)",
 }
 """One line per subcommand, for ``python -m sc_lightning --help``; cli.py dispatches the same names."""
 

@@ -130,7 +130,7 @@ def test_tensorboard_and_offline_wandb_hold_the_csv_metrics_at_every_rl_step(tmp
 
     # every logger wrote under trainer.default_root_dir (not WANDB_DIR, not the working directory)
     assert not (tmp_path / "wandb_dir").exists()
-    assert sorted(p.name for p in root.iterdir()) == ["lightning_logs", "tensorboard", "wandb"]
+    assert sorted(p.name for p in root.iterdir()) == ["lightning_logs", "run_info.yaml", "tensorboard", "wandb"]
 
 
 def test_without_an_overlay_the_csv_logger_stays_the_default_with_tensorboard_installed(tmp_path: Path) -> None:

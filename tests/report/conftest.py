@@ -1,5 +1,5 @@
 """A real tiny run, once per session: 6 asynchronous GRPO steps (one version of lookahead, so staleness 0 and 1
-both occur) through the real CLI, with the train-data log and ``run_info.yaml``."""
+both occur) through the real CLI, with the train-data log and the ``run_info.yaml`` fit writes."""
 
 from __future__ import annotations
 
@@ -17,9 +17,6 @@ STEPS = 6
 @pytest.fixture(scope="session")
 def tiny_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The run directory of a finished 6-step run; tests copy it before changing anything."""
-    from sc_lightning.cli import load_and_check
-    from sc_lightning.report import write_run_info
-
     run_dir = tmp_path_factory.mktemp("tiny_run")
     layers = (TINY, REPO / "tests" / "small_steps.yaml")
     overrides = [
@@ -29,10 +26,9 @@ def tiny_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
         f"trainer.default_root_dir={run_dir}",
         "trainer.enable_progress_bar=false",
     ]
-    config, lightning = load_and_check([str(path) for path in layers], overrides)
-    write_run_info(run_dir, config, lightning)  # what cli.fit does at the start of a run
     configs = [arg for path in layers for arg in ("--config", str(path))]
     flags = [arg for override in overrides for arg in ("--" + override.split("=")[0], override.split("=", 1)[1])]
     argv = [sys.executable, "-m", "sc_lightning", "fit", *configs, *flags]
     subprocess.run(argv, cwd=REPO, check=True, capture_output=True, timeout=300)
+    assert (run_dir / "run_info.yaml").is_file(), "fit writes the resolved config and versions at the start"
     return run_dir

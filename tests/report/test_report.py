@@ -7,6 +7,8 @@ import base64
 import csv
 import json
 import shutil
+import subprocess
+import sys
 from collections import Counter
 from importlib import metadata
 from pathlib import Path
@@ -15,8 +17,8 @@ import numpy as np
 import pytest
 from matplotlib.image import imread
 
-from sc_lightning.report import build_report, main
-from sc_lightning.report.main import plot_folder
+from sc_lightning.report.main import build_report, main, plot_folder
+from tests.conftest import REPO
 from tests.report.conftest import STEPS
 
 pytestmark = pytest.mark.slow
@@ -172,3 +174,13 @@ def test_goodput_and_validation_columns_are_drawn_whatever_their_names(tiny_run:
 def test_main_refuses_a_missing_run_directory(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main([str(tmp_path / "absent")]) == 2
     assert "is not a directory" in capsys.readouterr().err
+
+
+def test_the_report_subcommand_writes_the_html_beside_the_run(tiny_run: Path, tmp_path: Path) -> None:
+    run_dir = copy_run(tiny_run, tmp_path)
+    argv = [sys.executable, "-m", "sc_lightning", "report", str(run_dir)]
+    result = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+    html = (run_dir / "report.html").read_text()
+    assert str(run_dir / "report.html") in result.stdout
+    assert html.count("data:image/png;base64,") >= 6 and "grpo.num_prompts_per_step" in html
