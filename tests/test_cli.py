@@ -10,10 +10,10 @@ import time
 import pytest
 import yaml
 
-from sc_lightning.callbacks.goodput import TRAINER_PARTS
 from sc_lightning.cli import main
 from sc_lightning.config import ConfigError
 from sc_lightning.rollout.goodput import EngineTime
+from sc_lightning.trainer.goodput import TRAINER_PARTS
 from tests.conftest import REPO, TEST_BASE
 
 TINY = "configs/grpo_tiny.yaml"

@@ -13,7 +13,8 @@ and the engine fleet's accounts (:class:`~sc_lightning.rollout.goodput.EngineTim
 trained, wasted, pending, stood_down and idle. Logged as ``goodput/<fleet>/<part>_s`` (the step) and
 ``goodput/<fleet>/<part>_total_s`` (since the start; ``goodput/<fleet>/wall_total_s`` their sum), with
 ``goodput/engine/{trained,wasted}_tokens_total``; the progress bar shows ``tok_s``, the step's trained completion
-tokens per second. At the end of the fit the leader prints :func:`allocation_advice`.
+tokens per second. At the end of the fit the leader prints
+:func:`~sc_lightning.trainer.goodput.allocation_advice` (``report`` prints it too, from the logged totals).
 """
 
 from __future__ import annotations
@@ -27,9 +28,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from sc_lightning.callbacks.checkpoint import BundleCheckpoint
 from sc_lightning.config import SCConfig
 from sc_lightning.rollout.goodput import EngineTime
-
-TRAINER_PARTS = ("productive", "wait_rollouts", "refit", "checkpoint", "other")
-"""The trainer's time parts, in the order they are logged."""
+from sc_lightning.trainer.goodput import TRAINER_PARTS, allocation_advice
 
 
 class GoodputMonitor(Callback):
@@ -106,41 +105,3 @@ def fleet_devices(config: SCConfig, training_devices: int) -> tuple[int, int] | 
     if generation.enabled or generation.resources.gpus_per_node is None:
         return None
     return generation.resources.num_nodes * generation.resources.gpus_per_node, training_devices
-
-
-def allocation_advice(
-    trainer: dict[str, float], engine: EngineTime, steps: int, devices: tuple[int, int] | None = None
-) -> str:
-    """A few lines on where each fleet's time went over ``steps`` RL steps, and the generation:training split and
-    lookahead that would have balanced the two pumps (``devices``: the (generation, training) device counts)."""
-    trainer_wall = sum(trainer.values()) or 1.0
-    engine_wall = engine.wall_s or 1.0
-    shares = ", ".join(f"{part} {seconds / trainer_wall:.0%}" for part, seconds in trainer.items())
-    engine_shares = ", ".join(f"{part} {seconds / engine_wall:.0%}" for part, seconds in engine.parts().items())
-    lines = [
-        f"goodput over {steps} steps: trainer {trainer_wall:.1f} s ({shares})",
-        f"  engines {engine_wall:.1f} s ({engine_shares}); {engine.trained_tokens} tokens trained, "
-        f"{engine.wasted_tokens} wasted",
-    ]
-    generating = (engine.trained_s + engine.wasted_s + engine.pending_s) / steps  # engine-seconds a step needed
-    training = (trainer_wall - trainer["wait_rollouts"]) / steps
-    balance = f"  advice: per step generation kept the engines busy {generating:.2f} s, training took {training:.2f} s"
-    if devices is not None and generating > 0 and training > 0:
-        generation_devices, training_devices = devices
-        total = generation_devices + training_devices
-        need = generating * generation_devices / (generating * generation_devices + training * training_devices)
-        given = max(1, min(total - 1, round(need * total)))
-        balance += f"; of the {total} devices, about {given} for generation and {total - given} for training"
-    elif training > 0:
-        balance += f"; generation would keep pace with training on about {generating / training:.2f}x its devices"
-    waited, idle = trainer["wait_rollouts"] / trainer_wall, engine.idle_s / engine_wall
-    if waited > 0.05 and idle > 0.05:
-        gate = "the engines idled while the trainer waited: admission held generation back, so allow one more "
-        gate += "version of lookahead (async_rl.sampler's max_lookahead_versions or max_staleness_versions) or "
-        gate += "raise async_rl.max_buffered_rollouts / max_inflight_prompts"
-    elif waited > 0.05:
-        gate = f"the trainer waited {waited:.0%} of its time on busy engines: more generation devices, not lookahead"
-    else:
-        gate = "the trainer barely waited: the lookahead in use suffices"
-    lines += [balance, f"  {gate}"]
-    return "\n".join(lines)

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from sc_lightning.report.page import render_page
 from sc_lightning.report.plots import PLOTTERS, Plot
+from sc_lightning.report.plots.goodput import advice_of
 from sc_lightning.report.tables import read_run
 
 REPORT = "report.html"
@@ -33,7 +34,8 @@ def plot_folder(out: Path) -> Path:
 
 
 def main(argv: list[str]) -> int:
-    """Parse ``RUN_DIR [--out PATH]``, write the report, print its path; 2 when RUN_DIR is not a directory."""
+    """Parse ``RUN_DIR [--out PATH]``, write the report, print its path and the run's allocation advice; 2 when
+    RUN_DIR is not a directory."""
     parser = argparse.ArgumentParser(prog="python -m sc_lightning report", description=__doc__)
     parser.add_argument("run_dir", metavar="RUN_DIR", type=Path, help="the run's trainer.default_root_dir")
     parser.add_argument("--out", type=Path, default=None, help=f"the HTML file to write (default RUN_DIR/{REPORT})")
@@ -44,4 +46,6 @@ def main(argv: list[str]) -> int:
     out = args.out if args.out is not None else args.run_dir / REPORT
     build_report(args.run_dir, out)
     print(f"wrote {out} (plots in {plot_folder(out)})")
+    if (advice := advice_of(read_run(args.run_dir))) is not None:
+        print(advice)
     return 0

@@ -184,3 +184,5 @@ def test_the_report_subcommand_writes_the_html_beside_the_run(tiny_run: Path, tm
     html = (run_dir / "report.html").read_text()
     assert str(run_dir / "report.html") in result.stdout
     assert html.count("data:image/png;base64,") >= 6 and "grpo.num_prompts_per_step" in html
+    assert "advice: per step generation kept the engines busy" in result.stdout  # the fit's end-of-run advice,
+    assert "advice: per step generation kept the engines busy" in html  # on demand from the logged totals

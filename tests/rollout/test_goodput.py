@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sc_lightning.callbacks.goodput import allocation_advice
 from sc_lightning.rollout.goodput import EngineGoodput, EngineTime
+from sc_lightning.trainer.goodput import allocation_advice
 
 
 class Clock:

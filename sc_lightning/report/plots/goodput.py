@@ -7,6 +7,8 @@ from collections.abc import Callable
 
 from sc_lightning.report.plots.base import Plot, new_figure, no_data, stacked_panel, to_png
 from sc_lightning.report.tables import RunData
+from sc_lightning.rollout.goodput import EngineTime
+from sc_lightning.trainer.goodput import TRAINER_PARTS, allocation_advice
 
 TOTAL = re.compile(r"goodput/(?P<fleet>[^/]+)/(?P<part>.+)_total_s$")
 WALL = "wall"
@@ -43,7 +45,24 @@ def plot(run: RunData) -> Plot:
         "with the fleet's wall time as a line; the legend gives each part's share at the last step. The "
         "trainer's productive share and the engines' trained share are the goodput."
     )
+    if (advice := advice_of(run)) is not None:
+        caption += " " + advice
     return Plot("goodput", "Goodput per fleet", caption, to_png(figure), series)
+
+
+def advice_of(run: RunData) -> str | None:
+    """The allocation advice a fit prints at its end, from the last step's logged totals (None: not logged)."""
+    steps = [step for step, row in sorted(run.metrics.items()) if "goodput/engine/wall_total_s" in row]
+    if not steps:
+        return None
+    last = run.metrics[steps[-1]]
+    trainer = {part: last.get(f"goodput/trainer/{part}_total_s", 0.0) for part in TRAINER_PARTS}
+    engine = EngineTime(
+        **{f"{part}_s": last.get(f"goodput/engine/{part}_total_s", 0.0) for part in EngineTime().parts()},
+        trained_tokens=int(last.get("goodput/engine/trained_tokens_total", 0)),
+        wasted_tokens=int(last.get("goodput/engine/wasted_tokens_total", 0)),
+    )
+    return allocation_advice(trainer, engine, steps=len(steps))
 
 
 def _part(column: str) -> str:
