@@ -73,7 +73,9 @@ def _rule_lines(names: set[str]) -> list[str]:
 
 
 def _wrapped(text: str, indent: str) -> list[str]:
-    return textwrap.wrap(text, _WIDTH, initial_indent=indent, subsequent_indent=indent + "  " if indent else "  ")
+    return textwrap.wrap(
+        " ".join(text.split()), _WIDTH, initial_indent=indent, subsequent_indent=indent + "  " if indent else "  "
+    )
 
 
 def _unknown_message(selector: str) -> str:
