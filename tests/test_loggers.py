@@ -16,13 +16,13 @@ import yaml
 from sc_lightning.checkpoint.fingerprint import compatibility_identity
 from sc_lightning.cli import main
 from tests.conftest import REPO, TEST_BASE
+from tests.test_recovery import RENDEZVOUS
 
 # Each run test starts a Python process that imports Lightning and trains a few tiny steps (about 10 s each).
 pytestmark = pytest.mark.slow
 
 LOGGERS = REPO / "configs" / "loggers"
 OVERLAYS = sorted(p.name for p in LOGGERS.glob("*.yaml"))
-RENDEZVOUS = ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK")
 WANDB_OWN_KEYS = {"_step", "_runtime", "_timestamp", "trainer/global_step"}  # W&B's bookkeeping, and the x-axis
 
 
