@@ -1,7 +1,8 @@
 """RefitCallback: after every RL step, push the policy's new weights to the generation engine.
 
 on_train_batch_end (the optimizer step is done, global_step = v): ``trainer.strategy.refit(v)``
-    begin_refit(v)     release the step's rows; close dispatch; abort in-flight rollouts that can never be trained
+    begin_refit(v)     close dispatch; abort in-flight rollouts that can never be trained; with the drain gate
+                       (async_rl.in_flight_weight_updates: false) wait for the rest to finish; release the step's rows
     push_weights(v)    export the policy under HF names and load it into the engine, in buckets of bounded size
                        (the engine adopts v with the last); skipped while a PPO critic warm-up leaves the policy
                        unchanged (the module's ``policy_trained`` is False)
@@ -26,7 +27,8 @@ class RefitCallback(Callback):
     """
 
     def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:
-        """Colocated: the engine stands down for the whole train step (its requests and deadlines freeze)."""
+        """Colocated: the engine stands down for the whole train step (its requests and deadlines freeze); under the
+        drain gate, once the rollouts in flight have finished."""
         if trainer.strategy.colocated:
             trainer.strategy.stand_down_engine()
 

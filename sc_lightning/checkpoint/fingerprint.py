@@ -67,6 +67,7 @@ BUILTIN_EXCLUDED_PATHS = (
     "policy.generation.vllm_cfg.expose_http_server",
     "policy.generation.mcore_generation_config.expose_http_server",
     "policy.generation.refit_timeout_s",
+    "async_rl.drain_timeout_s",
     "data_plane.storage_capacity",
     "async_rl.stall_watchdog",
     # a skip budget never changes which rows a file yields: rows are kept or skipped by their content alone

@@ -126,21 +126,47 @@ def _drop_warnings(config: SCConfig, report: Report, budget: int) -> None:
     "async_rl.rollout_failure.generation_timeout_s",
     "async_rl.rollout_failure.env_timeout_s",
     "async_rl.rollout_failure.rollout_timeout_s",
+    "async_rl.in_flight_weight_updates",
+    "async_rl.drain_timeout_s",
 )
 def watchdog_deadlines(config: SCConfig, report: Report) -> None:
-    """The stall timeout must outlast the check interval and every request deadline."""
+    """The stall timeout must outlast the check interval and every request deadline (the drain's too, when on)."""
     watchdog, failure = config.async_rl.stall_watchdog, config.async_rl.rollout_failure
     path = "async_rl.stall_watchdog.stall_timeout_s"
     if watchdog.stall_timeout_s <= watchdog.interval_s:
         report.error(path, f"({watchdog.stall_timeout_s}) must exceed interval_s ({watchdog.interval_s})")
-    for deadline in ("generation_timeout_s", "env_timeout_s", "rollout_timeout_s"):
-        value = getattr(failure, deadline)
+    deadlines = {f"async_rl.rollout_failure.{name}": getattr(failure, name) for name in _REQUEST_DEADLINES}
+    if not config.async_rl.in_flight_weight_updates:
+        deadlines["async_rl.drain_timeout_s"] = config.async_rl.drain_timeout_s
+    for knob, value in deadlines.items():
         if value is not None and watchdog.stall_timeout_s <= value:
             report.error(
                 path,
-                f"({watchdog.stall_timeout_s}) must exceed async_rl.rollout_failure.{deadline} ({value}), or a "
-                "slow but healthy request is reported as a stall",
+                f"({watchdog.stall_timeout_s}) must exceed {knob} ({value}), or a slow but healthy request is "
+                "reported as a stall",
             )
+
+
+_REQUEST_DEADLINES = ("generation_timeout_s", "env_timeout_s", "rollout_timeout_s")
+
+
+@ties(
+    "async_rl.in_flight_weight_updates",
+    "async_rl.drain_timeout_s",
+    "async_rl.rollout_failure.generation_timeout_s",
+)
+def drain_deadline(config: SCConfig, report: Report) -> None:
+    """The drain gate must outwait one generation request, or a healthy one in flight at a refit fails the run."""
+    runtime, generation_timeout = config.async_rl, config.async_rl.rollout_failure.generation_timeout_s
+    if runtime.in_flight_weight_updates or generation_timeout is None:
+        return
+    if runtime.drain_timeout_s < generation_timeout:
+        report.error(
+            "async_rl.drain_timeout_s",
+            f"({runtime.drain_timeout_s}) is below async_rl.rollout_failure.generation_timeout_s ({generation_timeout})"
+            "; a healthy generation in flight at a refit would hit the drain deadline, raise it to at least "
+            f"{generation_timeout}",
+        )
 
 
 @ties("checkpointing.enabled", "checkpointing.save_data_plane", "async_rl.sampler.target")
@@ -259,6 +285,7 @@ RUNTIME_RULES = (
     custom_sampler_importable,
     failure_budgets,
     watchdog_deadlines,
+    drain_deadline,
     data_plane_checkpoints,
     checkpoint_ranking,
     periodic_snapshots,

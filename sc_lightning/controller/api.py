@@ -160,6 +160,11 @@ class SelectTimeout(TimeoutError):
     """The trainer waited longer than its deadline for enough ready groups."""
 
 
+class DrainTimeout(TimeoutError):
+    """The drain gate waited past ``async_rl.drain_timeout_s`` for in-flight rollouts; names the step, the prompts
+    and groups still generating, and the engine."""
+
+
 class ControllerUnresponsive(TimeoutError):
     """The controller did not answer a call within its deadline."""
 

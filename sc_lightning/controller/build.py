@@ -105,6 +105,7 @@ def build_controller(
             replacing=failure.on_dropped_prompt == "replace",
         ),
         reserve=_replacement_reserve(config),
+        drain_timeout_s=None if config.async_rl.in_flight_weight_updates else config.async_rl.drain_timeout_s,
     )
     watchdog = config.async_rl.stall_watchdog
     controller.add_background_task(

@@ -14,8 +14,9 @@
     train side:    evict(v)              drop groups that can never be trained (frees their permits)
                    select(v, min, max)   wait for and take ready groups (frees their permits); metadata only;
                                          they are the step's *training claims*
-                   begin_refit(v + 1)    release the claims (delete their rows and evicted groups' rows), close
-                                         dispatch, abort rollouts the sampler says are doomed
+                   begin_refit(v + 1)    close dispatch, abort rollouts the sampler says are doomed, (drain gate)
+                                         wait for the rest to finish, release the claims (delete their rows and
+                                         evicted groups' rows)
                    push_weights(w, v+1)  load the trainer's new weights into the engine (once, or bucket by
                                          bucket: the engine adopts v + 1 with the last)
                    finish_refit(v + 1)   stamp the engine's new version, reopen dispatch
@@ -28,7 +29,14 @@ Lightning, so the same object runs in a Ray actor or on a background thread (see
 
 One file (past 400 lines) for one state machine: the pump and the train side share a condition, the dispatch gate,
 the permits and the ledger, and each half's invariants are the other's (select waits on commits; begin_refit closes
-the pump's gate and aborts its rollouts). The ledger and the checkpoint cut are collaborators in their own files.
+the pump's gate and aborts its rollouts). The ledger, the checkpoint cut and the dispatch gate are collaborators in
+their own files.
+
+The drain gate (``async_rl.in_flight_weight_updates: false``, ``drain_timeout_s`` here): begin_refit waits, under
+its deadline, until no rollout that passed the dispatch gate is still generating, so every group starts and ends on
+one weight version. A colocated engine drains before it stands down (its paused requests would otherwise straddle
+the refit); dispatch then stays closed until finish_refit. The gate drains at every refit, a PPO critic warm-up's
+too: the weights do not change there, but the version stamped on rollouts does.
 """
 
 from __future__ import annotations
@@ -47,6 +55,7 @@ import torch
 from sc_lightning.config.runtime import RolloutRecoveryConfig
 from sc_lightning.controller.api import (
     ControllerStats,
+    DrainTimeout,
     GroupMeta,
     RefitReport,
     RolloutPumpError,
@@ -55,6 +64,7 @@ from sc_lightning.controller.api import (
 )
 from sc_lightning.controller.buffer import TQReplayBuffer
 from sc_lightning.controller.checkpointing import ControllerCheckpoint
+from sc_lightning.controller.dispatch_gate import DispatchGate
 from sc_lightning.controller.drops import DropBudgets, DropLedger
 from sc_lightning.controller.ledger import RecoveryLedger
 from sc_lightning.controller.permits import Permits
@@ -88,12 +98,14 @@ class SingleController:
         warmup_window: tuple[int, int] | None = None,
         drop_budgets: DropBudgets | None = None,
         reserve: ReplacementReserve | None = None,
+        drain_timeout_s: float | None = None,
     ) -> None:
         """``warmup_window = (start_step, lookahead)``: PPO critic warm-up — the sampler was built with the wider
         warm-up lookahead; once the trainer reaches ``start_step`` its gate window narrows to ``lookahead``.
         ``drop_budgets`` default to none (a group whose retries are spent stops the run); ``reserve`` to empty.
         ``served`` is the engine and the version new rollouts are stamped with: the controller advances it at each
-        refit; ``manager`` (built over the same ``served``) only reads it."""
+        refit; ``manager`` (built over the same ``served``) only reads it. ``drain_timeout_s``: the drain gate's
+        deadline (None: refits leave generations in flight, ``async_rl.in_flight_weight_updates: true``)."""
         if manager.served is not served:
             raise ValueError("the rollout manager must read the controller's served policy")
         self.buffer, self.sampler, self.served, self.manager, self.prompts = buffer, sampler, served, manager, prompts
@@ -108,8 +120,8 @@ class SingleController:
         self.inflight_permits = Permits(max_inflight_prompts, "async_rl.max_inflight_prompts")
         self.trainer_version = served.version
         self._changed = asyncio.Condition()
-        self._dispatch_open = asyncio.Event()
-        self._dispatch_open.set()
+        self.gate = DispatchGate()
+        self.drain_timeout_s = drain_timeout_s
         self._pump: asyncio.Task | None = None
         self._failure: BaseException | None = None
         self._exhausted = False
@@ -192,13 +204,13 @@ class SingleController:
             self._release_buffer_permit(sequence)
             raise
         try:
-            await self._dispatch_open.wait()
+            await self.gate.enter()
         except BaseException:
             self._release_both(sequence)
             raise
         started = asyncio.Event()
         task = group.create_task(self._dispatch_one(entry, started, sequence), name=f"rollout {entry.prompt.prompt_id}")
-        task.add_done_callback(lambda t: None if started.is_set() else self._release_both(sequence))
+        task.add_done_callback(lambda t: None if started.is_set() else self._never_started(sequence))
         self._counts["dispatched"] += 1
         await self._notify()
 
@@ -210,9 +222,14 @@ class SingleController:
         self._release_buffer_permit(sequence)
         self.inflight_permits.release()
 
+    def _never_started(self, sequence: int) -> None:
+        self._release_both(sequence)
+        self.gate.leave()
+
     async def _dispatch_one(self, entry: PendingGroup, started: asyncio.Event, sequence: int) -> None:
         started.set()
         committed = False
+        through_gate = True  # counted by the dispatch gate as generating
         spares = 0  # spares that took a dropped group's place in this slot
         try:
             while True:
@@ -227,7 +244,10 @@ class SingleController:
                     if replacement is None:
                         return  # dropped; its step shrinks
                     entry, spares = replacement, spares + 1
-                    await self._dispatch_open.wait()
+                    self.gate.leave()  # the spare passes the gate afresh: a refit may be draining meanwhile
+                    through_gate = False
+                    await self.gate.enter()
+                    through_gate = True
             committed = True  # the buffer permit now belongs to the group until it is selected or evicted
             self.ledger.commit(sequence, meta.group_id, entry)  # no await since the buffer's commit: one cut
             self._last_progress = time.monotonic()
@@ -241,6 +261,8 @@ class SingleController:
             raise
         finally:
             self.inflight_permits.release()
+            if through_gate:
+                self.gate.leave()
             if committed:
                 self.ledger.holding_permit.discard(sequence)  # the committed group holds it now, not a pending one
             else:
@@ -359,18 +381,25 @@ class SingleController:
             self._counts[counter] += len(groups)
 
     async def begin_refit(self, next_version: int) -> int:
-        """The step is trained: release its claims (delete their rows), close dispatch, abort doomed rollouts.
+        """The step is trained: close dispatch, abort doomed rollouts, drain the rest (drain gate), release the
+        step's claims (delete their rows).
 
-        Returns how many in-flight rollouts were aborted.
+        Returns how many in-flight rollouts were aborted. The drain gate raises DrainTimeout past its deadline.
         """
+        self.gate.close()
+        aborted = await self._abort_doomed(next_version)
+        await self._drain(step=next_version - 1)
         async with self.ledger.claims_lock:
             self._last_step_drops = self.drops.close_step(next_version - 1)
             self._selected_for = Counter({v: n for v, n in self._selected_for.items() if v >= next_version})
             claims = self.ledger.release_claims()
             await self.buffer.delete_rows(claims)  # and the rows of groups evicted meanwhile
-            self._dispatch_open.clear()
             self.trainer_version = next_version
         self._refit_engine_s.clear()  # a new refit: its buckets share a fresh deadline
+        return aborted
+
+    async def _abort_doomed(self, next_version: int) -> int:
+        """Cancel the in-flight rollouts the sampler says ``next_version`` can never train; how many."""
         doomed = [
             group.task
             for group in list(self.manager.inflight.values())
@@ -387,8 +416,31 @@ class SingleController:
         self._counts["aborted"] += len(doomed)
         return len(doomed)
 
+    async def _drain(self, *, step: int) -> None:
+        """The drain gate (dispatch closed): wait until no rollout is generating; a no-op when it is off."""
+        if self.drain_timeout_s is None:
+            return
+        try:
+            await self.gate.drain(self.drain_timeout_s)
+        except TimeoutError:
+            stuck = ", ".join(
+                f"prompt {group.prompt_id} (group {group_id}, start_weight {group.start_weight})"
+                for group_id, group in self.manager.inflight.items()
+            )
+            raise DrainTimeout(
+                f"step {step}: the drain gate (async_rl.in_flight_weight_updates: false) waited past "
+                f"async_rl.drain_timeout_s={self.drain_timeout_s} for {self.gate.generating} rollout(s) still "
+                f"generating on engine {self.served.engine.name!r}: {stuck or 'none started yet'}"
+            ) from None
+
     async def stand_down_engine(self) -> None:
-        """Colocated engine: release the accelerator for the train step (in-flight requests pause)."""
+        """Colocated engine: release the accelerator for the train step (in-flight requests pause).
+
+        Under the drain gate, dispatch closes (until finish_refit) and the rollouts in flight finish first.
+        """
+        if self.drain_timeout_s is not None:
+            self.gate.close()
+            await self._drain(step=self.trainer_version)
         await self.served.engine.stand_down()
         self.manager.goodput.stand_down()
 
@@ -427,7 +479,7 @@ class SingleController:
         self.trainer_version = self.served.version = version
         self._last_progress = time.monotonic()  # a step completed
         self._end_warmup_window()
-        self._dispatch_open.set()
+        self.gate.open()
         await self._notify()
 
     async def refit(

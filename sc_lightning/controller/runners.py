@@ -71,6 +71,11 @@ async def build_and_start(build: ControllerFactory, before_start: BeforeStart | 
 class ControllerHandle:
     """The blocking train-side API of a running controller; a subclass supplies the transport."""
 
+    refit_deadline_s: float | None = None
+    """The deadline of a call that may drain in-flight rollouts (begin_refit, refit, stand_down_engine) under the
+    drain gate: past the controller's own ``drain_timeout_s``, so its DrainTimeout comes first (None: the home's
+    default)."""
+
     def _invoke(self, method: str, *args: Any, deadline_s: float | None = None, **kwargs: Any) -> Any:
         """Run the controller's ``method`` in its home and wait for the answer (``deadline_s``: the home's
         default)."""
@@ -95,11 +100,11 @@ class ControllerHandle:
         self, version: int, named_tensors: list[tuple[str, torch.Tensor]] | None, *, wake: bool = False
     ) -> RefitReport:
         """One whole refit in one call: begin, push (None: the policy is unchanged), wake, finish."""
-        return self._invoke("refit", version, named_tensors, wake=wake)
+        return self._invoke("refit", version, named_tensors, wake=wake, deadline_s=self.refit_deadline_s)
 
     def begin_refit(self, next_version: int) -> int:
-        """Close dispatch and abort doomed rollouts."""
-        return self._invoke("begin_refit", next_version)
+        """Close dispatch, abort doomed rollouts and (drain gate) wait for the rest to finish."""
+        return self._invoke("begin_refit", next_version, deadline_s=self.refit_deadline_s)
 
     def push_weights(self, named_tensors: list[tuple[str, torch.Tensor]], version: int, *, last: bool = True) -> None:
         """Load new weights into the generation engine (``last=False``: one bucket of them, more follow)."""
@@ -107,7 +112,7 @@ class ControllerHandle:
 
     def stand_down_engine(self) -> None:
         """Release a colocated engine's accelerator for the train step."""
-        self._invoke("stand_down_engine")
+        self._invoke("stand_down_engine", deadline_s=self.refit_deadline_s)
 
     def wake_engine(self) -> None:
         """Take the accelerator back for a colocated engine."""
@@ -141,6 +146,8 @@ class LocalController(ControllerHandle):
         self._thread = threading.Thread(target=self._loop.run_forever, name="sc-controller", daemon=True)
         self._thread.start()
         self.controller: SingleController = self.call(build_and_start(build, before_start))
+        drain_s = self.controller.drain_timeout_s
+        self.refit_deadline_s = None if drain_s is None else drain_s + call_timeout_s
 
     def call(self, coroutine: Coroutine[Any, Any, T], timeout_s: float | None = None, *, name: str | None = None) -> T:
         """Run a coroutine on the controller's event loop (e.g. a call on its engine) and return its result.

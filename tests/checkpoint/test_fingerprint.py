@@ -40,6 +40,7 @@ def test_operational_changes_keep_the_fingerprint() -> None:
             checkpointing__checkpoint_dir="/elsewhere",
             trainer__default_root_dir="/logs",
             policy__generation__refit_timeout_s=5.0,
+            async_rl__drain_timeout_s=30.0,
             async_rl__stall_watchdog__stall_timeout_s=10.0,
             policy__optimizer__lr=1.0,
         )

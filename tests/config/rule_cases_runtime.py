@@ -155,6 +155,28 @@ RUNTIME_CASES: list[tuple[str, dict[str, Any], dict[str, Any], str, str]] = [
         "generation_timeout_s (600.0)",
     ),
     (
+        "stall beyond the drain deadline",
+        variant({"async_rl": {"in_flight_weight_updates": False, "drain_timeout_s": 600}}),
+        variant(
+            {
+                "async_rl": {
+                    "in_flight_weight_updates": False,
+                    "drain_timeout_s": 1200,
+                    "stall_watchdog": {"stall_timeout_s": 1200},
+                }
+            }
+        ),
+        "async_rl.stall_watchdog.stall_timeout_s",
+        "must exceed async_rl.drain_timeout_s (1200",
+    ),
+    (
+        "drain outwaits a generation",
+        variant({"async_rl": {"in_flight_weight_updates": True, "drain_timeout_s": 60}}),
+        variant({"async_rl": {"in_flight_weight_updates": False, "drain_timeout_s": 60}}),
+        "async_rl.drain_timeout_s",
+        "below async_rl.rollout_failure.generation_timeout_s (600.0)",
+    ),
+    (
         "checkpoints save the data plane",
         variant(ckpt(enabled=True, save_data_plane=True)),
         variant(ckpt(enabled=True)),

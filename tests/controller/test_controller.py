@@ -31,9 +31,11 @@ def config(
     buffered: int | None = None,
     min_groups: int | None = None,
     failure: dict | None = None,
+    runtime: dict | None = None,
 ) -> SCConfig:
     """A small GRPO config: n prompts x 2 generations per step over the arithmetic task (``failure``: the
-    async_rl.rollout_failure knobs; by default no retries, so an injected failure surfaces at once)."""
+    async_rl.rollout_failure knobs; by default no retries, so an injected failure surfaces at once; ``runtime``:
+    more async_rl knobs)."""
     return load_config(
         {
             "grpo": {"num_prompts_per_step": n, "num_generations_per_prompt": 2, "max_num_epochs": 1, "seed": 3},
@@ -43,6 +45,7 @@ def config(
                 "max_buffered_rollouts": buffered,
                 "min_groups_for_streaming_train": min_groups,
                 "rollout_failure": failure or {"max_infra_attempts_per_prompt": 1, "max_data_attempts_per_prompt": 1},
+                **(runtime or {}),
             },
             "data_plane": {"backend": "memory"},
         }
