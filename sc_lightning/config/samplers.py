@@ -127,6 +127,13 @@ class WindowedSamplerConfig(_SamplerMode):
         1, "Groups with start_weight outside [train - S, train] are evicted.", unit="weight versions", ge=0
     )
     sample_freshest_first: bool = knob(False, "Prefer the freshest eligible groups when more are ready than needed.")
+    over_sampling_ratio: float | None = knob(
+        None,
+        "Caps dispatch at floor(ratio x (S + 1)) steps' batches ahead of the trainer (ratio x num_prompts_per_step "
+        "x (S + 1) groups, in whole batches): 1 generates no more than the window trains, more over-samples "
+        "(null = uncapped: until the buffer is full).",
+        ge=1,
+    )
 
     gate_knob: ClassVar[str | None] = None
 

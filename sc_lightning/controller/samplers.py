@@ -9,11 +9,14 @@ clearing their rows) and ``select`` (take eligible ready groups out of the buffe
     in_order     cursor < v + L                    ready groups whose target_step == v
     weight_fifo  cursor < v + S                    ready groups of the oldest in-window start_weight
     ready_first  cursor < v + S                    any ready group with start_weight <= v
-    windowed     none (buffer capacity only)       ready groups with start_weight in [v - S, v]
+    windowed     none (buffer capacity only), or   ready groups with start_weight in [v - S, v]
+                 cursor < v + floor(r x (S + 1)) - 1
+                 with over_sampling_ratio r
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any, ClassVar, Protocol, runtime_checkable
 
@@ -241,14 +244,42 @@ class ReadyFirstSampler(GatedSampler):
 
 
 class WindowedSampler(BaseSampler):
-    """Over-sampled streaming: ungated dispatch; train groups with start_weight in [v - S, v]; evict older ones."""
+    """Over-sampled streaming: train groups with start_weight in [v - S, v]; evict older ones.
 
-    def __init__(self, buffer: TQReplayBuffer, *, max_staleness_versions: int, sample_freshest_first: bool) -> None:
+    Dispatch is ungated (the buffer's capacity bounds it), or, with ``over_sampling_ratio`` r, capped at
+    ``floor(r x (S + 1))`` batches admitted ahead of the trainer: batch b is admitted only once the trainer reaches
+    ``b - floor(r x (S + 1)) + 1``. With r = 1 the batch a step trains was dispatched at most S versions before it,
+    so in-order completions are never evicted; r > 1 over-samples by the rest, so a step need not wait for its
+    stragglers. Without the cap, an engine faster than the trainer refills every evicted group's permit at once and
+    keeps generating groups that age out of the window.
+    """
+
+    def __init__(
+        self,
+        buffer: TQReplayBuffer,
+        *,
+        max_staleness_versions: int,
+        sample_freshest_first: bool,
+        over_sampling_ratio: float | None = None,
+    ) -> None:
         super().__init__(buffer)
         if max_staleness_versions < 0:
             raise SamplerError(f"max_staleness_versions must be >= 0, got {max_staleness_versions}")
+        if over_sampling_ratio is not None and over_sampling_ratio < 1:
+            raise SamplerError(f"over_sampling_ratio must be >= 1 (or None), got {over_sampling_ratio}")
         self.max_staleness_versions = max_staleness_versions
         self.sample_freshest_first = sample_freshest_first
+        self.batches_ahead = (  # round() first: 1.16 x 25 is 28.999999999999996 in floating point
+            None
+            if over_sampling_ratio is None
+            else math.floor(round(over_sampling_ratio * (max_staleness_versions + 1), 9))
+        )
+
+    def can_admit(self, trainer_version: int) -> bool:
+        """Ungated, or at most ``batches_ahead`` batches admitted from the trainer's own onwards."""
+        if self.batches_ahead is None:
+            return True
+        return self._dispatch_index + 1 < trainer_version + self.batches_ahead
 
     def eviction_window(self) -> int:
         """The staleness window."""
@@ -278,6 +309,7 @@ def create_sampler(buffer: TQReplayBuffer, config: cfg.SamplerConfig) -> PromptG
             buffer,
             max_staleness_versions=config.max_staleness_versions,
             sample_freshest_first=config.sample_freshest_first,
+            over_sampling_ratio=config.over_sampling_ratio,
         ),
         cfg.CustomSamplerConfig: lambda: _custom_sampler(buffer, config),
     }

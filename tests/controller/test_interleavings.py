@@ -4,7 +4,8 @@ Hypothesis drives a small model of the two pumps: the rollout side admits batche
 slots under buffer permits and commits or fails them in any order; the train side evicts and selects chunks,
 and refits when a step is complete (aborting rollouts the sampler says are doomed). After every operation:
 every buffered slot holds exactly one permit, no group is selected twice, every committed group is selected,
-evicted or still buffered, in_order trains only on a group's target step, and staleness stays in the window.
+evicted or still buffered, in_order trains only on a group's target step, staleness stays in the window, and a
+capped windowed sampler never has more batches admitted ahead of the trainer than its over_sampling_ratio allows.
 """
 
 from __future__ import annotations
@@ -111,6 +112,9 @@ class Model:
 
     def check(self) -> None:
         assert self.permits.held == len(self.buffer), "every buffered slot holds exactly one permit"
+        cap = getattr(self.sampler, "batches_ahead", None)
+        if cap is not None:  # windowed's over_sampling_ratio: never more batches admitted ahead of the trainer
+            assert self.sampler.dispatch_index + 1 - self.version <= cap, "dispatched past the over-sampling cap"
         buffered_ready = {m.group_id for m in self.buffer.ready_metas()}
         assert self.committed == self.selected | self.evicted | buffered_ready, "a committed group went missing"
         assert not (self.selected & self.evicted) and not (self.selected & buffered_ready)
@@ -122,6 +126,9 @@ SAMPLERS = {
     "ready_first": lambda b, w: ReadyFirstSampler(b, gate_window=w),
     "windowed": lambda b, w: WindowedSampler(b, max_staleness_versions=w, sample_freshest_first=False),
     "windowed_freshest": lambda b, w: WindowedSampler(b, max_staleness_versions=w, sample_freshest_first=True),
+    "windowed_capped": lambda b, w: WindowedSampler(
+        b, max_staleness_versions=w, sample_freshest_first=False, over_sampling_ratio=1.5
+    ),
 }
 
 operation = st.one_of(

@@ -96,6 +96,33 @@ def test_windowed_admission_is_ungated() -> None:
     assert sampler.required_buffer_capacity(4) is None
 
 
+@pytest.mark.parametrize(
+    ("ratio", "window", "ahead"),
+    [
+        (1.0, 0, 1),  # floor(1 x 1): one batch, the trainer's own
+        (1.0, 1, 2),  # floor(1 x 2): the window's two versions, as weight_fifo's gate
+        (1.5, 1, 3),  # floor(1.5 x 2)
+        (1.2, 1, 2),  # floor(2.4): whole batches only
+        (1.16, 24, 29),  # 1.16 x 25 is 28.999999999999996 in floating point; still 29
+    ],
+)
+def test_windowed_over_sampling_ratio_caps_the_batches_ahead_of_the_trainer(ratio, window, ahead) -> None:
+    sampler = WindowedSampler(
+        new_buffer(), max_staleness_versions=window, sample_freshest_first=False, over_sampling_ratio=ratio
+    )
+    admitted = 0
+    while sampler.can_admit(0):
+        sampler.admit()
+        admitted += 1
+    assert admitted == ahead
+    for version in (1, 2):  # each trainer step lets exactly one more batch in
+        assert sampler.can_admit(version)
+        sampler.admit()
+        assert not sampler.can_admit(version)
+    with pytest.raises(SamplerError, match="over_sampling_ratio must be >= 1"):
+        WindowedSampler(new_buffer(), max_staleness_versions=1, sample_freshest_first=False, over_sampling_ratio=0.5)
+
+
 def test_dispatch_cursor_resumes_exactly() -> None:
     sampler = InOrderSampler(new_buffer(), gate_window=1)
     sampler.restore_dispatch_index(4)  # batches 0..4 were admitted before the restart
@@ -225,6 +252,9 @@ def test_create_sampler_from_config() -> None:
     assert isinstance(sampler, InOrderSampler) and sampler.required_buffer_capacity(4) == 12
     windowed = create_sampler(buffer, cfg.WindowedSamplerConfig(max_staleness_versions=2, sample_freshest_first=True))
     assert isinstance(windowed, WindowedSampler) and windowed.sample_freshest_first
+    assert windowed.batches_ahead is None  # uncapped by default
+    capped = create_sampler(buffer, cfg.WindowedSamplerConfig(max_staleness_versions=2, over_sampling_ratio=1.5))
+    assert capped.batches_ahead == 4  # floor(1.5 x 3)
 
 
 def test_custom_sampler_gets_kwargs_and_is_type_checked() -> None:
