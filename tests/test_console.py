@@ -74,6 +74,14 @@ def test_the_banner_names_the_endpoint_the_layout_checkpoints_and_missing_kernel
     assert banner(config, facts).splitlines()[0].endswith("(policy 1.3 B, critic 1.1 B parameters)")
     colocated, _ = load_and_check([TINY, "configs/colocated.yaml"])
     assert "\n  generation: megatron engine in the trainer process (colocated, on cuda)\n" in banner(colocated, facts)
+    capped, _ = load_and_check(
+        [TINY, "configs/samplers/windowed.yaml"],
+        ["async_rl.sampler.over_sampling_ratio=1.5", "async_rl.in_flight_weight_updates=false"],
+    )
+    assert (
+        "\n  sampler: windowed (max_staleness_versions 1, over_sampling_ratio 1.5), 8 groups x 8 generations per "
+        "step, buffer 32 groups; each refit drains the rollouts in flight\n"
+    ) in banner(capped, facts)
 
 
 def test_quieting_drops_the_known_noise_and_nothing_else(caplog: pytest.LogCaptureFixture) -> None:

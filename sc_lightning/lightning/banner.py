@@ -27,7 +27,7 @@ from lightning.pytorch.utilities.model_summary import get_human_readable_count
 
 from sc_lightning.config import SCConfig, resolve
 
-_SAMPLER_WINDOW_KNOBS = ("max_lookahead_versions", "max_staleness_versions", "target")
+_SAMPLER_WINDOW_KNOBS = ("max_lookahead_versions", "max_staleness_versions", "over_sampling_ratio", "target")
 _FAST_KERNELS = {"apex": "Apex", "transformer_engine": "Transformer Engine"}
 
 
@@ -83,10 +83,17 @@ def _placement(config: SCConfig, device: str) -> str:
 
 def _sampler(config: SCConfig) -> str:
     sampler, resolved = config.async_rl.sampler, resolve(config)
-    window = ", ".join(f"{k} {getattr(sampler, k)}" for k in _SAMPLER_WINDOW_KNOBS if hasattr(sampler, k))
+    knobs = {k: getattr(sampler, k, None) for k in _SAMPLER_WINDOW_KNOBS}
+    window = ", ".join(
+        f"{k} {value:g}" if isinstance(value, float) else f"{k} {value}"
+        for k, value in knobs.items()
+        if value is not None
+    )
+    drain = "" if config.async_rl.in_flight_weight_updates else "; each refit drains the rollouts in flight"
     return (
         f"{sampler.name}{f' ({window})' if window else ''}, {resolved.groups_per_step} groups x "
-        f"{config.algo.num_generations_per_prompt} generations per step, buffer {resolved.max_buffered_rollouts} groups"
+        f"{config.algo.num_generations_per_prompt} generations per step, buffer {resolved.max_buffered_rollouts} "
+        f"groups{drain}"
     )
 
 
