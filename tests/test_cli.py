@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -271,6 +272,38 @@ def test_every_sampler_overlay_trains_a_few_steps(mode: str, tmp_path) -> None:
     steps = step_metrics(tmp_path)
     assert len(steps) == 3
     assert all(float(r["train/staleness_max"]) <= 1 for r in steps)  # every overlay allows one version of lag
+
+
+def test_the_drain_gate_trains_no_row_spanning_two_weight_versions(tmp_path) -> None:
+    """in_order with a lookahead of 1 generates the next step's groups while a step trains, so they are in flight at
+    its refit; with in_flight_weight_updates false the refit waits for them, and train_data.jsonl holds no row whose
+    start_weight differs from its end_weight, though rows generated a version ahead are trained."""
+    result = run(
+        "fit",
+        "--config",
+        TINY,
+        "--config",
+        "tests/small_steps.yaml",
+        "--async_rl.max_buffered_rollouts",
+        "8",
+        "--async_rl.max_inflight_prompts",
+        "8",
+        "--async_rl.in_flight_weight_updates",
+        "false",
+        "--data.train_data_log",
+        "true",
+        "--data_plane.backend",
+        "memory",
+        "--grpo.max_num_steps",
+        "4",
+        f"--trainer.default_root_dir={tmp_path}",
+        "--trainer.enable_progress_bar=false",
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = [json.loads(line) for line in (tmp_path / "train_data.jsonl").read_text().splitlines()]
+    assert len(rows) == 4 * 16  # 4 steps x 4 groups x 4 generations
+    assert [row for row in rows if row["start_weight"] != row["end_weight"]] == []
+    assert any(row["step"] - row["start_weight"] == 1 for row in rows)  # generated ahead, on one version
 
 
 def train_unchanged(config: str, tmp_path) -> list[dict[str, str]]:
