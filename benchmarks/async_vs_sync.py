@@ -6,14 +6,18 @@ each time, the in-process data plane, the engine in a Ray actor (its own process
 
   sync       in_order, max_lookahead_versions 0: generation and training alternate
   async      in_order, max_lookahead_versions 1: the next step's groups generate while this step trains
+  drain      async with the drain gate (in_flight_weight_updates: false): each refit waits for the groups in
+             flight, so none spans two weight versions
   windowed   windowed, max_staleness_versions 1, streamed chunks of >= 2 groups
+  capped     windowed with over_sampling_ratio 1: dispatch at most (S + 1) batches ahead of the trainer
 
 From the sync run: S = median step time, G = median time the trainer waits for rollouts per step, and
 T = S - G = everything else the trainer does per step (training, refit/weight sync, dispatch and bookkeeping), all
 of which stays on the trainer's critical path in every mode. Perfect overlap hides generation behind that work, so
 the ideal step is max(G, T) and the bound is S / max(G, T) = (G + T) / max(G, T). The table reports each run's
-median step time, its speed-up over sync and that speed-up as a fraction of the bound. Target (design.md): async
-reaches >= 90% of the bound.
+median step time, its speed-up over sync and that speed-up as a fraction of the bound, and the engine's wasted
+completion tokens (goodput: evicted, aborted or failed groups') as a share of all it generated whose fate is known.
+Target (design.md): async reaches >= 90% of the bound.
 
     python benchmarks/async_vs_sync.py [--steps 40] [--max-new-tokens 24]
 """
@@ -57,6 +61,12 @@ MODES = {
         "async_rl.max_buffered_rollouts=8",
         "async_rl.max_inflight_prompts=8",
     ],
+    "drain": [
+        "async_rl.sampler.max_lookahead_versions=1",
+        "async_rl.max_buffered_rollouts=8",
+        "async_rl.max_inflight_prompts=8",
+        "async_rl.in_flight_weight_updates=false",
+    ],
     "windowed": [
         "async_rl.sampler.name=windowed",
         "async_rl.sampler.max_staleness_versions=1",
@@ -65,19 +75,23 @@ MODES = {
         "async_rl.min_groups_for_streaming_train=2",
     ],
 }
+MODES["capped"] = [*MODES["windowed"], "async_rl.sampler.over_sampling_ratio=1"]
 
 
 class StepTimes(Callback):
-    """Collects the per-step timing metrics the module and the rollout monitor log."""
+    """Collects the per-step timing metrics the module and the rollout monitor log, and the engine's token goodput."""
 
     def __init__(self) -> None:
         self.rows: list[dict[str, float]] = []
+        self.tokens = {"wasted": 0, "trained": 0}
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         """Keep this step's timings."""
         metrics = trainer.callback_metrics
         names = ("total_step_time", "exposed_generation", "policy_training", "weight_sync")
         self.rows.append({n: float(metrics[f"timing/train/{n}"]) for n in names if f"timing/train/{n}" in metrics})
+        engine = trainer.strategy.controller.stats().engine_time
+        self.tokens = {"wasted": engine.wasted_tokens, "trained": engine.trained_tokens}
 
 
 def run(mode: str, steps: int, max_new_tokens: int) -> dict[str, float]:
@@ -108,11 +122,12 @@ def run(mode: str, steps: int, max_new_tokens: int) -> dict[str, float]:
     )
     trainer.fit(GRPOModule(config))
     rows = times.rows[3:]  # skip warm-up steps
-    return {key: statistics.median(r[key] for r in rows if key in r) for key in rows[-1]}
+    medians = {key: statistics.median(r[key] for r in rows if key in r) for key in rows[-1]}
+    return {**medians, "wasted_share": times.tokens["wasted"] / max(1, sum(times.tokens.values()))}
 
 
 def main() -> None:
-    """Run the three modes and print the table."""
+    """Run every mode and print the table."""
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--max-new-tokens", type=int, default=24)
@@ -131,10 +146,11 @@ def main() -> None:
         f"(training {sync['policy_training'] * 1e3:.1f} ms, weight sync {sync['weight_sync'] * 1e3:.1f} ms); "
         f"ideal overlap bound (G+T)/max(G,T) = {bound:.2f}x"
     )
-    print(f"{'mode':<10} {'step ms':>8} {'speed-up':>9} {'of bound':>9}")
+    print(f"{'mode':<10} {'step ms':>8} {'speed-up':>9} {'of bound':>9} {'wasted':>7}")
     for mode, r in results.items():
         speedup = sync["total_step_time"] / r["total_step_time"]
-        print(f"{mode:<10} {r['total_step_time'] * 1e3:8.1f} {speedup:8.2f}x {speedup / bound:8.0%}")
+        row = f"{r['total_step_time'] * 1e3:8.1f} {speedup:8.2f}x {speedup / bound:8.0%} {r['wasted_share']:6.1%}"
+        print(f"{mode:<10} {row}")
     print(f"measured {time.strftime('%Y-%m-%d')}, {torch.get_num_threads()} torch thread(s)")
 
 
