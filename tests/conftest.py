@@ -24,6 +24,19 @@ REPO = Path(__file__).resolve().parent.parent
 TINY = REPO / "configs" / "grpo_tiny.yaml"
 # The tests' base config: the shipped tiny config, colocated and synchronous, at 4 groups x 4 generations per step.
 TEST_BASE = (TINY, REPO / "configs" / "colocated.yaml", REPO / "tests" / "small_steps.yaml")
+# torch.distributed's rendezvous variables: a test process may have set them up, a child started as a user starts it
+# must not inherit them (it would join this process's taken port)
+RENDEZVOUS = ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK")
+
+
+def user_environment(*, without: Sequence[str] = (), without_prefix: str | None = None) -> dict[str, str]:
+    """This process's environment as a user's shell would hold it: no rendezvous, nor the names in ``without``."""
+    dropped = {*RENDEZVOUS, *without}
+    return {
+        k: v
+        for k, v in os.environ.items()
+        if k not in dropped and (without_prefix is None or not k.startswith(without_prefix))
+    }
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

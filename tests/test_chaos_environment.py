@@ -9,7 +9,6 @@ the environment writes and the metrics the run logs.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from collections import Counter
@@ -18,8 +17,8 @@ from pathlib import Path
 import pytest
 
 from tests.chaos_envs import attempt_fails
-from tests.conftest import REPO, TEST_BASE
-from tests.test_cli import RENDEZVOUS, step_metrics
+from tests.conftest import REPO, TEST_BASE, user_environment
+from tests.test_cli import step_metrics
 from tests.test_recovery import write_dataset
 
 pytestmark = pytest.mark.slow
@@ -57,7 +56,7 @@ def train_with_flaky_environment(tmp_path: Path, *extra: str) -> tuple[list[dict
         "--trainer.enable_progress_bar", "false",
         *extra,
     ]  # fmt: skip
-    env = {k: v for k, v in os.environ.items() if k not in RENDEZVOUS}
+    env = user_environment()
     env |= {"SC_CHAOS_SEED": str(SEED), "SC_CHAOS_FAULT_LOG": str(tmp_path / "faults.log")}
     result = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]

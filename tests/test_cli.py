@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import time
@@ -15,7 +14,7 @@ from sc_lightning.cli import main
 from sc_lightning.config import ConfigError
 from sc_lightning.rollout.goodput import EngineTime
 from sc_lightning.trainer.goodput import TRAINER_PARTS
-from tests.conftest import REPO, TEST_BASE
+from tests.conftest import REPO, TEST_BASE, user_environment
 
 TINY = "configs/grpo_tiny.yaml"
 
@@ -23,12 +22,9 @@ TINY = "configs/grpo_tiny.yaml"
 pytestmark = pytest.mark.slow
 
 
-RENDEZVOUS = ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK")
-
-
 def run(*args: str, timeout_s: float = 300) -> subprocess.CompletedProcess:
     # a fresh process, as a user starts it: not the torch.distributed rendezvous this test process may have set up
-    env = {k: v for k, v in os.environ.items() if k not in RENDEZVOUS}
+    env = user_environment()
     return subprocess.run(
         [sys.executable, "-m", "sc_lightning", *args],
         cwd=REPO,

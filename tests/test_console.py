@@ -18,8 +18,8 @@ from sc_lightning.config.reference import section_summaries
 from sc_lightning.config.reference_text import render_knobs
 from sc_lightning.console import quiet_libraries
 from sc_lightning.lightning.banner import RunFacts, banner
-from tests.conftest import REPO
-from tests.test_cli import RENDEZVOUS, TINY, run
+from tests.conftest import REPO, user_environment
+from tests.test_cli import TINY, run
 
 CHILD_WARNINGS = "ignore:Transformer Engine and Apex are not installed,ignore:Apex is not installed"
 TINY_FACTS = RunFacts(
@@ -174,7 +174,7 @@ def test_the_first_40_lines_of_a_tiny_run_hold_the_banner_and_no_noise(tmp_path:
     """The command scripts/run_tiny.sh runs (one step, serving the endpoint on a pinned port), stdout and stderr as
     a terminal interleaves them: the banner, no traceback, no library warning, no line said twice but the bar's."""
     port = _free_port()
-    env = {k: v for k, v in os.environ.items() if k not in (*RENDEZVOUS, "RAY_LOGGER_LEVEL")}
+    env = user_environment(without=("RAY_LOGGER_LEVEL",))
     result = subprocess.run(
         [sys.executable, "-m", "sc_lightning", "fit", "--config", TINY, "--grpo.max_num_steps=1"]
         + [f"--trainer.default_root_dir={tmp_path}", "--policy.generation.mcore_generation_config.expose_http_server"]

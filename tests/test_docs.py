@@ -8,7 +8,7 @@ import pytest
 
 from sc_lightning.config import SECTION_NAMES
 from sc_lightning.config.reference import render_reference
-from tests.conftest import REPO
+from tests.conftest import REPO, user_environment
 
 
 def test_config_reference_is_current() -> None:
@@ -82,11 +82,8 @@ def test_the_rows_table_matches_the_row_schema() -> None:
 @pytest.mark.slow
 def test_the_readme_python_snippet_trains_with_root_imports_only(tmp_path) -> None:
     """The "Using it from Python" block, as printed (but 2 steps): it imports only from the package root, and runs."""
-    import os
     import subprocess
     import sys
-
-    from tests.test_cli import RENDEZVOUS
 
     readme = (REPO / "README.md").read_text()
     snippet = re.search(r"## Using it from Python\n\n```python\n(.*?)```", readme, re.S).group(1)
@@ -96,7 +93,7 @@ def test_the_readme_python_snippet_trains_with_root_imports_only(tmp_path) -> No
     (tmp_path / "configs").symlink_to(REPO / "configs")
     check = "\nprint('trained steps:', trainer.global_step)\n"
     (tmp_path / "snippet.py").write_text(snippet.replace("grpo.max_num_steps=1000", "grpo.max_num_steps=2") + check)
-    env = {k: v for k, v in os.environ.items() if k not in RENDEZVOUS}  # a fresh process, as a user starts it
+    env = user_environment()  # a fresh process, as a user starts it
     result = subprocess.run(
         [sys.executable, "snippet.py"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600, check=False
     )

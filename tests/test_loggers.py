@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import struct
 import subprocess
 import sys
@@ -15,8 +14,7 @@ import yaml
 
 from sc_lightning.checkpoint.fingerprint import compatibility_identity
 from sc_lightning.cli import main
-from tests.conftest import REPO, TEST_BASE
-from tests.test_recovery import RENDEZVOUS
+from tests.conftest import REPO, TEST_BASE, user_environment
 
 # Each run test starts a Python process that imports Lightning and trains a few tiny steps (about 10 s each).
 pytestmark = pytest.mark.slow
@@ -49,7 +47,7 @@ def offline_wandb_env(tmp_path: Path) -> dict[str, str]:
 
 def fit(root: Path, tmp_path: Path, *overlays: str, steps: int) -> None:
     """Train ``steps`` tiny colocated steps with ``overlays`` layered on the tests' base config, into ``root``."""
-    env = {k: v for k, v in os.environ.items() if k not in RENDEZVOUS and not k.startswith("WANDB_")}
+    env = user_environment(without_prefix="WANDB_")
     configs = [arg for path in (*TEST_BASE, *overlays) for arg in ("--config", str(path))]
     result = subprocess.run(
         [sys.executable, "-m", "sc_lightning", "fit", *configs,

@@ -22,12 +22,11 @@ import pytest
 
 from sc_lightning.checkpoint.atomic import complete_bundles, verify_bundle
 from sc_lightning.checkpoint.snapshots import SNAPSHOTS_DIR
-from tests.conftest import REPO, TEST_BASE
+from tests.conftest import REPO, TEST_BASE, user_environment
 
 pytestmark = pytest.mark.slow
 
 PROMPTS = 160  # 40 steps of 4 groups x 4 generations
-RENDEZVOUS = ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK")
 
 
 def write_dataset(path: Path) -> None:
@@ -70,7 +69,7 @@ def wait_for(predicate, process: subprocess.Popen, what: str, timeout_s: float =
 def run_until_done(argv: list[str], moments: list[tuple], *, seed: int) -> tuple[int, list[str]]:
     """Run ``argv`` again and again, SIGKILLing run k when ``moments[k] = (observation, max_delay_s)`` holds plus a
     random delay of up to max_delay_s, until a run finishes; returns the number of kills and each run's stderr."""
-    rng, env = random.Random(seed), {k: v for k, v in os.environ.items() if k not in RENDEZVOUS}
+    rng, env = random.Random(seed), user_environment()
     kills, stderrs = 0, []
     for _ in range(len(moments) + 8):
         process = subprocess.Popen(argv, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)

@@ -15,7 +15,6 @@ controller and data plane.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -26,8 +25,7 @@ import pytest
 
 from sc_lightning.checkpoint.atomic import complete_bundles
 from sc_lightning.checkpoint.snapshots import SNAPSHOTS_DIR, snapshot_dirs
-from tests.conftest import REPO, TINY
-from tests.test_recovery import RENDEZVOUS
+from tests.conftest import REPO, TINY, user_environment
 
 pytestmark = pytest.mark.slow
 
@@ -66,7 +64,7 @@ def fit(tmp_path: Path, sampler: str, steps: int) -> str:
         "--trainer.default_root_dir", str(tmp_path),
         "--trainer.enable_progress_bar", "false",
     ]  # fmt: skip
-    env = {k: v for k, v in os.environ.items() if k not in RENDEZVOUS}
+    env = user_environment()
     done = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     return done.stderr

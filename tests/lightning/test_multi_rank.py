@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 from megatron.core import dist_checkpointing
 
-from tests.conftest import REPO, TINY
-from tests.test_recovery import RENDEZVOUS, assert_each_prompt_trained_once, command, wait_for, write_dataset
+from tests.conftest import REPO, TINY, user_environment
+from tests.test_recovery import assert_each_prompt_trained_once, command, wait_for, write_dataset
 
 pytestmark = pytest.mark.slow
 
@@ -30,7 +30,7 @@ ASYNC = ("--async_rl.max_buffered_rollouts", "8", "--async_rl.max_inflight_promp
 
 def environment() -> dict[str, str]:
     """This environment without a torch.distributed rendezvous the test process may have set up."""
-    return {k: v for k, v in os.environ.items() if k not in RENDEZVOUS}
+    return user_environment()
 
 
 def child_rank_pid(parent: int, local_rank: int) -> int | None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import textwrap
@@ -14,8 +13,7 @@ from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
 from sc_lightning.lightning.placement import training_device
 from sc_lightning.trainer.chunks import TrainChunk
-from tests.conftest import REPO
-from tests.test_recovery import RENDEZVOUS
+from tests.conftest import REPO, user_environment
 
 
 def test_the_accelerator_names_the_device() -> None:
@@ -77,7 +75,7 @@ CPU_RUN_ON_A_GPU_BOX = textwrap.dedent(
 
 
 def test_a_cpu_run_on_a_machine_with_a_gpu_never_touches_it() -> None:
-    env = {k: v for k, v in os.environ.items() if k not in RENDEZVOUS}  # this process's port is taken
+    env = user_environment()  # this process's port is taken
     done = subprocess.run(
         [sys.executable, "-c", CPU_RUN_ON_A_GPU_BOX], cwd=REPO, env=env, capture_output=True, text=True, timeout=300
     )

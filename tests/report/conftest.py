@@ -3,15 +3,13 @@ both occur) through the real CLI, with the train-data log and the ``run_info.yam
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, TINY
-from tests.test_recovery import RENDEZVOUS
+from tests.conftest import REPO, TINY, user_environment
 
 STEPS = 6
 
@@ -31,7 +29,7 @@ def tiny_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     configs = [arg for path in layers for arg in ("--config", str(path))]
     flags = [arg for override in overrides for arg in ("--" + override.split("=")[0], override.split("=", 1)[1])]
     argv = [sys.executable, "-m", "sc_lightning", "fit", *configs, *flags]
-    env = {k: v for k, v in os.environ.items() if k not in RENDEZVOUS}  # not this process's torch.distributed
+    env = user_environment()  # not this process's torch.distributed
     result = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=300, env=env)
     assert result.returncode == 0, result.stderr[-3000:]
     assert (run_dir / "run_info.yaml").is_file(), "fit writes the resolved config and versions at the start"
