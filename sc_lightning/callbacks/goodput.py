@@ -19,7 +19,6 @@ tokens per second. At the end of the fit the leader prints
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 from lightning.pytorch import Callback, LightningModule, Trainer
@@ -40,12 +39,7 @@ class GoodputMonitor(Callback):
         self.trainer_totals = dict.fromkeys(TRAINER_PARTS, 0.0)
         self.engine = EngineTime()
         self.steps = 0
-        self._window_start = time.monotonic()
         self._checkpoint_s = 0.0
-
-    def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        """Open the first step's window."""
-        self._window_start = time.monotonic()
 
     def on_train_batch_end(
         self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int
@@ -56,7 +50,7 @@ class GoodputMonitor(Callback):
         record = trainer.strategy.last_refit
         if record is None:
             return  # RolloutMonitor names the missing refit
-        step = self._trainer_window(trainer, record.duration_s)
+        step = self._trainer_window(trainer, record.step_s, record.duration_s)
         engine = record.report.stats.engine_time
         engine_step = {name: now - self.engine.parts()[name] for name, now in engine.parts().items()}
         trained_tokens = engine.trained_tokens - self.engine.trained_tokens
@@ -79,10 +73,8 @@ class GoodputMonitor(Callback):
         if trainer.is_global_zero and self.steps:
             rank_zero_info(allocation_advice(self.trainer_totals, self.engine, self.steps, self.devices))
 
-    def _trainer_window(self, trainer: Trainer, refit_s: float) -> dict[str, float]:
-        """The trainer's parts of the window that ends now (added to the totals)."""
-        now = time.monotonic()
-        wall, self._window_start = now - self._window_start, now
+    def _trainer_window(self, trainer: Trainer, wall: float, refit_s: float) -> dict[str, float]:
+        """The trainer's parts of the step's window, ``wall`` seconds long (added to the totals)."""
         metrics = trainer.callback_metrics
         saved = sum(c.total_save_s for c in trainer.checkpoint_callbacks if isinstance(c, BundleCheckpoint))
         step = {

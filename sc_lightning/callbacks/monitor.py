@@ -13,7 +13,6 @@ Per step, after the refit that :class:`~sc_lightning.callbacks.refit.RefitCallba
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 from lightning.pytorch import Callback, LightningModule, Trainer
@@ -24,13 +23,6 @@ from sc_lightning.controller.api import ControllerStats
 
 class RolloutMonitor(Callback):
     """Logs the refit's and the step's times, the step's drops and ``rollout/*``; list it after RefitCallback."""
-
-    def __init__(self) -> None:
-        self._last_step_end = time.monotonic()
-
-    def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        """Start the step clock."""
-        self._last_step_end = time.monotonic()
 
     def on_train_batch_end(
         self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int
@@ -45,10 +37,8 @@ class RolloutMonitor(Callback):
                 "in Trainer(callbacks=[...])"
             )
         pl_module.log("timing/train/weight_sync", record.duration_s, on_step=True, batch_size=1)
-        step_time = record.finished_at - self._last_step_end
-        pl_module.log("timing/train/total_step_time", step_time, on_step=True, batch_size=1)
-        pl_module.log("step_s", step_time, prog_bar=True, logger=False, on_step=True, batch_size=1)
-        self._last_step_end = record.finished_at
+        pl_module.log("timing/train/total_step_time", record.step_s, on_step=True, batch_size=1)
+        pl_module.log("step_s", record.step_s, prog_bar=True, logger=False, on_step=True, batch_size=1)
         stats = record.report.stats
         step = {
             "aborted_stale_inflight_groups": record.report.aborted,

@@ -55,12 +55,14 @@ SHARDED_KEY = "sc_lightning_sharded"
 
 @dataclass(frozen=True)
 class RefitRecord:
-    """The last refit: the version it published, the controller's report, how long it took and when it ended."""
+    """The last refit: the version it published, the controller's report, how long it took, when it ended, and
+    the RL step's wall time (from the previous refit's end, or the fit's start, to this one's end)."""
 
     version: int
     report: RefitReport
     duration_s: float
     finished_at: float  # time.monotonic()
+    step_s: float
 
 
 def http_server_port(config: SCConfig) -> int | None:
@@ -99,6 +101,7 @@ class ControllerHost:
         self._engine_accepts_megatron_weights = False  # set when the engine is built (see refit)
         self.controller: LocalController | None = None
         self.last_refit: RefitRecord | None = None
+        self._step_clock = time.monotonic()  # the current RL step's start: the fit's, then each refit's end
         self.endpoint: CompletionsEndpoint | None = None
         self.endpoint_url: str | None = None
         self.ranks: RankGroup | None = None  # with several trainer ranks: their metadata channel
@@ -130,9 +133,10 @@ class ControllerHost:
         fit_loop.max_epochs = fit_loop.epoch_progress.current.processed + 1
 
     def on_train_start(self) -> None:
-        """Allow one more epoch than the (restarted) loop has finished."""
+        """Allow one more epoch than the (restarted) loop has finished; start the first RL step's clock."""
         super().on_train_start()  # type: ignore[misc]
         self._allow_one_more_epoch()
+        self._step_clock = time.monotonic()
 
     @property
     def colocated(self) -> bool:
@@ -178,7 +182,8 @@ class ControllerHost:
             weights = megatron_weights(self.lightning_module.policy) if trained else None
             report = controller.refit(version, weights, wake=wake)
         finished = time.monotonic()
-        self.last_refit = RefitRecord(version, report, finished - started, finished)
+        self.last_refit = RefitRecord(version, report, finished - started, finished, finished - self._step_clock)
+        self._step_clock = finished
         return report
 
     def _streamed_refit(self, controller: LocalController, version: int, *, wake: bool) -> RefitReport:
