@@ -27,11 +27,13 @@ import torch
 
 from sc_lightning.config import SCConfig
 from sc_lightning.engines.sampling import scoring_temperature
+from sc_lightning.lightning.controller_host import SHARDED_KEY
 from sc_lightning.lightning.module import GRPOModule
 from sc_lightning.trainer.chunks import TrainChunk, concat_chunks
 from sc_lightning.trainer.critic_update import CriticUpdate, value_targets
 from sc_lightning.trainer.optim import adamw, optimizer_state_to
 from sc_lightning.trainer.policy_update import frozen_logprobs
+from sc_lightning.trainer.sharded_checkpoint import load_sharded, saved_part_names
 from sc_lightning.trainer.step_stream import RLStep
 
 
@@ -200,7 +202,9 @@ class PPOModule(GRPOModule):
 
 
 def load_critic_checkpoint(module: PPOModule, source: Path) -> None:
-    """Seed ``module``'s critic (weights, and AdamW state when present) from a bundle or ``trainer.ckpt`` file."""
+    """Seed ``module``'s critic (weights, and AdamW state when present) from a bundle or ``trainer.ckpt`` file;
+    a bundle with a distributed checkpoint (several ranks, or megatron's distributed optimizer) is resharded to this
+    run's layout (a collective: every rank calls this)."""
     path = source / "trainer.ckpt" if source.is_dir() else source
     where = "ppo.warm_start_value_checkpoint"
     if not path.is_file():
@@ -208,6 +212,9 @@ def load_critic_checkpoint(module: PPOModule, source: Path) -> None:
             f"{where}={source}: no checkpoint at {path} (give a bundle step_N/ or its trainer.ckpt)"
         )
     checkpoint = torch.load(path, map_location="cpu", weights_only=False)
+    if SHARDED_KEY in checkpoint:
+        _load_sharded_critic(module, path.parent / checkpoint[SHARDED_KEY]["directory"], checkpoint[SHARDED_KEY])
+        return
     state = {k.removeprefix("critic."): v for k, v in checkpoint["state_dict"].items() if k.startswith("critic.")}
     if not state:
         raise ValueError(f"{where}={source}: {path} holds no critic (was it written by a PPO run?)")
@@ -221,3 +228,11 @@ def load_critic_checkpoint(module: PPOModule, source: Path) -> None:
     optimizer_states = checkpoint.get("optimizer_states") or []
     if len(optimizer_states) > 1:
         module.optimizers()[1].optimizer.load_state_dict(optimizer_states[1])
+
+
+def _load_sharded_critic(module: PPOModule, directory: Path, saved: dict[str, Any]) -> None:
+    """Load the critic (and its optimizer, when the bundle holds optimizers) from a bundle's distributed checkpoint."""
+    if "critic" not in saved_part_names(directory):
+        raise ValueError(f"ppo.warm_start_value_checkpoint: {directory} holds no critic (was it written by a PPO run?)")
+    optimizer = module.optimizers()[1].optimizer if saved["optimizers"] else None
+    load_sharded(directory, {"critic": (module.critic, optimizer)})

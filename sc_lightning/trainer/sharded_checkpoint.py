@@ -106,6 +106,11 @@ def _check_optimizer_forms(directory: Path, parts: Mapping[str, Part]) -> None:
             )
 
 
+def saved_part_names(directory: Path) -> set[str]:
+    """The names of the parts whose models ``directory`` holds (``policy``, ``critic``, ...)."""
+    return {key.split(".", 1)[0] for key in dist_checkpointing.load_tensors_metadata(str(directory))}
+
+
 def _device(parts: Mapping[str, Part]) -> torch.device:
     model = next(iter(parts.values()))[0]
     return next(model.parameters()).device

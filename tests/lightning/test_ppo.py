@@ -254,6 +254,37 @@ def test_a_resume_in_the_middle_of_warm_up_continues_it(tmp_path: Path) -> None:
     assert all(torch.equal(critic_at_2[k], v) for k, v in module.critic.state_dict().items() if k in critic_at_2)
 
 
+def test_a_warm_start_from_a_distributed_checkpoint_reshards_the_critic(tmp_path: Path) -> None:
+    """A bundle written with megatron's distributed optimizer keeps its models in ``sharded/``: a fresh run seeds
+    its critic from there, weights and AdamW moments equal to the saving run's."""
+    sliced = ["policy.megatron_cfg.use_distributed_optimizer=true", "value.megatron_cfg.use_distributed_optimizer=true"]
+    knobs = ["checkpointing.enabled=true", f"checkpointing.checkpoint_dir={tmp_path}", "checkpointing.save_period=1"]
+    first = ppo_config("ppo.max_num_steps=1", *sliced, *knobs)
+    _, saved, _ = fit(first, [BundleCheckpoint(first.checkpointing, max_steps=1)])
+    assert (tmp_path / "step_1" / "sharded").is_dir() and not torch.load(
+        tmp_path / "step_1" / TRAINER_FILE, weights_only=False
+    )["state_dict"]
+    seeded = ppo_config("ppo.max_num_steps=1", *sliced, f"ppo.warm_start_value_checkpoint={tmp_path / 'step_1'}")
+    module = PPOModule(seeded)
+    tiny_trainer(seeded, lambda c, w: ScriptedEngine(Alternating()), max_steps=0).fit(module)
+    assert_same_tensors(saved.critic.state_dict(), module.critic.state_dict())
+    saved_moments, loaded_moments = (adamw_moments(m.optimizers()[1].optimizer) for m in (saved, module))
+    assert saved_moments and len(saved_moments) == len(loaded_moments)
+    assert all(torch.equal(a, b) for a, b in zip(saved_moments, loaded_moments, strict=True))
+
+
+def adamw_moments(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
+    """AdamW's moments, parameter by parameter in its groups' order."""
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    return [optimizer.state[p][name] for p in params if p in optimizer.state for name in ("exp_avg", "exp_avg_sq")]
+
+
+def assert_same_tensors(expected: dict[str, object], actual: dict[str, object]) -> None:
+    """Every tensor of ``expected`` is in ``actual``, equal."""
+    tensors = {k: v for k, v in expected.items() if isinstance(v, torch.Tensor)}
+    assert tensors and all(torch.equal(v, actual[k]) for k, v in tensors.items())
+
+
 def test_a_missing_warm_start_checkpoint_is_named(tmp_path: Path) -> None:
     config = ppo_config("ppo.max_num_steps=1", f"ppo.warm_start_value_checkpoint={tmp_path / 'nope'}")
     with pytest.raises(FileNotFoundError, match=r"ppo.warm_start_value_checkpoint=.*nope: no checkpoint"):
