@@ -56,18 +56,32 @@ class SamplingParams:
 
 @dataclass(frozen=True)
 class Generation:
-    """One completion from an engine: its tokens, their log-probabilities under the engine, and why it ended."""
+    """One completion from an engine: its tokens, their log-probabilities under the engine, and why it ended.
+
+    ``weight_version`` is the version that sampled the first token (the completion's admission version);
+    ``token_versions`` the version that sampled each token — two or more distinct values when a refit landed
+    mid-request. Left empty, it is filled with ``weight_version`` for every token (an engine that cannot tell, or
+    a record from before per-token versions).
+    """
 
     token_ids: tuple[int, ...]
     logprobs: tuple[float, ...]
     finish_reason: FinishReason
     weight_version: int
+    token_versions: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if len(self.token_ids) != len(self.logprobs):
             raise ValueError(
                 f"a generation needs one logprob per token, got {len(self.token_ids)} tokens "
                 f"and {len(self.logprobs)} logprobs"
+            )
+        if not self.token_versions:
+            object.__setattr__(self, "token_versions", (self.weight_version,) * len(self.token_ids))
+        elif len(self.token_versions) != len(self.token_ids):
+            raise ValueError(
+                f"a generation needs one weight version per token, got {len(self.token_ids)} tokens "
+                f"and {len(self.token_versions)} token versions"
             )
 
 

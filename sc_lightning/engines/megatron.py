@@ -27,7 +27,8 @@ noise stream (:mod:`~sc_lightning.engines.decode_sampling`): the same tokens wha
   ``version``;
   requests in flight continue on the new weights (their KV cache is recomputed with them: prefilled again from
   prompt + tokens so far). ``Generation.weight_version`` is the version that sampled the request's *first* token
-  (its start); the controller records end versions itself.
+  (its start), ``Generation.token_versions`` the version that sampled each token (exact at the step boundary
+  where the weights changed); the controller records end versions itself.
 - ``stage_weights(named_tensors, version)``: one bucket of a refit's HF-named weights (more follow), loaded in
   place; decoding then holds (no token comes from a half-loaded model) until the ``update_weights`` that brings the
   last bucket, which checks that the version's buckets covered every parameter, adopts ``version`` and resumes.

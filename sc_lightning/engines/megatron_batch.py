@@ -30,6 +30,11 @@ rows are the same and all decoding (nothing joined, left, or waits for a prefill
 step, fed the tokens still on the device, then reads the previous one: the host's bookkeeping runs while the GPU
 computes. A row that finished meanwhile rides along one step for nothing (its result is dropped, its scratch K/V
 land in a slot it no longer owns). Before any command the engine calls :meth:`~ContinuousBatch.drain`.
+
+**Per-token versions.** A decode step is read with the version of the weights that computed it (the engine drains
+the step in flight before it loads weights, and holds decoding while a refit's buckets load), and each token sampled
+records that version (``Generation.token_versions``): a completion that spans a refit carries both versions, split
+exactly at the step boundary where the new weights came in.
 """
 
 from __future__ import annotations
@@ -65,6 +70,7 @@ class Request:
     reply: Callable[[Outcome], None]
     tokens: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
+    versions: list[int] = field(default_factory=list)  # the weight version that sampled each token
     start_version: int | None = None
     cancelled: threading.Event = field(default_factory=threading.Event)
 
@@ -90,7 +96,7 @@ class Request:
     def result(self, reason: FinishReason, version: int) -> Generation:
         """The :class:`Generation` of what was sampled so far, ended for ``reason``."""
         start = self.start_version if self.start_version is not None else version
-        return Generation(tuple(self.tokens), tuple(self.logprobs), reason, start)
+        return Generation(tuple(self.tokens), tuple(self.logprobs), reason, start, tuple(self.versions))
 
 
 def _settle(future: asyncio.Future, outcome: Any) -> None:
@@ -349,6 +355,7 @@ class ContinuousBatch:
                 request.start_version = version
             request.tokens.append(int(token))
             request.logprobs.append(logprob)
+            request.versions.append(version)
             self.sampled_tokens += 1
             reason = self._finish_reason(request)
             if reason is not None:

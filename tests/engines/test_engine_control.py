@@ -92,6 +92,17 @@ def test_a_request_in_flight_across_an_update_finishes_on_the_new_weights(tiny_d
     on_b = follows_argmax(model_b.eval(), PROMPT, result.token_ids)
     switch = [k for k in range(1, 200) if all(on_a[:k]) and all(on_b[k:])]
     assert switch, "expected tokens of model a, then (after the update) tokens of model b"
+    assert_versions_split_at_the_refit(result.token_versions, 0, 1, on_a, on_b)
+
+
+def assert_versions_split_at_the_refit(
+    versions: tuple[int, ...], old: int, new: int, on_old: list[bool], on_new: list[bool]
+) -> None:
+    """The completion's tokens carry ``old`` then ``new``, and the split is where the sampling model changed: every
+    token stamped ``old`` follows the old model's argmax, every one stamped ``new`` the new model's."""
+    split = versions.index(new)
+    assert 0 < split and versions == (old,) * split + (new,) * (len(versions) - split)
+    assert all(on_old[:split]) and all(on_new[split:])
 
 
 def test_weights_in_buckets_hold_decoding_and_the_version_until_the_last(tiny_dirs: dict) -> None:
@@ -128,6 +139,7 @@ def test_weights_in_buckets_hold_decoding_and_the_version_until_the_last(tiny_di
     on_a = follows_argmax(model_a, PROMPT, result.token_ids)
     on_b = follows_argmax(model_b.eval(), PROMPT, result.token_ids)
     assert [k for k in range(1, 200) if all(on_a[:k]) and all(on_b[k:])], "tokens of model a, then of model b"
+    assert_versions_split_at_the_refit(result.token_versions, 0, 3, on_a, on_b)
 
 
 @pytest.mark.parametrize("overlap", [False, True])
