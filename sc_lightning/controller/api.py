@@ -63,6 +63,13 @@ TRAINED_ROW: tuple[RowField, ...] = (
         torch.float32,
         "the engine's logprob of each completion token (0 on the prompt)",
     ),
+    RowField(
+        "token_versions",
+        "token",
+        torch.int32,
+        torch.int64,
+        "the weight version that sampled each completion token (-1 on the prompt)",
+    ),
     RowField("input_lengths", "row", torch.int32, None, "prompt + completion length"),
     RowField("prompt_lengths", "row", torch.int32, None, "prompt length"),
     RowField("total_reward", "row", torch.float32, torch.float32, "the environment's reward"),

@@ -8,6 +8,7 @@ inside its chunk and chunking a step never changes an advantage.
     input_ids            (B, T) long     prompt + completion, right-padded with the tokenizer's pad id
     token_mask           (B, T) float    1 on completion tokens
     generation_logprobs  (B, T) float    the engine's logprob of each completion token
+    token_versions       (B, T) long     the weight version that sampled each completion token (-1 elsewhere)
     sample_mask          (B,)   float    0 for rows excluded from the loss (overlong filtering)
     advantages           (B, T) float    the row's GRPO advantage on its completion tokens
 """
@@ -39,6 +40,7 @@ class TrainChunk:
     start_weights: list[int] = field(default_factory=list)
     prev_logprobs: torch.Tensor | None = None  # pi_old fixed for several epochs (PPO); None: the current policy's
     reference_logprobs: torch.Tensor | None = None  # the reference policy's, read before the chunk trains (KL term)
+    token_versions: torch.Tensor | None = None  # the version that sampled each token; None: not recorded
 
     def __len__(self) -> int:
         return self.input_ids.shape[0]
@@ -89,7 +91,7 @@ class TrainChunk:
 
 def concat_chunks(chunks: Sequence[TrainChunk], pad_token_id: int) -> TrainChunk:
     """One chunk of the rows of ``chunks``, right-padded to the longest (prev_ and reference_logprobs are not
-    carried)."""
+    carried; token versions are when every chunk has them)."""
     if len(chunks) == 1:
         return chunks[0]
     width = max(chunk.input_ids.shape[1] for chunk in chunks)
@@ -103,6 +105,7 @@ def concat_chunks(chunks: Sequence[TrainChunk], pad_token_id: int) -> TrainChunk
         input_ids=cat("input_ids", pad_token_id),
         token_mask=cat("token_mask", 0),
         generation_logprobs=cat("generation_logprobs", 0),
+        token_versions=None if any(c.token_versions is None for c in chunks) else cat("token_versions", -1),
         sample_mask=torch.cat([chunk.sample_mask for chunk in chunks]),
         advantages=cat("advantages", 0),
         rewards=torch.cat([chunk.rewards for chunk in chunks]),
@@ -134,6 +137,7 @@ def load_chunk(
         input_ids=pad_rows(rows["input_ids"], pad_value=pad_token_id).to(dtype["input_ids"]),
         token_mask=token_mask,
         generation_logprobs=pad_rows(rows["generation_logprobs"], pad_value=0).to(dtype["generation_logprobs"]),
+        token_versions=pad_rows(rows["token_versions"], pad_value=-1).to(dtype["token_versions"]),
         sample_mask=sample_mask,
         advantages=expand_to_tokens(per_row, token_mask),
         rewards=rewards,

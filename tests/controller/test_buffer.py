@@ -23,6 +23,7 @@ def test_commit_writes_one_training_row_per_generation() -> None:
     assert rows["input_ids"][0].tolist() == [2, 5, 7, 4, 1]
     assert rows["token_mask"][0].tolist() == [0, 0, 0, 1, 1]
     assert rows["generation_logprobs"][0].tolist() == pytest.approx([0, 0, 0, -0.1, -0.2])
+    assert rows["token_versions"][0].tolist() == [-1, -1, -1, 0, 0]  # the helper's generations: weights 0
     assert [r.item() for r in rows["total_reward"]] == [1.0, 0.0]
     assert [r.item() for r in rows["prompt_lengths"]] == [3, 3]
     tags = buffer.data_plane.tags(list(meta.keys))

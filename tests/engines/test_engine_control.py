@@ -101,7 +101,7 @@ def assert_versions_split_at_the_refit(
     """The completion's tokens carry ``old`` then ``new``, and the split is where the sampling model changed: every
     token stamped ``old`` follows the old model's argmax, every one stamped ``new`` the new model's."""
     split = versions.index(new)
-    assert 0 < split and versions == (old,) * split + (new,) * (len(versions) - split)
+    assert split > 0 and versions == (old,) * split + (new,) * (len(versions) - split)
     assert all(on_old[:split]) and all(on_new[split:])
 
 
