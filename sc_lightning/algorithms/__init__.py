@@ -1,7 +1,8 @@
 """RL math as pure torch functions: advantages (GRPO, GAE), policy/value losses, sequence logprob error.
 
 Imports only torch. Shape legend and the chunking contract are documented in :mod:`.advantages` and :mod:`.losses`;
-the sequence-level logprob-error screen (per-row error, threshold mask) in :mod:`.seq_logprob_error`.
+the sequence-level logprob-error screen (per-row error, threshold mask) in :mod:`.seq_logprob_error`; per-token
+staleness (metrics, the ``max_token_staleness`` mask) in :mod:`.token_staleness`.
 """
 
 from sc_lightning.algorithms.advantages import (
@@ -25,9 +26,15 @@ from sc_lightning.algorithms.seq_logprob_error import (
     seq_logprob_error_metrics,
     seq_mult_prob_error,
 )
+from sc_lightning.algorithms.token_staleness import (
+    TOKEN_STALENESS_REDUCTIONS,
+    token_staleness_mask,
+    token_staleness_metrics,
+)
 
 __all__ = [
     "METRIC_REDUCTIONS",
+    "TOKEN_STALENESS_REDUCTIONS",
     "ClippedPGLoss",
     "clipped_value_loss",
     "expand_to_tokens",
@@ -40,6 +47,8 @@ __all__ = [
     "seq_logprob_error_metrics",
     "seq_mult_prob_error",
     "terminal_token_rewards",
+    "token_staleness_mask",
+    "token_staleness_metrics",
     "valid_counts",
     "whiten",
 ]

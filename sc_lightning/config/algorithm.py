@@ -130,6 +130,12 @@ class LossConfig:
     token_level_loss: bool = knob(True, "Normalise by valid tokens of the step (false: by valid sequences).")
     force_on_policy_ratio: bool = knob(False, "Use ratio = exp(logp - logp.detach()) (always 1, keeps gradient).")
     sequence_level_importance_ratios: bool = knob(False, "GSPO: one importance ratio per sequence.")
+    max_token_staleness: int | None = knob(
+        None,
+        "Tokens sampled by weights more than this many versions behind the trainer leave the policy loss (the step "
+        "normalises over the rest); null keeps every token. Per token: a refit mid-request splits a completion.",
+        ge=0,
+    )
 
 
 @section

@@ -131,6 +131,7 @@ class GRPOModule(LightningModule):
             temperature=scoring_temperature(self.config.policy.generation.temperature),
             seq_logprob_error_threshold=self.config.algo.seq_logprob_error_threshold,
             seq_logprob_error_knob=f"{self.config.algo_name}.seq_logprob_error_threshold",
+            max_token_staleness=self.config.loss_fn.max_token_staleness,
         )
 
     def on_train_start(self) -> None:
@@ -160,7 +161,7 @@ class GRPOModule(LightningModule):
         started = time.monotonic()
         update = self.policy_update()
         index = self.trainer.global_step  # this step's number (the optimizer step below moves global_step on)
-        update.begin(step=index)
+        update.begin(step=index, version=step.version)
         rewards, staleness = [], []
         for chunk in step.chunks():
             update.train_chunk(chunk)

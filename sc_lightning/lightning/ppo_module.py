@@ -133,7 +133,10 @@ class PPOModule(GRPOModule):
         self.lr_schedulers()[1].step()
         batch = dataclasses.replace(batch, advantages=targets.advantages)
         self.policy_trained = index >= self.config.ppo.policy_training_start_step
-        metrics = self._train_policy(batch, index) if self.policy_trained else self._count_untrained_step()
+        if self.policy_trained:
+            metrics = self._train_policy(batch, index, step.version)
+        else:
+            metrics = self._count_untrained_step()
         metrics["policy_trained"] = float(self.policy_trained)
         self.log_dict({f"critic/{k}": v for k, v in critic_metrics.items()}, on_step=True, batch_size=len(batch))
         return self.finish_step(step, index, started, metrics, batch.rewards, staleness)
@@ -166,10 +169,13 @@ class PPOModule(GRPOModule):
             backward=self.manual_backward,
         )
 
-    def _train_policy(self, batch: TrainChunk, index: int) -> dict[str, float]:
-        """``ppo_epochs`` optimizer steps over the batch; the last one is Lightning's counted step.
+    def _train_policy(self, batch: TrainChunk, index: int, version: int) -> dict[str, float]:
+        """``ppo_epochs`` optimizer steps over the batch at trainer weight ``version``; the last one is Lightning's
+        counted step.
 
-        The step reports the last epoch's metrics. The sequence logprob-error mask depends only on pi_old and
+        The step reports the last epoch's metrics. ``loss_fn.max_token_staleness`` masks old tokens out of the policy
+        loss only: the critic regresses on every token (a value target does not depend on which weights sampled the
+        token, and GAE needs every position's value). The sequence logprob-error mask depends only on pi_old and
         pi_gen, both fixed over the step, so every epoch masks the same rows and its metrics are counted once.
         """
         epochs = self.config.ppo.ppo_epochs
@@ -188,7 +194,7 @@ class PPOModule(GRPOModule):
             last = epoch == epochs - 1
             optimizer = self.policy_optimizer() if last else self.policy_optimizer().optimizer
             update = self.policy_update(optimizer=optimizer, step_scheduler=last)
-            update.begin(step=index)
+            update.begin(step=index, version=version)
             update.train_chunk(batch)
             metrics = update.finish()
         return metrics

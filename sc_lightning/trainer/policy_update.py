@@ -13,6 +13,11 @@ Each micro-batch, between the forward and the loss, measures every row's sequenc
 valid tokens of exp|gen − prev|, see :mod:`sc_lightning.algorithms.seq_logprob_error`). With
 ``seq_logprob_error_threshold`` set, rows above it leave the loss: their mask is zeroed before the step's valid
 tokens and sequences are counted, so the normaliser counts only the kept rows. Without it, only the metrics.
+
+A step opened with the trainer's weight version (``begin(version=...)``) measures each trained token's staleness
+(that version minus the one that sampled the token, :mod:`sc_lightning.algorithms.token_staleness`):
+``token_staleness_mean|max`` over the tokens the loss counts. With ``max_token_staleness`` set, tokens older than
+that leave the loss first, the same way (before the counts), so the step normalises over the fresh tokens only.
 """
 
 from __future__ import annotations
@@ -27,11 +32,14 @@ from megatron.core import parallel_state
 
 from sc_lightning.algorithms import (
     METRIC_REDUCTIONS,
+    TOKEN_STALENESS_REDUCTIONS,
     ClippedPGLoss,
     loss_mask,
     seq_logprob_error_mask,
     seq_logprob_error_metrics,
     seq_mult_prob_error,
+    token_staleness_mask,
+    token_staleness_metrics,
     valid_counts,
 )
 from sc_lightning.models.logprobs import logprobs_from_logits, real_vocab_size
@@ -55,7 +63,7 @@ COUNTS = ("tokens", "seqs", "checked_seqs")
 """The step's counts, summed over micro-batches: valid tokens and sequences kept for the loss, sequences checked by
 the logprob-error mask."""
 
-_REDUCTIONS = {**dict.fromkeys(COUNTS, "sum"), **METRIC_REDUCTIONS}
+_REDUCTIONS = {**dict.fromkeys(COUNTS, "sum"), **METRIC_REDUCTIONS, **TOKEN_STALENESS_REDUCTIONS}
 
 
 @dataclass
@@ -66,6 +74,7 @@ class _StepTotals:
     values: StepTotals
     rows: int = 0
     step: int | None = None
+    version: int | None = None  # the trainer's weight version: token staleness is measured against it
     group_ids: dict[str, None] = field(default_factory=dict)  # insertion-ordered set
 
     def add(self, values: dict[str, torch.Tensor]) -> None:
@@ -153,6 +162,7 @@ class PolicyUpdate:
         temperature: float = 1.0,
         seq_logprob_error_threshold: float | None = None,
         seq_logprob_error_knob: str = "grpo.seq_logprob_error_threshold",
+        max_token_staleness: int | None = None,
     ) -> None:
         if loss_fn.reference_policy_kl_penalty > 0 and reference_model is None:
             raise ValueError("loss_fn.reference_policy_kl_penalty > 0 needs a reference model for the KL term")
@@ -164,12 +174,14 @@ class PolicyUpdate:
         self.vocab_size = vocab_size
         self.seq_logprob_error_threshold = seq_logprob_error_threshold  # rows above it leave the loss; None: log only
         self.seq_logprob_error_knob = seq_logprob_error_knob  # the threshold's config dotpath, named in errors
+        self.max_token_staleness = max_token_staleness  # older tokens leave the loss; None: measure only
         self.micro_batch_tokens = micro_batch_tokens  # padded-token budget of a micro-batch; None: rows only
         self.trained_lengths = [] if trained_lengths is None else trained_lengths  # each run row's length (perf)
         self._totals: _StepTotals | None = None
 
-    def begin(self, step: int | None = None) -> None:
-        """Open a step (``step`` names it in errors): zero the gradients and the counters."""
+    def begin(self, step: int | None = None, version: int | None = None) -> None:
+        """Open a step (``step`` names it in errors; ``version``, the trainer's weight version, turns on the token
+        staleness metrics and mask): zero the gradients and the counters."""
         if self._totals is not None:
             raise RuntimeError("begin() called twice without finish(): a train step is already open")
         self.model.train()
@@ -177,7 +189,7 @@ class PolicyUpdate:
         group = data_parallel_group()
         device = next(self.model.parameters()).device
         values = StepTotals(_REDUCTIONS, process_group=group, sync=group is not None).to(device)
-        self._totals = _StepTotals(values, step=step)
+        self._totals = _StepTotals(values, step=step, version=version)
 
     def train_chunk(self, chunk: TrainChunk) -> None:
         """Forward/backward every micro-batch of ``chunk``; gradients accumulate as raw sums.
@@ -213,10 +225,15 @@ class PolicyUpdate:
     def _microbatch_loss(self, batch: TrainChunk, logprobs: torch.Tensor, totals: _StepTotals) -> torch.Tensor:
         """The micro-batch's loss as a raw sum (normaliser 1), its counts and metrics folded into ``totals``."""
         mask = loss_mask(batch.token_mask, batch.sample_mask)
+        stamped = totals.version is not None and batch.token_versions is not None
+        if stamped:
+            mask = mask * token_staleness_mask(batch.token_versions, totals.version, self.max_token_staleness)
         prev_logprobs = logprobs.detach() if batch.prev_logprobs is None else batch.prev_logprobs
         mask = self._mask_seq_logprob_error(batch, prev_logprobs, mask, totals)
         tokens, seqs = valid_counts(mask)
         totals.add({"tokens": tokens, "seqs": seqs})
+        if stamped:
+            totals.add(token_staleness_metrics(batch.token_versions, totals.version, mask))
         loss, metrics = self.loss_fn(
             logprobs,
             prev_logprobs=prev_logprobs,
@@ -265,7 +282,7 @@ class PolicyUpdate:
         for name, value in read.items():
             if name in COUNTS:
                 continue
-            if METRIC_REDUCTIONS[name] != "sum":
+            if _REDUCTIONS[name] != "sum":
                 metrics[name] = value  # min / max over the step
                 continue
             denominator = self._denominator(name, read)
@@ -279,8 +296,8 @@ class PolicyUpdate:
         masked = int(read.get("num_masked_seqs_by_logprob_error", 0.0))
         if masked == 0:
             return (
-                f"{step}: all {totals.rows} completions were filtered out (overlong filtering or "
-                f"environment masks), nothing to train on; {groups}"
+                f"{step}: all {totals.rows} completions were filtered out (overlong filtering, "
+                f"environment masks or loss_fn.max_token_staleness), nothing to train on; {groups}"
             )
         knob = f"{self.seq_logprob_error_knob}={self.seq_logprob_error_threshold}"
         return (

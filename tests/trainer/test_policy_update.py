@@ -38,13 +38,21 @@ def step_rows(seed: int, groups: int = 4, gens: int = 4, length: int = 12) -> Tr
 
 
 def run_step(
-    model, chunks: list[TrainChunk], *, micro_batch_size: int, token_level: bool = True, step: int = 0, **kwargs
+    model,
+    chunks: list[TrainChunk],
+    *,
+    micro_batch_size: int,
+    token_level: bool = True,
+    step: int = 0,
+    version: int | None = None,
+    **kwargs,
 ):
-    """One step over ``chunks``; ``kwargs`` go to PolicyUpdate (e.g. ``seq_logprob_error_threshold``)."""
+    """One step over ``chunks`` at trainer weight ``version``; ``kwargs`` go to PolicyUpdate (e.g.
+    ``seq_logprob_error_threshold``)."""
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
     loss_fn = ClippedPGLoss(token_level_loss=token_level, reference_policy_kl_penalty=0.0)
     update = PolicyUpdate(model, optimizer, loss_fn, micro_batch_size=micro_batch_size, clip_grad=1.0, **kwargs)
-    update.begin(step=step)
+    update.begin(step=step, version=version)
     for chunk in chunks:
         update.train_chunk(chunk)
     return update.finish()
@@ -221,3 +229,25 @@ def test_a_step_the_threshold_masks_entirely_is_an_error_naming_the_knob() -> No
     )
     with pytest.raises(EmptyStepError, match=expected):
         run_step(fresh(), [rows], micro_batch_size=5, step=5, seq_logprob_error_threshold=0.5)  # every error is >= 1
+
+
+def test_max_token_staleness_trains_as_if_the_old_tokens_were_not_there() -> None:
+    """Each row's first two completion tokens come from weights 2 (sampled before a refit), the rest from 5: at
+    trainer version 5 with ``max_token_staleness=2`` the step equals one whose mask leaves those tokens out."""
+    rows = step_rows(3)
+    versions = torch.full_like(rows.input_ids, 5)
+    old = (rows.token_mask > 0) & (rows.token_mask.cumsum(-1) <= 2)
+    versions[old] = 2
+    rows.token_versions = versions
+    masked = run_step(fresh(), [rows], micro_batch_size=5, version=5, max_token_staleness=2)
+    by_hand = TrainChunk(**{**vars(rows), "token_mask": rows.token_mask * ~old, "token_versions": None})
+    expected = run_step(fresh(), [by_hand], micro_batch_size=5, version=5)
+    fresh_tokens = float((rows.token_mask > 0).sum() - old.sum())
+    assert masked["global_valid_toks"] == expected["global_valid_toks"] == fresh_tokens
+    assert masked["grad_norm"] == pytest.approx(expected["grad_norm"], rel=1e-5)
+    assert masked["loss"] == pytest.approx(expected["loss"], rel=1e-5)
+    assert (masked["token_staleness_mean"], masked["token_staleness_max"]) == (0.0, 0.0)
+    measured = run_step(fresh(), [rows], micro_batch_size=5, version=5)  # no bound: measured, not masked
+    assert measured["token_staleness_max"] == 3.0
+    assert measured["token_staleness_mean"] == pytest.approx(3.0 * old.sum().item() / measured["global_valid_toks"])
+    assert "token_staleness_mean" not in expected  # a chunk without token versions is not measured
