@@ -42,6 +42,7 @@ class PendingGroup:
                     "logprobs": list(g.logprobs),
                     "finish_reason": g.finish_reason,
                     "weight_version": g.weight_version,
+                    "token_versions": list(g.token_versions),
                 }
                 for index, g in sorted(self.sealed.items())
             ]
@@ -59,7 +60,11 @@ class PendingGroup:
         keep = capture and granularity == "sibling"
         sealed = {
             int(g["index"]): Generation(
-                tuple(g["token_ids"]), tuple(g["logprobs"]), g["finish_reason"], int(g["weight_version"])
+                tuple(g["token_ids"]),
+                tuple(g["logprobs"]),
+                g["finish_reason"],
+                int(g["weight_version"]),
+                tuple(int(v) for v in g.get("token_versions", ())),  # absent in a ledger from before them
             )
             for g in (entry.get("sealed") or [])
         }

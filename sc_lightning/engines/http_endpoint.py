@@ -4,7 +4,8 @@
 ``top_p``, ``top_k``, ``seed`` and ``stop_token_ids``; each choice reports the generated ``text``, ``token_ids``,
 the prompt's ``prompt_token_ids``, ``logprobs`` (``tokens`` and ``token_logprobs``, the engine's convention) and
 ``finish_reason``. Every response carries ``weight_version`` (the version that admitted the request) and
-``weight_version_end`` (the engine's version when it finished), so an agent can tell which policy answered.
+``weight_version_end`` (the engine's version when it finished), so an agent can tell which policy answered, and
+``token_versions`` (the version that sampled each completion token: two values when a refit landed mid-request).
 ``GET /v1/models`` lists the one served model. Bad requests get a 400 with an OpenAI-style error body; an engine
 failure a 503 naming the engine.
 
@@ -131,5 +132,6 @@ class CompletionsEndpoint:
                 },
                 "weight_version": generation.weight_version,
                 "weight_version_end": self.engine.weight_version,
+                "token_versions": list(generation.token_versions),
             }
         )

@@ -415,6 +415,29 @@ def test_save_load_round_trip_replaces_contents(plane: DataPlane, tmp_path: Path
     assert_rows_equal(plane.get(["after"], ["x"])["x"], [torch.ones(2)])
 
 
+def test_token_versions_of_rollout_rows_survive_the_plane_and_a_snapshot(plane: DataPlane, tmp_path: Path) -> None:
+    """A group whose first completion spans a refit (versions 3, 3, 4): its rows' per-token versions come back
+    through the backend's codec, a snapshot and the trainer's chunk loader, aligned with the tokens."""
+    from sc_lightning.controller.api import GroupMeta
+    from sc_lightning.controller.rows import group_to_columns
+    from sc_lightning.trainer.chunks import load_chunk
+    from sc_lightning.types import Generation, Prompt, ScoredGroup
+
+    spanning = Generation((4, 1, 9), (-0.1, -0.2, -0.3), "length", 3, (3, 3, 4))
+    group = ScoredGroup(Prompt("p", (2, 5, 7)), (spanning, Generation((6,), (-0.5,), "stop", 4)), (1.0, 0.0))
+    keys, columns, tags = group_to_columns("g", group, start_weight=3, end_weight=4)
+    plane.put(keys, columns, tags=tags)
+    plane.save(tmp_path / "snap")
+    plane.clear(keys)
+    plane.load(tmp_path / "snap")
+    meta = GroupMeta("g", "p", tuple(keys), (6, 4), start_weight=3, end_weight=4, target_step=None)
+    chunk = load_chunk(
+        plane, [meta], pad_token_id=0, overlong_filtering=False, leave_one_out=False, normalize_rewards=False
+    )
+    assert chunk.token_versions.tolist() == [[-1, -1, -1, 3, 3, 4], [-1, -1, -1, 4, -1, -1]]
+    assert chunk.input_ids.tolist() == [[2, 5, 7, 4, 1, 9], [2, 5, 7, 6, 0, 0]]
+
+
 def test_load_into_a_fresh_memory_plane(tmp_path: Path) -> None:
     source = MemoryDataPlane("p")
     columns = sample_columns(5, seed=4)

@@ -60,6 +60,7 @@ def test_endpoint_serves_ids_logprobs_and_the_weight_version(tiny_dirs: dict) ->
     torch.testing.assert_close(torch.tensor(choice["logprobs"]["token_logprobs"]), expected, atol=1e-4, rtol=0)
     assert (text["weight_version"], text["weight_version_end"]) == (0, 0)
     assert (after["weight_version"], after["weight_version_end"]) == (3, 3)
+    assert after["token_versions"] == [3] * len(after["choices"][0]["token_ids"])
     greedy = after["choices"][0]
     logits_b = token_logprobs(model_b, torch.tensor([greedy["prompt_token_ids"] + greedy["token_ids"]]))[0, 5:]
     torch.testing.assert_close(torch.tensor(greedy["logprobs"]["token_logprobs"]), logits_b, atol=1e-4, rtol=0)
