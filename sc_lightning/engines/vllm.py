@@ -20,6 +20,12 @@ under ``policy.generation.refit_timeout_s``. ``Generation.weight_version`` is th
 was admitted. A refit in buckets (``stage_weights`` for each but the last) reloads each bucket as it comes, with
 generation paused from the first bucket until the last is in (the version is adopted then).
 
+**Per-token versions** (``Generation.token_versions``). Every refit pauses generation (``mode="keep"``: running
+requests stay, frozen) from before the first reload until the new version is labelled in vLLM's engine core
+(``update_weight_version``), and only then resumes. The engine core stamps each step's outputs with the label in
+effect, and the label changes only while no step runs, so each token carries the version of the weights that
+sampled it — exactly: a completion that spans a refit splits at the first step after the resume.
+
 The GPU transfer path (NCCL / CUDA IPC through vLLM's weight-transfer engines) plugs in at
 :meth:`VLLMEngineActor.update_weights`; only the by-value path exists today.
 """
@@ -124,7 +130,9 @@ class VLLMEngineActor:
         self._stats = {"requests": 0, "running": 0, "generated_tokens": 0, "refits": 0}
 
     async def ready(self) -> int:
-        """The weight version once the engine is up (callers await it to know the actor started)."""
+        """The weight version once the engine is up (callers await it to know the actor started); labels vLLM's
+        outputs with it."""
+        await self._llm.update_weight_version(str(self.version))
         return self.version
 
     async def generate(
@@ -164,23 +172,26 @@ class VLLMEngineActor:
         completion = final.outputs[0]
         tokens = tuple(int(t) for t in completion.token_ids)
         logprobs = tuple(float(step[token].logprob) for step, token in zip(completion.logprobs, tokens, strict=True))
-        return Generation(tokens, logprobs, _FINISH.get(completion.finish_reason, "abort"), version)
+        token_versions = tuple(
+            int(span.version) for span in completion.weight_versions or () for _ in range(span.start, span.end)
+        )  # empty (the admission version for every token) when vLLM labelled none
+        return Generation(tokens, logprobs, _FINISH.get(completion.finish_reason, "abort"), version, token_versions)
 
     async def update_weights(self, named_tensors: list[tuple[str, torch.Tensor]], version: int) -> int:
         """Reload the weights in place between two engine steps and adopt ``version``; returns it. After
         :meth:`stage_weights` this is the last bucket: generation resumes once it is in."""
         staged, recompute = self._staged is not None, self.settings.recompute_kv_cache_after_weight_updates
         with self._written(named_tensors, version) as payload:
-            if recompute and not staged:  # freeze the requests so no step runs on new weights with the old cache
+            if not staged:  # freeze the requests: no step runs mid-reload, and the version label moves in between
                 await self._llm.pause_generation(mode="keep", clear_cache=False)
             try:
                 await self._reload(payload)
                 if recompute:  # preempt the running requests: they re-prefill on the new weights
                     await self._llm.reset_prefix_cache(reset_running_requests=True)
+                await self._llm.update_weight_version(str(version))
             finally:
-                if recompute or staged:
-                    self._staged = None
-                    await self._llm.resume_generation()
+                self._staged = None
+                await self._llm.resume_generation()
         self.version = version
         self._stats["refits"] += 1
         return version

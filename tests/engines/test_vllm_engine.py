@@ -133,7 +133,8 @@ def test_sampled_logprobs_are_temperature_scaled_like_the_trainers(
 def test_an_in_flight_request_spans_a_refit_and_keeps_its_start_version(
     engine: VLLMEngine, versions: Versions, tiny_dirs
 ) -> None:
-    """A long request admitted under version v finishes after the refit to v+1: later tokens use the new weights."""
+    """A long request admitted under version v finishes after the refit to v+1: later tokens use the new weights,
+    and each token carries the version of the weights that sampled it."""
     model, spec, _ = load_policy(str(tiny_dirs["a"]))
     uniform = [(n, torch.zeros_like(t) if n == "lm_head.weight" else t) for n, t in export_hf_weights(model, spec)]
 
@@ -157,6 +158,7 @@ def test_an_in_flight_request_spans_a_refit_and_keeps_its_start_version(
     switch = on_new_weights.index(True)
     assert switch >= 1, "tokens before the refit came from the old weights"
     assert all(on_new_weights[switch:]), "every token after the refit comes from the new (uniform) weights"
+    assert generation.token_versions == (start,) * switch + (end,) * (240 - switch)  # stamped exactly at the refit
 
 
 def test_a_refit_in_buckets_pauses_generation_until_the_last_one_and_then_agrees(
