@@ -9,6 +9,9 @@ Per step, after the refit that :class:`~sc_lightning.callbacks.refit.RefitCallba
     train/aborted_stale_inflight_groups, train/{dropped,replaced,promoted}_prompt_groups    this step's
     rollout/*_total                 counters since the start; rollout/inflight, rollout/buffered, rollout/idle_s
                                     gauges as dispatch reopened
+    survivorship/{trained,committed,evicted}_{groups,reward_mean,len_mean}
+                                    this step's groups taken for training, committed and evicted by the sampler:
+                                    their count, mean reward and mean completion length (0 for none)
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from typing import Any
 from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
-from sc_lightning.controller.api import ControllerStats
+from sc_lightning.controller.api import ControllerStats, StepSurvivorship
 
 
 class RolloutMonitor(Callback):
@@ -50,6 +53,20 @@ class RolloutMonitor(Callback):
         pl_module.log_dict(
             {f"rollout/{k}": float(v) for k, v in rollout_counters(stats).items()}, on_step=True, batch_size=1
         )
+        pl_module.log_dict(
+            {f"survivorship/{k}": v for k, v in survivorship_metrics(stats.survivorship).items()},
+            on_step=True,
+            batch_size=1,
+        )
+
+
+def survivorship_metrics(step: StepSurvivorship) -> dict[str, float]:
+    """One step's cohorts under their ``survivorship/*`` names."""
+    return {
+        f"{kind}_{name}": float(getattr(getattr(step, kind), name))
+        for kind in ("trained", "committed", "evicted")
+        for name in ("groups", "reward_mean", "len_mean")
+    }
 
 
 def rollout_counters(stats: ControllerStats) -> dict[str, float]:

@@ -2,8 +2,8 @@
 
 - :class:`GroupMeta` — a committed prompt group as the trainer sees it (data-plane keys and weight versions);
 - :class:`ControllerClient` — the blocking train-side calls of a running controller (in a thread or a Ray actor);
-- :class:`ControllerStats` (with :class:`StepDrops` and the engine's goodput, :class:`EngineTime`) — the counters the
-  trainer logs, and :class:`RefitReport`, what
+- :class:`ControllerStats` (with :class:`StepDrops`, :class:`StepSurvivorship` and the engine's goodput,
+  :class:`EngineTime`) — the counters the trainer logs, and :class:`RefitReport`, what
   one refit returns;
 - the errors a train-side call raises: :class:`RolloutPumpError`, :class:`SelectTimeout`,
   :class:`ControllerUnresponsive`, :class:`ControllerDied`;
@@ -28,7 +28,9 @@ from sc_lightning.rollout.goodput import EngineTime
 
 @dataclass(frozen=True)
 class GroupMeta:
-    """A committed group as the trainer sees it: the data-plane keys of its rows and its weight versions."""
+    """A committed group as the trainer sees it: the data-plane keys of its rows and its weight versions, and the
+    mean reward and completion length of its generations (for survivorship metrics; 0 in a replay index written
+    before them)."""
 
     group_id: str
     prompt_id: str
@@ -37,6 +39,8 @@ class GroupMeta:
     start_weight: int
     end_weight: int
     target_step: int | None
+    reward_mean: float = 0.0
+    completion_length_mean: float = 0.0
 
 
 # ------------------------------------------------------------------------------------------------ the trained row
@@ -122,6 +126,28 @@ class StepDrops:
 
 
 @dataclass(frozen=True)
+class Cohort:
+    """Some prompt groups of one step: how many, and the mean over them of each group's mean reward and mean
+    completion length (0 for none)."""
+
+    groups: int = 0
+    reward_mean: float = 0.0
+    len_mean: float = 0.0
+
+
+@dataclass(frozen=True)
+class StepSurvivorship:
+    """Which groups survived to training in one step (logged as ``survivorship/*``): those the sampler took for the
+    step (trained), those whose rollouts finished and were committed (committed), and those it evicted (evicted),
+    each counted between two refits. A sampler that starves hard prompts shows as trained groups with a higher
+    reward or shorter completions than committed ones, or evicted ones with lower rewards."""
+
+    trained: Cohort = Cohort()
+    committed: Cohort = Cohort()
+    evicted: Cohort = Cohort()
+
+
+@dataclass(frozen=True)
 class ControllerStats:
     """Counters and gauges of the controller, for logging and tests."""
 
@@ -145,6 +171,7 @@ class ControllerStats:
     replaced: int = 0  # spares committed in place of dropped groups, run total
     promoted: int = 0  # later steps' groups lent to steps that lost one, run total
     last_step: StepDrops = StepDrops()  # what drops did to the step closed by the last begin_refit
+    survivorship: StepSurvivorship = StepSurvivorship()  # the groups of the step closed by the last begin_refit
     engine_time: EngineTime = EngineTime()  # the engine fleet's goodput accounts (rollout/goodput.py)
 
 

@@ -126,6 +126,8 @@ class TQReplayBuffer:
             start_weight=start_weight,
             end_weight=end_weight,
             target_step=slot.target_step,
+            reward_mean=sum(group.rewards) / len(group.rewards),
+            completion_length_mean=sum(len(g.token_ids) for g in group.generations) / len(group.generations),
         )
         return slot.meta
 

@@ -61,6 +61,7 @@ from sc_lightning.controller.api import (
     RolloutPumpError,
     SelectTimeout,
     StepDrops,
+    StepSurvivorship,
 )
 from sc_lightning.controller.buffer import TQReplayBuffer
 from sc_lightning.controller.checkpointing import ControllerCheckpoint
@@ -71,6 +72,7 @@ from sc_lightning.controller.permits import Permits
 from sc_lightning.controller.recovery import PendingGroup, RecoveryPolicy
 from sc_lightning.controller.reserve import ReplacementReserve
 from sc_lightning.controller.samplers import PromptGroupSampler
+from sc_lightning.controller.survivorship import SurvivorshipTally
 from sc_lightning.data_plane.base import DataPlane
 from sc_lightning.engines.base import EngineError
 from sc_lightning.rollout.failures import classify
@@ -114,6 +116,7 @@ class SingleController:
         self.reserve = reserve if reserve is not None else ReplacementReserve()
         self._sampler_has_stamped = False  # learned from admit(), so custom samplers work too
         self._last_step_drops = StepDrops()
+        self.survivorship, self._last_survivorship = SurvivorshipTally(), StepSurvivorship()
         self._selected_for: Counter[int] = Counter()  # groups selected so far, by the step they were selected for
         self._warmup_window = warmup_window
         self.buffer_permits = Permits(max_buffered_rollouts, "async_rl.max_buffered_rollouts")
@@ -252,6 +255,7 @@ class SingleController:
             self.ledger.commit(sequence, meta.group_id, entry)  # no await since the buffer's commit: one cut
             self._last_progress = time.monotonic()
             self._counts["committed"] += 1
+            self.survivorship.add("committed", [meta])
             self.drops.on_commit()
             if spares and meta.target_step is not None:  # spares replace stamped groups only
                 self.drops.replaced(meta.target_step)
@@ -379,6 +383,7 @@ class SingleController:
         if groups:
             self.buffer_permits.release(len(groups))
             self._counts[counter] += len(groups)
+            self.survivorship.add("trained" if counter == "selected" else "evicted", groups)
 
     async def begin_refit(self, next_version: int) -> int:
         """The step is trained: close dispatch, abort doomed rollouts, drain the rest (drain gate), release the
@@ -391,6 +396,7 @@ class SingleController:
         await self._drain(step=next_version - 1)
         async with self.ledger.claims_lock:
             self._last_step_drops = self.drops.close_step(next_version - 1)
+            self._last_survivorship = self.survivorship.close_step()
             self._selected_for = Counter({v: n for v, n in self._selected_for.items() if v >= next_version})
             claims = self.ledger.release_claims()
             await self.buffer.delete_rows(claims)  # and the rows of groups evicted meanwhile
@@ -555,6 +561,7 @@ class SingleController:
             replaced=self.drops.totals["replaced"],
             promoted=self.drops.totals["promoted"],
             last_step=self._last_step_drops,
+            survivorship=self._last_survivorship,
             engine_time=self.manager.goodput.snapshot(),
             **self._counts,
         )

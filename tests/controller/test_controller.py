@@ -11,7 +11,7 @@ import time
 import pytest
 
 from sc_lightning.config import SCConfig, load_config
-from sc_lightning.controller.api import RolloutPumpError, SelectTimeout
+from sc_lightning.controller.api import Cohort, RolloutPumpError, SelectTimeout
 from sc_lightning.controller.build import build_controller
 from sc_lightning.controller.controller import SingleController
 from sc_lightning.data_plane.memory import MemoryDataPlane
@@ -301,3 +301,62 @@ def test_the_engine_goodput_counts_every_evicted_groups_tokens_as_waste() -> Non
     assert engine_time.wasted_tokens == tokens(evicted)
     assert engine_time.trained_tokens == tokens([g for step in trained for g in step])
     assert window[0] <= engine_time.wall_s <= window[1]  # its parts add up to the time since it started
+
+
+def test_survivorship_reports_each_steps_trained_committed_and_evicted_groups() -> None:
+    """windowed with no staleness allowed evicts the groups generated ahead: per step, the controller's survivorship
+    cohorts hold exactly the groups the test saw trained, committed and evicted in that step, with their mean reward
+    and completion length as the script dictates (odd sums are answered wrongly, with one more token)."""
+
+    def script(prompt: tuple[int, ...], call: int) -> tuple[int, ...]:
+        a, b = TOKENIZER.decode(prompt).rstrip("=").split("+")
+        total = int(a) + int(b)
+        return tuple(TOKENIZER.encode(str(total) if total % 2 == 0 else f"{total + 1}="))
+
+    prompts = {prompt.prompt_id: prompt.token_ids for prompt in ArithmeticDataset(32, 0, TOKENIZER)}  # make()'s
+
+    async def scenario():
+        cfg = config({"name": "windowed", "max_staleness_versions": 0}, buffered=4, min_groups=1, n=1)
+        controller = make(cfg, ScriptedEngine(script), dataset_size=32)
+        seen: dict[str, list[list]] = {kind: [[] for _ in range(3)] for kind in ("trained", "committed", "evicted")}
+        window = 0
+        evict, commit = controller.sampler.evict, controller.buffer.commit
+
+        async def recording_evict(trainer_version: int):
+            groups = await evict(trainer_version=trainer_version)
+            seen["evicted"][window].extend(groups)
+            return groups
+
+        async def recording_commit(*args, **kwargs):
+            meta = await commit(*args, **kwargs)
+            seen["committed"][window].append(meta)
+            return meta
+
+        controller.sampler.evict, controller.buffer.commit = recording_evict, recording_commit
+        await controller.start()
+        reported = []
+        for version in range(3):
+            seen["trained"][version] = await controller.select(version, 1, 1, timeout_s=30)
+            await controller.wait_until(lambda: full_and_idle(controller.stats()), timeout_s=30)  # nothing in flight
+            await controller.begin_refit(version + 1)
+            reported.append(controller.stats().survivorship)
+            window = version + 1  # commits resume only once dispatch reopens
+            await controller.finish_refit(version + 1)
+        await controller.shutdown()
+        return seen, reported
+
+    seen, reported = asyncio.run(scenario())
+    assert any(seen["evicted"]), "the scenario must force evictions"
+
+    def expected(groups: list) -> Cohort:
+        if not groups:
+            return Cohort()
+        completions = [TOKENIZER.decode(script(prompts[group.prompt_id], 0)) for group in groups]
+        rewards = [0.0 if c.endswith("=") else 1.0 for c in completions]
+        return Cohort(len(groups), sum(rewards) / len(groups), sum(map(len, completions)) / len(groups))
+
+    for step, survivorship in enumerate(reported):
+        for kind in ("trained", "committed", "evicted"):
+            got, want = getattr(survivorship, kind), expected(seen[kind][step])
+            assert got.groups == want.groups, (step, kind)
+            assert (got.reward_mean, got.len_mean) == pytest.approx((want.reward_mean, want.len_mean)), (step, kind)

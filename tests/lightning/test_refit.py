@@ -87,6 +87,9 @@ def test_the_rollout_monitor_logs_each_refit_and_names_a_wrong_order() -> None:
         step["timing/train/weight_sync"] > 0 and step["timing/train/total_step_time"] > 0 for step in logged.steps
     )
     assert all(step["train/dropped_prompt_groups"] == 0 for step in logged.steps)
+    assert [step["survivorship/trained_groups"] for step in logged.steps] == [4.0, 4.0]
+    # tokens are never older than their group's start weight: per-token staleness is bounded by the group's
+    assert all(0 <= step["train/token_staleness_max"] <= step["train/staleness_max"] for step in logged.steps)
 
     wrong = Trainer(
         strategy=SingleControllerStrategy(config, engine_factory),
