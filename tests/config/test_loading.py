@@ -75,6 +75,8 @@ def test_a_knob_of_another_sampler_mode_is_an_error() -> None:
         ({"data": {"dataset_name": ["a.jsonl"]}}, "data.dataset_name: expected str, got list ['a.jsonl']"),
         ({"data": {"max_skipped_rows": -1}}, "data.max_skipped_rows: must be >= 0, got -1"),
         ({"data": {"max_skipped_rows": "ten"}}, "data.max_skipped_rows: expected int, got str 'ten'"),
+        ({"loss_fn": {"max_token_staleness": -1}}, "loss_fn.max_token_staleness: must be >= 0, got -1"),
+        ({"loss_fn": {"max_token_staleness": 1.5}}, "loss_fn.max_token_staleness: expected int, got float 1.5"),
     ],
 )
 def test_types_and_bounds(layer: dict, expected: str) -> None:
