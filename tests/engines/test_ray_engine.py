@@ -56,6 +56,7 @@ def test_ray_engine_end_to_end(ray_cluster: None, tiny_dirs: dict) -> None:
         assert engine.weight_version == 4
         after = await engine.generate(PROMPT, SamplingParams(10, temperature=0.0))
         assert after.weight_version == 4 and all(follows_argmax(model_b, PROMPT, after.token_ids))
+        assert (greedy.token_versions, after.token_versions) == ((0,) * 10, (4,) * 10)  # across the Ray transport
 
         await engine.stand_down()
         task = asyncio.create_task(engine.active_wait_for(engine.generate(PROMPT, SamplingParams(3)), 0.2))
