@@ -7,6 +7,7 @@ Per step, after the refit that :class:`~sc_lightning.callbacks.refit.RefitCallba
     timing/train/total_step_time    from the previous refit's end (or the fit's start) to this one's; also the
                                     progress bar's ``step_s``
     train/aborted_stale_inflight_groups, train/{dropped,replaced,promoted}_prompt_groups    this step's
+    dynamic_sampling/filtered_groups, dynamic_sampling/extra_generations    this step's (grpo.use_dynamic_sampling)
     rollout/*_total                 counters since the start; rollout/inflight, rollout/buffered, rollout/idle_s
                                     gauges as dispatch reopened
     survivorship/{trained,committed,evicted}_{groups,reward_mean,len_mean}
@@ -50,6 +51,13 @@ class RolloutMonitor(Callback):
             "promoted_prompt_groups": stats.last_step.promoted,
         }
         pl_module.log_dict({f"train/{k}": float(v) for k, v in step.items()}, on_step=True, batch_size=1)
+        filtering = {
+            "filtered_groups": stats.last_step.filtered,
+            "extra_generations": stats.last_step.extra_generations,
+        }
+        pl_module.log_dict(
+            {f"dynamic_sampling/{k}": float(v) for k, v in filtering.items()}, on_step=True, batch_size=1
+        )
         pl_module.log_dict(
             {f"rollout/{k}": float(v) for k, v in rollout_counters(stats).items()}, on_step=True, batch_size=1
         )
@@ -82,6 +90,8 @@ def rollout_counters(stats: ControllerStats) -> dict[str, float]:
         "dropped_total": stats.dropped,
         "replaced_total": stats.replaced,
         "promoted_total": stats.promoted,
+        "filtered_total": stats.filtered,
+        "extra_generations_total": stats.extra_generations,
         "inflight": stats.inflight,
         "buffered": stats.buffered,
         "idle_s": stats.idle_s,

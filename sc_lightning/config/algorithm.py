@@ -63,7 +63,18 @@ class AlgorithmConfig:
     val_at_end: bool = knob(False, "Validate after training (rejected until supported).")
     reward_shaping: RewardShaping = knob(doc="Reward shaping block.", factory=RewardShaping)
     reward_scaling: RewardScaling = knob(doc="Reward scaling block.", factory=RewardScaling)
-    use_dynamic_sampling: bool = knob(False, "DAPO dynamic sampling (rejected until supported).")
+    use_dynamic_sampling: bool = knob(
+        False,
+        "DAPO dynamic sampling (GRPO only): a group whose rewards are all equal is filtered before its commit "
+        "(consumed, never trained) and a fresh dataset prompt takes its slot.",
+    )
+    dynamic_sampling_max_gen_batches: int = knob(
+        10,
+        "With dynamic sampling: generation batches (of num_prompts_per_step groups, the first included) one step "
+        "may take; a step that would need more refills stops the run.",
+        unit="batches",
+        ge=1,
+    )
     overlong_filtering: bool = knob(False, "Exclude truncated completions from the loss through sample_mask.")
     seq_logprob_error_threshold: float | None = knob(
         None,

@@ -54,23 +54,42 @@ def positive_epochs(config: SCConfig, report: Report) -> None:
     "{algo}.val_period",
     "{algo}.val_at_start",
     "{algo}.val_at_end",
-    "{algo}.use_dynamic_sampling",
     "{algo}.reward_shaping.enabled",
     "{algo}.reward_scaling.enabled",
 )
 def unsupported_algorithm_features(config: SCConfig, report: Report) -> None:
-    """Validation, reward shaping/scaling and dynamic sampling are rejected until supported."""
+    """Validation and reward shaping/scaling are rejected until supported."""
     if not config.has_one_algorithm:
         return
     algo, name = config.algo, config.algo_name
     if algo.val_period > 0:
         report.error(f"{name}.val_period", f"is {algo.val_period}; validation is not supported yet, set 0")
-    for flag in ("val_at_start", "val_at_end", "use_dynamic_sampling"):
+    for flag in ("val_at_start", "val_at_end"):
         if getattr(algo, flag):
             report.error(f"{name}.{flag}", "is true but not supported on the Single-Controller path yet; set false")
     for block in ("reward_shaping", "reward_scaling"):
         if getattr(algo, block).enabled:
             report.error(f"{name}.{block}.enabled", "is true but not supported yet (it would be skipped); set false")
+
+
+@ties("{algo}.use_dynamic_sampling", "{algo}.num_generations_per_prompt", "{algo}.dynamic_sampling_max_gen_batches")
+def dynamic_sampling_fits(config: SCConfig, report: Report) -> None:
+    """Dynamic sampling is GRPO's, needs groups that can vary, and a cap that allows the first batch."""
+    if not config.has_one_algorithm or not config.algo.use_dynamic_sampling:
+        return
+    algo, name = config.algo, config.algo_name
+    if config.ppo is not None:
+        report.error(
+            f"{name}.use_dynamic_sampling",
+            "is true on PPO; dynamic sampling filters GRPO groups with equal rewards, which PPO's GAE advantages "
+            "do not need; set false",
+        )
+    if algo.num_generations_per_prompt < 2:
+        report.error(
+            f"{name}.use_dynamic_sampling",
+            f"is true with {name}.num_generations_per_prompt={algo.num_generations_per_prompt}: a group of one "
+            "has zero reward variance, so every group would be filtered; set num_generations_per_prompt >= 2",
+        )
 
 
 @ties("{algo}.adv_estimator.name")
@@ -403,6 +422,7 @@ ALGORITHM_RULES = (
     no_legacy_async_block,
     positive_epochs,
     unsupported_algorithm_features,
+    dynamic_sampling_fits,
     estimator_matches_algorithm,
     critic_sections_match_algorithm,
     batch_matches_step,

@@ -118,11 +118,14 @@ start weight (``weight_version``), end weight and the step it was stamped for.""
 
 @dataclass(frozen=True)
 class StepDrops:
-    """What drops did to one closed step (logged as ``train/*_prompt_groups``)."""
+    """What drops (and dynamic sampling) did to one closed step (logged as ``train/*_prompt_groups`` and
+    ``dynamic_sampling/*``)."""
 
     dropped: int = 0
     replaced: int = 0
     promoted: int = 0
+    filtered: int = 0  # groups filtered by dynamic sampling (zero reward variance), charged to this step
+    extra_generations: int = 0  # fresh prompts generated in their place
 
 
 @dataclass(frozen=True)
@@ -170,6 +173,8 @@ class ControllerStats:
     dropped: int = 0  # groups dropped within the drop budgets, run total
     replaced: int = 0  # spares committed in place of dropped groups, run total
     promoted: int = 0  # later steps' groups lent to steps that lost one, run total
+    filtered: int = 0  # groups filtered by dynamic sampling, run total
+    extra_generations: int = 0  # prompts generated in filtered groups' places, run total
     last_step: StepDrops = StepDrops()  # what drops did to the step closed by the last begin_refit
     survivorship: StepSurvivorship = StepSurvivorship()  # the groups of the step closed by the last begin_refit
     engine_time: EngineTime = EngineTime()  # the engine fleet's goodput accounts (rollout/goodput.py)

@@ -17,6 +17,7 @@ from sc_lightning.config import SCConfig, resolve
 from sc_lightning.controller.buffer import TQReplayBuffer
 from sc_lightning.controller.controller import SingleController
 from sc_lightning.controller.drops import DropBudgets
+from sc_lightning.controller.dynamic_sampling import DynamicSampling
 from sc_lightning.controller.recovery import RecoveryPolicy
 from sc_lightning.controller.reserve import ReplacementReserve
 from sc_lightning.controller.runners import BeforeStart, LocalController
@@ -106,6 +107,9 @@ def build_controller(
         ),
         reserve=_replacement_reserve(config),
         drain_timeout_s=None if config.async_rl.in_flight_weight_updates else config.async_rl.drain_timeout_s,
+        dynamic_sampling=DynamicSampling(resolved.groups_per_step, config.algo.dynamic_sampling_max_gen_batches)
+        if config.algo.use_dynamic_sampling
+        else None,
     )
     watchdog = config.async_rl.stall_watchdog
     controller.add_background_task(

@@ -3,9 +3,10 @@
 A cut holds the trainer's version, the prompt stream's cursor, the sampler's dispatch index, the replay index of
 the committed groups (claimed by the step being trained, then buffered) — their rows are the data plane's own
 snapshot — the pending prompt groups (taken from the stream, not committed), the drop budgets spent with the
-shortfalls of open steps, and the replacement reserve. It is taken behind :meth:`ControllerCheckpoint.barrier`, so rows,
-index and ledgers describe the same moment while generation goes on. The controller owns one
-:class:`ControllerCheckpoint` over its parts and its :class:`~sc_lightning.controller.ledger.RecoveryLedger`.
+shortfalls of open steps, the replacement reserve (dynamic sampling's spares too) and dynamic sampling's counts.
+It is taken behind :meth:`ControllerCheckpoint.barrier`, so rows, index and ledgers describe the same moment while
+generation goes on. The controller owns one :class:`ControllerCheckpoint` over its parts and its
+:class:`~sc_lightning.controller.ledger.RecoveryLedger`.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from sc_lightning.controller.recovery import PendingGroup, RecoveryPolicy
 
 if TYPE_CHECKING:
     from sc_lightning.controller.drops import DropLedger
+    from sc_lightning.controller.dynamic_sampling import DynamicSampling
     from sc_lightning.controller.permits import Permits
     from sc_lightning.controller.reserve import ReplacementReserve
     from sc_lightning.controller.samplers import PromptGroupSampler
@@ -42,6 +44,7 @@ class ControllerCheckpoint:
     reserve: ReplacementReserve
     buffer_permits: Permits
     ledger: RecoveryLedger
+    dynamic: DynamicSampling | None = None  # grpo.use_dynamic_sampling: its per-step counts (the caps of open steps)
 
     @contextlib.asynccontextmanager
     async def barrier(self) -> AsyncIterator[None]:
@@ -89,6 +92,7 @@ class ControllerCheckpoint:
             "pending_holding_permits": holding,
             "drops": self.drops.state_dict(),
             "replacement_reserve": self.reserve.state_dict(),
+            "dynamic_sampling": None if self.dynamic is None else self.dynamic.state_dict(),
         }
 
     async def restore(self, state: dict[str, Any], *, group_size: int) -> int:
@@ -113,6 +117,8 @@ class ControllerCheckpoint:
         self.prompts.load_state_dict(state["prompts"])
         self.drops.load_state_dict(state.get("drops", {}))
         self.reserve.load_state_dict(state.get("replacement_reserve", []))
+        if self.dynamic is not None:
+            self.dynamic.load_state_dict(state.get("dynamic_sampling") or {})
         self.sampler.restore_dispatch_index(int(state["dispatch_index"]))
         self.buffer.load_state_dict(
             state["replay_index"], max_groups=self.buffer_permits.total + claimed, expected_group_size=group_size

@@ -47,6 +47,7 @@ import logging
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -67,6 +68,7 @@ from sc_lightning.controller.buffer import TQReplayBuffer
 from sc_lightning.controller.checkpointing import ControllerCheckpoint
 from sc_lightning.controller.dispatch_gate import DispatchGate
 from sc_lightning.controller.drops import DropBudgets, DropLedger
+from sc_lightning.controller.dynamic_sampling import DynamicSampling, refill_prompt, zero_reward_variance
 from sc_lightning.controller.ledger import RecoveryLedger
 from sc_lightning.controller.permits import Permits
 from sc_lightning.controller.recovery import PendingGroup, RecoveryPolicy
@@ -76,7 +78,7 @@ from sc_lightning.controller.survivorship import SurvivorshipTally
 from sc_lightning.data_plane.base import DataPlane
 from sc_lightning.engines.base import EngineError
 from sc_lightning.rollout.failures import classify
-from sc_lightning.rollout.manager import RolloutError, RolloutManager, ServedPolicy
+from sc_lightning.rollout.manager import GroupFiltered, RolloutError, RolloutManager, ServedPolicy
 from sc_lightning.rollout.prompts import PromptStream
 
 log = logging.getLogger(__name__)
@@ -101,19 +103,24 @@ class SingleController:
         drop_budgets: DropBudgets | None = None,
         reserve: ReplacementReserve | None = None,
         drain_timeout_s: float | None = None,
+        dynamic_sampling: DynamicSampling | None = None,
     ) -> None:
         """``warmup_window = (start_step, lookahead)``: PPO critic warm-up — the sampler was built with the wider
         warm-up lookahead; once the trainer reaches ``start_step`` its gate window narrows to ``lookahead``.
         ``drop_budgets`` default to none (a group whose retries are spent stops the run); ``reserve`` to empty.
         ``served`` is the engine and the version new rollouts are stamped with: the controller advances it at each
         refit; ``manager`` (built over the same ``served``) only reads it. ``drain_timeout_s``: the drain gate's
-        deadline (None: refits leave generations in flight, ``async_rl.in_flight_weight_updates: true``)."""
+        deadline (None: refits leave generations in flight, ``async_rl.in_flight_weight_updates: true``).
+        ``dynamic_sampling``: filter zero-reward-variance groups and refill their slots (``dynamic_sampling.py``)."""
         if manager.served is not served:
             raise ValueError("the rollout manager must read the controller's served policy")
         self.buffer, self.sampler, self.served, self.manager, self.prompts = buffer, sampler, served, manager, prompts
         self.recovery = recovery or RecoveryPolicy(RolloutRecoveryConfig(), token_capture=False)
         self.drops = DropLedger(drop_budgets or DropBudgets(groups_per_step=prompts.batch_size))
         self.reserve = reserve if reserve is not None else ReplacementReserve()
+        self.dynamic = dynamic_sampling
+        if dynamic_sampling is not None:
+            manager.group_filter = zero_reward_variance
         self._sampler_has_stamped = False  # learned from admit(), so custom samplers work too
         self._last_step_drops = StepDrops()
         self.survivorship, self._last_survivorship = SurvivorshipTally(), StepSurvivorship()
@@ -132,7 +139,15 @@ class SingleController:
         self._last_progress = time.monotonic()
         self.ledger = RecoveryLedger()
         self.checkpoints = ControllerCheckpoint(
-            buffer, sampler, prompts, self.recovery, self.drops, self.reserve, self.buffer_permits, self.ledger
+            buffer,
+            sampler,
+            prompts,
+            self.recovery,
+            self.drops,
+            self.reserve,
+            self.buffer_permits,
+            self.ledger,
+            self.dynamic,
         )
         self._aborting = False
         self._refit_engine_s: dict[int, float] = {}  # the engine's time so far on the refit to a version
@@ -242,11 +257,15 @@ class SingleController:
                         entry.prompt, target_step=entry.target_step, sealed=entry.sealed
                     )
                     break
-                except RolloutError as failure:  # its retries are spent
-                    replacement = await self._after_drop(failure, entry, spares, sequence)
+                except (RolloutError, GroupFiltered) as failure:
+                    if isinstance(failure, GroupFiltered):  # no advantage: consumed, a fresh prompt takes the slot
+                        replacement = self._after_filter(failure, entry, sequence)
+                    else:  # its retries are spent
+                        replacement = await self._after_drop(failure, entry, spares, sequence)
+                        spares += 1
                     if replacement is None:
-                        return  # dropped; its step shrinks
-                    entry, spares = replacement, spares + 1
+                        return  # dropped, or filtered with no prompt left; its step shrinks
+                    entry = replacement
                     self.gate.leave()  # the spare passes the gate afresh: a refit may be draining meanwhile
                     through_gate = False
                     await self.gate.enter()
@@ -300,6 +319,24 @@ class SingleController:
         replacement = self.recovery.pending(spare, target)
         self.ledger.replace(sequence, replacement)
         return replacement
+
+    def _after_filter(self, filtered: GroupFiltered, entry: PendingGroup, sequence: int) -> PendingGroup | None:
+        """Dynamic sampling: the filtered prompt is consumed; a fresh one takes its slot (None: none left, the step
+        closes one group short). Raises DynamicSamplingCapExceeded past the step's cap. No await: one cut."""
+        assert self.dynamic is not None
+        step = self.trainer_version if entry.target_step is None else entry.target_step
+        self.dynamic.filtered(step, filtered)
+        prompt = refill_prompt(self.reserve, self.prompts)
+        if prompt is None:
+            self.ledger.forget(sequence)
+            if entry.target_step is not None and entry.target_step >= self.trainer_version:
+                self.drops.shortfall[entry.target_step] += 1
+            log.warning("step %d: %s; no prompt left to refill it, the step shrinks", step, filtered)
+            return None
+        self.dynamic.refilled(step)
+        refill = self.recovery.pending(prompt, entry.target_step)
+        self.ledger.replace(sequence, refill)
+        return refill
 
     def _on_pump_done(self, task: asyncio.Task) -> None:
         self._on_background_done("rollout pump", task)
@@ -397,6 +434,9 @@ class SingleController:
         async with self.ledger.claims_lock:
             self._last_step_drops = self.drops.close_step(next_version - 1)
             self._last_survivorship = self.survivorship.close_step()
+            if self.dynamic is not None:
+                filtered, extra = self.dynamic.close_step(next_version - 1)
+                self._last_step_drops = replace(self._last_step_drops, filtered=filtered, extra_generations=extra)
             self._selected_for = Counter({v: n for v, n in self._selected_for.items() if v >= next_version})
             claims = self.ledger.release_claims()
             await self.buffer.delete_rows(claims)  # and the rows of groups evicted meanwhile
@@ -560,6 +600,8 @@ class SingleController:
             dropped=self.drops.totals["dropped"],
             replaced=self.drops.totals["replaced"],
             promoted=self.drops.totals["promoted"],
+            filtered=0 if self.dynamic is None else self.dynamic.totals["filtered"],
+            extra_generations=0 if self.dynamic is None else self.dynamic.totals["extra_generations"],
             last_step=self._last_step_drops,
             survivorship=self._last_survivorship,
             engine_time=self.manager.goodput.snapshot(),

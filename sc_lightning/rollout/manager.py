@@ -15,7 +15,7 @@ import asyncio
 import dataclasses
 import hashlib
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -39,6 +39,14 @@ class RolloutError(RuntimeError):
 
 class RolloutTimeout(RolloutError):
     """A generation request or an environment step outlived its deadline."""
+
+
+class GroupFiltered(Exception):
+    """A scored prompt group was filtered before its commit (``RolloutManager.group_filter``); never retried."""
+
+    def __init__(self, *, prompt_id: str, group_id: str, reason: str, rewards: Sequence[float]) -> None:
+        super().__init__(f"prompt {prompt_id} (group {group_id}) filtered: {reason}, rewards {list(rewards)}")
+        self.prompt_id, self.group_id, self.reason, self.rewards = prompt_id, group_id, reason, tuple(rewards)
 
 
 class GroupSink(Protocol):
@@ -109,6 +117,7 @@ class RolloutManager:
     inflight: dict[str, InflightGroup] = field(default_factory=dict)
     failures: dict[str, int] = field(default_factory=lambda: {"infra": 0, "data": 0, "redispatched": 0})
     goodput: EngineGoodput = field(default_factory=EngineGoodput)
+    group_filter: Callable[[ScoredGroup], str | None] | None = None  # a reason filters the group before its commit
     _visits: dict[str, int] = field(default_factory=dict)
 
     @property
@@ -181,11 +190,14 @@ class RolloutManager:
                 group = await self.run_rollout(prompt, group_id, sealed)
             finally:
                 self.inflight.pop(group_id, None)  # before commit, so an abort cannot interrupt the commit
+            reason = None if self.group_filter is None else self.group_filter(group)
+            if reason is not None:
+                raise GroupFiltered(prompt_id=prompt.prompt_id, group_id=group_id, reason=reason, rewards=group.rewards)
             committed = await self.sink.commit(group_id, group, start_weight=start, end_weight=self.weight_version)
         except BaseException as exc:
             self.goodput.failed(group_id)
             self.sink.discard_if_present(group_id)
-            if isinstance(exc, RolloutError) or not isinstance(exc, Exception):
+            if isinstance(exc, (RolloutError, GroupFiltered)) or not isinstance(exc, Exception):
                 raise
             raise self._error(f"{type(exc).__name__}: {exc}", prompt, group_id) from exc
         self.goodput.committed(group_id, tokens=sum(len(g.token_ids) for g in group.generations))

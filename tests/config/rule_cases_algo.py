@@ -42,11 +42,18 @@ ALGORITHM_CASES: list[tuple[str, dict[str, Any], dict[str, Any], str, str]] = [
     ("val_at_start", variant(), variant({"grpo": {"val_at_start": True}}), "grpo.val_at_start", "not supported"),
     ("val_at_end", variant(), variant({"grpo": {"val_at_end": True}}), "grpo.val_at_end", "not supported"),
     (
-        "dynamic sampling",
-        variant(),
+        "dynamic sampling: on PPO",
+        ppo(),
+        ppo({"ppo": {"use_dynamic_sampling": True}}),
+        "ppo.use_dynamic_sampling",
+        "GRPO groups",
+    ),
+    (
+        "dynamic sampling: groups of one",
         variant({"grpo": {"use_dynamic_sampling": True}}),
+        variant({"grpo": {"use_dynamic_sampling": True, "num_generations_per_prompt": 1}}),
         "grpo.use_dynamic_sampling",
-        "not supported",
+        "num_generations_per_prompt >= 2",
     ),
     (
         "reward shaping",

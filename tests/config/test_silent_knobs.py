@@ -64,7 +64,6 @@ _PER_ALGORITHM = {
     "{algo}.val_period": f"validation {_UNSUPPORTED}",
     "{algo}.val_at_start": f"validation {_UNSUPPORTED}",
     "{algo}.val_at_end": f"validation {_UNSUPPORTED}",
-    "{algo}.use_dynamic_sampling": f"dynamic sampling {_UNSUPPORTED}",
     "{algo}.reward_shaping.enabled": f"reward shaping {_UNSUPPORTED}",
     "{algo}.reward_scaling.enabled": f"reward scaling {_UNSUPPORTED}",
     **{
