@@ -124,7 +124,7 @@ class StepDrops:
     dropped: int = 0
     replaced: int = 0
     promoted: int = 0
-    filtered: int = 0  # groups filtered by dynamic sampling (zero reward variance), charged to this step
+    filtered: tuple[str, ...] = ()  # prompt ids of the groups dynamic sampling filtered (zero reward variance)
     extra_generations: int = 0  # fresh prompts generated in their place
 
 

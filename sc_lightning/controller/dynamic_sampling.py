@@ -53,7 +53,7 @@ class DynamicSampling:
     groups_per_step: int
     max_gen_batches: int
     totals: Counter[str] = field(default_factory=Counter)  # filtered / extra_generations, run totals
-    _filtered: Counter[int] = field(default_factory=Counter)
+    _filtered: dict[int, list[str]] = field(default_factory=dict)  # step -> prompt ids filtered for it
     _extra: Counter[int] = field(default_factory=Counter)
 
     @property
@@ -62,8 +62,8 @@ class DynamicSampling:
         return (self.max_gen_batches - 1) * self.groups_per_step
 
     def filtered(self, step: int, failure: GroupFiltered) -> None:
-        """Count a filtered group of ``step``; DynamicSamplingCapExceeded when its refill would pass the cap."""
-        self._filtered[step] += 1
+        """Record a filtered group of ``step``; DynamicSamplingCapExceeded when its refill would pass the cap."""
+        self._filtered.setdefault(step, []).append(failure.prompt_id)
         self.totals["filtered"] += 1
         if self._extra[step] >= self.extra_cap:
             raise DynamicSamplingCapExceeded(
@@ -78,9 +78,10 @@ class DynamicSampling:
         self._extra[step] += 1
         self.totals["extra_generations"] += 1
 
-    def close_step(self, step: int) -> tuple[int, int]:
-        """Step ``step`` trained: its (filtered, extra generations), and forget every count up to it."""
-        closed = self._filtered[step], self._extra[step]
+    def close_step(self, step: int) -> tuple[tuple[str, ...], int]:
+        """Step ``step`` trained: the prompt ids filtered for it and its extra generations; forget every step up to
+        it."""
+        closed = tuple(self._filtered.get(step, ())), self._extra[step]
         for ledger in (self._filtered, self._extra):
             for key in [k for k in ledger if k <= step]:
                 del ledger[key]
@@ -90,14 +91,14 @@ class DynamicSampling:
         """The run totals and the open steps' counts (JSON-able; keys as strings)."""
         return {
             "totals": dict(self.totals),
-            "filtered": {str(step): n for step, n in self._filtered.items()},
+            "filtered": {str(step): list(ids) for step, ids in self._filtered.items()},
             "extra": {str(step): n for step, n in self._extra.items()},
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore :meth:`state_dict` (a checkpoint without one restores nothing)."""
         self.totals = Counter({k: int(v) for k, v in state.get("totals", {}).items()})
-        self._filtered = Counter({int(step): int(n) for step, n in state.get("filtered", {}).items()})
+        self._filtered = {int(step): [str(i) for i in ids] for step, ids in state.get("filtered", {}).items()}
         self._extra = Counter({int(step): int(n) for step, n in state.get("extra", {}).items()})
 
 
