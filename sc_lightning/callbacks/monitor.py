@@ -7,7 +7,8 @@ Per step, after the refit that :class:`~sc_lightning.callbacks.refit.RefitCallba
     timing/train/total_step_time    from the previous refit's end (or the fit's start) to this one's; also the
                                     progress bar's ``step_s``
     train/aborted_stale_inflight_groups, train/{dropped,replaced,promoted}_prompt_groups    this step's
-    dynamic_sampling/filtered_groups, dynamic_sampling/extra_generations    this step's (grpo.use_dynamic_sampling)
+    dynamic_sampling/filtered_groups, dynamic_sampling/extra_generations    this step's (grpo.use_dynamic_sampling);
+                                    the filtered groups also go to train_data.jsonl, before the step's bundle
     rollout/*_total                 counters since the start; rollout/inflight, rollout/buffered, rollout/idle_s
                                     gauges as dispatch reopened
     survivorship/{trained,committed,evicted}_{groups,reward_mean,len_mean}
@@ -23,6 +24,7 @@ from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
 from sc_lightning.controller.api import ControllerStats, StepSurvivorship
+from sc_lightning.lightning.module import GRPOModule
 
 
 class RolloutMonitor(Callback):
@@ -52,12 +54,12 @@ class RolloutMonitor(Callback):
         }
         pl_module.log_dict({f"train/{k}": float(v) for k, v in step.items()}, on_step=True, batch_size=1)
         filtering = {
-            "filtered_groups": stats.last_step.filtered,
-            "extra_generations": stats.last_step.extra_generations,
+            "dynamic_sampling/filtered_groups": float(len(stats.last_step.filtered)),
+            "dynamic_sampling/extra_generations": float(stats.last_step.extra_generations),
         }
-        pl_module.log_dict(
-            {f"dynamic_sampling/{k}": float(v) for k, v in filtering.items()}, on_step=True, batch_size=1
-        )
+        pl_module.log_dict(filtering, on_step=True, batch_size=1)
+        if isinstance(pl_module, GRPOModule):  # before the step's bundle: Lightning runs checkpoint callbacks last
+            pl_module.log_filtered_groups(record.version - 1, stats.last_step.filtered)
         pl_module.log_dict(
             {f"rollout/{k}": float(v) for k, v in rollout_counters(stats).items()}, on_step=True, batch_size=1
         )

@@ -124,7 +124,7 @@ class StepDrops:
     dropped: int = 0
     replaced: int = 0
     promoted: int = 0
-    filtered: tuple[str, ...] = ()  # prompt ids of the groups dynamic sampling filtered (zero reward variance)
+    filtered: tuple[dict[str, Any], ...] = ()  # dynamic sampling's filtered groups (dynamic_sampling.py's records)
     extra_generations: int = 0  # fresh prompts generated in their place
 
 

@@ -325,7 +325,7 @@ class SingleController:
         closes one group short). Raises DynamicSamplingCapExceeded past the step's cap. No await: one cut."""
         assert self.dynamic is not None
         step = self.trainer_version if entry.target_step is None else entry.target_step
-        self.dynamic.filtered(step, filtered)
+        self.dynamic.filtered(step, filtered, entry.prompt.index)
         prompt = refill_prompt(self.reserve, self.prompts)
         if prompt is None:
             self.ledger.forget(sequence)

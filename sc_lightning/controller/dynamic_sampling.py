@@ -53,7 +53,7 @@ class DynamicSampling:
     groups_per_step: int
     max_gen_batches: int
     totals: Counter[str] = field(default_factory=Counter)  # filtered / extra_generations, run totals
-    _filtered: dict[int, list[str]] = field(default_factory=dict)  # step -> prompt ids filtered for it
+    _filtered: dict[int, list[dict[str, Any]]] = field(default_factory=dict)  # step -> its filtered groups' records
     _extra: Counter[int] = field(default_factory=Counter)
 
     @property
@@ -61,9 +61,16 @@ class DynamicSampling:
         """The most extra generations (refills) one step may take."""
         return (self.max_gen_batches - 1) * self.groups_per_step
 
-    def filtered(self, step: int, failure: GroupFiltered) -> None:
+    def filtered(self, step: int, failure: GroupFiltered, prompt_index: int | None) -> None:
         """Record a filtered group of ``step``; DynamicSamplingCapExceeded when its refill would pass the cap."""
-        self._filtered.setdefault(step, []).append(failure.prompt_id)
+        record = {
+            "prompt_index": prompt_index,
+            "prompt_id": failure.prompt_id,
+            "group_id": failure.group_id,
+            "filtered": failure.reason,
+            "rewards": list(failure.rewards),
+        }
+        self._filtered.setdefault(step, []).append(record)
         self.totals["filtered"] += 1
         if self._extra[step] >= self.extra_cap:
             raise DynamicSamplingCapExceeded(
@@ -78,9 +85,9 @@ class DynamicSampling:
         self._extra[step] += 1
         self.totals["extra_generations"] += 1
 
-    def close_step(self, step: int) -> tuple[tuple[str, ...], int]:
-        """Step ``step`` trained: the prompt ids filtered for it and its extra generations; forget every step up to
-        it."""
+    def close_step(self, step: int) -> tuple[tuple[dict[str, Any], ...], int]:
+        """Step ``step`` trained: its filtered groups' records (prompt_index, prompt_id, group_id, ``filtered``: the
+        reason, rewards) and its extra generations; forget every step up to it."""
         closed = tuple(self._filtered.get(step, ())), self._extra[step]
         for ledger in (self._filtered, self._extra):
             for key in [k for k in ledger if k <= step]:
@@ -91,14 +98,14 @@ class DynamicSampling:
         """The run totals and the open steps' counts (JSON-able; keys as strings)."""
         return {
             "totals": dict(self.totals),
-            "filtered": {str(step): list(ids) for step, ids in self._filtered.items()},
+            "filtered": {str(step): list(records) for step, records in self._filtered.items()},
             "extra": {str(step): n for step, n in self._extra.items()},
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore :meth:`state_dict` (a checkpoint without one restores nothing)."""
         self.totals = Counter({k: int(v) for k, v in state.get("totals", {}).items()})
-        self._filtered = {int(step): [str(i) for i in ids] for step, ids in state.get("filtered", {}).items()}
+        self._filtered = {int(step): list(records) for step, records in state.get("filtered", {}).items()}
         self._extra = Counter({int(step): int(n) for step, n in state.get("extra", {}).items()})
 
 

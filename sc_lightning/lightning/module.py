@@ -12,6 +12,7 @@ The step's pieces are Lightning-free, in ``sc_lightning/trainer/`` (its docstrin
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -140,6 +141,11 @@ class GRPOModule(LightningModule):
         if self.config.data.train_data_log and self.trainer.is_global_zero:  # the leader writes every rank's rows
             self._train_data_log = TrainDataLog(Path(self.trainer.default_root_dir) / TRAIN_DATA_FILENAME)
             self._train_data_log.open(resume_step=self.trainer.global_step)
+
+    def log_filtered_groups(self, step: int, records: Sequence[Mapping[str, Any]]) -> None:
+        """Record in train_data.jsonl the groups dynamic sampling filtered for ``step`` (consumed, never trained)."""
+        if self._train_data_log is not None and records:
+            self._train_data_log.write_filtered(step, records)
 
     def on_train_end(self) -> None:
         """Close train_data.jsonl."""

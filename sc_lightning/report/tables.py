@@ -118,7 +118,7 @@ def read_metrics_csv(path: Path) -> dict[int, dict[str, float]]:
 
 
 def read_train_data(path: Path) -> list[dict[str, Any]]:
-    """``train_data.jsonl``'s rows, up to a line torn by a crash (nothing after it was durable); [] if absent."""
+    """``train_data.jsonl``'s trained rows, up to a line torn by a crash (nothing after it was durable); [] if none."""
     if not path.exists():
         return []
     samples = []
@@ -128,7 +128,8 @@ def read_train_data(path: Path) -> list[dict[str, Any]]:
             int(sample["step"])
         except (ValueError, TypeError, KeyError):
             break
-        samples.append(sample)
+        if "filtered" not in sample:  # a group dynamic sampling filtered: consumed, never trained
+            samples.append(sample)
     return samples
 
 

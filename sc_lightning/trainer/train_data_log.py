@@ -2,7 +2,11 @@
 
 Each line: ``step`` (the RL step, 0-based: the trainer's ``global_step`` before that step's optimizer step),
 ``prompt_index`` (the prompt's position in its dataset), ``prompt_id``, ``group_id``, ``generation_index``,
-``start_weight``, ``end_weight``, ``target_step`` and ``reward``. Lines are written after the step's optimizer
+``start_weight``, ``end_weight``, ``target_step`` and ``reward``. With dynamic sampling (``grpo.use_dynamic_sampling``)
+a group filtered before its commit — consumed, never trained — gets one line of its own, under the step it was
+filtered for: ``step``, ``prompt_index``, ``prompt_id``, ``group_id``, ``filtered`` (the reason,
+``zero_reward_variance``) and ``rewards`` (its N rewards); readers of trained rows skip lines with ``filtered``.
+Lines are written after the step's optimizer
 step, so a step that crashed half way never appears. On (re)start the file keeps only the steps before the one
 training resumes at — the steps the restored checkpoint holds — so after any number of crashes and resumes it is
 the history of the run that finished.
@@ -54,6 +58,14 @@ class TrainDataLog:
             record = {"step": step, **{name: row.get(name) for name in FIELDS}}
             record["start_weight"] = record.pop("weight_version")
             self._handle.write(json.dumps(record) + "\n")
+        self._handle.flush()
+
+    def write_filtered(self, step: int, records: Iterable[Mapping[str, Any]]) -> None:
+        """Append one line per prompt group dynamic sampling filtered for ``step``, then flush."""
+        if self._handle is None:
+            raise RuntimeError("TrainDataLog.open() was not called")
+        for record in records:
+            self._handle.write(json.dumps({"step": step, **record}) + "\n")
         self._handle.flush()
 
     def close(self) -> None:

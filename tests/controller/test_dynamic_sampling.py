@@ -17,7 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sc_lightning.config import SCConfig, load_config
-from sc_lightning.controller.api import GroupMeta, RolloutPumpError
+from sc_lightning.controller.api import ControllerStats, GroupMeta, RolloutPumpError
 from sc_lightning.controller.controller import SingleController
 from sc_lightning.controller.dynamic_sampling import FILTER_REASON, zero_reward_variance
 from sc_lightning.testing.scripted_engine import ScriptedEngine
@@ -60,6 +60,11 @@ def constant_for(constant: Collection[int]):
     return respond
 
 
+def filtered_ids(stats: ControllerStats) -> list[str]:
+    """The prompt ids of the groups filtered for the step these stats closed."""
+    return [record["prompt_id"] for record in stats.last_step.filtered]
+
+
 def rewards_of(controller: SingleController, groups: list[GroupMeta]) -> list[list[float]]:
     """Each selected group's rewards, read from the data plane."""
     rows = controller.data_plane.get([key for group in groups for key in group.keys], ["total_reward"])
@@ -94,7 +99,11 @@ def test_filtered_groups_never_train_and_fresh_prompts_refill_their_step() -> No
     # step 0: 0 filtered, refilled from the next batch (2, 3: 3 is a spare); step 1 admits 4, 5: 4 filtered,
     # refilled by spare 3 (filtered too), then by the next batch (6, 7: 7 is a spare)
     assert trained == [sorted([prompt_id(1), prompt_id(2)]), sorted([prompt_id(5), prompt_id(6)])]
-    assert [s.last_step.filtered for s in stats] == [(prompt_id(0),), (prompt_id(4), prompt_id(3))]
+    assert [filtered_ids(s) for s in stats] == [[prompt_id(0)], [prompt_id(4), prompt_id(3)]]
+    assert stats[0].last_step.filtered[0]["filtered"] == FILTER_REASON
+    assert (
+        stats[0].last_step.filtered[0]["rewards"] == [1.0, 1.0] and stats[0].last_step.filtered[0]["prompt_index"] == 0
+    )
     assert [s.last_step.extra_generations for s in stats] == [1, 2]
     assert stats[-1].filtered == 3 and stats[-1].extra_generations == 3
     assert [p.prompt_id for p in controller.reserve.spares] == [prompt_id(7)]
@@ -170,7 +179,7 @@ def test_a_checkpoint_cut_keeps_every_prompt_exactly_once(constant: set[int], st
 
     trained_b, stats_b, end = asyncio.run(after_cut())
     trained = [p for step in trained_a + trained_b for p in step]
-    filtered = [p for s in stats_a + stats_b for p in s.last_step.filtered]
+    filtered = [p for s in stats_a + stats_b for p in filtered_ids(s)]
     assert len(trained) == len(set(trained)), "a prompt trained twice"
     assert len(filtered) == len(set(filtered)), "a prompt filtered twice"
     assert not set(trained) & set(filtered), "a filtered prompt was trained"
@@ -200,7 +209,7 @@ def test_a_cut_while_a_refill_is_in_flight_owes_the_refill_not_the_filtered_prom
     owed = [entry["prompt"]["prompt_id"] for entry in state["pending"]]
     assert sorted(owed) == sorted([prompt_id(1), prompt_id(2)])  # the committed 1 (no rows saved) and the refill
     assert [entry["prompt_id"] for entry in state["replacement_reserve"]] == [prompt_id(3)]
-    assert state["dynamic_sampling"]["filtered"] == {"0": [prompt_id(0)]}
+    assert [record["prompt_id"] for record in state["dynamic_sampling"]["filtered"]["0"]] == [prompt_id(0)]
 
     second = make(cfg, engine=ScriptedEngine(constant_for({0})))
 
@@ -214,4 +223,4 @@ def test_a_cut_while_a_refill_is_in_flight_owes_the_refill_not_the_filtered_prom
 
     trained, stats = asyncio.run(resume())
     assert trained == [sorted([prompt_id(1), prompt_id(2)])]
-    assert stats[0].last_step.filtered == (prompt_id(0),) and stats[0].last_step.extra_generations == 1
+    assert filtered_ids(stats[0]) == [prompt_id(0)] and stats[0].last_step.extra_generations == 1
