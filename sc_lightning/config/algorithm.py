@@ -75,6 +75,12 @@ class AlgorithmConfig:
         unit="batches",
         ge=1,
     )
+    batch_multiplier: float = knob(
+        1.0,
+        "NeMo-RL's over-generation factor for dynamic sampling; only 1 (refills replace filtered groups one by "
+        "one while generation runs ahead of training).",
+        ge=1,
+    )
     overlong_filtering: bool = knob(False, "Exclude truncated completions from the loss through sample_mask.")
     seq_logprob_error_threshold: float | None = knob(
         None,

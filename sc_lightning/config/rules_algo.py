@@ -72,12 +72,20 @@ def unsupported_algorithm_features(config: SCConfig, report: Report) -> None:
             report.error(f"{name}.{block}.enabled", "is true but not supported yet (it would be skipped); set false")
 
 
-@ties("{algo}.use_dynamic_sampling", "{algo}.num_generations_per_prompt", "{algo}.dynamic_sampling_max_gen_batches")
+@ties("{algo}.use_dynamic_sampling", "{algo}.num_generations_per_prompt", "{algo}.batch_multiplier")
 def dynamic_sampling_fits(config: SCConfig, report: Report) -> None:
-    """Dynamic sampling is GRPO's, needs groups that can vary, and a cap that allows the first batch."""
-    if not config.has_one_algorithm or not config.algo.use_dynamic_sampling:
+    """Dynamic sampling is GRPO's and needs groups that can vary; batch_multiplier (over-generation) stays 1."""
+    if not config.has_one_algorithm:
         return
     algo, name = config.algo, config.algo_name
+    if algo.batch_multiplier != 1:
+        report.error(
+            f"{name}.batch_multiplier",
+            f"is {algo.batch_multiplier}; over-generation is not supported (each filtered group is refilled as it "
+            "is filtered, while async_rl.sampler.max_lookahead_versions keeps generation ahead); set 1",
+        )
+    if not algo.use_dynamic_sampling:
+        return
     if config.ppo is not None:
         report.error(
             f"{name}.use_dynamic_sampling",

@@ -49,6 +49,13 @@ ALGORITHM_CASES: list[tuple[str, dict[str, Any], dict[str, Any], str, str]] = [
         "GRPO groups",
     ),
     (
+        "dynamic sampling: over-generation",
+        variant({"grpo": {"use_dynamic_sampling": True, "batch_multiplier": 1}}),
+        variant({"grpo": {"use_dynamic_sampling": True, "batch_multiplier": 3}}),
+        "grpo.batch_multiplier",
+        "over-generation is not supported",
+    ),
+    (
         "dynamic sampling: groups of one",
         variant({"grpo": {"use_dynamic_sampling": True}}),
         variant({"grpo": {"use_dynamic_sampling": True, "num_generations_per_prompt": 1}}),

@@ -65,6 +65,7 @@ _PER_ALGORITHM = {
     "{algo}.val_at_start": f"validation {_UNSUPPORTED}",
     "{algo}.val_at_end": f"validation {_UNSUPPORTED}",
     "{algo}.reward_shaping.enabled": f"reward shaping {_UNSUPPORTED}",
+    "{algo}.batch_multiplier": "over-generation is rejected by dynamic_sampling_fits unless 1 (it must stay 1)",
     "{algo}.reward_scaling.enabled": f"reward scaling {_UNSUPPORTED}",
     **{
         f"{{algo}}.reward_shaping.{knob}": "a parameter of reward shaping, which cannot be enabled until supported"
