@@ -10,7 +10,8 @@
                            (max_inflight_prompts); wait while a refit is running
                            spawn generate_and_push(prompt, target)   # reserve → generate → score → commit
                            a group whose retries are spent is dropped within the drop budgets (drops.py):
-                           a spare takes its place, or its step shrinks
+                           a spare takes its place, or its step shrinks; with dynamic sampling a group whose
+                           rewards are all equal is filtered and a fresh prompt takes its slot (dynamic_sampling.py)
     train side:    evict(v)              drop groups that can never be trained (frees their permits)
                    select(v, min, max)   wait for and take ready groups (frees their permits); metadata only;
                                          they are the step's *training claims*
@@ -324,14 +325,18 @@ class SingleController:
         """Dynamic sampling: the filtered prompt is consumed; a fresh one takes its slot (None: none left, the step
         closes one group short). Raises DynamicSamplingCapExceeded past the step's cap. No await: one cut."""
         assert self.dynamic is not None
-        step = self.trainer_version if entry.target_step is None else entry.target_step
+        target = entry.target_step
+        stale = target is not None and target < self.trainer_version  # its step closed already: nothing waits for it
+        step = self.trainer_version if target is None or stale else target
         self.dynamic.filtered(step, filtered, entry.prompt.index)
-        prompt = refill_prompt(self.reserve, self.prompts)
+        if not stale:
+            self.dynamic.check_cap(step, filtered)
+        prompt = None if stale else refill_prompt(self.reserve, self.prompts)
         if prompt is None:
             self.ledger.forget(sequence)
-            if entry.target_step is not None and entry.target_step >= self.trainer_version:
-                self.drops.shortfall[entry.target_step] += 1
-            log.warning("step %d: %s; no prompt left to refill it, the step shrinks", step, filtered)
+            if target is not None and not stale:
+                self.drops.shortfall[target] += 1
+                log.warning("step %d: %s; no prompt left to refill it, the step shrinks", step, filtered)
             return None
         self.dynamic.refilled(step)
         refill = self.recovery.pending(prompt, entry.target_step)

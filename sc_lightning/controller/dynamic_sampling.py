@@ -62,7 +62,7 @@ class DynamicSampling:
         return (self.max_gen_batches - 1) * self.groups_per_step
 
     def filtered(self, step: int, failure: GroupFiltered, prompt_index: int | None) -> None:
-        """Record a filtered group of ``step``; DynamicSamplingCapExceeded when its refill would pass the cap."""
+        """Record a group filtered for ``step`` (its prompt is consumed)."""
         record = {
             "prompt_index": prompt_index,
             "prompt_id": failure.prompt_id,
@@ -72,6 +72,9 @@ class DynamicSampling:
         }
         self._filtered.setdefault(step, []).append(record)
         self.totals["filtered"] += 1
+
+    def check_cap(self, step: int, failure: GroupFiltered) -> None:
+        """DynamicSamplingCapExceeded (caused by ``failure``) when ``step`` may take no more extra generations."""
         if self._extra[step] >= self.extra_cap:
             raise DynamicSamplingCapExceeded(
                 f"step {step}: {failure}; the step already took {self._extra[step]} extra generation(s), the cap of "
