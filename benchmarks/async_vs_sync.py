@@ -8,8 +8,9 @@ each time, the in-process data plane, the engine in a Ray actor (its own process
   async      in_order, max_lookahead_versions 1: the next step's groups generate while this step trains
   drain      async with the drain gate (in_flight_weight_updates: false): each refit waits for the groups in
              flight, so none spans two weight versions
-  windowed   windowed, max_staleness_versions 1, streamed chunks of >= 2 groups
+  windowed   windowed, max_staleness_versions 1, streamed one-group chunks (the windowed default)
   capped     windowed with over_sampling_ratio 1: dispatch at most (S + 1) batches ahead of the trainer
+  capped-2/4 capped with chunks of >= 2 / 4 groups (the old chunking, and whole steps)
 
 From the sync run: S = median step time, G = median time the trainer waits for rollouts per step, and
 T = S - G = everything else the trainer does per step (training, refit/weight sync, dispatch and bookkeeping), all
@@ -19,7 +20,7 @@ median step time, its speed-up over sync and that speed-up as a fraction of the 
 completion tokens (goodput: evicted, aborted or failed groups') as a share of all it generated whose fate is known.
 Target (design.md): async reaches >= 90% of the bound.
 
-    python benchmarks/async_vs_sync.py [--steps 40] [--max-new-tokens 24]
+    python benchmarks/async_vs_sync.py [--steps 40] [--max-new-tokens 24] [--modes async windowed ...]
 """
 
 from __future__ import annotations
@@ -72,10 +73,13 @@ MODES = {
         "async_rl.sampler.max_staleness_versions=1",
         "async_rl.max_buffered_rollouts=8",
         "async_rl.max_inflight_prompts=8",
-        "async_rl.min_groups_for_streaming_train=2",
+        "async_rl.min_groups_for_streaming_train=null",  # the windowed default: one-group chunks
     ],
 }
 MODES["capped"] = [*MODES["windowed"], "async_rl.sampler.over_sampling_ratio=1"]
+# larger chunks, for comparison: they expose the next batch's generation (see benchmarks/README.md)
+MODES["capped-2"] = [*MODES["capped"], "async_rl.min_groups_for_streaming_train=2"]
+MODES["capped-4"] = [*MODES["capped"], "async_rl.min_groups_for_streaming_train=4"]
 
 
 class StepTimes(Callback):
@@ -89,7 +93,10 @@ class StepTimes(Callback):
         """Keep this step's timings."""
         metrics = trainer.callback_metrics
         names = ("total_step_time", "exposed_generation", "policy_training", "weight_sync")
-        self.rows.append({n: float(metrics[f"timing/train/{n}"]) for n in names if f"timing/train/{n}" in metrics})
+        row = {n: float(metrics[f"timing/train/{n}"]) for n in names if f"timing/train/{n}" in metrics}
+        # below 1 on a window of 1: the step took groups of the batch dispatched for the next step
+        row["staleness_mean"] = float(metrics["train/staleness_mean"])
+        self.rows.append(row)
         engine = trainer.strategy.controller.stats().engine_time
         self.tokens = {"wasted": engine.wasted_tokens, "trained": engine.trained_tokens}
 
@@ -131,12 +138,14 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--max-new-tokens", type=int, default=24)
+    parser.add_argument("--modes", nargs="+", choices=list(MODES), default=list(MODES), help="sync always runs")
     args = parser.parse_args()
     torch.set_num_threads(1)
     import ray
 
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    results = {mode: run(mode, args.steps, args.max_new_tokens) for mode in MODES}
+    modes = ["sync", *(m for m in args.modes if m != "sync")]
+    results = {mode: run(mode, args.steps, args.max_new_tokens) for mode in modes}
     sync = results["sync"]
     g = sync["exposed_generation"]
     t = sync["total_step_time"] - g  # training + refit + overhead: serial in every mode
@@ -146,10 +155,13 @@ def main() -> None:
         f"(training {sync['policy_training'] * 1e3:.1f} ms, weight sync {sync['weight_sync'] * 1e3:.1f} ms); "
         f"ideal overlap bound (G+T)/max(G,T) = {bound:.2f}x"
     )
-    print(f"{'mode':<10} {'step ms':>8} {'speed-up':>9} {'of bound':>9} {'wasted':>7}")
+    header = f"{'mode':<10} {'step ms':>8} {'speed-up':>9} {'of bound':>9} {'wasted':>7}"
+    print(header + f" {'G ms':>6} {'train':>6} {'sync':>6} {'stale':>6}")
     for mode, r in results.items():
         speedup = sync["total_step_time"] / r["total_step_time"]
         row = f"{r['total_step_time'] * 1e3:8.1f} {speedup:8.2f}x {speedup / bound:8.0%} {r['wasted_share']:6.1%}"
+        row += "".join(f" {r[k] * 1e3:6.1f}" for k in ("exposed_generation", "policy_training", "weight_sync"))
+        row += f" {r['staleness_mean']:6.2f}"
         print(f"{mode:<10} {row}")
     print(f"measured {time.strftime('%Y-%m-%d')}, {torch.get_num_threads()} torch thread(s)")
 
