@@ -8,9 +8,9 @@ each time, the in-process data plane, the engine in a Ray actor (its own process
   async      in_order, max_lookahead_versions 1: the next step's groups generate while this step trains
   drain      async with the drain gate (in_flight_weight_updates: false): each refit waits for the groups in
              flight, so none spans two weight versions
-  windowed   windowed, max_staleness_versions 1, streamed one-group chunks (the windowed default)
+  windowed   windowed, max_staleness_versions 1, streamed chunks of >= 2 groups
   capped     windowed with over_sampling_ratio 1: dispatch at most (S + 1) batches ahead of the trainer
-  capped-2/4 capped with chunks of >= 2 / 4 groups (the old chunking, and whole steps)
+  capped-1/4 capped with chunks of >= 1 / 4 groups (one group, and whole steps)
 
 From the sync run: S = median step time, G = median time the trainer waits for rollouts per step, and
 T = S - G = everything else the trainer does per step (training, refit/weight sync, dispatch and bookkeeping), all
@@ -73,12 +73,12 @@ MODES = {
         "async_rl.sampler.max_staleness_versions=1",
         "async_rl.max_buffered_rollouts=8",
         "async_rl.max_inflight_prompts=8",
-        "async_rl.min_groups_for_streaming_train=null",  # the windowed default: one-group chunks
+        "async_rl.min_groups_for_streaming_train=2",
     ],
 }
 MODES["capped"] = [*MODES["windowed"], "async_rl.sampler.over_sampling_ratio=1"]
-# larger chunks, for comparison: they expose the next batch's generation (see benchmarks/README.md)
-MODES["capped-2"] = [*MODES["capped"], "async_rl.min_groups_for_streaming_train=2"]
+# other chunk sizes, for comparison (see benchmarks/README.md, "Streaming chunks")
+MODES["capped-1"] = [*MODES["capped"], "async_rl.min_groups_for_streaming_train=1"]
 MODES["capped-4"] = [*MODES["capped"], "async_rl.min_groups_for_streaming_train=4"]
 
 
