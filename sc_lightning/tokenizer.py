@@ -147,6 +147,11 @@ class HuggingFaceTokenizer:
         return cls(tok, name)
 
     @property
+    def transformers_tokenizer(self) -> Any:
+        """The wrapped ``transformers`` tokenizer (for its chat template)."""
+        return self._tok
+
+    @property
     def eos_token_id(self) -> int:
         """The tokenizer's eos id."""
         return self._eos
