@@ -102,6 +102,7 @@ class ToolRegistry:
         done = threading.Event()
 
         def invoke() -> None:
+            """Run the tool in the worker thread; record its output or its exception, then signal ``done``."""
             try:
                 outcome.append(ToolResult(True, str(tool(call.argument))))
             except Exception as exc:  # a failing tool is an observation for the model, not a crash
