@@ -4,8 +4,9 @@ A random policy almost never answers "a+b=" correctly, so GRPO would see all-zer
 built-in model with cross-entropy on a few hundred worked examples until its greedy accuracy reaches
 ``target_accuracy`` (deliberately partial: RL must do the rest), then writes a Hugging Face directory that
 ``policy.model_name`` can point at. :data:`WARM_STARTS` names them: ``builtin:tiny-arith`` (the 85k-parameter CPU
-example) and ``builtin:small-arith`` (142M parameters, the one-GPU example); :func:`resolve_model_name` builds one on
-first use (seconds on a CPU, or on a GPU for the small one) and caches it.
+example), ``builtin:small-arith`` (142M parameters, the one-GPU example) and ``builtin:tiny-calc`` (the tiny model on
+the multi-turn calculator conversations of docs/multiturn.md); :func:`resolve_model_name` builds one on first use
+(seconds on a CPU, or on a GPU for the small one) and caches it.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import hashlib
 import logging
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 import torch
 
@@ -30,11 +32,13 @@ class WarmRecipe:
     lr: float  # AdamW learning rate: the 142M model needs ten times less than the 85k one
     check_every: int  # steps between greedy-accuracy checks: a large model passes the target in a few steps, so
     # it is checked every step (a coarser check overshoots the target by a varying amount, and the RL start with it)
+    task: Literal["addition", "calculator"] = "addition"  # which worked examples it trains on
 
 
 WARM_STARTS: dict[str, WarmRecipe] = {
     "builtin:tiny-arith": WarmRecipe("builtin:tiny", lr=3e-3, check_every=25),
     "builtin:small-arith": WarmRecipe("builtin:small", lr=3e-4, check_every=1),
+    "builtin:tiny-calc": WarmRecipe("builtin:tiny", lr=1e-2, check_every=2, task="calculator"),
 }
 DEFAULT_CACHE = Path("results") / ".cache"
 log = logging.getLogger(__name__)
@@ -62,23 +66,42 @@ def _recipe_digest(recipe: WarmRecipe) -> str:
     return hashlib.blake2b(text.encode(), digest_size=4).hexdigest()
 
 
-def _examples(tokenizer: CharTokenizer, count: int, seed: int) -> torch.Tensor:
+def _examples(tokenizer: CharTokenizer, count: int, seed: int, task: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """``count`` worked examples of ``task`` as right-padded rows of token ids, and the mask of the model's tokens.
+
+    addition: ``<bos>a+b=S<eos>`` (the model's tokens: the sum and eos). calculator: the conversation
+    ``<bos>a*b=a*b<eos>P=P<eos>`` of two-digit factors in the built-in chat template (the model's tokens: its call
+    ``a*b<eos>`` and its answer ``P<eos>``).
+    """
     g = torch.Generator().manual_seed(seed)
-    rows = []
-    for a, b in torch.randint(0, 10, (count, 2), generator=g, device="cpu").tolist():
-        text = [tokenizer.bos_token_id, *tokenizer.encode(f"{a}+{b}={a + b}"), tokenizer.eos_token_id]
-        rows.append(text + [tokenizer.pad_token_id] * (8 - len(text)))
-    return torch.tensor(rows, device="cpu")  # (count, 8): bos a + b = answer eos, right-padded
+    bos, eos, encode = tokenizer.bos_token_id, tokenizer.eos_token_id, tokenizer.encode
+    rows: list[list[int]] = []
+    masks: list[list[bool]] = []
+    if task == "addition":
+        for a, b in torch.randint(0, 10, (count, 2), generator=g, device="cpu").tolist():
+            rows.append([bos, *encode(f"{a}+{b}={a + b}"), eos])
+            masks.append([i >= 5 for i in range(len(rows[-1]))])
+    else:
+        for a, b in torch.randint(10, 100, (count, 2), generator=g, device="cpu").tolist():
+            call, product = encode(f"{a}*{b}"), encode(str(a * b))
+            rows.append([bos, *call, *encode("="), *call, eos, *product, *encode("="), *product, eos])
+            masks.append([False] * 7 + [True] * 6 + [False] * (len(product) + 1) + [True] * (len(product) + 1))
+    width = max(len(row) for row in rows)
+    padded = [row + [tokenizer.pad_token_id] * (width - len(row)) for row in rows]
+    return torch.tensor(padded, device="cpu"), torch.tensor([m + [False] * (width - len(m)) for m in masks])
 
 
-def greedy_accuracy(model: torch.nn.Module, batch: torch.Tensor, vocab_size: int) -> float:
-    """Fraction of rows whose answer tokens (after '=') are all the model's greedy choices."""
+def greedy_accuracy(model: torch.nn.Module, batch: torch.Tensor, mask: torch.Tensor, vocab_size: int) -> float:
+    """Fraction of rows whose model tokens (``mask``) are all the model's greedy choices given the tokens before.
+
+    With the environment's tokens determined by the model's (a calculator result, a prompt), this is the greedy
+    end-to-end success rate.
+    """
     with torch.no_grad():
         logits = model(batch, None, None)[..., :vocab_size]  # (B, T, V): logits[t] predicts token t+1
-    predicted = logits.argmax(-1)[:, 4:-1]  # predictions for positions 5..T-1 (the answer and eos)
-    target = batch[:, 5:]
-    answer = target != 0
-    return float(((predicted == target) | ~answer).all(-1).float().mean())
+    predicted = logits.argmax(-1)[:, :-1]
+    target, scored = batch[:, 1:], mask[:, 1:].to(batch.device)
+    return float(((predicted == target) | ~scored).all(-1).float().mean())
 
 
 def warm_start(
@@ -96,19 +119,22 @@ def warm_start(
     tokenizer, spec = CharTokenizer(), builtin_spec(recipe.base)
     model = build_gpt_model(spec, precision="fp32", seed=seed, device=device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=recipe.lr)
-    data, held_out = _examples(tokenizer, 512, seed).to(device), _examples(tokenizer, 256, seed + 1).to(device)
+    (data, mask), (held_out, held_out_mask) = (
+        _examples(tokenizer, 512, seed, recipe.task),
+        _examples(tokenizer, 256, seed + 1, recipe.task),
+    )
+    data, mask, held_out = data.to(device), mask.to(device), held_out.to(device)
     accuracy = 0.0
     for step in range(max_steps):
         pick = torch.randint(0, len(data), (64,), generator=torch.Generator().manual_seed(step), device="cpu")
-        batch = data[pick.to(data.device)]
+        batch, answer_mask = data[pick.to(data.device)], mask[pick.to(data.device)]
         logprobs = token_logprobs(model, batch, vocab_size=spec.vocab_size)  # (B, T)
-        answer_mask = (batch != tokenizer.pad_token_id) & (torch.arange(batch.shape[1], device=batch.device) >= 5)
         loss = -(logprobs * answer_mask).sum() / answer_mask.sum()
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
         if step % recipe.check_every == 0:
-            accuracy = greedy_accuracy(model.eval(), held_out, spec.vocab_size)
+            accuracy = greedy_accuracy(model.eval(), held_out, held_out_mask, spec.vocab_size)
             model.train()
             if accuracy >= target_accuracy:
                 break
