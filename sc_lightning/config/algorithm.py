@@ -58,9 +58,26 @@ class AlgorithmConfig:
     max_num_epochs: int = knob(1, "Passes over the prompt dataset; must be positive.", unit="epochs")
     max_num_steps: int = knob(1000, "RL steps to train; the run ends after this step.", unit="steps", ge=1)
     seed: int = knob(42, "Seed for the prompt order and generation sampling.")
-    val_period: int = knob(0, "Validate every N steps (rejected until supported; keep 0).", unit="steps", ge=0)
-    val_at_start: bool = knob(False, "Validate before training (rejected until supported).")
-    val_at_end: bool = knob(False, "Validate after training (rejected until supported).")
+    val_period: int = knob(
+        0, "Validate every N steps at weight version N, beside the rollouts (0 = never).", unit="steps", ge=0
+    )
+    val_at_start: bool = knob(False, "Validate weight version 0 before the first step.")
+    val_at_end: bool = knob(False, "Validate the final weight version after the last step.")
+    max_val_samples: int | None = knob(
+        None, "Validation prompts per validation: the first N of the validation set (null = all).", ge=1
+    )
+    val_batch_size: int = knob(
+        8,
+        "Validation prompts generated at once: the bound on validation's share of the engine (one completion each).",
+        unit="prompts",
+        ge=1,
+    )
+    val_timeout_s: float = knob(
+        600.0,
+        "Deadline of one validation; the refit after its step waits for it at most this long.",
+        unit="s",
+        gt=0,
+    )
     reward_shaping: RewardShaping = knob(doc="Reward shaping block.", factory=RewardShaping)
     reward_scaling: RewardScaling = knob(doc="Reward scaling block.", factory=RewardScaling)
     use_dynamic_sampling: bool = knob(
@@ -92,6 +109,19 @@ class AlgorithmConfig:
         False, "Skip the reference-model logprob pass; requires loss_fn.reference_policy_kl_penalty: 0."
     )
     adv_estimator: GRPOAdvantage | GAEAdvantage = knob(doc="Advantage estimator.", factory=GRPOAdvantage)
+
+    def validates(self) -> bool:
+        """Whether the run validates at all (every val_period steps, at the start or at the end)."""
+        return self.val_period > 0 or self.val_at_start or self.val_at_end
+
+    def validation_due(self, step: int, *, last_step: int) -> bool:
+        """Whether weight version ``step`` is validated: 0 with val_at_start, the last with val_at_end, else
+        every val_period-th."""
+        if step == 0:
+            return self.val_at_start
+        if step == last_step and self.val_at_end:
+            return True
+        return self.val_period > 0 and step % self.val_period == 0
 
 
 @section

@@ -50,23 +50,28 @@ def positive_epochs(config: SCConfig, report: Report) -> None:
         )
 
 
+@ties("{algo}.val_period", "{algo}.val_at_start", "{algo}.val_at_end", "data.val_dataset_name", "data.dataset_name")
+def validation_has_data(config: SCConfig, report: Report) -> None:
+    """Validation needs a validation set: the builtin one exists only for the arithmetic task."""
+    if not config.has_one_algorithm or not config.algo.validates():
+        return
+    if config.data.val_dataset_name is None and config.data.dataset_name != "arithmetic":
+        report.error(
+            "data.val_dataset_name",
+            f"is null but validation is on ({config.algo_name}.val_period / val_at_start / val_at_end) and "
+            f"data.dataset_name={config.data.dataset_name!r} has no builtin validation set; set a .jsonl path",
+        )
+
+
 @ties(
-    "{algo}.val_period",
-    "{algo}.val_at_start",
-    "{algo}.val_at_end",
     "{algo}.reward_shaping.enabled",
     "{algo}.reward_scaling.enabled",
 )
 def unsupported_algorithm_features(config: SCConfig, report: Report) -> None:
-    """Validation and reward shaping/scaling are rejected until supported."""
+    """Reward shaping/scaling are rejected until supported."""
     if not config.has_one_algorithm:
         return
     algo, name = config.algo, config.algo_name
-    if algo.val_period > 0:
-        report.error(f"{name}.val_period", f"is {algo.val_period}; validation is not supported yet, set 0")
-    for flag in ("val_at_start", "val_at_end"):
-        if getattr(algo, flag):
-            report.error(f"{name}.{flag}", "is true but not supported on the Single-Controller path yet; set false")
     for block in ("reward_shaping", "reward_scaling"):
         if getattr(algo, block).enabled:
             report.error(f"{name}.{block}.enabled", "is true but not supported yet (it would be skipped); set false")
@@ -429,6 +434,7 @@ ALGORITHM_RULES = (
     one_algorithm_block,
     no_legacy_async_block,
     positive_epochs,
+    validation_has_data,
     unsupported_algorithm_features,
     dynamic_sampling_fits,
     estimator_matches_algorithm,

@@ -207,6 +207,11 @@ class DataConfig:
         unit="rows",
         ge=0,
     )
+    val_dataset_name: str | None = knob(
+        None,
+        "Validation prompts: a .jsonl path, or arithmetic-val (every distinct a+b problem, once); null = "
+        "arithmetic-val when dataset_name is arithmetic (validation on another dataset needs a path).",
+    )
     train_data_log: bool = knob(
         False,
         "Write <trainer.default_root_dir>/train_data.jsonl, one JSON object per trained row (step, prompt_index, "

@@ -61,9 +61,6 @@ THIS_FILE = "tests/config/test_silent_knobs.py"
 
 _UNSUPPORTED = "is rejected by unsupported_algorithm_features until supported (it must stay at its default)"
 _PER_ALGORITHM = {
-    "{algo}.val_period": f"validation {_UNSUPPORTED}",
-    "{algo}.val_at_start": f"validation {_UNSUPPORTED}",
-    "{algo}.val_at_end": f"validation {_UNSUPPORTED}",
     "{algo}.reward_shaping.enabled": f"reward shaping {_UNSUPPORTED}",
     "{algo}.batch_multiplier": "over-generation is rejected by dynamic_sampling_fits unless 1 (it must stay 1)",
     "{algo}.reward_scaling.enabled": f"reward scaling {_UNSUPPORTED}",
