@@ -22,17 +22,25 @@ from sc_lightning.controller.recovery import RecoveryPolicy
 from sc_lightning.controller.reserve import ReplacementReserve
 from sc_lightning.controller.runners import BeforeStart, LocalController
 from sc_lightning.controller.samplers import SamplerError, create_sampler
+from sc_lightning.controller.validation import ValidationSettings, Validator
 from sc_lightning.controller.watchdog import StallWatchdog
 from sc_lightning.data_plane.base import DataPlane
 from sc_lightning.engines.base import GenerationEngine
-from sc_lightning.rollout.datasets import PromptDataset
+from sc_lightning.rollout.datasets import PromptDataset, build_validation_set
 from sc_lightning.rollout.envs.base import Environment
 from sc_lightning.rollout.manager import RolloutManager, RolloutSettings, ServedPolicy
 from sc_lightning.rollout.prompts import PromptStream
 from sc_lightning.tokenizer import Tokenizer
 from sc_lightning.types import SamplingParams
 
-__all__ = ["BeforeStart", "LocalController", "build_controller", "resume_restorer", "rollout_settings"]
+__all__ = [
+    "BeforeStart",
+    "LocalController",
+    "build_controller",
+    "build_validator",
+    "resume_restorer",
+    "rollout_settings",
+]
 log = logging.getLogger(__name__)
 
 
@@ -110,12 +118,33 @@ def build_controller(
         dynamic_sampling=DynamicSampling(resolved.groups_per_step, config.algo.dynamic_sampling_max_gen_batches)
         if config.algo.use_dynamic_sampling
         else None,
+        validator=build_validator(config, environment, tokenizer),
     )
     watchdog = config.async_rl.stall_watchdog
     controller.add_background_task(
         "stall watchdog", StallWatchdog(watchdog.interval_s, watchdog.stall_timeout_s, watchdog.stall_action).run
     )
     return controller
+
+
+def build_validator(config: SCConfig, environment: Environment, tokenizer: Tokenizer) -> Validator | None:
+    """The validator of a run that validates (``{algo}.val_period`` / ``val_at_start`` / ``val_at_end``), else None.
+
+    It validates the steps ``{algo}.validation_due`` names, sampling as the rollouts do (one completion per prompt).
+    """
+    algo = config.algo
+    if not algo.validates():
+        return None
+    prompts = build_validation_set(config.data, tokenizer, max_samples=algo.max_val_samples)
+    settings = ValidationSettings(
+        due=lambda step: algo.validation_due(step, last_step=algo.max_num_steps),
+        batch_size=algo.val_batch_size,
+        timeout_s=algo.val_timeout_s,
+        sampling=rollout_settings(config).sampling,
+        seed=algo.seed,
+        generation_timeout_s=config.async_rl.rollout_failure.generation_timeout_s,
+    )
+    return Validator(prompts, environment, tokenizer, settings)
 
 
 def _replacement_reserve(config: SCConfig) -> ReplacementReserve:

@@ -76,6 +76,7 @@ from sc_lightning.controller.recovery import PendingGroup, RecoveryPolicy
 from sc_lightning.controller.reserve import ReplacementReserve
 from sc_lightning.controller.samplers import PromptGroupSampler
 from sc_lightning.controller.survivorship import SurvivorshipTally
+from sc_lightning.controller.validation import ValidationResult, Validator
 from sc_lightning.data_plane.base import DataPlane
 from sc_lightning.engines.base import EngineError
 from sc_lightning.rollout.failures import classify
@@ -105,6 +106,7 @@ class SingleController:
         reserve: ReplacementReserve | None = None,
         drain_timeout_s: float | None = None,
         dynamic_sampling: DynamicSampling | None = None,
+        validator: Validator | None = None,
     ) -> None:
         """``warmup_window = (start_step, lookahead)``: PPO critic warm-up — the sampler was built with the wider
         warm-up lookahead; once the trainer reaches ``start_step`` its gate window narrows to ``lookahead``.
@@ -112,7 +114,9 @@ class SingleController:
         ``served`` is the engine and the version new rollouts are stamped with: the controller advances it at each
         refit; ``manager`` (built over the same ``served``) only reads it. ``drain_timeout_s``: the drain gate's
         deadline (None: refits leave generations in flight, ``async_rl.in_flight_weight_updates: true``).
-        ``dynamic_sampling``: filter zero-reward-variance groups and refill their slots (``dynamic_sampling.py``)."""
+        ``dynamic_sampling``: filter zero-reward-variance groups and refill their slots (``dynamic_sampling.py``).
+        ``validator``: validations pinned to one weight version each (``validation.py``); None: the run validates
+        nothing."""
         if manager.served is not served:
             raise ValueError("the rollout manager must read the controller's served policy")
         self.buffer, self.sampler, self.served, self.manager, self.prompts = buffer, sampler, served, manager, prompts
@@ -133,6 +137,7 @@ class SingleController:
         self._changed = asyncio.Condition()
         self.gate = DispatchGate()
         self.drain_timeout_s = drain_timeout_s
+        self.validator = validator
         self._pump: asyncio.Task | None = None
         self._failure: BaseException | None = None
         self._exhausted = False
@@ -431,8 +436,10 @@ class SingleController:
         """The step is trained: close dispatch, abort doomed rollouts, drain the rest (drain gate), release the
         step's claims (delete their rows).
 
-        Returns how many in-flight rollouts were aborted. The drain gate raises DrainTimeout past its deadline.
+        Returns how many in-flight rollouts were aborted. The drain gate raises DrainTimeout past its deadline. A
+        validation of the step still running is settled first (its version is pinned), while rollouts still flow.
         """
+        await self._settle_validation()
         self.gate.close()
         aborted = await self._abort_doomed(next_version)
         await self._drain(step=next_version - 1)
@@ -489,6 +496,7 @@ class SingleController:
 
         Under the drain gate, dispatch closes (until finish_refit) and the rollouts in flight finish first.
         """
+        await self._settle_validation()
         if self.drain_timeout_s is not None:
             self.gate.close()
             await self._drain(step=self.trainer_version)
@@ -531,7 +539,33 @@ class SingleController:
         self._last_progress = time.monotonic()  # a step completed
         self._end_warmup_window()
         self.gate.open()
+        if self.validator is not None and self.validator.settings.due(version):
+            self.validator.start(version, self.served.engine)
         await self._notify()
+
+    # ------------------------------------------------------------------------------------------ validation
+
+    async def validate(self, step: int) -> None:
+        """Start validating ``step`` now, at the version the engine holds (a resumed step's, or version 0)."""
+        if self.validator is None:
+            raise RuntimeError("this controller has no validator (validation is off in its config)")
+        if step != self.trainer_version:
+            raise ValueError(f"step {step}: the engine holds weight version {self.trainer_version}, not {step}")
+        await self._settle_validation()
+        self.validator.start(step, self.served.engine)
+
+    def validation_results(self) -> list[ValidationResult]:
+        """The validations finished since the last call (none without a validator)."""
+        return [] if self.validator is None else self.validator.take_results()
+
+    async def settle_validation(self) -> list[ValidationResult]:
+        """Wait for the validation in flight; every validation finished since the last call."""
+        await self._settle_validation()
+        return self.validation_results()
+
+    async def _settle_validation(self) -> None:
+        if self.validator is not None:
+            await self.validator.settle(self.served.engine)
 
     async def refit(
         self, version: int, named_tensors: list[tuple[str, torch.Tensor]] | None, *, wake: bool = False
@@ -615,6 +649,8 @@ class SingleController:
 
     async def shutdown(self) -> None:
         """Stop the background tasks and the pump (in-flight rollouts are cancelled, slots removed), then the engine."""
+        if self.validator is not None:
+            self.validator.cancel()
         tasks = [task for task in (*self._background_tasks, self._pump) if task is not None and not task.done()]
         for task in tasks:
             task.cancel()

@@ -24,6 +24,7 @@ import torch
 
 from sc_lightning.controller.api import ControllerStats, ControllerUnresponsive, GroupMeta, RefitReport
 from sc_lightning.controller.controller import SingleController
+from sc_lightning.controller.validation import ValidationResult
 
 T = TypeVar("T")
 ControllerFactory = Callable[[], SingleController]
@@ -130,6 +131,18 @@ class ControllerHandle:
         """Between steps: the data plane's rows into ``directory``; returns the controller's checkpoint state."""
         return self._invoke("snapshot", directory)
 
+    def validate(self, step: int) -> None:
+        """Start validating ``step`` at the version the engine holds now (it runs beside the rollouts)."""
+        self._invoke("validate", step, deadline_s=self.refit_deadline_s)
+
+    def validation_results(self) -> list[ValidationResult]:
+        """The validations finished since the last call."""
+        return self._invoke("validation_results")
+
+    def settle_validation(self) -> list[ValidationResult]:
+        """Wait for the validation in flight; every validation finished since the last call."""
+        return self._invoke("settle_validation", deadline_s=self.refit_deadline_s)
+
 
 class LocalController(ControllerHandle):
     """Runs a SingleController on a private event loop in a daemon thread of this process."""
@@ -146,8 +159,10 @@ class LocalController(ControllerHandle):
         self._thread = threading.Thread(target=self._loop.run_forever, name="sc-controller", daemon=True)
         self._thread.start()
         self.controller: SingleController = self.call(build_and_start(build, before_start))
-        drain_s = self.controller.drain_timeout_s
-        self.refit_deadline_s = None if drain_s is None else drain_s + call_timeout_s
+        validator = self.controller.validator
+        waits = [self.controller.drain_timeout_s, None if validator is None else validator.settings.timeout_s]
+        waits = [wait for wait in waits if wait is not None]  # a refit may settle a validation, then drain
+        self.refit_deadline_s = sum(waits) + call_timeout_s if waits else None
 
     def call(self, coroutine: Coroutine[Any, Any, T], timeout_s: float | None = None, *, name: str | None = None) -> T:
         """Run a coroutine on the controller's event loop (e.g. a call on its engine) and return its result.

@@ -237,3 +237,48 @@ def build_dataset(cfg: DataConfig, tokenizer: Tokenizer, *, seed: int) -> Prompt
         f"unknown dataset {name!r} (data.dataset_name); known: {', '.join(BUILTIN_DATASETS)}, "
         f"or a path to a local .jsonl file"
     )
+
+
+class ArithmeticValidationSet(_ListDataset):
+    """Every distinct ``"a+b="`` problem of the arithmetic task (a, b in 0..9) once: 100 prompts, in a fixed order.
+
+    The training set draws its 512 prompts from the same 100 problems, so held-out *problems* cannot exist; what
+    is held out is the prompts themselves (ids ``arithmetic-val-{a}{b}``, never in the training stream), and each
+    problem counts once, so ``val/accuracy`` is the share of the whole task solved. The order is a fixed shuffle,
+    so ``max_val_samples: N`` keeps a spread of N problems.
+    """
+
+    def __init__(self, tokenizer: Tokenizer, *, max_prompt_length: int | None = None) -> None:
+        pairs = [(a, b) for a in range(10) for b in range(10)]
+        random.Random("arithmetic-val").shuffle(pairs)
+        self._prompts = []
+        for i, (a, b) in enumerate(pairs):
+            text = f"{a}+{b}="
+            prompt = Prompt(
+                prompt_id=f"arithmetic-val-{a}{b}",
+                token_ids=prompt_token_ids(tokenizer, text),
+                text=text,
+                answer=str(a + b),
+                task="arithmetic",
+                index=i,
+            )
+            check_prompt_length(prompt, max_prompt_length, "the arithmetic validation set")
+            self._prompts.append(prompt)
+
+
+def build_validation_set(cfg: DataConfig, tokenizer: Tokenizer, *, max_samples: int | None) -> list[Prompt]:
+    """The validation prompts: ``cfg.val_dataset_name`` (``arithmetic-val`` or a ``.jsonl`` path; None = the
+    arithmetic task's own set), the first ``max_samples`` of them (None = all)."""
+    name = cfg.val_dataset_name or ("arithmetic-val" if cfg.dataset_name == "arithmetic" else None)
+    if name == "arithmetic-val":
+        dataset: PromptDataset = ArithmeticValidationSet(tokenizer, max_prompt_length=cfg.max_prompt_length)
+    elif name is not None and name.endswith(".jsonl"):
+        dataset = JsonlPromptDataset(
+            name, tokenizer, max_prompt_length=cfg.max_prompt_length, max_skipped_rows=cfg.max_skipped_rows
+        )
+    else:
+        raise DatasetError(
+            f"unknown validation set {name!r} (data.val_dataset_name); known: arithmetic-val, or a local .jsonl path"
+        )
+    count = len(dataset) if max_samples is None else min(max_samples, len(dataset))
+    return [dataset[i] for i in range(count)]

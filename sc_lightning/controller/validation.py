@@ -1,0 +1,184 @@
+"""Validation beside the rollouts: one pinned weight version per validation, a bounded share of the engine.
+
+A validation of RL step N generates one completion per validation prompt with the weights of version N and scores
+it with the training environment. How the version is pinned: the controller starts it right after the engine
+adopted N (``finish_refit(N)``, or at once for a resumed or a first step), and the refit to N + 1 — which is the
+only thing that changes the engine's weights — first settles it (:meth:`Validator.settle`, under
+``{algo}.val_timeout_s``, a ValidationTimeout naming the step and engine past it). So every validation request
+starts and ends on version N, whether refits leave rollouts in flight or drain them; each completion's
+``Generation.weight_version`` is checked against the engine's version at the start all the same. A colocated
+engine stands down for each train step, so the stand-down settles the validation first too.
+
+Rollouts keep flowing: at most ``{algo}.val_batch_size`` validation requests are in flight at once, beside the
+rollouts' ``max_inflight_prompts`` groups; the refit after a validation's step waits only for what is left of it.
+
+Validation is a separate path: its prompts never come from the training stream, and its completions never reach
+the replay buffer, the data plane, the recovery ledger or ``train_data.jsonl``. Results wait in
+:meth:`Validator.take_results` until the trainer side logs them at their step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import hashlib
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from sc_lightning.engines.base import GenerationEngine
+from sc_lightning.rollout.envs.base import Environment, as_score
+from sc_lightning.tokenizer import Tokenizer
+from sc_lightning.types import Generation, Prompt, SamplingParams
+
+
+class ValidationError(RuntimeError):
+    """A validation failed or broke its pin; names the step and the engine."""
+
+
+class ValidationTimeout(ValidationError):
+    """A validation outlived ``{algo}.val_timeout_s`` while a refit or a stand-down waited for it."""
+
+
+@dataclass(frozen=True)
+class ValidationResult:
+    """One finished validation: its step, the weight version every completion was generated at, and its scores."""
+
+    step: int
+    weight_version: int
+    rewards: tuple[float, ...]
+    completion_lengths: tuple[int, ...]
+    generation_versions: tuple[int, ...]
+    seconds: float
+
+    def metrics(self) -> dict[str, float]:
+        """The ``val/*`` metrics: mean reward, accuracy (the share of completions with reward > 0: the exact-match
+        rate of a 0/1 verifier), mean completion length in tokens, the weight version, the prompt count."""
+        count = len(self.rewards)
+        return {
+            "val/reward": sum(self.rewards) / count,
+            "val/accuracy": sum(reward > 0 for reward in self.rewards) / count,
+            "val/completion_len_mean": sum(self.completion_lengths) / count,
+            "val/weight_version": float(self.weight_version),
+            "val/samples": float(count),
+            "val/duration_s": self.seconds,
+        }
+
+
+@dataclass
+class ValidationSettings:
+    """How validations run: which steps, how many requests at once, under which deadlines."""
+
+    due: Callable[[int], bool]
+    batch_size: int
+    timeout_s: float
+    sampling: SamplingParams
+    seed: int = 0
+    generation_timeout_s: float | None = None
+
+
+class Validator:
+    """Runs one validation at a time on the engine, at the version the engine holds; keeps finished results."""
+
+    def __init__(
+        self,
+        prompts: Sequence[Prompt],
+        environment: Environment,
+        tokenizer: Tokenizer,
+        settings: ValidationSettings,
+    ) -> None:
+        if not prompts:
+            raise ValidationError("the validation set is empty")
+        self.prompts, self.environment, self.tokenizer, self.settings = list(prompts), environment, tokenizer, settings
+        self._task: asyncio.Task[ValidationResult] | None = None
+        self._step: int | None = None
+        self._results: list[ValidationResult] = []
+
+    @property
+    def running_step(self) -> int | None:
+        """The step of the validation in flight, if any."""
+        return self._step if self._task is not None and not self._task.done() else None
+
+    def start(self, step: int, engine: GenerationEngine) -> None:
+        """Start validating ``step`` with the weights ``engine`` holds now (the previous validation is settled)."""
+        if self._task is not None and not self._task.done():
+            raise ValidationError(f"step {step}: the validation of step {self._step} is still running")
+        self._collect()
+        self._step = step
+        self._task = asyncio.create_task(self._run(step, engine), name=f"validation step {step}")
+
+    async def settle(self, engine: GenerationEngine) -> None:
+        """Wait for the validation in flight (before the engine's weights change); its failure is raised here."""
+        if self._task is None:
+            return
+        try:
+            await asyncio.wait_for(asyncio.shield(self._task), self.settings.timeout_s)
+        except TimeoutError:
+            self._task.cancel()
+            raise ValidationTimeout(
+                f"step {self._step}: the validation on engine {engine.name!r} did not finish within "
+                f"val_timeout_s={self.settings.timeout_s} (a smaller max_val_samples or a larger val_batch_size "
+                "shortens it)"
+            ) from None
+        self._collect()
+
+    def cancel(self) -> None:
+        """Stop the validation in flight (the controller is shutting down); it is not reported."""
+        if self._task is not None:
+            self._task.cancel()
+            self._task = None
+
+    def take_results(self) -> list[ValidationResult]:
+        """The validations finished since the last call, oldest first."""
+        self._collect()
+        results, self._results = self._results, []
+        return results
+
+    def _collect(self) -> None:
+        """Move a finished validation's result to the results (its failure, if any, is raised)."""
+        if self._task is not None and self._task.done():
+            task, self._task = self._task, None
+            self._results.append(task.result())
+
+    async def _run(self, step: int, engine: GenerationEngine) -> ValidationResult:
+        version, started = engine.weight_version, time.monotonic()
+        slots = asyncio.Semaphore(self.settings.batch_size)
+
+        async def one(prompt: Prompt) -> tuple[Generation, float]:
+            async with slots:
+                sampling = dataclasses.replace(self.settings.sampling, seed=self._seed(prompt))
+                try:
+                    generation = await asyncio.wait_for(
+                        engine.generate(prompt.token_ids, sampling), self.settings.generation_timeout_s
+                    )
+                except TimeoutError:
+                    raise ValidationError(
+                        f"step {step}: validation prompt {prompt.prompt_id} on engine {engine.name!r} exceeded "
+                        f"generation_timeout_s={self.settings.generation_timeout_s}"
+                    ) from None
+            text = self.tokenizer.decode(generation.token_ids)
+            score = await asyncio.to_thread(lambda: as_score(self.environment.score(prompt, text)))
+            return generation, score.reward
+
+        async with asyncio.TaskGroup() as group:
+            tasks = [group.create_task(one(prompt)) for prompt in self.prompts]
+        done = [task.result() for task in tasks]
+        off = sorted({g.weight_version for g, _ in done} - {version})
+        if off:
+            raise ValidationError(
+                f"step {step}: validation completions on engine {engine.name!r} were generated at weight version(s) "
+                f"{off}, not the pinned {version}"
+            )
+        return ValidationResult(
+            step=step,
+            weight_version=version,
+            rewards=tuple(reward for _, reward in done),
+            completion_lengths=tuple(len(g.token_ids) for g, _ in done),
+            generation_versions=tuple(g.weight_version for g, _ in done),
+            seconds=time.monotonic() - started,
+        )
+
+    def _seed(self, prompt: Prompt) -> int:
+        """A sampling seed fixed by (run seed, prompt): each validation samples a prompt the same way."""
+        key = f"val/{self.settings.seed}/{prompt.prompt_id}".encode()
+        return int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "little") >> 1
