@@ -139,6 +139,10 @@ def fit(config: SCConfig, lightning: dict[str, Any]) -> int:
 
     ranks = trainer_world_size(lightning.get("trainer")) or 1
     callbacks: list[Any] = [RefitCallback(), RolloutMonitor(), GoodputMonitor(fleet_devices(config, ranks))]
+    if config.algo.validates():
+        from sc_lightning.callbacks.validation import ValidationMonitor
+
+        callbacks.append(ValidationMonitor(config.algo))  # after RefitCallback: a refit starts each validation
     resume = None
     if config.checkpointing.enabled:
         try:

@@ -47,6 +47,9 @@ TRAIN_SIDE_METHODS = frozenset(
         "finish_refit",
         "stats",
         "snapshot",
+        "validate",
+        "validation_results",
+        "settle_validation",
     }
 )
 """The controller methods a handle may invoke by name."""

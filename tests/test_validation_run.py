@@ -1,0 +1,74 @@
+"""Validation in a real tiny run (the CLI, as users run it) and across a resume: ``val/*`` once per validated step,
+each at its step's weight version."""
+
+from __future__ import annotations
+
+import csv
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from sc_lightning.callbacks.validation import ValidationMonitor
+from sc_lightning.config.algorithm import GRPOConfig
+from tests.test_cli import TINY, run
+
+VALIDATE = ["--grpo.val_period", "2", "--grpo.val_at_start", "true", "--grpo.val_at_end", "true"]
+
+
+def val_rows(root) -> list[dict[str, str]]:
+    """Every CSV row with a val/reward, over every logger version (a resume starts a new one)."""
+    rows = []
+    for metrics in sorted(root.glob("lightning_logs/version_*/metrics.csv")):
+        rows += [row for row in csv.DictReader(metrics.open()) if row.get("val/reward")]
+    return rows
+
+
+@pytest.mark.slow
+def test_a_tiny_run_validates_each_period_once_at_its_version_and_a_resume_logs_no_step_twice(tmp_path) -> None:
+    def fit(steps: int) -> None:
+        result = run(
+            "fit",
+            "--config",
+            TINY,
+            *VALIDATE,
+            "--grpo.max_num_steps",
+            str(steps),
+            "--checkpointing.enabled=true",
+            "--checkpointing.save_data_plane=true",
+            "--checkpointing.save_period=2",
+            f"--checkpointing.checkpoint_dir={tmp_path / 'ckpt'}",
+            f"--trainer.default_root_dir={tmp_path}",
+            "--trainer.enable_progress_bar=false",
+        )
+        assert result.returncode == 0, result.stderr[-3000:]
+
+    fit(4)
+    fit(6)  # resumes from step_4, whose validation the checkpoint settled and logged: not redone
+    rows = val_rows(tmp_path)
+    assert [int(row["step"]) for row in rows] == [0, 2, 4, 6]
+    for row in rows:  # every completion of a validation was generated at this version (else the run fails)
+        assert float(row["val/weight_version"]) == int(row["step"])
+        assert 0 <= float(row["val/accuracy"]) <= 1 and float(row["val/samples"]) == 100
+        assert float(row["val/completion_len_mean"]) > 0
+
+
+class FakeController:
+    """FAKE controller handle: records the validations the monitor starts."""
+
+    def __init__(self) -> None:
+        self.started: list[int] = []
+
+    def validate(self, step: int) -> None:
+        """Record the step."""
+        self.started.append(step)
+
+
+@pytest.mark.parametrize(("last_logged", "redone"), [(2, [4]), (4, [])])
+def test_a_resume_redoes_the_validation_of_its_step_only_if_it_was_not_logged(last_logged: int, redone: list) -> None:
+    monitor = ValidationMonitor(GRPOConfig(val_period=2, max_num_steps=10))
+    monitor.load_state_dict({"last_logged_step": last_logged})
+    controller = FakeController()
+    trainer: Any = SimpleNamespace(global_step=4, is_global_zero=True, strategy=SimpleNamespace(controller=controller))
+    monitor.on_train_start(trainer, None)  # type: ignore[arg-type]
+    assert controller.started == redone
