@@ -103,8 +103,16 @@ def report_command(args: list[str]) -> int:
     return report_main(args)
 
 
+def validate_command(args: list[str]) -> int:
+    """``validate --config X [--ckpt_path BUNDLE]``: one validation of the initial or a bundle's policy."""
+    from sc_lightning.cli_validate import validate_command as run_validation
+
+    return run_validation(args)
+
+
 _SUBCOMMANDS: dict[str, Callable[[list[str]], int]] = {
     "fit": fit_command,
+    "validate": validate_command,
     "knobs": knobs_command,
     "report": report_command,
 }

@@ -1,9 +1,11 @@
-"""Validation in a real tiny run (the CLI, as users run it) and across a resume: ``val/*`` once per validated step,
+"""Validation in a real tiny run (the CLI, as users run it), alone (``validate``) and across a resume: ``val/*``
+once per validated step,
 each at its step's weight version."""
 
 from __future__ import annotations
 
 import csv
+import json
 from types import SimpleNamespace
 from typing import Any
 
@@ -26,6 +28,8 @@ def val_rows(root) -> list[dict[str, str]]:
 
 @pytest.mark.slow
 def test_a_tiny_run_validates_each_period_once_at_its_version_and_a_resume_logs_no_step_twice(tmp_path) -> None:
+    """fit 4 steps, validate the step-4 bundle alone, resume to 6: val/* at 0, 2, 4, 6, once each."""
+
     def fit(steps: int) -> None:
         result = run(
             "fit",
@@ -44,6 +48,22 @@ def test_a_tiny_run_validates_each_period_once_at_its_version_and_a_resume_logs_
         assert result.returncode == 0, result.stderr[-3000:]
 
     fit(4)
+    # the validate command on the step-4 bundle samples as the run's validation did: the same scores
+    alone = run(
+        "validate",
+        "--config",
+        TINY,
+        "--ckpt_path",
+        str(tmp_path / "ckpt" / "step_4"),
+        f"--trainer.default_root_dir={tmp_path / 'alone'}",
+        "--trainer.enable_progress_bar=false",
+    )
+    assert alone.returncode == 0, alone.stderr[-3000:]
+    printed = json.loads(alone.stdout.strip().splitlines()[-1])
+    assert printed == json.loads((tmp_path / "alone" / "validation.json").read_text())
+    step_4 = next(row for row in val_rows(tmp_path) if row["step"] == "4")
+    assert printed["step"] == 4 and printed["val/weight_version"] == 4
+    assert printed["val/reward"] == pytest.approx(float(step_4["val/reward"]))
     fit(6)  # resumes from step_4, whose validation the checkpoint settled and logged: not redone
     rows = val_rows(tmp_path)
     assert [int(row["step"]) for row in rows] == [0, 2, 4, 6]

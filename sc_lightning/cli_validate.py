@@ -1,0 +1,139 @@
+"""``python -m sc_lightning validate --config X [--ckpt_path BUNDLE]``: one validation, and nothing else.
+
+It builds what ``fit`` builds — the Trainer, the Single-Controller strategy, the policy (initial, or restored from
+``BUNDLE``'s trainer checkpoint, exactly as a resume restores it) and the generation engine — then, once the
+engine holds the policy (Lightning's ``on_fit_start``), runs one validation of that version
+(:mod:`~sc_lightning.controller.validation`), and stops before any training step (``max_steps`` is the version
+validated). The ``val/*`` metrics are printed as one JSON line, logged through the run's loggers at the version's
+step, and written to ``<trainer.default_root_dir>/validation.json``. The rollout pump starts with the controller,
+as in a fit; what it generates before the command ends is discarded.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from sc_lightning.cli_args import UsageError, parse_fit_arguments
+from sc_lightning.config import ConfigError
+
+VALIDATE_USAGE = """\
+python -m sc_lightning validate --config CONFIG.yaml [--config MORE.yaml] [--a.b.c VALUE ...] [--ckpt_path BUNDLE]
+
+  --ckpt_path     a checkpoint bundle (checkpointing.checkpoint_dir/step_N): validate its policy (default: the
+                  initial policy, version 0)
+  the validation set and its knobs are the run's: data.val_dataset_name, {algo}.max_val_samples, val_batch_size
+"""
+
+
+def validate_command(args: list[str]) -> int:
+    """``validate``: load the policy, bring up the engine, run one validation, print its metrics."""
+    from sc_lightning.cli import EXIT_INVALID_CONFIG, _usage_error, load_and_check
+    from sc_lightning.console import quiet_libraries
+
+    bundle, rest = _take_ckpt_path(args)
+    try:
+        request = parse_fit_arguments(rest)
+    except UsageError as exc:
+        return _usage_error(VALIDATE_USAGE, str(exc))
+    if request is None:
+        print(VALIDATE_USAGE)
+        return 0
+    quiet_libraries()
+    try:
+        config, lightning = load_and_check(request.configs, request.overrides)
+        config = _validating(config)  # the run's validation knobs, whether or not it validates while training
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_INVALID_CONFIG
+    if bundle is not None and not (Path(bundle) / "trainer.ckpt").exists():
+        print(f"error: --ckpt_path {bundle}: not a checkpoint bundle (no trainer.ckpt)", file=sys.stderr)
+        return EXIT_INVALID_CONFIG
+    return _validate(config, lightning, bundle)
+
+
+def _validating(config: Any) -> Any:
+    """``config`` with ``{algo}.val_at_start`` on (the controller then has a validator), checked again."""
+    import dataclasses
+
+    from sc_lightning.config import validate_single_controller_config
+
+    config = dataclasses.replace(config, **{config.algo_name: dataclasses.replace(config.algo, val_at_start=True)})
+    validate_single_controller_config(config)
+    return config
+
+
+def _take_ckpt_path(args: list[str]) -> tuple[str | None, list[str]]:
+    bundle, rest = None, []
+    iterator = iter(args)
+    for arg in iterator:
+        key, eq, value = arg.partition("=")
+        if key == "--ckpt_path":
+            bundle = value if eq else next(iterator, None)
+            if bundle is None:
+                raise SystemExit(f"{VALIDATE_USAGE}\nerror: --ckpt_path needs a value")
+        else:
+            rest.append(arg)
+    return bundle, rest
+
+
+def _validate(config: Any, lightning: dict[str, Any], bundle: str | None) -> int:
+    from lightning.pytorch import Callback
+
+    from sc_lightning.engines.factory import default_engine_factory
+    from sc_lightning.lightning.cli_parser import SCLightningCLI
+    from sc_lightning.lightning.module import GRPOModule
+    from sc_lightning.lightning.ppo_module import PPOModule
+    from sc_lightning.lightning.strategy import single_controller_strategy
+
+    results: list[Any] = []
+
+    class ValidateOnce(Callback):
+        """Validate the version the engine holds once the strategy has started the controller."""
+
+        def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
+            """Run the validation and log it at its step."""
+            if not trainer.is_global_zero:
+                return
+            controller = trainer.strategy.controller
+            controller.validate(controller.stats().trainer_version)
+            results.extend(controller.settle_validation())
+            for result in results:
+                for logger in trainer.loggers:
+                    logger.log_metrics(result.metrics(), step=result.step)
+
+    trainer = lightning.setdefault("trainer", {})
+    trainer["enable_checkpointing"] = False
+    root = trainer.get("default_root_dir") or os.getcwd()
+    if trainer.get("logger") in (None, True):
+        trainer["logger"] = {"class_path": "lightning.pytorch.loggers.CSVLogger", "init_args": {"save_dir": root}}
+    step = _bundle_step(bundle)
+    strategy = single_controller_strategy(config, default_engine_factory, ranks=1)
+    cli = SCLightningCLI(
+        lightning,
+        instantiate=True,
+        trainer_kwargs={"strategy": strategy, "max_steps": step},  # stop before any training step
+        trainer_defaults={"callbacks": [ValidateOnce()]},
+    )
+    module = PPOModule(config) if config.is_ppo else GRPOModule(config)
+    cli.trainer.fit(module, ckpt_path=None if bundle is None else str(Path(bundle) / "trainer.ckpt"))
+    if not results:
+        print("error: no validation ran", file=sys.stderr)
+        return 1
+    metrics = {"step": results[-1].step, **results[-1].metrics()}
+    Path(root).mkdir(parents=True, exist_ok=True)
+    (Path(root) / "validation.json").write_text(json.dumps(metrics, indent=2) + "\n")
+    print(json.dumps(metrics))
+    return 0
+
+
+def _bundle_step(bundle: str | None) -> int:
+    """The RL step a bundle was written at (its controller state's trainer version); 0 without one."""
+    if bundle is None:
+        return 0
+    from sc_lightning.checkpoint.bundle import read_controller_state
+
+    return int(read_controller_state(Path(bundle))["trainer_version"])
