@@ -1,6 +1,5 @@
 """Validation in a real tiny run (the CLI, as users run it), alone (``validate``) and across a resume: ``val/*``
-once per validated step,
-each at its step's weight version."""
+once per validated step, each at its step's weight version."""
 
 from __future__ import annotations
 
