@@ -72,6 +72,12 @@ BUILTIN_EXCLUDED_PATHS = (
     "async_rl.stall_watchdog",
     # a skip budget never changes which rows a file yields: rows are kept or skipped by their content alone
     "data.max_skipped_rows",
+    # validation runs beside the rollouts on its own prompts: it never produces or consumes a training rollout
+    "grpo.val_*",
+    "ppo.val_*",
+    "grpo.max_val_samples",
+    "ppo.max_val_samples",
+    "data.val_dataset_name",
     # the trainer's own optimisation does not change the meaning of rollouts already generated
     "policy.optimizer",
     "policy.scheduler",

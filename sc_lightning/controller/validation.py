@@ -160,8 +160,16 @@ class Validator:
             score = await asyncio.to_thread(lambda: as_score(self.environment.score(prompt, text)))
             return generation, score.reward
 
-        async with asyncio.TaskGroup() as group:
-            tasks = [group.create_task(one(prompt)) for prompt in self.prompts]
+        try:
+            async with asyncio.TaskGroup() as group:
+                tasks = [group.create_task(one(prompt)) for prompt in self.prompts]
+        except ExceptionGroup as failures:  # the first failure cancelled the rest; report that one
+            first = failures.exceptions[0]
+            if isinstance(first, ValidationError):
+                raise first from None
+            raise ValidationError(
+                f"step {step}: the validation on engine {engine.name!r} failed: {type(first).__name__}: {first}"
+            ) from first
         done = [task.result() for task in tasks]
         off = sorted({g.weight_version for g, _ in done} - {version})
         if off:

@@ -43,6 +43,10 @@ def test_operational_changes_keep_the_fingerprint() -> None:
             async_rl__drain_timeout_s=30.0,
             async_rl__stall_watchdog__stall_timeout_s=10.0,
             policy__optimizer__lr=1.0,
+            grpo__val_period=10,  # validation never touches a training rollout
+            grpo__val_batch_size=2,
+            grpo__max_val_samples=5,
+            data__val_dataset_name="v.jsonl",
         )
     )
     assert fingerprint(base) == fingerprint(operational)

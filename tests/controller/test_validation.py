@@ -14,7 +14,7 @@ import pytest
 from sc_lightning.config import SCConfig, load_config
 from sc_lightning.config.algorithm import GRPOConfig
 from sc_lightning.controller.controller import SingleController
-from sc_lightning.controller.validation import ValidationTimeout
+from sc_lightning.controller.validation import ValidationError, ValidationTimeout
 from sc_lightning.rollout.datasets import ArithmeticDataset, ArithmeticValidationSet
 from sc_lightning.testing.scripted_engine import ScriptedEngine
 from sc_lightning.types import Generation, SamplingParams
@@ -151,3 +151,18 @@ def test_the_arithmetic_validation_set_is_every_problem_once_with_its_own_ids() 
     prompts = list(ArithmeticValidationSet(TOKENIZER))
     assert len({p.text for p in prompts}) == len(prompts) == 100
     assert not {p.prompt_id for p in prompts} & {p.prompt_id for p in ArithmeticDataset(512, 7, TOKENIZER)}
+
+
+def test_a_failing_validation_request_stops_the_refit_naming_step_and_engine() -> None:
+    async def scenario() -> None:
+        engine = ScriptedEngine(answer_correctly, fail_on=0)  # the first request, a validation one, fails
+        controller = make(val_config(val_at_start=True), engine, dataset_size=8)
+        await controller.validate(0)  # before the pump starts: the validation asks first
+        await controller.start()
+        try:
+            await controller.begin_refit(1)
+        finally:
+            await controller.shutdown()
+
+    with pytest.raises(ValidationError, match=r"step 0: the validation on engine 'scripted' failed: EngineError"):
+        asyncio.run(scenario())
