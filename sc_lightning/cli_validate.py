@@ -34,8 +34,8 @@ def validate_command(args: list[str]) -> int:
     from sc_lightning.cli import EXIT_INVALID_CONFIG, _usage_error, load_and_check
     from sc_lightning.console import quiet_libraries
 
-    bundle, rest = _take_ckpt_path(args)
     try:
+        bundle, rest = _take_ckpt_path(args)
         request = parse_fit_arguments(rest)
     except UsageError as exc:
         return _usage_error(VALIDATE_USAGE, str(exc))
@@ -74,37 +74,21 @@ def _take_ckpt_path(args: list[str]) -> tuple[str | None, list[str]]:
         if key == "--ckpt_path":
             bundle = value if eq else next(iterator, None)
             if bundle is None:
-                raise SystemExit(f"{VALIDATE_USAGE}\nerror: --ckpt_path needs a value")
+                raise UsageError("--ckpt_path needs a value")
         else:
             rest.append(arg)
     return bundle, rest
 
 
 def _validate(config: Any, lightning: dict[str, Any], bundle: str | None) -> int:
-    from lightning.pytorch import Callback
-
+    from sc_lightning.callbacks.validation import ValidateOnce
     from sc_lightning.engines.factory import default_engine_factory
     from sc_lightning.lightning.cli_parser import SCLightningCLI
     from sc_lightning.lightning.module import GRPOModule
     from sc_lightning.lightning.ppo_module import PPOModule
     from sc_lightning.lightning.strategy import single_controller_strategy
 
-    results: list[Any] = []
-
-    class ValidateOnce(Callback):
-        """Validate the version the engine holds once the strategy has started the controller."""
-
-        def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
-            """Run the validation and log it at its step."""
-            if not trainer.is_global_zero:
-                return
-            controller = trainer.strategy.controller
-            controller.validate(controller.stats().trainer_version)
-            results.extend(controller.settle_validation())
-            for result in results:
-                for logger in trainer.loggers:
-                    logger.log_metrics(result.metrics(), step=result.step)
-
+    once = ValidateOnce()
     trainer = lightning.setdefault("trainer", {})
     trainer["enable_checkpointing"] = False
     root = trainer.get("default_root_dir") or os.getcwd()
@@ -116,14 +100,14 @@ def _validate(config: Any, lightning: dict[str, Any], bundle: str | None) -> int
         lightning,
         instantiate=True,
         trainer_kwargs={"strategy": strategy, "max_steps": step},  # stop before any training step
-        trainer_defaults={"callbacks": [ValidateOnce()]},
+        trainer_defaults={"callbacks": [once]},
     )
     module = PPOModule(config) if config.is_ppo else GRPOModule(config)
     cli.trainer.fit(module, ckpt_path=None if bundle is None else str(Path(bundle) / "trainer.ckpt"))
-    if not results:
+    if not once.results:
         print("error: no validation ran", file=sys.stderr)
         return 1
-    metrics = {"step": results[-1].step, **results[-1].metrics()}
+    metrics = {"step": once.results[-1].step, **once.results[-1].metrics()}
     Path(root).mkdir(parents=True, exist_ok=True)
     (Path(root) / "validation.json").write_text(json.dumps(metrics, indent=2) + "\n")
     print(json.dumps(metrics))

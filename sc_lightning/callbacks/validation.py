@@ -19,7 +19,7 @@ from typing import Any
 from lightning.pytorch import Callback, LightningModule, Trainer
 
 from sc_lightning.config.algorithm import AlgorithmConfig
-from sc_lightning.controller.validation import ValidationResult
+from sc_lightning.controller.api import ValidationResult
 
 
 class ValidationMonitor(Callback):
@@ -73,8 +73,27 @@ class ValidationMonitor(Callback):
     def _log(self, trainer: Trainer, results: list[ValidationResult]) -> None:
         for result in results:
             if result.step <= self.last_logged_step:
-                continue  # already logged (a resumed run's redone validation of a logged step cannot occur; kept safe)
+                continue  # logged already: a step is logged once
             for logger in trainer.loggers:
                 logger.log_metrics(result.metrics(), step=result.step)
             self.last_logged_step = result.step
             self.logged.append(result)
+
+
+class ValidateOnce(Callback):
+    """``validate``'s callback: once the strategy has started the controller (the engine holds the policy),
+    validate that version, log it at its step and keep the result in :attr:`results`."""
+
+    def __init__(self) -> None:
+        self.results: list[ValidationResult] = []
+
+    def on_fit_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        """Run the validation and log it at its step."""
+        if not trainer.is_global_zero:
+            return
+        controller = trainer.strategy.controller
+        controller.validate(controller.stats().trainer_version)
+        self.results.extend(controller.settle_validation())
+        for result in self.results:
+            for logger in trainer.loggers:
+                logger.log_metrics(result.metrics(), step=result.step)

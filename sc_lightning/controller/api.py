@@ -262,3 +262,28 @@ class ControllerClient(Protocol):
 
     def shutdown(self) -> None:
         """Stop the controller and release its home (thread or actor)."""
+
+
+@dataclass(frozen=True)
+class ValidationResult:
+    """One finished validation: its step, the weight version every completion was generated at, and its scores."""
+
+    step: int
+    weight_version: int
+    rewards: tuple[float, ...]
+    completion_lengths: tuple[int, ...]
+    generation_versions: tuple[int, ...]
+    seconds: float
+
+    def metrics(self) -> dict[str, float]:
+        """The ``val/*`` metrics: mean reward, accuracy (the share of completions with reward > 0: the exact-match
+        rate of a 0/1 verifier), mean completion length in tokens, the weight version, the prompt count."""
+        count = len(self.rewards)
+        return {
+            "val/reward": sum(self.rewards) / count,
+            "val/accuracy": sum(reward > 0 for reward in self.rewards) / count,
+            "val/completion_len_mean": sum(self.completion_lengths) / count,
+            "val/weight_version": float(self.weight_version),
+            "val/samples": float(count),
+            "val/duration_s": self.seconds,
+        }

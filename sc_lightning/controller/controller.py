@@ -64,6 +64,7 @@ from sc_lightning.controller.api import (
     SelectTimeout,
     StepDrops,
     StepSurvivorship,
+    ValidationResult,
 )
 from sc_lightning.controller.buffer import TQReplayBuffer
 from sc_lightning.controller.checkpointing import ControllerCheckpoint
@@ -76,7 +77,7 @@ from sc_lightning.controller.recovery import PendingGroup, RecoveryPolicy
 from sc_lightning.controller.reserve import ReplacementReserve
 from sc_lightning.controller.samplers import PromptGroupSampler
 from sc_lightning.controller.survivorship import SurvivorshipTally
-from sc_lightning.controller.validation import ValidationResult, Validator
+from sc_lightning.controller.validation import Validator
 from sc_lightning.data_plane.base import DataPlane
 from sc_lightning.engines.base import EngineError
 from sc_lightning.rollout.failures import classify

@@ -22,9 +22,14 @@ from typing import Any, TypeVar
 
 import torch
 
-from sc_lightning.controller.api import ControllerStats, ControllerUnresponsive, GroupMeta, RefitReport
+from sc_lightning.controller.api import (
+    ControllerStats,
+    ControllerUnresponsive,
+    GroupMeta,
+    RefitReport,
+    ValidationResult,
+)
 from sc_lightning.controller.controller import SingleController
-from sc_lightning.controller.validation import ValidationResult
 
 T = TypeVar("T")
 ControllerFactory = Callable[[], SingleController]

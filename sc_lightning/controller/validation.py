@@ -26,6 +26,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from sc_lightning.controller.api import ValidationResult
 from sc_lightning.engines.base import GenerationEngine
 from sc_lightning.rollout.envs.base import Environment, as_score
 from sc_lightning.tokenizer import Tokenizer
@@ -38,31 +39,6 @@ class ValidationError(RuntimeError):
 
 class ValidationTimeout(ValidationError):
     """A validation outlived ``{algo}.val_timeout_s`` while a refit or a stand-down waited for it."""
-
-
-@dataclass(frozen=True)
-class ValidationResult:
-    """One finished validation: its step, the weight version every completion was generated at, and its scores."""
-
-    step: int
-    weight_version: int
-    rewards: tuple[float, ...]
-    completion_lengths: tuple[int, ...]
-    generation_versions: tuple[int, ...]
-    seconds: float
-
-    def metrics(self) -> dict[str, float]:
-        """The ``val/*`` metrics: mean reward, accuracy (the share of completions with reward > 0: the exact-match
-        rate of a 0/1 verifier), mean completion length in tokens, the weight version, the prompt count."""
-        count = len(self.rewards)
-        return {
-            "val/reward": sum(self.rewards) / count,
-            "val/accuracy": sum(reward > 0 for reward in self.rewards) / count,
-            "val/completion_len_mean": sum(self.completion_lengths) / count,
-            "val/weight_version": float(self.weight_version),
-            "val/samples": float(count),
-            "val/duration_s": self.seconds,
-        }
 
 
 @dataclass
