@@ -7,7 +7,7 @@ each, ``val_batch_size`` 8 at once beside the rollouts). From each run's metrics
 ``val/reward`` of the first and last validations. Targets (issue 20): step time with validation <= 1.15x without;
 the reward climbs by >= 0.3 as before; ``val/reward`` climbs.
 
-    python benchmarks/validation_overhead.py [--steps 1000] [--val-period 10]
+    python benchmarks/validation_overhead.py [--steps 1000] [--val-period 10] [--out DIR]
 """
 
 from __future__ import annotations
@@ -39,7 +39,10 @@ def fit(root: Path, steps: int, val_period: int) -> list[dict[str, str]]:
         f"--trainer.default_root_dir={root}",
         "--trainer.enable_progress_bar=false",
     ]
-    subprocess.run(command, cwd=REPO, check=True, capture_output=True, text=True)
+    done = subprocess.run(command, cwd=REPO, capture_output=True, text=True)
+    (root / "stderr.txt").write_text(done.stderr)
+    if done.returncode != 0:
+        raise SystemExit(f"the fit in {root} failed (exit {done.returncode}):\n{done.stderr[-3000:]}")
     (metrics,) = root.glob("lightning_logs/version_*/metrics.csv")
     return list(csv.DictReader(metrics.open()))
 
@@ -64,10 +67,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=1000)
     parser.add_argument("--val-period", type=int, default=10)
+    parser.add_argument("--out", type=Path, default=None, help="keep the runs here (default: a temporary folder)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
-        plain = summary(fit(Path(tmp) / "plain", args.steps, 0))
-        validated = summary(fit(Path(tmp) / "validated", args.steps, args.val_period))
+        out = args.out or Path(tmp)
+        plain = summary(fit(out / "plain", args.steps, 0))
+        validated = summary(fit(out / "validated", args.steps, args.val_period))
     print(f"{'run':<12}{'median step s':>15}{'reward first50':>16}{'last50':>8}{'val first':>11}{'val last':>10}")
     for name, row in (("no val", plain), (f"val/{args.val_period}", validated)):
         print(
