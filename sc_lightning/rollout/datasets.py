@@ -83,17 +83,22 @@ class ArithmeticDataset(_ListDataset):
         self._prompts = []
         for i in range(size):
             a, b = rng.randrange(10), rng.randrange(10)
-            text = f"{a}+{b}="
-            prompt = Prompt(
-                prompt_id=f"arithmetic-{i:06d}",
-                token_ids=prompt_token_ids(tokenizer, text),
-                text=text,
-                answer=str(a + b),
-                task="arithmetic",
-                index=i,
-            )
+            prompt = arithmetic_prompt(tokenizer, a, b, prompt_id=f"arithmetic-{i:06d}", index=i)
             check_prompt_length(prompt, max_prompt_length, "the arithmetic dataset")
             self._prompts.append(prompt)
+
+
+def arithmetic_prompt(tokenizer: Tokenizer, a: int, b: int, *, prompt_id: str, index: int) -> Prompt:
+    """The arithmetic task's prompt ``"a+b="`` (answer ``a + b``)."""
+    text = f"{a}+{b}="
+    return Prompt(
+        prompt_id=prompt_id,
+        token_ids=prompt_token_ids(tokenizer, text),
+        text=text,
+        answer=str(a + b),
+        task="arithmetic",
+        index=index,
+    )
 
 
 class JsonlPromptDataset(_ListDataset):
@@ -253,15 +258,7 @@ class ArithmeticValidationSet(_ListDataset):
         random.Random("arithmetic-val").shuffle(pairs)
         self._prompts = []
         for i, (a, b) in enumerate(pairs):
-            text = f"{a}+{b}="
-            prompt = Prompt(
-                prompt_id=f"arithmetic-val-{a}{b}",
-                token_ids=prompt_token_ids(tokenizer, text),
-                text=text,
-                answer=str(a + b),
-                task="arithmetic",
-                index=i,
-            )
+            prompt = arithmetic_prompt(tokenizer, a, b, prompt_id=f"arithmetic-val-{a}{b}", index=i)
             check_prompt_length(prompt, max_prompt_length, "the arithmetic validation set")
             self._prompts.append(prompt)
 

@@ -23,7 +23,7 @@ from sc_lightning.controller.dynamic_sampling import FILTER_REASON, zero_reward_
 from sc_lightning.testing.scripted_engine import ScriptedEngine
 from tests.controller.helpers import scored
 from tests.controller.test_controller import TOKENIZER, answer_correctly
-from tests.controller.test_drops import DATASET, make, prompt_id, train
+from tests.controller.test_drops import DATASET, make, prompt_id, run, train
 
 
 def dynamic_config(*, n: int = 2, max_gen_batches: int = 10) -> SCConfig:
@@ -80,22 +80,9 @@ def test_the_filter_is_zero_variance_over_every_reward_masked_included() -> None
     assert zero_reward_variance(masked) is None  # the masked reward still moves the baseline of the other
 
 
-def run_steps(controller: SingleController, steps: int, n: int):
-    """Start, train ``steps`` steps (as the train pump), return (trained prompt ids, per-step stats), shut down."""
-
-    async def scenario():
-        await controller.start()
-        try:
-            return await train(controller, steps, n)
-        finally:
-            await controller.shutdown()
-
-    return asyncio.run(scenario())
-
-
 def test_filtered_groups_never_train_and_fresh_prompts_refill_their_step() -> None:
     controller = make(dynamic_config(), engine=ScriptedEngine(constant_for({0, 3, 4})))
-    trained, stats = run_steps(controller, 2, n=2)
+    trained, stats = run(controller, 2, n=2)
     # step 0: 0 filtered, refilled from the next batch (2, 3: 3 is a spare); step 1 admits 4, 5: 4 filtered,
     # refilled by spare 3 (filtered too), then by the next batch (6, 7: 7 is a spare)
     assert trained == [sorted([prompt_id(1), prompt_id(2)]), sorted([prompt_id(5), prompt_id(6)])]
@@ -135,14 +122,14 @@ def test_selected_groups_all_have_reward_variance() -> None:
 def test_a_step_past_its_cap_stops_the_run_naming_the_step_and_the_knob() -> None:
     controller = make(dynamic_config(max_gen_batches=2), engine=ScriptedEngine(constant_for(range(16))))
     with pytest.raises(RolloutPumpError, match=r"step 0: .*dynamic_sampling_max_gen_batches=2"):
-        run_steps(controller, 1, n=2)
+        run(controller, 1, n=2)
     assert controller.dynamic is not None and controller.dynamic.totals["extra_generations"] == 2  # (2 - 1) x 2
 
 
 def test_with_the_dataset_spent_a_filtered_group_shrinks_its_step() -> None:
     constant = set(range(2, 16))  # only prompts 0 and 1 vary
     controller = make(dynamic_config(max_gen_batches=100), engine=ScriptedEngine(constant_for(constant)))
-    trained, stats = run_steps(controller, 2, n=2)
+    trained, stats = run(controller, 2, n=2)
     assert trained[0] == sorted([prompt_id(0), prompt_id(1)])
     assert trained[1] == []  # every later prompt was filtered and none is left: the step closed empty
     assert len(stats[1].last_step.filtered) == 14 and stats[1].extra_generations == 12
