@@ -162,3 +162,40 @@ def test_the_decode_attention_kernel_reads_each_row_exactly() -> None:
         scores = torch.einsum("ghd,ngd->ghn", query[r].float(), seen[:, :, 0]) * dim**-0.5
         expected = torch.einsum("ghn,ngd->ghd", scores.softmax(-1), seen[:, :, 1]).reshape(-1)
         assert (got[r, 0].float() - expected).abs().max().item() < 2e-2, r
+
+
+def argmax_gaps(ref: torch.nn.Module, prompt: tuple[int, ...], tokens: tuple[int, ...]) -> torch.Tensor:
+    """Per new token: how far its logit is below the reference's top logit (0 where it is the argmax)."""
+    ids = torch.tensor([prompt + tokens], device="cuda")
+    with torch.no_grad():
+        logits = logits_of(ref, ids)[0, len(prompt) - 1 : -1].float()
+    chosen = torch.tensor(tokens, device="cuda")
+    return (logits.max(-1).values - logits.gather(-1, chosen[:, None])[:, 0]).cpu()
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_a_request_spanning_a_refit_records_both_versions_where_the_weights_changed(precision: str) -> None:
+    """CUDA-graphed greedy decoding through an in-flight refit: the completion's tokens carry version 0 and then 1,
+    and the split is where the sampling model changed (model a's argmax before it, model b's from it on)."""
+    ref_a, ref_b = replica(0, precision), replica(1, precision)
+    engine = MegatronEngine(
+        replica(0, precision), SPEC, eos_token_id=None, stop_on_eos=False, max_batch_size=8, prefill_chunk_tokens=32
+    )
+    prompt, new = PROMPTS[3], 200
+
+    async def scenario() -> Generation:
+        request = asyncio.create_task(engine.generate(prompt, SamplingParams(new, temperature=0.0)))
+        while engine.stats.generated_tokens < 10:
+            await asyncio.sleep(0.001)
+        await engine.update_weights(export_hf_weights(ref_b, SPEC), version=1)
+        result = await request
+        await engine.shutdown()
+        return result
+
+    result = asyncio.run(scenario())
+    versions, tol = result.token_versions, TOLERANCE[precision]
+    split = versions.index(1)
+    assert 10 <= split < new and versions == (0,) * split + (1,) * (new - split)
+    assert result.weight_version == 0
+    assert bool((argmax_gaps(ref_a, prompt, result.token_ids)[:split] <= tol).all())
+    assert bool((argmax_gaps(ref_b, prompt, result.token_ids)[split:] <= tol).all())
