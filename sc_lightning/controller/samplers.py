@@ -9,9 +9,9 @@ clearing their rows) and ``select`` (take eligible ready groups out of the buffe
     in_order     cursor < v + L                    ready groups whose target_step == v
     weight_fifo  cursor < v + S                    ready groups of the oldest in-window start_weight
     ready_first  cursor < v + S                    any ready group with start_weight <= v
-    windowed     none (buffer capacity only), or   ready groups with start_weight in [v - S, v]
-                 cursor < v + floor(r x (S + 1)) - 1
-                 with over_sampling_ratio r
+    windowed     none (buffer capacity only), or   ready groups with start_weight in [v - S, v]; with the
+                 cursor < v + floor(r x (S + 1)) - 1   cap, those of v - S (expiring) first, newer ones only for
+                 with over_sampling_ratio r            what the expiring ones, ready or not, cannot fill
 """
 
 from __future__ import annotations
@@ -142,10 +142,14 @@ class BaseSampler:
             raise SamplerError(f"min_groups must be >= 1, got {min_groups}")
         if max_groups < min_groups:
             raise SamplerError(f"max_groups ({max_groups}) must be >= min_groups ({min_groups})")
-        eligible = self.eligible(trainer_version, min_groups)
-        if len(eligible) < min_groups:
+        chosen = self.choose(trainer_version, min_groups, max_groups)
+        if len(chosen) < min_groups:
             return None
-        return self.buffer.take(eligible[:max_groups])
+        return self.buffer.take(chosen)
+
+    def choose(self, trainer_version: int, min_groups: int, max_groups: int) -> list[int]:
+        """Buffer indices of the ready groups a step would take now (at most ``max_groups``): the first eligible."""
+        return self.eligible(trainer_version, min_groups)[:max_groups]
 
     async def evict(self, *, trainer_version: int) -> list[GroupMeta]:
         """Evict ready groups older than the window (unready ones are skipped: their commit still needs them)."""
@@ -252,6 +256,14 @@ class WindowedSampler(BaseSampler):
     so in-order completions are never evicted; r > 1 over-samples by the rest, so a step need not wait for its
     stragglers. Without the cap, an engine faster than the trainer refills every evicted group's permit at once and
     keeps generating groups that age out of the window.
+
+    With the cap, a step also fills itself from the groups that leave the window after it (start_weight v - S)
+    before any newer one: it takes a newer group only for the part of the step that those expiring groups, ready or
+    still generating, cannot fill. Otherwise a streaming step that waits for its own batch's stragglers takes the
+    next batch's fastest groups instead, its stragglers are then aborted, and the next step, short of groups, waits
+    for a batch dispatched only at its refit (measured in ``benchmarks/async_vs_sync.py``: streaming fell behind
+    plain async). At r = 1 a step so trains its own batch, chunk by chunk as it completes; at r > 1 it trains the
+    fastest of the expiring batches' groups.
     """
 
     def __init__(
@@ -297,6 +309,20 @@ class WindowedSampler(BaseSampler):
     def should_abort_inflight(self, *, start_weight: int, trainer_version: int) -> bool:
         """A rollout started before the window can never be selected: stop wasting compute on it."""
         return start_weight < max(0, trainer_version - self.max_staleness_versions)
+
+    def choose(self, trainer_version: int, min_groups: int, max_groups: int) -> list[int]:
+        """The first eligible groups; with the cap, the expiring ones first and newer ones only for what they lack."""
+        eligible = self.eligible(trainer_version, min_groups)
+        if self.batches_ahead is None:
+            return eligible[:max_groups]
+        oldest = max(0, trainer_version - self.max_staleness_versions)
+        horizon = max(0, trainer_version + 1 - self.max_staleness_versions)  # older ones leave the window next step
+        slots = self.buffer.slots
+        expiring = [i for i in eligible if slots[i].start_weight < horizon]
+        expiring_generating = sum(1 for s in slots if not s.ready and oldest <= s.start_weight < horizon)
+        newer = [i for i in eligible if slots[i].start_weight >= horizon]
+        room = max(0, max_groups - len(expiring) - expiring_generating)
+        return (expiring + newer[:room])[:max_groups]
 
 
 def create_sampler(buffer: TQReplayBuffer, config: cfg.SamplerConfig) -> PromptGroupSampler:

@@ -17,7 +17,7 @@ from sc_lightning.controller.samplers import (
     WindowedSampler,
     create_sampler,
 )
-from tests.controller.helpers import add, names, new_buffer
+from tests.controller.helpers import add, names, new_buffer, scored
 
 
 def select(sampler, version: int, min_groups: int = 1, max_groups: int = 8):
@@ -121,6 +121,47 @@ def test_windowed_over_sampling_ratio_caps_the_batches_ahead_of_the_trainer(rati
         assert not sampler.can_admit(version)
     with pytest.raises(SamplerError, match="over_sampling_ratio must be >= 1"):
         WindowedSampler(new_buffer(), max_staleness_versions=1, sample_freshest_first=False, over_sampling_ratio=0.5)
+
+
+def capped_picture_buffer() -> tuple:
+    """Trainer at 2, window 1 ([1, 2]): step 2's own batch (weight 1, leaving the window after this step) has one
+    group ready and one still generating; the next batch (weight 2) has two groups ready already."""
+    buffer = new_buffer()
+    add(buffer, "own1", start=1)
+    straggler = add(buffer, "own2", start=1, ready=False)
+    add(buffer, "next1", start=2)
+    add(buffer, "next2", start=2)
+    return buffer, straggler
+
+
+def test_capped_windowed_step_waits_for_its_expiring_straggler_not_the_next_batch() -> None:
+    buffer, straggler = capped_picture_buffer()
+    uncapped = WindowedSampler(capped_picture_buffer()[0], max_staleness_versions=1, sample_freshest_first=False)
+    assert names(select(uncapped, 2, max_groups=2)) == ["own1", "next1"]  # the spec's rule: any in-window group
+    capped = WindowedSampler(buffer, max_staleness_versions=1, sample_freshest_first=True, over_sampling_ratio=1)
+    assert names(select(capped, 2, max_groups=2)) == ["own1"]  # the straggler can still fill the step
+    assert select(capped, 2, max_groups=1) is None  # so the step waits for it, not for the next batch
+    asyncio.run(buffer.commit(straggler, scored("own2"), start_weight=1, end_weight=2))
+    assert names(select(capped, 2, max_groups=1)) == ["own2"]
+    assert names(select(capped, 3, max_groups=2)) == ["next1", "next2"]  # the next step finds its batch whole
+
+
+def test_capped_windowed_step_takes_newer_groups_only_for_what_expiring_ones_lack() -> None:
+    buffer, straggler = capped_picture_buffer()
+    capped = WindowedSampler(buffer, max_staleness_versions=1, sample_freshest_first=False, over_sampling_ratio=1)
+    assert names(select(capped, 2, max_groups=3)) == ["own1", "next1"]  # 3 needed, 2 expiring: one newer
+    buffer.remove_group(straggler)  # the straggler failed (its slot goes): nothing expiring is left
+    assert names(select(capped, 2, max_groups=1)) == ["next2"]
+    early = new_buffer()  # before the window's end nothing expires: any in-window group, as uncapped
+    add(early, "a", start=0, ready=False)
+    add(early, "b", start=0)
+    assert names(
+        select(
+            WindowedSampler(early, max_staleness_versions=1, sample_freshest_first=False, over_sampling_ratio=1),
+            0,
+            max_groups=2,
+        )
+    ) == ["b"]
 
 
 def test_dispatch_cursor_resumes_exactly() -> None:
