@@ -62,6 +62,10 @@ class Generation:
     ``token_versions`` the version that sampled each token — two or more distinct values when a refit landed
     mid-request. Left empty, it is filled with ``weight_version`` for every token (an engine that cannot tell, or
     a record from before per-token versions).
+
+    ``trainable`` marks the tokens the loss may see: a multi-turn rollout's completion holds the model's turns and
+    the environment's observations between them, and only the model's tokens are trained (the others carry logprob
+    0.0 and the version of the turn they follow). Left empty, every token is trainable (a single-turn completion).
     """
 
     token_ids: tuple[int, ...]
@@ -69,6 +73,7 @@ class Generation:
     finish_reason: FinishReason
     weight_version: int
     token_versions: tuple[int, ...] = ()
+    trainable: tuple[bool, ...] = ()
 
     def __post_init__(self) -> None:
         if len(self.token_ids) != len(self.logprobs):
@@ -83,6 +88,18 @@ class Generation:
                 f"a generation needs one weight version per token, got {len(self.token_ids)} tokens "
                 f"and {len(self.token_versions)} token versions"
             )
+        if not self.trainable:
+            object.__setattr__(self, "trainable", (True,) * len(self.token_ids))
+        elif len(self.trainable) != len(self.token_ids):
+            raise ValueError(
+                f"a generation needs one trainable flag per token, got {len(self.token_ids)} tokens "
+                f"and {len(self.trainable)} flags"
+            )
+
+    @property
+    def model_token_count(self) -> int:
+        """How many of the tokens the model sampled (the trainable ones)."""
+        return sum(self.trainable)
 
 
 @dataclass(frozen=True)

@@ -43,6 +43,7 @@ class PendingGroup:
                     "finish_reason": g.finish_reason,
                     "weight_version": g.weight_version,
                     "token_versions": list(g.token_versions),
+                    "trainable": list(g.trainable),
                 }
                 for index, g in sorted(self.sealed.items())
             ]
@@ -65,6 +66,7 @@ class PendingGroup:
                 g["finish_reason"],
                 int(g["weight_version"]),
                 tuple(int(v) for v in g.get("token_versions", ())),  # absent in a ledger from before them
+                tuple(bool(t) for t in g.get("trainable", ())),  # absent before multi-turn rollouts: all trainable
             )
             for g in (entry.get("sealed") or [])
         }

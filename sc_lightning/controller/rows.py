@@ -24,7 +24,7 @@ def group_to_columns(
         length = len(prompt) + len(completion)
         columns["input_ids"].append(torch.tensor(prompt + completion, dtype=dtype["input_ids"]))
         mask = torch.zeros(length, dtype=dtype["token_mask"])
-        mask[len(prompt) :] = 1
+        mask[len(prompt) :] = torch.tensor(generation.trainable, dtype=dtype["token_mask"])  # environment tokens: 0
         columns["token_mask"].append(mask)
         logprobs = torch.zeros(length, dtype=dtype["generation_logprobs"])
         logprobs[len(prompt) :] = torch.tensor(generation.logprobs, dtype=dtype["generation_logprobs"])

@@ -10,6 +10,7 @@ import torch
 from sc_lightning.controller.api import ROW_FIELDS
 from sc_lightning.controller.buffer import BufferError, TQReplayBuffer
 from sc_lightning.data_plane.memory import MemoryDataPlane
+from sc_lightning.types import Generation, ScoredGroup
 from tests.controller.helpers import GROUP_SIZE, add, new_buffer, scored
 
 
@@ -36,6 +37,21 @@ def test_commit_writes_one_training_row_per_generation() -> None:
         "end_weight": 4,
         "target_step": 7,
     }
+
+
+def test_environment_tokens_of_a_multiturn_completion_are_masked_out_of_the_loss() -> None:
+    buffer = new_buffer()
+    prompt = scored("p").prompt
+    turns = Generation((4, 9, 9, 6), (-0.1, 0.0, 0.0, -0.3), "stop", 2, (2, 2, 2, 3), (True, False, False, True))
+    group = ScoredGroup(prompt, (turns, turns), (1.0, 0.0))
+    meta = asyncio.run(
+        buffer.commit(
+            buffer.reserve(prompt_id="p", weight_version=2, target_step=None), group, start_weight=2, end_weight=3
+        )
+    )
+    rows = buffer.data_plane.get(list(meta.keys), list(ROW_FIELDS))
+    assert rows["token_mask"][0].tolist() == [0, 0, 0, 1, 0, 0, 1]  # the model's turns only
+    assert rows["token_versions"][0].tolist() == [-1, -1, -1, 2, 2, 2, 3]  # a refit between the turns
 
 
 def test_slots_keep_dispatch_order_and_commit_refinds_its_slot() -> None:

@@ -68,6 +68,9 @@ def test_entries_round_trip_and_keep_their_resolved_granularity() -> None:
     assert PendingGroup.from_dict(saved, capture=True).sealed[1].token_versions == (4, 4, 5)
     del saved["sealed"][0]["token_versions"]  # a ledger written before per-token versions: the start version
     assert PendingGroup.from_dict(saved, capture=True).sealed[1].token_versions == (4, 4, 4)
+    conversation = Generation((5, 6, 7), (-0.1, 0.0, -0.3), "stop", 4, (), (True, False, True))  # a tool's token
+    multiturn = PendingGroup(prompt(), 7, "sibling", {0: conversation})
+    assert PendingGroup.from_dict(json.loads(json.dumps(multiturn.to_dict())), capture=True) == multiturn
     assert PendingGroup.from_dict(saved, capture=False).sealed is None  # capture off now: regenerate everything
     # a config that now says prompt_group for "math" does not reinterpret the saved entry
     assert PendingGroup.from_dict(saved, capture=True).granularity == "sibling"
