@@ -2,11 +2,13 @@
 
 Per call: reserve a buffer slot stamped with the served policy's version, sample N completions of the
 prompt concurrently (each under ``generation_timeout_s``), score them with the environment (in a worker thread,
-under ``env_timeout_s``), and commit the group with the versions seen at start and end. Any failure or
-cancellation removes the slot, so the buffer never holds a group that will not commit; a failed attempt is
-retried within ``async_rl.rollout_failure``'s budgets; once they are spent the controller drops the group within
-its drop budgets (``controller/drops.py``) or stops the run. Every attempt's engine time and tokens go to the
-goodput accounts (``rollout/goodput.py``).
+under ``env_timeout_s``), and commit the group with the versions seen at start and end. A ``SampleSource`` replaces
+the one-completion sample with a whole rollout that scores itself (a multi-turn conversation, an external agent).
+
+Any failure or cancellation removes the slot, so the buffer never holds a group that will not commit; a failed
+attempt is retried within ``async_rl.rollout_failure``'s budgets; once they are spent the controller drops the
+group within its drop budgets (``controller/drops.py``) or stops the run. Every attempt's engine time and tokens go
+to the goodput accounts (``rollout/goodput.py``).
 """
 
 from __future__ import annotations
@@ -60,6 +62,25 @@ class GroupSink(Protocol):
 
     def discard_if_present(self, group_id: str) -> Any:
         """Drop a slot that will not commit."""
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One sample of a prompt group: its generation and, when the rollout scored it itself, its score.
+
+    A single-turn completion leaves ``score`` None (the environment scores the group's texts once all are done); a
+    multi-turn conversation or an external agent's run ends with its own reward.
+    """
+
+    generation: Generation
+    score: Score | None = None
+
+
+class SampleSource(Protocol):
+    """Produces each sample of a prompt group in place of one engine completion (a conversation, an agent's run)."""
+
+    async def sample(self, prompt: Prompt, group_id: str, seed: int) -> Sample:
+        """Roll out one sample of ``prompt`` for group ``group_id``, sampling with ``seed``."""
 
 
 @dataclass
@@ -118,6 +139,7 @@ class RolloutManager:
     failures: dict[str, int] = field(default_factory=lambda: {"infra": 0, "data": 0, "redispatched": 0})
     goodput: EngineGoodput = field(default_factory=EngineGoodput)
     group_filter: Callable[[ScoredGroup], str | None] | None = None  # a reason filters the group before its commit
+    sample_source: SampleSource | None = None  # None: one engine completion per sample, scored by ``environment``
     _visits: dict[str, int] = field(default_factory=dict)
 
     @property
@@ -161,7 +183,7 @@ class RolloutManager:
 
     def _waste_sealed(self, sealed: dict[int, Generation] | None) -> None:
         if sealed:
-            self.goodput.wasted_tokens(sum(len(generation.token_ids) for generation in sealed.values()))
+            self.goodput.wasted_tokens(sum(generation.model_token_count for generation in sealed.values()))
 
     async def _with_retries(self, prompt: Prompt, target_step: int | None, sealed: dict[int, Generation] | None) -> Any:
         budget = self.settings.retry_budget()
@@ -200,7 +222,7 @@ class RolloutManager:
             if isinstance(exc, (RolloutError, GroupFiltered)) or not isinstance(exc, Exception):
                 raise
             raise self._error(f"{type(exc).__name__}: {exc}", prompt, group_id) from exc
-        self.goodput.committed(group_id, tokens=sum(len(g.token_ids) for g in group.generations))
+        self.goodput.committed(group_id, tokens=sum(g.model_token_count for g in group.generations))
         return committed
 
     async def run_rollout(
@@ -209,15 +231,26 @@ class RolloutManager:
         """Generate N completions concurrently (the first failure cancels the rest) and score them.
 
         Indices already in ``sealed`` are not generated again; with ``sealed`` given, each new generation is
-        sealed into it the moment it finishes.
+        sealed into it the moment it finishes. With a ``sample_source`` each sample is its rollout (a conversation,
+        an agent's run) and keeps the score it ended with; nothing is sealed (an episode cannot be rescored later).
         """
 
+        own_scores: dict[int, Score] = {}
+        if self.sample_source is not None:
+            sealed = None  # a sample scored by its own rollout (an episode's state) cannot be rescored from text
+
         async def one(index: int, seed: int) -> Generation:
-            generation = await self._generate(prompt, group_id, seed)
+            if self.sample_source is None:
+                generation = await self._generate(prompt, group_id, seed)
+            else:
+                sample = await self.sample_source.sample(prompt, group_id, seed)
+                generation = sample.generation
+                if sample.score is not None:
+                    own_scores[index] = sample.score
             if sealed is not None:
                 sealed[index] = generation  # kept for a retry: its tokens count when the prompt's fate is known
             else:
-                self.goodput.generated(group_id, len(generation.token_ids))
+                self.goodput.generated(group_id, generation.model_token_count)
             return generation
 
         done = dict(sealed or {})
@@ -233,7 +266,12 @@ class RolloutManager:
             raise failures.exceptions[0] from None
         done.update((index, task.result()) for index, task in tasks.items())
         generations = [done[index] for index in range(self.settings.generations_per_prompt)]
-        scores = await self._score(prompt, group_id, [self.tokenizer.decode(g.token_ids) for g in generations])
+        unscored = [index for index in range(len(generations)) if index not in own_scores]
+        texts = [self.tokenizer.decode(generations[index].token_ids) for index in unscored]
+        scored = dict(zip(unscored, await self._score(prompt, group_id, texts), strict=True)) if unscored else {}
+        scored.update(own_scores)
+        scores = [scored[index] for index in range(len(generations))]
+        self._check_finite(prompt, group_id, scores)
         masked = frozenset(i for i, score in enumerate(scores) if score.mask_sample)
         return ScoredGroup(prompt, tuple(generations), tuple(score.reward for score in scores), masked)
 
@@ -263,6 +301,9 @@ class RolloutManager:
             raise self._error(
                 f"environment {self.environment.name} exceeded env_timeout_s={limit}", prompt, group_id, RolloutTimeout
             ) from None
+        return scores
+
+    def _check_finite(self, prompt: Prompt, group_id: str, scores: Sequence[Score]) -> None:
         bad = [(i, s.reward) for i, s in enumerate(scores) if not math.isfinite(s.reward)]
         if bad:  # a data failure: retried within the data budget, never trained on
             raise self._error(
@@ -270,7 +311,6 @@ class RolloutManager:
                 prompt,
                 group_id,
             )
-        return scores
 
     def _error(
         self, message: str, prompt: Prompt, group_id: str, kind: type[RolloutError] = RolloutError
