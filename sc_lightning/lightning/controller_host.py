@@ -4,10 +4,12 @@ At ``setup`` (after the module built its policy) the leader rank — the only ra
 of many — loads the prompt dataset (a bad one fails here, before anything starts), then starts, in order: the data
 plane, the generation engine (seeded with the policy's current weights), and the controller with its rollout pump
 (on a background thread). With ``expose_http_server`` on (``vllm_cfg`` or ``mcore_generation_config``, by backend)
-it also serves the engine as an OpenAI-compatible completions endpoint on loopback (:attr:`endpoint_url`, on the
-backend's ``http_port``). Then the leader prints the start banner (:mod:`~sc_lightning.lightning.banner`). The other
-ranks start nothing: they receive a handle on the data plane and, for every selection, the leader's group metadata
-(:mod:`~sc_lightning.trainer.rank_sync`), and read their own rows by key. At ``teardown`` — also after an exception
+it also serves the engine as an OpenAI-compatible endpoint on loopback (:attr:`endpoint_url`, on the backend's
+``http_port``); with ``env.name: external`` that endpoint also hands the rollouts to external agents
+(:mod:`~sc_lightning.rollout.external`). Then the leader prints the start banner
+(:mod:`~sc_lightning.lightning.banner`). The other ranks start nothing: they receive a handle on the data plane and,
+for every selection, the leader's group metadata (:mod:`~sc_lightning.trainer.rank_sync`), and read their own rows by
+key. At ``teardown`` — also after an exception
 or Ctrl-C — the leader stops what it started, in reverse order. The module's train dataloader is :meth:`rl_steps`,
 one item per RL step.
 """
@@ -37,11 +39,12 @@ from sc_lightning.controller.build import (
 from sc_lightning.data_plane import build_data_plane
 from sc_lightning.data_plane.base import DataPlane
 from sc_lightning.engines.base import GenerationEngine
-from sc_lightning.engines.http_endpoint import CompletionsEndpoint
 from sc_lightning.lightning.banner import print_banner, run_facts
 from sc_lightning.lightning.refit_stream import policy_buckets
 from sc_lightning.rollout.datasets import build_dataset
 from sc_lightning.rollout.envs import build_environment
+from sc_lightning.rollout.external import ExternalRollouts
+from sc_lightning.rollout.serving.server import OpenAIEndpoint
 from sc_lightning.trainer.data_parallel import data_parallel_representative, parallel_layout
 from sc_lightning.trainer.rank_sync import FollowerSelect, LeaderSelect, RankGroup
 from sc_lightning.trainer.sharded_checkpoint import load_sharded, save_sharded
@@ -73,6 +76,13 @@ def http_server_port(config: SCConfig) -> int | None:
     return settings.http_port if settings.expose_http_server else None
 
 
+def external_rollouts(config: SCConfig, engine: GenerationEngine) -> ExternalRollouts | None:
+    """The external agents' rollout registry when ``env.name`` is ``external`` (served by the endpoint), else None."""
+    if config.env.name != "external":
+        return None
+    return ExternalRollouts(max_total_tokens=config.policy.max_total_sequence_length, engine_name=engine.name)
+
+
 def rollout_snapshotter(config: SCConfig) -> RolloutSnapshotter | None:
     """The periodic rollout snapshotter ``rollout_checkpointing`` asks for, or None."""
     settings = config.rollout_checkpointing
@@ -102,7 +112,7 @@ class ControllerHost:
         self.controller: LocalController | None = None
         self.last_refit: RefitRecord | None = None
         self._step_clock = time.monotonic()  # the current RL step's start: the fit's, then each refit's end
-        self.endpoint: CompletionsEndpoint | None = None
+        self.endpoint: OpenAIEndpoint | None = None
         self.endpoint_url: str | None = None
         self.ranks: RankGroup | None = None  # with several trainer ranks: their metadata channel
 
@@ -283,6 +293,7 @@ class ControllerHost:
         self._engine_accepts_megatron_weights = bool(getattr(engine, "accepts_megatron_weights", False))
 
         snapshotter = rollout_snapshotter(config)
+        external = external_rollouts(config, engine)
 
         def build() -> Any:
             """Runs on the controller thread: the controller and its parts."""
@@ -296,17 +307,20 @@ class ControllerHost:
             )
             if snapshotter is not None:
                 controller.add_background_task("rollout snapshots", snapshotter.run)
+            if external is not None:
+                controller.manager.sample_source = external  # each sample: an agent's rollout, scored by the agent
             return controller
 
         self.controller = LocalController(build, before_start=self._restorer(weights))
         port = http_server_port(config)
         if port is not None:
-            self.endpoint = CompletionsEndpoint(
+            self.endpoint = OpenAIEndpoint(
                 engine,
                 tokenizer,
                 model_name=config.policy.model_name,
                 defaults=rollout_settings(config).sampling,
                 port=port,
+                rollouts=external,
             )
             self.endpoint_url = self.controller.call(self.endpoint.start())  # on the loop that owns the engine
 

@@ -8,9 +8,10 @@ import aiohttp
 import pytest
 import torch
 
-from sc_lightning.engines.http_endpoint import BadRequest, CompletionsEndpoint, parse_request
 from sc_lightning.engines.megatron import MegatronEngine
 from sc_lightning.models import export_hf_weights, load_policy, token_logprobs
+from sc_lightning.rollout.serving.requests import BadRequest, parse_completion_request
+from sc_lightning.rollout.serving.server import OpenAIEndpoint
 from sc_lightning.tokenizer import CharTokenizer
 from sc_lightning.types import SamplingParams
 
@@ -26,7 +27,7 @@ def test_endpoint_serves_ids_logprobs_and_the_weight_version(tiny_dirs: dict) ->
 
     async def scenario() -> tuple[dict, dict, dict, dict, dict]:
         engine = MegatronEngine.from_pretrained(str(tiny_dirs["a"]), stop_on_eos=False)
-        endpoint = CompletionsEndpoint(engine, TOKENIZER, model_name="tiny-a", defaults=DEFAULTS)
+        endpoint = OpenAIEndpoint(engine, TOKENIZER, model_name="tiny-a", defaults=DEFAULTS)
         url = await endpoint.start()
         assert url.startswith("http://127.0.0.1:")
         try:
@@ -82,14 +83,14 @@ def test_endpoint_serves_ids_logprobs_and_the_weight_version(tiny_dirs: dict) ->
 )
 def test_bad_requests_say_which_field(body: object, message: str) -> None:
     with pytest.raises(BadRequest, match=message):
-        parse_request(body, TOKENIZER, DEFAULTS)
+        parse_completion_request(body, TOKENIZER, DEFAULTS)
 
 
 def test_an_engine_failure_is_a_503_naming_the_engine() -> None:
     from sc_lightning.testing.scripted_engine import ScriptedEngine
 
     async def scenario() -> tuple[int, dict]:
-        endpoint = CompletionsEndpoint(ScriptedEngine(fail_on=0), TOKENIZER, model_name="m", defaults=DEFAULTS)
+        endpoint = OpenAIEndpoint(ScriptedEngine(fail_on=0), TOKENIZER, model_name="m", defaults=DEFAULTS)
         url = await endpoint.start()
         try:
             async with aiohttp.ClientSession() as http, http.post(f"{url}/completions", json={"prompt": "1+1="}) as r:

@@ -1,0 +1,232 @@
+"""An OpenAI-compatible endpoint on loopback over any generation engine, for external rollout agents.
+
+Routes (the request bodies are parsed in :mod:`~sc_lightning.rollout.serving.requests`):
+
+- ``POST /v1/completions``: ``prompt`` (text, or a list of token ids), ``max_tokens``, ``temperature``, ``top_p``,
+  ``top_k``, ``seed``; each choice reports the generated ``text``, ``token_ids``, the prompt's
+  ``prompt_token_ids``, ``logprobs`` (``tokens`` and ``token_logprobs``, the engine's convention) and
+  ``finish_reason``.
+- ``POST /v1/chat/completions``: ``messages`` rendered with the tokenizer's chat template (generation prompt
+  added; :func:`~sc_lightning.rollout.multiturn.chat.chat_template_for`); the choice is ``message`` (role
+  ``assistant``, ``content``) and ``finish_reason``, with the same ``token_ids`` / ``prompt_token_ids`` /
+  ``logprobs`` extras.
+- ``GET /v1/models`` lists the one served model.
+
+Every model response carries ``usage``, ``weight_version`` (the version that admitted the request),
+``weight_version_end`` (the engine's version when it finished) and ``token_versions`` (the version that sampled each
+completion token: two values when a refit landed mid-request). With external rollouts on (``rollouts`` given), a
+model request may carry ``rollout_id`` (OpenAI clients: ``extra_body``) to be attributed to that rollout, and the
+agent routes ``GET /v1/rollouts/next`` and ``POST /v1/rollouts/{rollout_id}/reward`` are served
+(:mod:`sc_lightning.rollout.external`). Errors are OpenAI-style bodies: 400 naming the bad field, 404 / 409 naming the
+rollout id, 503 naming the engine.
+
+The endpoint runs on the event loop that owns the engine (the controller's): :meth:`start` and :meth:`stop` are
+coroutines to be run there. It binds 127.0.0.1 only.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import time
+from typing import Any
+
+from sc_lightning.engines.base import EngineError, GenerationEngine
+from sc_lightning.rollout.external import ExternalRollout, ExternalRollouts, RolloutStateError
+from sc_lightning.rollout.multiturn.chat import ChatTemplate, ChatTemplateError, chat_template_for
+from sc_lightning.rollout.serving.requests import (
+    BadRequest,
+    ModelRequest,
+    parse_chat_request,
+    parse_completion_request,
+    parse_reward,
+)
+from sc_lightning.tokenizer import Tokenizer
+from sc_lightning.types import Generation, SamplingParams
+
+MAX_CLAIM_WAIT_S = 60.0  # the longest long-poll of GET /v1/rollouts/next (?wait_s=, default 10)
+
+
+class OpenAIEndpoint:
+    """Serves ``engine`` over HTTP on 127.0.0.1 (``port`` 0 picks a free one); ``rollouts`` adds the agent routes."""
+
+    def __init__(
+        self,
+        engine: GenerationEngine,
+        tokenizer: Tokenizer,
+        *,
+        model_name: str,
+        defaults: SamplingParams,
+        port: int = 0,
+        rollouts: ExternalRollouts | None = None,
+    ) -> None:
+        self.engine, self.tokenizer, self.model_name, self.defaults = engine, tokenizer, model_name, defaults
+        self.port, self.rollouts = port, rollouts
+        self._runner: Any = None
+        self._ids = itertools.count()
+        self._template: ChatTemplate | None = None
+
+    async def start(self) -> str:
+        """Start serving; returns the base URL (``http://127.0.0.1:<port>/v1``)."""
+        from aiohttp import web
+
+        app = web.Application()
+        app.router.add_post("/v1/completions", self._completions)
+        app.router.add_post("/v1/chat/completions", self._chat_completions)
+        app.router.add_get("/v1/models", self._models)
+        if self.rollouts is not None:
+            app.router.add_get("/v1/rollouts/next", self._next_rollout)
+            app.router.add_post("/v1/rollouts/{rollout_id}/reward", self._reward)
+        self._runner = web.AppRunner(app, access_log=None)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, "127.0.0.1", self.port)
+        await site.start()
+        self.port = self._runner.addresses[0][1]
+        return f"http://127.0.0.1:{self.port}/v1"
+
+    async def stop(self) -> None:
+        """Stop serving (requests in flight are cancelled); idempotent."""
+        runner, self._runner = self._runner, None
+        if runner is not None:
+            await runner.cleanup()
+
+    async def _models(self, request: Any) -> Any:
+        return _json({"object": "list", "data": [{"id": self.model_name, "object": "model"}]})
+
+    async def _completions(self, request: Any) -> Any:
+        try:
+            parsed = parse_completion_request(await request.json(), self.tokenizer, self.defaults)
+        except ValueError as err:  # BadRequest, or a body that is not JSON
+            return _error(400, str(err), "invalid_request_error")
+        return await self._serve(parsed, chat=False)
+
+    async def _chat_completions(self, request: Any) -> Any:
+        try:
+            parsed = parse_chat_request(await request.json(), self._chat_template(), self.defaults)
+        except ValueError as err:
+            return _error(400, str(err), "invalid_request_error")
+        return await self._serve(parsed, chat=True)
+
+    def _chat_template(self) -> ChatTemplate:
+        if self._template is None:
+            try:
+                self._template = chat_template_for(self.tokenizer)
+            except ChatTemplateError as err:
+                raise BadRequest(f"messages: {err}") from None
+        return self._template
+
+    async def _serve(self, parsed: ModelRequest, *, chat: bool) -> Any:
+        """Generate for ``parsed`` (attributed to its rollout, if any) and answer in the completions or chat shape."""
+        rollout: ExternalRollout | None = None
+        sampling = parsed.sampling
+        if parsed.rollout_id is not None:
+            if self.rollouts is None:
+                return _error(400, "rollout_id: this run serves no external rollouts (env.name: external)")
+            try:
+                rollout = self.rollouts.begin_call(parsed.rollout_id, parsed.prompt_ids)
+            except RolloutStateError as err:
+                return _error(err.status, str(err), "rollout_error")
+            room = self.rollouts.room(parsed.prompt_ids)
+            seed = sampling.seed if parsed.seeded else rollout.call_seed()
+            sampling = dataclasses.replace(sampling, max_new_tokens=min(sampling.max_new_tokens, room), seed=seed)
+        try:
+            generation = await self.engine.generate(parsed.prompt_ids, sampling)
+        except BaseException as exc:
+            if rollout is not None and self.rollouts is not None:
+                self.rollouts.end_call(rollout, parsed.prompt_ids, None)  # the rollout may take another call
+            if isinstance(exc, EngineError):
+                return _error(503, str(exc), "engine_error")
+            raise
+        if rollout is not None and self.rollouts is not None:
+            try:
+                self.rollouts.end_call(rollout, parsed.prompt_ids, generation)
+            except RolloutStateError as err:
+                return _error(err.status, str(err), "rollout_error")
+        return _json(self._response(parsed, generation, chat=chat))
+
+    def _response(self, parsed: ModelRequest, generation: Generation, *, chat: bool) -> dict[str, Any]:
+        text = self.tokenizer.decode(generation.token_ids)
+        choice: dict[str, Any] = {"index": 0}
+        choice.update({"message": {"role": "assistant", "content": text}} if chat else {"text": text})
+        choice.update(
+            token_ids=list(generation.token_ids),
+            prompt_token_ids=list(parsed.prompt_ids),
+            logprobs={
+                "tokens": [self.tokenizer.decode((t,)) for t in generation.token_ids],
+                "token_logprobs": list(generation.logprobs),
+            },
+            finish_reason=generation.finish_reason,
+        )
+        prompt, completion = len(parsed.prompt_ids), len(generation.token_ids)
+        body: dict[str, Any] = {
+            "id": f"{'chatcmpl' if chat else 'cmpl'}-{next(self._ids)}",
+            "object": "chat.completion" if chat else "text_completion",
+            "created": int(time.time()),
+            "model": self.model_name,
+            "choices": [choice],
+            "usage": {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion},
+            "weight_version": generation.weight_version,
+            "weight_version_end": self.engine.weight_version,
+            "token_versions": list(generation.token_versions),
+        }
+        if parsed.rollout_id is not None:
+            body["rollout_id"] = parsed.rollout_id
+        return body
+
+    async def _next_rollout(self, request: Any) -> Any:
+        """Long-poll for an unclaimed rollout: 200 with it, or 204 when none came within ``wait_s``."""
+        from aiohttp import web
+
+        assert self.rollouts is not None
+        try:
+            wait_s = min(float(request.query.get("wait_s", 10.0)), MAX_CLAIM_WAIT_S)
+        except ValueError:
+            return _error(400, f"wait_s: give a number of seconds (at most {MAX_CLAIM_WAIT_S}), got {request.query}")
+        rollout = await self.rollouts.claim(max(wait_s, 0.0))
+        if rollout is None:
+            return web.Response(status=204)
+        prompt = rollout.prompt
+        return _json(
+            {
+                "rollout_id": rollout.rollout_id,
+                "prompt_id": prompt.prompt_id,
+                "group_id": rollout.group_id,
+                "messages": [{"role": "user", "content": prompt.text}],
+                "text": prompt.text,
+                "prompt_token_ids": list(prompt.token_ids),
+                "answer": prompt.answer,
+                "extra": dict(prompt.extra),
+            }
+        )
+
+    async def _reward(self, request: Any) -> Any:
+        assert self.rollouts is not None
+        rollout_id = request.match_info["rollout_id"]
+        try:
+            score = parse_reward(await request.json())
+        except ValueError as err:
+            return _error(400, str(err), "invalid_request_error")
+        try:
+            rollout = self.rollouts.finish(rollout_id, score)
+        except RolloutStateError as err:
+            return _error(err.status, str(err), "rollout_error")
+        transcript = rollout.transcript
+        return _json(
+            {
+                "rollout_id": rollout_id,
+                "reward": score.reward,
+                "model_calls": transcript.model_calls,
+                "completion_tokens": len(transcript.token_ids),
+                "trained_tokens": sum(transcript.trainable),
+            }
+        )
+
+
+def _json(body: dict[str, Any], status: int = 200) -> Any:
+    from aiohttp import web
+
+    return web.json_response(body, status=status)
+
+
+def _error(status: int, message: str, kind: str = "invalid_request_error") -> Any:
+    return _json({"error": {"message": message, "type": kind}}, status=status)
