@@ -225,5 +225,6 @@ class EnvConfig:
 
     name: str = knob(
         "arithmetic",
-        'Built-in verifier (arithmetic, math), or a custom Environment class "package.module:ClassName".',
+        "Built-in verifier (arithmetic, math), external (agents drive the rollouts over the HTTP endpoint and post "
+        'their rewards: docs/multiturn.md), or a custom Environment class "package.module:ClassName".',
     )

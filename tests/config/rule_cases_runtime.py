@@ -7,6 +7,12 @@ from typing import Any
 from tests.config.rule_builders import CUSTOM, NON_COLOCATED, SNAPSHOTS, async_rl, ckpt, ppo, sampler
 from tests.conftest import variant
 
+EXTERNAL = {  # env.name external with what it needs: the endpoint and a rollout deadline
+    "env": {"name": "external"},
+    "policy": {"generation": {"mcore_generation_config": {"expose_http_server": True}}},
+    "async_rl": {"rollout_failure": {"rollout_timeout_s": 300}},
+}
+
 RUNTIME_CASES: list[tuple[str, dict[str, Any], dict[str, Any], str, str]] = [
     (
         "data plane enabled",
@@ -265,5 +271,26 @@ RUNTIME_CASES: list[tuple[str, dict[str, Any], dict[str, Any], str, str]] = [
         variant({"rollout_recovery": {"task_source_granularity_overrides": {"math": "prompt_group"}}}),
         "rollout_recovery",
         "token_capture.enabled is false",
+    ),
+    (
+        "external agents need the endpoint",
+        variant(EXTERNAL),
+        variant(EXTERNAL, {"policy": {"generation": {"mcore_generation_config": {"expose_http_server": False}}}}),
+        "policy.generation.mcore_generation_config.expose_http_server",
+        "env.name external has agents drive the rollouts over the HTTP endpoint",
+    ),
+    (
+        "external agents need a rollout deadline",
+        variant(EXTERNAL),
+        variant(EXTERNAL, async_rl(rollout_failure={"rollout_timeout_s": None})),
+        "async_rl.rollout_failure.rollout_timeout_s",
+        "a lost agent fails its group",
+    ),
+    (
+        "external agents cannot validate",
+        variant(EXTERNAL),
+        variant(EXTERNAL, {"grpo": {"val_at_end": True}}),
+        "grpo.val_period",
+        "env.name external has none",
     ),
 ]

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 from sc_lightning.config.imports import import_class
 from sc_lightning.rollout.envs.arithmetic import ArithmeticEnvironment
 from sc_lightning.rollout.envs.base import Environment, RewardError, Score, as_score
+from sc_lightning.rollout.envs.external import ExternalRewards
 from sc_lightning.rollout.envs.math import MathEnvironment
 
 if TYPE_CHECKING:
@@ -16,6 +17,7 @@ if TYPE_CHECKING:
 ENVIRONMENTS: dict[str, Callable[[], Environment]] = {
     "arithmetic": ArithmeticEnvironment,
     "math": MathEnvironment,
+    "external": ExternalRewards,  # agents post the rewards (rollout/external.py)
 }
 
 
@@ -43,6 +45,7 @@ __all__ = [
     "ENVIRONMENTS",
     "ArithmeticEnvironment",
     "Environment",
+    "ExternalRewards",
     "MathEnvironment",
     "RewardError",
     "Score",
