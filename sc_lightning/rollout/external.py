@@ -31,6 +31,7 @@ from collections import OrderedDict, deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from sc_lightning.rollout.chat_continuation import ChatTurn
 from sc_lightning.rollout.envs.base import Score
 from sc_lightning.rollout.manager import RolloutError, Sample
 from sc_lightning.types import Generation, Prompt
@@ -111,6 +112,7 @@ class ExternalRollout:
     transcript: Transcript
     claimed: bool = False
     busy: bool = False  # a model call is in flight
+    chat: ChatTurn | None = None  # the last call's messages and turn, when it was a chat call
     calls: int = 0  # model calls started, for per-call seeds
 
     def call_seed(self) -> int:
@@ -168,7 +170,7 @@ class ExternalRollouts:
 
     def begin_call(self, rollout_id: str, call_prompt: Sequence[int]) -> ExternalRollout:
         """Mark a model call of ``rollout_id`` in flight; RolloutStateError when the call cannot be attributed."""
-        rollout = self._claimed(rollout_id)
+        rollout = self.claimed(rollout_id)
         if rollout.busy:
             raise RolloutStateError(409, f"rollout {rollout_id}: another call of it is in flight; call one at a time")
         problem = rollout.transcript.mismatch(call_prompt)
@@ -187,18 +189,26 @@ class ExternalRollouts:
         """How many tokens a call with ``call_prompt`` may generate within the conversation budget."""
         return self.max_total_tokens - len(call_prompt)
 
-    def end_call(self, rollout: ExternalRollout, call_prompt: Sequence[int], generation: Generation | None) -> None:
-        """The call ended: record its ``generation`` (None: it failed); RolloutStateError if the rollout closed."""
+    def end_call(
+        self,
+        rollout: ExternalRollout,
+        call_prompt: Sequence[int],
+        generation: Generation | None,
+        chat: ChatTurn | None = None,
+    ) -> None:
+        """The call ended: record its ``generation`` (None: it failed) and, for a chat call, its ``chat`` turn;
+        RolloutStateError if the rollout closed meanwhile."""
         rollout.busy = False
         if generation is None:
             return
         if rollout.outcome.done():
             raise RolloutStateError(409, f"rollout {rollout.rollout_id} closed during the call ({self._why(rollout)})")
         rollout.transcript.add_call(call_prompt, generation)
+        rollout.chat = chat
 
     def finish(self, rollout_id: str, score: Score) -> ExternalRollout:
         """Post ``score`` for ``rollout_id``: its sample is assembled and its waiting ``sample`` returns it."""
-        rollout = self._claimed(rollout_id)
+        rollout = self.claimed(rollout_id)
         if rollout.busy:
             raise RolloutStateError(409, f"rollout {rollout_id}: a call of it is still in flight; reward it after")
         if rollout.transcript.model_calls == 0:
@@ -213,7 +223,8 @@ class ExternalRollouts:
         rollout.outcome.set_result(Sample(rollout.transcript.generation(), score))
         return rollout
 
-    def _claimed(self, rollout_id: str) -> ExternalRollout:
+    def claimed(self, rollout_id: str) -> ExternalRollout:
+        """The open, claimed rollout ``rollout_id``; RolloutStateError (404 unknown, 409 otherwise) naming it."""
         rollout = self._open.get(rollout_id)
         if rollout is None:
             if rollout_id in self._closed:

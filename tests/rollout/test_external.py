@@ -7,7 +7,7 @@ fit-level run with the real Megatron engine is tests/lightning/test_external_age
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -57,9 +57,11 @@ class Agent:
 
 
 @asynccontextmanager
-async def serving(rollout_timeout_s: float | None = None) -> AsyncIterator[tuple[RolloutManager, Agent]]:
+async def serving(
+    rollout_timeout_s: float | None = None, respond: Callable[[tuple[int, ...], int], tuple[int, ...]] | None = None
+) -> AsyncIterator[tuple[RolloutManager, Agent]]:
     """A rollout manager whose samples come from external agents, the endpoint serving them, and an agent."""
-    engine = ScriptedEngine(lambda prompt, call: SEVEN)
+    engine = ScriptedEngine(respond or (lambda prompt, call: SEVEN))
     rollouts = ExternalRollouts(max_total_tokens=32, engine_name=engine.name)
     settings = RolloutSettings(2, SAMPLING, None, None, rollout_timeout_s=rollout_timeout_s)
     buffer = TQReplayBuffer(MemoryDataPlane())
@@ -124,7 +126,7 @@ def test_calls_are_attributed_and_every_misuse_is_refused_naming_the_rollout() -
     assert "differs from the group's prompt at token 3" in body["error"]["message"]
     assert seen["bad reward"][0] == 400 and "reward: give a finite number" in seen["bad reward"][1]["error"]["message"]
     status, body = seen["rewritten"]
-    assert status == 409 and "differs from an earlier turn" in body["error"]["message"]
+    assert status == 409 and "messages[1] differs from the model's turn as returned" in body["error"]["message"]
     one, two = seen["turns"]
     assert one["choices"][0]["token_ids"] == list(SEVEN) and one["rollout_id"] == claimed["rollout_id"]
     # the template's "=" after the prompt is an environment token; so is the tool message "3="
@@ -189,6 +191,36 @@ def test_a_transcript_keeps_the_engines_per_token_versions_and_marks_what_came_b
     # a refit landed inside the first turn (versions 3, 4); tokens between turns carry the version before them
     assert generation.token_versions == (3, 3, 4, 4, 4, 4)
     assert (generation.weight_version, generation.finish_reason) == (3, "length")
+
+
+def test_a_chat_turn_continues_from_the_sampled_tokens_when_its_text_does_not_render_back_to_them() -> None:
+    """A turn cut at max_tokens with a pad id inside decodes to "77": the next call still appends to the exact
+    tokens, closing the turn with the template's <eos> (an environment token) before the tool message."""
+    lossy = (10, TOKENIZER.pad_token_id, 10)
+
+    async def scenario() -> tuple[dict, dict, dict]:
+        async with serving(respond=lambda prompt, call: lossy) as (manager, agent):
+            group = asyncio.create_task(manager.generate_and_push(prompt(1, 1)))
+            answers = []
+            for _ in range(2):
+                _, claimed = await agent.next()
+                messages = claimed["messages"]
+                _, one = await agent.chat(claimed["rollout_id"], messages)
+                turn = one["choices"][0]["message"]
+                _, two = await agent.chat(claimed["rollout_id"], [*messages, turn, {"role": "tool", "content": "2"}])
+                answers.append((one, two, await agent.reward(claimed["rollout_id"], 1.0)))
+            meta = await group
+            rows = manager.sink.data_plane.get(list(meta.keys), list(ROW_FIELDS))
+        return answers[0][0], answers[0][1], rows
+
+    one, two, rows = asyncio.run(scenario())
+    assert one["choices"][0]["message"]["content"] == "77"  # the pad id decodes to nothing
+    first = one["choices"][0]
+    tail = [TOKENIZER.eos_token_id, *TOKENIZER.encode("2=")]
+    assert two["choices"][0]["prompt_token_ids"] == first["prompt_token_ids"] + list(lossy) + tail
+    length = int(rows["prompt_lengths"][0])
+    assert rows["input_ids"][0][length:].tolist() == [16, *lossy, *tail, *lossy]
+    assert rows["token_mask"][0][length:].tolist() == [0, 1, 1, 1, 0, 0, 0, 1, 1, 1]
 
 
 @pytest.mark.parametrize("wait_s", ["soon", "0"])

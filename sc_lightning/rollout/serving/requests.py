@@ -5,6 +5,7 @@ Each parser raises :class:`BadRequest` naming the field and what is wrong; the s
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -31,6 +32,7 @@ class ModelRequest:
     sampling: SamplingParams
     rollout_id: str | None
     seeded: bool  # the body gave a seed
+    messages: tuple[Message, ...] | None = None  # a chat request's, as sent
 
 
 def parse_completion_request(body: Any, tokenizer: Tokenizer, defaults: SamplingParams) -> ModelRequest:
@@ -54,7 +56,7 @@ def parse_chat_request(body: Any, template: ChatTemplate, defaults: SamplingPara
         ids = tuple(template.render(messages, add_generation_prompt=True))
     except ValueError as err:  # a ChatTemplateError, or text the tokenizer cannot encode
         raise BadRequest(f"messages: {err}") from None
-    return _model_request(body, ids, defaults)
+    return dataclasses.replace(_model_request(body, ids, defaults), messages=tuple(messages))
 
 
 def parse_messages(raw: Any) -> list[Message]:

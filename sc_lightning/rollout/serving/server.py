@@ -32,6 +32,7 @@ import time
 from typing import Any
 
 from sc_lightning.engines.base import EngineError, GenerationEngine
+from sc_lightning.rollout.chat_continuation import ChatTurn, continuation_ids
 from sc_lightning.rollout.external import ExternalRollout, ExternalRollouts, RolloutStateError
 from sc_lightning.rollout.multiturn.chat import ChatTemplate, ChatTemplateError, chat_template_for
 from sc_lightning.rollout.serving.requests import (
@@ -117,32 +118,51 @@ class OpenAIEndpoint:
 
     async def _serve(self, parsed: ModelRequest, *, chat: bool) -> Any:
         """Generate for ``parsed`` (attributed to its rollout, if any) and answer in the completions or chat shape."""
-        rollout: ExternalRollout | None = None
-        sampling = parsed.sampling
-        if parsed.rollout_id is not None:
-            if self.rollouts is None:
-                return _error(400, "rollout_id: this run serves no external rollouts (env.name: external)")
+        if parsed.rollout_id is None:
             try:
-                rollout = self.rollouts.begin_call(parsed.rollout_id, parsed.prompt_ids)
-            except RolloutStateError as err:
-                return _error(err.status, str(err), "rollout_error")
-            room = self.rollouts.room(parsed.prompt_ids)
-            seed = sampling.seed if parsed.seeded else rollout.call_seed()
-            sampling = dataclasses.replace(sampling, max_new_tokens=min(sampling.max_new_tokens, room), seed=seed)
+                generation = await self.engine.generate(parsed.prompt_ids, parsed.sampling)
+            except EngineError as err:
+                return _error(503, str(err), "engine_error")
+            return _json(self._response(parsed, generation, chat=chat))
+        if self.rollouts is None:
+            return _error(400, "rollout_id: this run serves no external rollouts (env.name: external)")
         try:
-            generation = await self.engine.generate(parsed.prompt_ids, sampling)
+            rollout, parsed = self._attribute(parsed, self.rollouts)
+        except RolloutStateError as err:
+            return _error(err.status, str(err), "rollout_error")
+        try:
+            generation = await self.engine.generate(parsed.prompt_ids, parsed.sampling)
         except BaseException as exc:
-            if rollout is not None and self.rollouts is not None:
-                self.rollouts.end_call(rollout, parsed.prompt_ids, None)  # the rollout may take another call
+            self.rollouts.end_call(rollout, parsed.prompt_ids, None)  # the rollout may take another call
             if isinstance(exc, EngineError):
                 return _error(503, str(exc), "engine_error")
             raise
-        if rollout is not None and self.rollouts is not None:
-            try:
-                self.rollouts.end_call(rollout, parsed.prompt_ids, generation)
-            except RolloutStateError as err:
-                return _error(err.status, str(err), "rollout_error")
+        turn = None
+        if parsed.messages is not None:
+            turn = ChatTurn(parsed.messages, generation.token_ids, self.tokenizer.decode(generation.token_ids))
+        try:
+            self.rollouts.end_call(rollout, parsed.prompt_ids, generation, turn)
+        except RolloutStateError as err:
+            return _error(err.status, str(err), "rollout_error")
         return _json(self._response(parsed, generation, chat=chat))
+
+    def _attribute(self, parsed: ModelRequest, rollouts: ExternalRollouts) -> tuple[ExternalRollout, ModelRequest]:
+        """Begin ``parsed``'s call of its rollout: its prompt (a chat call after a chat turn continues that turn's
+        exact tokens: :mod:`~sc_lightning.rollout.chat_continuation`), budget and seed; RolloutStateError if refused."""
+        rollout_id = str(parsed.rollout_id)
+        rollout = rollouts.claimed(rollout_id)
+        prompt_ids = parsed.prompt_ids
+        if parsed.messages is not None and rollout.chat is not None:
+            try:
+                tail = continuation_ids(self._chat_template(), rollout.chat, parsed.messages)
+            except ValueError as err:
+                raise RolloutStateError(409, f"rollout {rollout_id}: {err}") from None
+            prompt_ids = rollout.transcript.context + tuple(tail)
+        rollouts.begin_call(rollout_id, prompt_ids)
+        seed = parsed.sampling.seed if parsed.seeded else rollout.call_seed()
+        budget = min(parsed.sampling.max_new_tokens, rollouts.room(prompt_ids))
+        sampling = dataclasses.replace(parsed.sampling, max_new_tokens=budget, seed=seed)
+        return rollout, dataclasses.replace(parsed, prompt_ids=prompt_ids, sampling=sampling)
 
     def _response(self, parsed: ModelRequest, generation: Generation, *, chat: bool) -> dict[str, Any]:
         text = self.tokenizer.decode(generation.token_ids)
