@@ -139,7 +139,7 @@ def test_build_environment(name: str, cls: type) -> None:
 
 
 def test_build_environment_unknown_name_lists_known_ones() -> None:
-    with pytest.raises(RewardError, match=r"'nope'.*arithmetic, math"):
+    with pytest.raises(RewardError, match=r"'nope'.*arithmetic, external, math"):
         build_environment(EnvConfig(name="nope"))
 
 
@@ -172,3 +172,9 @@ def test_a_reward_that_is_not_a_number_is_a_reward_error_naming_it(verdict: obje
     with pytest.raises(RewardError, match=rf"returned {re.escape(repr(verdict))} \({type(verdict).__name__}\)"):
         as_score(verdict)
     assert as_score(True).reward == 1.0 and as_score(Score(0.5, mask_sample=True)).mask_sample
+
+
+def test_the_external_environment_refuses_to_score_naming_the_reward_route() -> None:
+    environment = build_environment(EnvConfig(name="external"))
+    with pytest.raises(RewardError, match=r"prompt p1: env.name external .*/v1/rollouts/\{rollout_id\}/reward"):
+        environment.score(Prompt("p1", (2,), text="1+1="), "2")

@@ -223,6 +223,26 @@ def test_a_chat_turn_continues_from_the_sampled_tokens_when_its_text_does_not_re
     assert rows["token_mask"][0][length:].tolist() == [0, 1, 1, 1, 0, 0, 0, 1, 1, 1]
 
 
+def test_a_completions_call_with_token_ids_is_attributed_too() -> None:
+    async def scenario() -> tuple[int, dict, dict]:
+        async with serving() as (manager, agent):
+            group = asyncio.create_task(manager.generate_and_push(prompt(5, 1)))
+            for _ in range(2):
+                _, claimed = await agent.next()
+                body = {"prompt": claimed["prompt_token_ids"], "rollout_id": claimed["rollout_id"], "seed": 5}
+                async with agent.http.post(f"{agent.url}/completions", json=body) as r:
+                    status, answer = r.status, await r.json()
+                await agent.reward(claimed["rollout_id"], 0.25)
+            meta = await group
+            return status, answer, manager.sink.data_plane.get(list(meta.keys), list(ROW_FIELDS))
+
+    status, answer, rows = asyncio.run(scenario())
+    assert status == 200 and answer["choices"][0]["text"] == "7"
+    length = int(rows["prompt_lengths"][0])
+    assert rows["input_ids"][0][length:].tolist() == list(SEVEN)  # no environment token: the prompt ids as given
+    assert rows["token_mask"][0][length:].tolist() == [1, 1]
+
+
 @pytest.mark.parametrize("wait_s", ["soon", "0"])
 def test_the_long_poll_answers_204_when_no_rollout_comes_and_400_for_a_bad_wait(wait_s: str) -> None:
     async def scenario() -> int:
