@@ -16,7 +16,7 @@ and token versions. A call that rewrites history is refused (409) and changes no
 
 Errors name the rollout id: an unknown id is a 404; a rollout not claimed yet, already finished, closed (its group
 ended), busy with another call, or out of room (``policy.max_total_sequence_length``) a 409. A reward for a
-rollout without any model call fails its prompt group as a data failure (RolloutError naming prompt, group and
+rollout without any model token fails its prompt group as a data failure (RolloutError naming prompt, group and
 rollout). Nothing waits forever: a sample waits within the manager's rollout deadline
 (``async_rl.rollout_failure.rollout_timeout_s``, a config rule requires it), and when its group ends for any reason
 its rollouts close, so the agent's next request about them gets a 409.
@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from sc_lightning.rollout.chat_continuation import ChatTurn
 from sc_lightning.rollout.envs.base import Score
 from sc_lightning.rollout.manager import RolloutError, Sample
-from sc_lightning.types import Generation, Prompt
+from sc_lightning.types import FinishReason, Generation, Prompt
 
 RECENTLY_CLOSED = 4096  # closed ids remembered, so a late request gets a 409 saying why instead of a 404
 
@@ -56,7 +56,7 @@ class Transcript:
         self.trainable: list[bool] = []
         self.logprobs: list[float] = []
         self.versions: list[int] = []
-        self.finish_reason = "stop"
+        self.finish_reason: FinishReason = "stop"
         self.model_calls = 0
 
     @property
@@ -93,7 +93,7 @@ class Transcript:
         return Generation(
             tuple(self.token_ids),
             tuple(self.logprobs),
-            self.finish_reason,  # type: ignore[arg-type]
+            self.finish_reason,
             self.versions[first_model],
             tuple(self.versions),
             tuple(self.trainable),
@@ -118,7 +118,7 @@ class ExternalRollout:
     def call_seed(self) -> int:
         """The seed of the next call that gives none: fixed by the sample's seed and the call's position."""
         self.calls += 1
-        return (self.seed + self.calls * 7919) % 2**62
+        return (self.seed + self.calls * 7919) % 2**62  # a prime stride: distinct seeds per call
 
 
 class ExternalRollouts:
@@ -149,11 +149,6 @@ class ExternalRollouts:
             return await outcome
         finally:
             self._close(rollout)
-
-    @property
-    def waiting(self) -> int:
-        """Rollouts opened and not claimed yet."""
-        return len(self._waiting)
 
     async def claim(self, wait_s: float) -> ExternalRollout | None:
         """The oldest unclaimed rollout, waiting up to ``wait_s`` for one; None when none came."""
@@ -211,9 +206,9 @@ class ExternalRollouts:
         rollout = self.claimed(rollout_id)
         if rollout.busy:
             raise RolloutStateError(409, f"rollout {rollout_id}: a call of it is still in flight; reward it after")
-        if rollout.transcript.model_calls == 0:
+        if not any(rollout.transcript.trainable):
             failure = RolloutError(
-                f"rollout {rollout_id} got a reward before any model call (nothing to train on)",
+                f"rollout {rollout_id} got a reward before any model call sampled a token (nothing to train on)",
                 prompt_id=rollout.prompt.prompt_id,
                 group_id=rollout.group_id,
                 engine=self.engine_name,

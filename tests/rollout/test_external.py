@@ -174,7 +174,10 @@ def test_a_reward_before_any_model_call_fails_the_group_as_a_data_failure() -> N
     failure, (status, body), rollout_id, failures = asyncio.run(scenario())
     assert isinstance(failure, RolloutError) and not isinstance(failure, RolloutTimeout)
     assert f"prompt p34 (group {failure.group_id}" in str(failure) and f"rollout {rollout_id}" in str(failure)
-    assert status == 409 and f"rollout {rollout_id} got a reward before any model call" in body["error"]["message"]
+    assert (
+        status == 409
+        and f"rollout {rollout_id} got a reward before any model call sampled a token" in body["error"]["message"]
+    )
     assert failures["data"] == 1
 
 
