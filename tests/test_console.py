@@ -82,6 +82,17 @@ def test_the_banner_names_the_endpoint_the_layout_checkpoints_and_missing_kernel
         "\n  sampler: windowed (max_staleness_versions 1, over_sampling_ratio 1.5), 8 groups x 8 generations per "
         "step, buffer 32 groups; each refit drains the rollouts in flight\n"
     ) in banner(capped, facts)
+    external, _ = load_and_check(
+        [TINY],
+        [
+            "env.name=external",
+            "policy.generation.mcore_generation_config.expose_http_server=true",
+            "async_rl.rollout_failure.rollout_timeout_s=600",
+        ],
+    )
+    assert "endpoint: http://127.0.0.1:8123/v1 (OpenAI-compatible completions; agents take rollouts from " in (
+        banner(external, facts)
+    )
 
 
 def test_quieting_drops_the_known_noise_and_nothing_else(caplog: pytest.LogCaptureFixture) -> None:

@@ -10,9 +10,9 @@ For ``configs/grpo_tiny.yaml`` on a CPU box::
       logs: CSVLogger lightning_logs/version_0
       checkpoints: off (checkpointing.enabled: false)
 
-``endpoint:`` (the OpenAI-compatible completions URL) follows when one is served, and ``kernels:`` when a CUDA
-trainer runs without Apex or Transformer Engine (megatron then uses its torch fall-backs). :func:`banner` is pure;
-:func:`run_facts` reads what only the started run knows from its strategy.
+``endpoint:`` (the OpenAI-compatible URL; where agents take rollouts with env.name external) follows when one is
+served, and ``kernels:`` when a CUDA trainer runs without Apex or Transformer Engine (megatron then uses its torch
+fall-backs). :func:`banner` is pure; :func:`run_facts` reads what only the started run knows from its strategy.
 """
 
 from __future__ import annotations
@@ -63,7 +63,8 @@ def banner(config: SCConfig, facts: RunFacts) -> str:
         f"checkpoints: {_checkpoints(config)}",
     ]
     if facts.endpoint_url:
-        lines.append(f"endpoint: {facts.endpoint_url} (OpenAI-compatible completions)")
+        agents = "; agents take rollouts from /rollouts/next" if config.env.name == "external" else ""
+        lines.append(f"endpoint: {facts.endpoint_url} (OpenAI-compatible completions{agents})")
     if facts.missing_kernels:
         lines.append(f"kernels: megatron's torch fall-backs (not installed: {', '.join(facts.missing_kernels)})")
     return "\n  ".join(lines)
