@@ -58,34 +58,41 @@ class Agent(Callback):
         self._thread = threading.Thread(target=self.run, args=(trainer.strategy.endpoint_url,), daemon=True)
         self._thread.start()
 
-    def on_train_end(self, trainer: Any, pl_module: Any) -> None:
-        """Stop taking rollouts (the controller closes those left) and wait for the thread."""
+    def teardown(self, trainer: Any, pl_module: Any, stage: str) -> None:
+        """Stop taking rollouts (the controller closes those left) and wait for the thread, also after a failure."""
         self._stop.set()
-        assert self._thread is not None
-        self._thread.join(timeout=120)
+        if self._thread is not None:
+            self._thread.join(timeout=120)
 
     def run(self, url: str) -> None:
-        """Take rollouts until stopped: each gets two model turns with a tool's answer between, then a reward."""
-        while not self._stop.is_set():
-            status, rollout = call(f"{url}/rollouts/next?wait_s=0.5")
-            if status == 204:
-                continue
-            rid, messages, turns = rollout["rollout_id"], rollout["messages"], []
-            tool = {"role": "tool", "content": str(sum(map(int, rollout["text"].rstrip("=").split("+"))))}
-            for _ in range(2):
-                status, answer = call(f"{url}/chat/completions", {"messages": messages, "rollout_id": rid})
-                if status != 200:
-                    self.refused.append((status, answer))
-                    break
-                turns.append(answer)
-                messages = [*messages, answer["choices"][0]["message"], tool]
-            last = turns[-1]["choices"][0]
-            reward = reward_of(last["prompt_token_ids"] + last["token_ids"])
-            status, posted = call(f"{url}/rollouts/{rid}/reward", {"reward": reward})
-            if status == 200:
-                self.finished.append({"rollout": rollout, "turns": turns, "tool": tool, "reward": reward})
-            else:
-                self.refused.append((status, posted))
+        """Take rollouts until stopped or the endpoint goes away."""
+        try:
+            while not self._stop.is_set():
+                self.play(url)
+        except urllib.error.URLError:  # not an HTTP error status: the endpoint stopped
+            return
+
+    def play(self, url: str) -> None:
+        """Take one rollout, if one comes: two model turns with a tool's answer between, then a reward."""
+        status, rollout = call(f"{url}/rollouts/next?wait_s=0.5")
+        if status == 204:
+            return
+        rid, messages, turns = rollout["rollout_id"], rollout["messages"], []
+        tool = {"role": "tool", "content": str(sum(map(int, rollout["text"].rstrip("=").split("+"))))}
+        for _ in range(2):
+            status, answer = call(f"{url}/chat/completions", {"messages": messages, "rollout_id": rid})
+            if status != 200:
+                self.refused.append((status, answer))
+                break
+            turns.append(answer)
+            messages = [*messages, answer["choices"][0]["message"], tool]
+        last = turns[-1]["choices"][0] if turns else {"prompt_token_ids": [], "token_ids": []}
+        reward = reward_of(last["prompt_token_ids"] + last["token_ids"])
+        status, posted = call(f"{url}/rollouts/{rid}/reward", {"reward": reward})
+        if status == 200:
+            self.finished.append({"rollout": rollout, "turns": turns, "tool": tool, "reward": reward})
+        else:
+            self.refused.append((status, posted))
 
 
 class RecordingModule(GRPOModule):
