@@ -1,6 +1,7 @@
 """Multi-turn rollouts (issue 21, foundations): the conversation record, chat templates, tools and environments.
 
-Integration into the rollout manager and the trainer is in progress; see docs/multiturn.md. Importing the package
+``MultiTurnSource`` (source.py) plays them with the served engine as the rollout manager's sample source; see
+docs/multiturn.md. Importing the package
 registers the built-in multi-turn environments (``calculator``).
 """
 
@@ -15,6 +16,7 @@ from sc_lightning.rollout.multiturn.protocol import (
     TurnLimits,
     build_multiturn_environment,
 )
+from sc_lightning.rollout.multiturn.source import MultiTurnSource
 
 __all__ = [
     "CalculatorEnvironment",
@@ -25,6 +27,7 @@ __all__ = [
     "Episode",
     "Message",
     "MultiTurnEnvironment",
+    "MultiTurnSource",
     "Observation",
     "TurnLimits",
     "build_multiturn_environment",

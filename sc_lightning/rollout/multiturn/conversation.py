@@ -7,9 +7,9 @@ Every per-token array has one entry per token of ``token_ids``:
 - ``trainable``: True for tokens the model sampled (its turns), False for prompt and environment tokens.
 - ``logprobs``: the engine's log-probability for model tokens; 0.0 for prompt and environment tokens (never read:
   the loss only looks at trainable tokens).
-- ``token_versions``: the weight version that sampled each model token (its turn's ``Generation.weight_version``;
-  a refit between turns shows up as a change of version); an environment token carries the version of the model
-  turn it follows, and prompt tokens carry -1 (no model produced them).
+- ``token_versions``: the weight version that sampled each model token (its turn's ``Generation.token_versions``;
+  a refit between or within turns shows up as a change of version); an environment token carries the version of the
+  model turn it follows, and prompt tokens carry -1 (no model produced them).
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ class ModelTurn(Protocol):
     token_ids: tuple[int, ...]
     logprobs: tuple[float, ...]
     weight_version: int
+    token_versions: tuple[int, ...]
 
 
 @dataclass(frozen=True)
@@ -85,7 +86,7 @@ class ConversationAssembler:
         self._versions: list[int] = []
         self._turns: list[TurnSpan] = []
         self._last_version = NO_VERSION
-        self._append("prompt", prompt_ids, trainable=False, logprobs=None, version=NO_VERSION)
+        self._append("prompt", prompt_ids, trainable=False, logprobs=None, versions=(NO_VERSION,) * len(prompt_ids))
 
     @property
     def token_ids(self) -> tuple[int, ...]:
@@ -101,12 +102,13 @@ class ConversationAssembler:
             raise ValueError(
                 f"model turn {self.model_turns + 1}: {len(turn.token_ids)} tokens but {len(turn.logprobs)} logprobs"
             )
-        self._last_version = turn.weight_version
-        self._append("model", turn.token_ids, trainable=True, logprobs=turn.logprobs, version=turn.weight_version)
+        versions = turn.token_versions or (turn.weight_version,) * len(turn.token_ids)
+        self._last_version = versions[-1] if versions else turn.weight_version
+        self._append("model", turn.token_ids, trainable=True, logprobs=turn.logprobs, versions=versions)
 
     def add_observation(self, token_ids: Sequence[int]) -> None:
         """Append environment tokens: not trainable, carrying the version of the model turn they follow."""
-        self._append("env", token_ids, trainable=False, logprobs=None, version=self._last_version)
+        self._append("env", token_ids, trainable=False, logprobs=None, versions=(self._last_version,) * len(token_ids))
 
     @property
     def model_turns(self) -> int:
@@ -120,11 +122,17 @@ class ConversationAssembler:
         )
 
     def _append(
-        self, role: TurnRole, ids: Sequence[int], *, trainable: bool, logprobs: Sequence[float] | None, version: int
+        self,
+        role: TurnRole,
+        ids: Sequence[int],
+        *,
+        trainable: bool,
+        logprobs: Sequence[float] | None,
+        versions: Sequence[int],
     ) -> None:
         start = len(self._ids)
         self._ids.extend(int(i) for i in ids)
         self._trainable.extend([trainable] * len(ids))
         self._logprobs.extend([float(x) for x in logprobs] if logprobs is not None else [0.0] * len(ids))
-        self._versions.extend([version] * len(ids))
+        self._versions.extend(int(v) for v in versions)
         self._turns.append(TurnSpan(role, start, len(self._ids)))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 from collections.abc import Sequence
 from types import SimpleNamespace
 
@@ -17,6 +19,7 @@ from sc_lightning.rollout.multiturn import (
     run_conversation,
 )
 from sc_lightning.rollout.multiturn.calculator import CalculatorEpisode
+from sc_lightning.rollout.multiturn.chat import ChatTemplateError
 from sc_lightning.rollout.multiturn.protocol import Observation
 from sc_lightning.rollout.multiturn.tools import ToolRegistry
 from sc_lightning.tokenizer import CharTokenizer
@@ -33,7 +36,7 @@ class FakeScriptedModel:
         self.turns = list(turns)
         self.seen: list[tuple[int, ...]] = []
 
-    def __call__(self, token_ids: tuple[int, ...], max_new_tokens: int) -> Generation:
+    async def __call__(self, token_ids: tuple[int, ...], max_new_tokens: int, turn: int) -> Generation:
         self.seen.append(token_ids)
         ids = (*TOK.encode(self.turns[len(self.seen) - 1]), TOK.EOS)[:max_new_tokens]
         return Generation(ids, tuple(-0.1 for _ in ids), "stop", len(self.seen))
@@ -44,7 +47,8 @@ DEFAULT_LIMITS = TurnLimits()
 
 def _run(turns: Sequence[str], limits: TurnLimits = DEFAULT_LIMITS):  # noqa: ANN202
     model = FakeScriptedModel(turns)
-    return model, run_conversation(PROMPT, CalculatorEnvironment(), chat_template_for(TOK), TOK, model, limits)
+    run = run_conversation(PROMPT, CalculatorEnvironment(), chat_template_for(TOK), TOK, model, limits)
+    return model, asyncio.run(run)
 
 
 def test_calculator_call_then_answer_is_rewarded_and_recorded() -> None:
@@ -72,6 +76,15 @@ def test_limits_end_the_conversation_with_zero() -> None:
     _, long = _run([PROMPT.text, PROMPT.answer], TurnLimits(max_tokens=len(PROMPT.token_ids) + 8))
     assert long.ended_by == "token_budget" and long.score.reward == 0.0
     assert len(long.conversation.token_ids) <= len(PROMPT.token_ids) + 8
+
+
+def test_a_prompt_not_rendered_by_the_template_is_refused() -> None:
+    raw = dataclasses.replace(PROMPT, token_ids=tuple(TOK.encode(PROMPT.text)))
+    run = run_conversation(
+        raw, CalculatorEnvironment(), chat_template_for(TOK), TOK, FakeScriptedModel(["1"]), DEFAULT_LIMITS
+    )
+    with pytest.raises(ChatTemplateError, match=f"prompt {PROMPT.prompt_id}.*rendered"):
+        asyncio.run(run)
 
 
 def test_a_tool_error_is_an_observation() -> None:

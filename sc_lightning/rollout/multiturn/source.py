@@ -1,0 +1,84 @@
+"""The multi-turn SampleSource: each sample of a prompt group is one conversation played with the served engine.
+
+Set as ``RolloutManager.sample_source`` (``env.name`` naming a multi-turn environment makes build do it). Each model
+turn is one ``engine.generate`` call seeded from the sample's seed and the turn, under ``generation_timeout_s`` (a
+RolloutTimeout naming the prompt, group, engine and turn); each episode step runs in a worker thread under
+``env_timeout_s``. The sample's Generation holds every token after the prompt (model turns and observations), with
+the engine's logprobs on model tokens and 0.0 on environment tokens, per-token versions, and ``trainable`` marking
+the model's tokens; its ``weight_version`` is the first turn's. The conversation's final reward is its score.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from typing import TYPE_CHECKING
+
+from sc_lightning.rollout.manager import RolloutTimeout, Sample
+from sc_lightning.rollout.multiturn.chat import ChatTemplate
+from sc_lightning.rollout.multiturn.driver import Verdict, run_conversation
+from sc_lightning.rollout.multiturn.protocol import Episode, MultiTurnEnvironment, TurnLimits
+from sc_lightning.types import Generation, Prompt
+
+if TYPE_CHECKING:
+    from sc_lightning.rollout.manager import RolloutManager
+
+
+class MultiTurnSource:
+    """Plays one conversation of ``environment`` per sample with ``manager``'s engine and settings."""
+
+    def __init__(
+        self, manager: RolloutManager, environment: MultiTurnEnvironment, template: ChatTemplate, limits: TurnLimits
+    ) -> None:
+        self.manager = manager
+        self.environment = environment
+        self.template = template
+        self.limits = limits
+
+    async def sample(self, prompt: Prompt, group_id: str, seed: int) -> Sample:
+        """One conversation of ``prompt``: its tokens after the prompt as a Generation, its final reward as score."""
+        manager = self.manager
+
+        def timeout(what: str, limit: float | None, turn: int) -> RolloutTimeout:
+            return RolloutTimeout(
+                f"turn {turn}: {what} exceeded {limit} s",
+                prompt_id=prompt.prompt_id,
+                group_id=group_id,
+                engine=manager.engine.name,
+            )
+
+        async def generate(token_ids: tuple[int, ...], budget: int, turn: int) -> Generation:
+            settings = manager.settings
+            params = dataclasses.replace(
+                settings.sampling,
+                seed=(seed + turn - 1) % 2**63,
+                max_new_tokens=min(settings.sampling.max_new_tokens, budget),
+            )
+            wait_for = getattr(manager.engine, "active_wait_for", asyncio.wait_for)
+            try:
+                return await wait_for(manager.engine.generate(token_ids, params), settings.generation_timeout_s)
+            except TimeoutError:
+                raise timeout("generation_timeout_s", settings.generation_timeout_s, turn) from None
+
+        async def step(episode: Episode, model_text: str, turn: int) -> Verdict:
+            limit = manager.settings.env_timeout_s
+            try:
+                return await asyncio.wait_for(asyncio.to_thread(episode.step, model_text), limit)
+            except TimeoutError:
+                raise timeout(f"environment {self.environment.name} env_timeout_s", limit, turn) from None
+
+        outcome = await run_conversation(
+            prompt, self.environment, self.template, manager.tokenizer, generate, self.limits, step
+        )
+        conv = outcome.conversation
+        start = conv.prompt_length
+        model_versions = [v for v, t in zip(conv.token_versions, conv.trainable, strict=True) if t]
+        generation = Generation(
+            conv.token_ids[start:],
+            conv.logprobs[start:],
+            outcome.finish_reason,
+            model_versions[0] if model_versions else manager.weight_version,
+            conv.token_versions[start:],
+            conv.trainable[start:],
+        )
+        return Sample(generation, outcome.score)
