@@ -14,6 +14,7 @@ from typing import Any
 
 from sc_lightning.config.knobs import discriminated_choices, field_types, is_section, type_name
 from sc_lightning.config.rules_algo import ALGORITHM_RULES
+from sc_lightning.config.rules_multiturn import MULTITURN_RULES
 from sc_lightning.config.rules_runtime import RUNTIME_RULES
 from sc_lightning.config.schema import SCConfig
 
@@ -32,7 +33,7 @@ Every knob has an effect: `tests/config/test_silent_knobs.py` fails for a knob t
 `sc_lightning/config/` reads, unless it is listed there with the reason only validation or migration reads it.
 """
 
-RULES = (*ALGORITHM_RULES, *RUNTIME_RULES)
+RULES = (*ALGORITHM_RULES, *RUNTIME_RULES, *MULTITURN_RULES)
 
 
 @dataclass(frozen=True)

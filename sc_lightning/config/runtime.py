@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
+from sc_lightning.config.imports import import_class
 from sc_lightning.config.knobs import knob, section
 from sc_lightning.config.samplers import InOrderSamplerConfig, SamplerConfig
 
@@ -192,7 +193,11 @@ class RolloutRecoveryConfig:
 class DataConfig:
     """The prompt dataset."""
 
-    dataset_name: str = knob("arithmetic", "Built-in task name or a path to a JSONL file of prompts.")
+    dataset_name: str = knob(
+        "arithmetic",
+        "Built-in task name (arithmetic; calculator: two-digit products rendered by the chat template, for "
+        "env.name: calculator) or a path to a JSONL file of prompts.",
+    )
     shuffle: bool = knob(True, "Shuffle prompts each epoch (seeded by the algorithm block's seed).")
     max_prompt_length: int = knob(
         256,
@@ -219,12 +224,35 @@ class DataConfig:
     )
 
 
+BUILTIN_MULTITURN_ENVIRONMENTS = ("calculator",)
+
+
 @section
 class EnvConfig:
-    """The environment that scores completions."""
+    """The environment that scores completions, or plays multi-turn conversations (docs/multiturn.md)."""
 
     name: str = knob(
         "arithmetic",
-        "Built-in verifier (arithmetic, math), external (agents drive the rollouts over the HTTP endpoint and post "
-        'their rewards: docs/multiturn.md), or a custom Environment class "package.module:ClassName".',
+        "Built-in verifier (arithmetic, math), built-in multi-turn environment (calculator), external (agents "
+        "drive the rollouts over the HTTP endpoint and post their rewards: docs/multiturn.md), or a custom "
+        'Environment or MultiTurnEnvironment class "package.module:ClassName".',
     )
+    max_turns: int = knob(4, "Multi-turn environments: model turns per conversation (then reward 0).", ge=1)
+    max_conversation_tokens: int = knob(
+        256,
+        "Multi-turn environments: tokens per conversation, prompt included (then reward 0); must fit "
+        "policy.max_total_sequence_length.",
+        unit="tokens",
+        ge=2,
+    )
+
+    def is_multiturn(self) -> bool:
+        """Whether ``name`` is a multi-turn environment: a built-in one, or a custom class with ``start()`` and no
+        ``score()``."""
+        if ":" not in self.name:
+            return self.name in BUILTIN_MULTITURN_ENVIRONMENTS
+        try:
+            cls = import_class(self.name)
+        except ValueError:
+            return False
+        return hasattr(cls, "start") and not hasattr(cls, "score")

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from sc_lightning.config.knobs import ConfigError, ConfigIssue
 from sc_lightning.config.report import Report
 from sc_lightning.config.rules_algo import ALGORITHM_RULES
+from sc_lightning.config.rules_multiturn import MULTITURN_RULES
 from sc_lightning.config.rules_runtime import RUNTIME_RULES
 from sc_lightning.config.schema import SCConfig
 
@@ -21,7 +22,7 @@ Rule = Callable[[SCConfig, Report], None]
 def check_config(config: SCConfig) -> Report:
     """Run every rule and return the report without raising."""
     report = Report()
-    for rule in (*ALGORITHM_RULES, *RUNTIME_RULES):
+    for rule in (*ALGORITHM_RULES, *RUNTIME_RULES, *MULTITURN_RULES):
         rule(config, report)
     return report
 

@@ -29,6 +29,8 @@ from sc_lightning.engines.base import GenerationEngine
 from sc_lightning.rollout.datasets import PromptDataset, build_validation_set
 from sc_lightning.rollout.envs.base import Environment
 from sc_lightning.rollout.manager import RolloutManager, RolloutSettings, ServedPolicy
+from sc_lightning.rollout.multiturn.protocol import MultiTurnEnvironment, TurnLimits
+from sc_lightning.rollout.multiturn.source import attach_multiturn
 from sc_lightning.rollout.prompts import PromptStream
 from sc_lightning.tokenizer import Tokenizer
 from sc_lightning.types import SamplingParams
@@ -72,7 +74,7 @@ def build_controller(
     *,
     data_plane: DataPlane,
     engine: GenerationEngine,
-    environment: Environment,
+    environment: Environment | MultiTurnEnvironment,
     tokenizer: Tokenizer,
     dataset: PromptDataset,
     weight_version: int = 0,
@@ -89,6 +91,8 @@ def build_controller(
         )
     served = ServedPolicy(engine, weight_version)
     manager = RolloutManager(served, environment, tokenizer, buffer, rollout_settings(config))
+    if isinstance(environment, MultiTurnEnvironment) and not isinstance(environment, Environment):
+        attach_multiturn(manager, environment, TurnLimits.from_env_config(config.env))
     prompts = PromptStream(
         dataset,
         resolved.groups_per_step,
@@ -118,7 +122,7 @@ def build_controller(
         dynamic_sampling=DynamicSampling(resolved.groups_per_step, config.algo.dynamic_sampling_max_gen_batches)
         if config.algo.use_dynamic_sampling
         else None,
-        validator=build_validator(config, environment, tokenizer),
+        validator=build_validator(config, manager.environment, tokenizer),
     )
     watchdog = config.async_rl.stall_watchdog
     controller.add_background_task(

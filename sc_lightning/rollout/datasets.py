@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     from sc_lightning.config.runtime import DataConfig
 
 ARITHMETIC_DATASET_SIZE = 512
-BUILTIN_DATASETS = ("arithmetic",)
+BUILTIN_DATASETS = ("arithmetic", "calculator")
 LISTED_BAD_ROWS = 5
 """How many bad rows a DatasetError over ``data.max_skipped_rows`` lists (with the total count)."""
 log = logging.getLogger(__name__)
@@ -99,6 +99,18 @@ def arithmetic_prompt(tokenizer: Tokenizer, a: int, b: int, *, prompt_id: str, i
         task="arithmetic",
         index=index,
     )
+
+
+class CalculatorDataset(_ListDataset):
+    """Two-digit products ``"a*b"`` for the multi-turn calculator environment, rendered by the tokenizer's chat
+    template (see :func:`sc_lightning.rollout.multiturn.calculator.calculator_prompts`)."""
+
+    def __init__(self, size: int, seed: int, tokenizer: Tokenizer, *, max_prompt_length: int | None = None) -> None:
+        from sc_lightning.rollout.multiturn.calculator import calculator_prompts  # the multi-turn package is heavier
+
+        self._prompts = calculator_prompts(size, seed, tokenizer)
+        for prompt in self._prompts:
+            check_prompt_length(prompt, max_prompt_length, "the calculator dataset")
 
 
 class JsonlPromptDataset(_ListDataset):
@@ -226,7 +238,8 @@ def _field(record: dict[str, Any], key: str, *, allow_numbers: bool) -> str:
 
 
 def build_dataset(cfg: DataConfig, tokenizer: Tokenizer, *, seed: int) -> PromptDataset:
-    """The dataset named by ``cfg.dataset_name``: ``"arithmetic"`` (512 prompts from ``seed``) or a ``.jsonl`` path.
+    """The dataset named by ``cfg.dataset_name``: ``"arithmetic"`` or ``"calculator"`` (512 prompts from ``seed``)
+    or a ``.jsonl`` path.
 
     Every prompt is checked against ``cfg.max_prompt_length`` here, so a too-long prompt fails at load time; a
     JSONL file may have up to ``cfg.max_skipped_rows`` bad rows, which are skipped (and logged).
@@ -234,6 +247,8 @@ def build_dataset(cfg: DataConfig, tokenizer: Tokenizer, *, seed: int) -> Prompt
     name = cfg.dataset_name
     if name == "arithmetic":
         return ArithmeticDataset(ARITHMETIC_DATASET_SIZE, seed, tokenizer, max_prompt_length=cfg.max_prompt_length)
+    if name == "calculator":
+        return CalculatorDataset(ARITHMETIC_DATASET_SIZE, seed, tokenizer, max_prompt_length=cfg.max_prompt_length)
     if name.endswith(".jsonl"):
         return JsonlPromptDataset(
             name, tokenizer, max_prompt_length=cfg.max_prompt_length, max_skipped_rows=cfg.max_skipped_rows

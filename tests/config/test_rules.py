@@ -1,6 +1,6 @@
 """Every validation rule, each with a config that passes it and one that fails it, and the error text.
 
-The cases live in rule_cases_algo.py and rule_cases_runtime.py, one file per rule module.
+The cases live in rule_cases_algo.py, rule_cases_runtime.py and rule_cases_multiturn.py, one file per rule module.
 """
 
 from __future__ import annotations
@@ -10,10 +10,11 @@ import pytest
 from tests.config.helpers import errors_of, warnings_of
 from tests.config.rule_builders import CUSTOM, ckpt, sampler
 from tests.config.rule_cases_algo import ALGORITHM_CASES
+from tests.config.rule_cases_multiturn import MULTITURN_CASES
 from tests.config.rule_cases_runtime import RUNTIME_CASES
 from tests.conftest import variant
 
-CASES = ALGORITHM_CASES + RUNTIME_CASES
+CASES = ALGORITHM_CASES + RUNTIME_CASES + MULTITURN_CASES
 
 
 @pytest.mark.parametrize(("rule", "passing", "failing", "path", "text"), CASES, ids=[c[0] for c in CASES])
@@ -30,6 +31,7 @@ def test_every_rule_function_has_a_failing_case() -> None:
     from sc_lightning.config import ConfigError, load_config
     from sc_lightning.config.report import Report
     from sc_lightning.config.rules_algo import ALGORITHM_RULES
+    from sc_lightning.config.rules_multiturn import MULTITURN_RULES
     from sc_lightning.config.rules_runtime import RUNTIME_RULES
 
     configs = []
@@ -38,7 +40,7 @@ def test_every_rule_function_has_a_failing_case() -> None:
             configs.append(load_config(case[2], extra_top_level=LIGHTNING_KEYS))
         except ConfigError:
             continue  # a loader-level rule (type or bound), covered by the case itself
-    for rule in (*ALGORITHM_RULES, *RUNTIME_RULES):
+    for rule in (*ALGORITHM_RULES, *RUNTIME_RULES, *MULTITURN_RULES):
         reports = [Report() for _ in configs]
         for config, report in zip(configs, reports, strict=True):
             rule(config, report)

@@ -13,6 +13,7 @@ from sc_lightning.rollout.envs.math import MathEnvironment
 
 if TYPE_CHECKING:
     from sc_lightning.config.runtime import EnvConfig
+    from sc_lightning.rollout.multiturn.protocol import MultiTurnEnvironment
 
 ENVIRONMENTS: dict[str, Callable[[], Environment]] = {
     "arithmetic": ArithmeticEnvironment,
@@ -21,9 +22,14 @@ ENVIRONMENTS: dict[str, Callable[[], Environment]] = {
 }
 
 
-def build_environment(cfg: EnvConfig) -> Environment:
+def build_environment(cfg: EnvConfig) -> Environment | MultiTurnEnvironment:
     """The built-in environment named ``cfg.name``, or a custom class ``"package.module:ClassName"`` built without
-    arguments; RewardError naming ``env.name`` and what is wrong otherwise."""
+    arguments; a multi-turn one (``cfg.is_multiturn()``) from the multi-turn registry; RewardError naming
+    ``env.name`` and what is wrong otherwise."""
+    if cfg.is_multiturn():
+        from sc_lightning.rollout.multiturn import build_multiturn_environment  # it imports this package
+
+        return build_multiturn_environment(cfg.name)
     if ":" in cfg.name:
         try:
             environment = import_class(cfg.name)()

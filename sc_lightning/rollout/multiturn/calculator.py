@@ -14,7 +14,7 @@ import random
 
 from sc_lightning.rollout.envs.arithmetic import expected_integer, leading_integer
 from sc_lightning.rollout.envs.base import Score
-from sc_lightning.rollout.multiturn.chat import CharChatTemplate, Message
+from sc_lightning.rollout.multiturn.chat import Message, chat_template_for
 from sc_lightning.rollout.multiturn.protocol import Observation, register_multiturn_environment
 from sc_lightning.rollout.multiturn.tools import (
     FinalAnswer,
@@ -24,7 +24,7 @@ from sc_lightning.rollout.multiturn.tools import (
     calculator,
     parse_turn,
 )
-from sc_lightning.tokenizer import CharTokenizer
+from sc_lightning.tokenizer import CharTokenizer, Tokenizer
 from sc_lightning.types import Prompt
 
 
@@ -66,10 +66,11 @@ class CalculatorEnvironment:
         return f"CalculatorEnvironment(tool_format={self._format!r})"
 
 
-def calculator_prompts(count: int, seed: int, tokenizer: CharTokenizer | None = None) -> list[Prompt]:
-    """``count`` prompts ``"a*b"`` of two-digit factors, ids ``calculator-{i:06d}``, rendered with the char template."""
+def calculator_prompts(count: int, seed: int, tokenizer: Tokenizer | None = None) -> list[Prompt]:
+    """``count`` prompts ``"a*b"`` of two-digit factors, ids ``calculator-{i:06d}``, rendered as a user message by
+    the tokenizer's chat template (the built-in CharTokenizer's by default)."""
     rng = random.Random(f"calculator:{seed}")
-    template = CharChatTemplate(tokenizer or CharTokenizer())
+    template = chat_template_for(tokenizer or CharTokenizer())
     prompts = []
     for i in range(count):
         a, b = rng.randint(10, 99), rng.randint(10, 99)

@@ -13,12 +13,15 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from sc_lightning.config.imports import import_class
 from sc_lightning.rollout.envs.base import RewardError, Score
 from sc_lightning.rollout.multiturn.chat import Role
 from sc_lightning.types import Prompt
+
+if TYPE_CHECKING:
+    from sc_lightning.config.runtime import EnvConfig
 
 
 @dataclass(frozen=True)
@@ -61,13 +64,9 @@ class TurnLimits:
             )
 
     @classmethod
-    def from_env_config(cls, env_cfg: Any) -> TurnLimits:
-        """The limits from ``env.max_turns`` and ``env.max_conversation_tokens`` (defaults while those knobs are not
-        declared: they join sc_lightning/config when the rollout manager reads them)."""
-        return cls(
-            max_turns=int(getattr(env_cfg, "max_turns", cls.max_turns)),
-            max_tokens=int(getattr(env_cfg, "max_conversation_tokens", cls.max_tokens)),
-        )
+    def from_env_config(cls, env_cfg: EnvConfig) -> TurnLimits:
+        """The limits from ``env.max_turns`` and ``env.max_conversation_tokens``."""
+        return cls(max_turns=env_cfg.max_turns, max_tokens=env_cfg.max_conversation_tokens)
 
 
 MULTITURN_ENVIRONMENTS: dict[str, Callable[[], MultiTurnEnvironment]] = {}

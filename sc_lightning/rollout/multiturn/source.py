@@ -15,13 +15,31 @@ import dataclasses
 from typing import TYPE_CHECKING
 
 from sc_lightning.rollout.manager import RolloutTimeout, Sample
-from sc_lightning.rollout.multiturn.chat import ChatTemplate
+from sc_lightning.rollout.multiturn.chat import ChatTemplate, chat_template_for
 from sc_lightning.rollout.multiturn.driver import Verdict, run_conversation
 from sc_lightning.rollout.multiturn.protocol import Episode, MultiTurnEnvironment, TurnLimits
 from sc_lightning.types import Generation, Prompt
 
 if TYPE_CHECKING:
     from sc_lightning.rollout.manager import RolloutManager
+
+
+class ScoredByEpisodes:
+    """The rollout manager's single-turn environment in a multi-turn run: never asked, every conversation scores
+    itself (its ``name`` is the multi-turn environment's, for error messages)."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def score(self, prompt: Prompt, completion_text: str) -> float:
+        """Refuse: a multi-turn sample is scored by its episode."""
+        raise RuntimeError(f"prompt {prompt.prompt_id}: {self.name} scores whole conversations, not completion text")
+
+
+def attach_multiturn(manager: RolloutManager, environment: MultiTurnEnvironment, limits: TurnLimits) -> None:
+    """Make ``manager`` play conversations of ``environment``, rendered by its tokenizer's chat template."""
+    manager.environment = ScoredByEpisodes(environment.name)
+    manager.sample_source = MultiTurnSource(manager, environment, chat_template_for(manager.tokenizer), limits)
 
 
 class MultiTurnSource:

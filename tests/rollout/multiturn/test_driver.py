@@ -5,10 +5,10 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 from collections.abc import Sequence
-from types import SimpleNamespace
 
 import pytest
 
+from sc_lightning.config.runtime import EnvConfig
 from sc_lightning.rollout.envs.base import RewardError, Score
 from sc_lightning.rollout.multiturn import (
     CalculatorEnvironment,
@@ -109,7 +109,7 @@ def test_build_by_name_and_custom_class() -> None:
 
 
 def test_turn_limits_from_config() -> None:
-    assert TurnLimits.from_env_config(SimpleNamespace(max_turns=3, max_conversation_tokens=64)) == TurnLimits(3, 64)
-    assert TurnLimits.from_env_config(SimpleNamespace(name="calculator")) == TurnLimits()
+    assert TurnLimits.from_env_config(EnvConfig(max_turns=3, max_conversation_tokens=64)) == TurnLimits(3, 64)
+    assert TurnLimits.from_env_config(EnvConfig(name="calculator")) == TurnLimits()
     with pytest.raises(ValueError, match="positive"):
         TurnLimits(max_turns=0)

@@ -1,7 +1,7 @@
 """The multi-turn sample source plays whole calculator conversations through the rollout manager.
 
 The engine is the FAKE ScriptedEngine (a scripted calculator user: call the tool, then answer); the manager, the
-driver, the environment, the chat template and the tools are real.
+driver, the environment, the chat template, the tools and (last test) the controller build and rows are real.
 """
 
 from __future__ import annotations
@@ -10,6 +10,12 @@ import asyncio
 
 import pytest
 
+from sc_lightning.config import load_config
+from sc_lightning.controller.api import ROW_FIELDS
+from sc_lightning.controller.build import build_controller
+from sc_lightning.data_plane.memory import MemoryDataPlane
+from sc_lightning.rollout.datasets import build_dataset
+from sc_lightning.rollout.envs import build_environment
 from sc_lightning.rollout.manager import RolloutManager, RolloutSettings, RolloutTimeout, ServedPolicy
 from sc_lightning.rollout.multiturn import CalculatorEnvironment, MultiTurnSource, TurnLimits, calculator_prompts
 from sc_lightning.rollout.multiturn.chat import chat_template_for
@@ -83,3 +89,48 @@ def test_a_stuck_turn_is_a_rollout_timeout_naming_the_turn() -> None:
     engine = ScriptedEngine(calculator_user, gated=True)
     with pytest.raises(RolloutTimeout, match=rf"prompt {PROMPT.prompt_id} \(group g0, engine .*\): turn 1"):
         asyncio.run(manager_with(engine, generation_timeout_s=0.05).run_rollout(PROMPT, "g0"))
+
+
+def test_env_name_calculator_wires_conversations_into_committed_rows() -> None:
+    cfg = load_config(
+        {
+            "grpo": {"num_prompts_per_step": 2, "num_generations_per_prompt": 2, "max_num_epochs": 1, "seed": 3},
+            "policy": {"train_global_batch_size": 4, "generation": {"max_new_tokens": 8}},
+            "env": {"name": "calculator", "max_turns": 3, "max_conversation_tokens": 48},
+            "data": {"dataset_name": "calculator"},
+            "async_rl": {"sampler": {"name": "in_order", "max_lookahead_versions": 0}},
+            "data_plane": {"backend": "memory"},
+        }
+    )
+    engine = ScriptedEngine(calculator_user)
+
+    async def scenario():  # noqa: ANN202
+        controller = build_controller(
+            cfg,
+            data_plane=MemoryDataPlane(),
+            engine=engine,
+            environment=build_environment(cfg.env),
+            tokenizer=TOK,
+            dataset=build_dataset(cfg.data, TOK, seed=3),
+        )
+        assert isinstance(controller.manager.sample_source, MultiTurnSource)
+        assert controller.manager.sample_source.limits == TurnLimits(3, 48)
+        await controller.start()
+        groups = await controller.select(0, 2, 2, timeout_s=30)
+        rows = controller.buffer.data_plane.get([key for g in groups for key in g.keys], list(ROW_FIELDS))
+        await controller.shutdown()
+        return rows
+
+    rows = asyncio.run(scenario())
+    assert [reward.item() for reward in rows["total_reward"]] == [1.0] * 4
+    for input_ids, mask, prompt_length in zip(
+        rows["input_ids"], rows["token_mask"], rows["prompt_lengths"], strict=True
+    ):
+        ids, flags = input_ids.tolist(), mask.tolist()
+        start = int(prompt_length)
+        first_eos = ids.index(TOK.EOS, start)
+        answer_from = first_eos + 1
+        observation_end = ids.index(TOK.encode("=")[0], answer_from) + 1
+        assert all(flags[start : first_eos + 1])  # the tool call is trained
+        assert not any(flags[answer_from:observation_end])  # the calculator's answer never is
+        assert all(flags[observation_end : ids.index(TOK.EOS, observation_end) + 1])  # the final answer is

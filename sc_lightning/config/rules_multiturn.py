@@ -1,0 +1,59 @@
+"""Validation rules for multi-turn environments (``env.name`` naming one): what such a run supports."""
+
+from __future__ import annotations
+
+from sc_lightning.config.report import Report, ties
+from sc_lightning.config.schema import SCConfig
+
+
+@ties("env.max_conversation_tokens", "policy.max_total_sequence_length", "env.name")
+def conversations_fit_the_rows(config: SCConfig, report: Report) -> None:
+    """A whole conversation is one training row: env.max_conversation_tokens must fit the sequence length."""
+    limit, context = config.env.max_conversation_tokens, config.policy.max_total_sequence_length
+    if config.env.is_multiturn() and limit > context:
+        report.error(
+            "env.max_conversation_tokens",
+            f"({limit}) exceeds policy.max_total_sequence_length ({context}); a conversation is one training row, "
+            f"so set it to at most {context} (or raise policy.max_total_sequence_length)",
+        )
+
+
+@ties("env.name", "ppo.adv_estimator")
+def multiturn_needs_grpo(config: SCConfig, report: Report) -> None:
+    """PPO's GAE would run its recursion across the environment tokens' holes in the mask: not supported yet."""
+    if config.env.is_multiturn() and config.is_ppo:
+        report.error(
+            "env.name",
+            f"({config.env.name!r}) is a multi-turn environment, which trains with GRPO only (PPO's GAE over a "
+            "conversation's masked environment tokens is not supported); use a grpo: block",
+        )
+
+
+@ties("env.name", "{algo}.val_period", "{algo}.val_at_start", "{algo}.val_at_end")
+def multiturn_without_validation(config: SCConfig, report: Report) -> None:
+    """Validation scores one completion per prompt; a multi-turn environment has no such score."""
+    if config.env.is_multiturn() and config.has_one_algorithm and config.algo.validates():
+        report.error(
+            f"{config.algo_name}.val_period",
+            f"validation scores single completions, which the multi-turn environment {config.env.name!r} cannot; "
+            "set val_period: 0, val_at_start: false and val_at_end: false",
+        )
+
+
+@ties("env.name", "token_capture.enabled")
+def multiturn_without_token_capture(config: SCConfig, report: Report) -> None:
+    """A conversation is regenerated whole on retry or resume; token capture's partial resumption does not apply."""
+    if config.env.is_multiturn() and config.token_capture.enabled:
+        report.error(
+            "token_capture.enabled",
+            f"is true, but the multi-turn environment {config.env.name!r} regenerates unfinished conversations "
+            "whole (resuming one after its last turn is not supported yet); set token_capture.enabled: false",
+        )
+
+
+MULTITURN_RULES = (
+    conversations_fit_the_rows,
+    multiturn_needs_grpo,
+    multiturn_without_validation,
+    multiturn_without_token_capture,
+)
