@@ -25,6 +25,12 @@ def char_vocab() -> dict[str, int]:
     return vocab
 
 
+CHAR_CHAT_TEMPLATE = (  # CharChatTemplate (rollout/multiturn/chat.py) as Jinja: saved copies render chats alike
+    "{{ bos_token }}{% for m in messages %}{{ m['content'] }}"
+    "{% if m['role'] == 'assistant' %}{{ eos_token }}{% else %}={% endif %}{% endfor %}"
+)
+
+
 def save_char_tokenizer(path: str | Path, model_max_length: int = 256) -> None:
     """Save a ``transformers`` fast tokenizer that encodes/decodes exactly like CharTokenizer.
 
@@ -45,4 +51,5 @@ def save_char_tokenizer(path: str | Path, model_max_length: int = 256) -> None:
         unk_token=None,
         **SPECIAL_TOKENS,
     )
+    tok.chat_template = CHAR_CHAT_TEMPLATE  # multi-turn rollouts render conversations with it
     tok.save_pretrained(str(path))

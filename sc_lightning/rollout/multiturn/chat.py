@@ -23,10 +23,6 @@ from typing import Any, Literal, Protocol
 from sc_lightning.tokenizer import CharTokenizer, HuggingFaceTokenizer, Tokenizer
 
 Role = Literal["system", "user", "assistant", "tool"]
-CHAR_CHAT_TEMPLATE = (  # the CharChatTemplate as a Jinja chat template, for saved copies of the char tokenizer
-    "{{ bos_token }}{% for m in messages %}{{ m['content'] }}"
-    "{% if m['role'] == 'assistant' %}{{ eos_token }}{% else %}={% endif %}{% endfor %}"
-)
 
 
 class ChatTemplateError(ValueError):

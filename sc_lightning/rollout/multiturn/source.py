@@ -58,6 +58,7 @@ class MultiTurnSource:
         manager = self.manager
 
         def timeout(what: str, limit: float | None, turn: int) -> RolloutTimeout:
+            """The RolloutTimeout of ``turn`` naming the prompt, group, engine and the deadline ``what``."""
             return RolloutTimeout(
                 f"turn {turn}: {what} exceeded {limit} s",
                 prompt_id=prompt.prompt_id,
@@ -66,6 +67,7 @@ class MultiTurnSource:
             )
 
         async def generate(token_ids: tuple[int, ...], budget: int, turn: int) -> Generation:
+            """One model turn from the served engine, seeded per turn, under generation_timeout_s."""
             settings = manager.settings
             params = dataclasses.replace(
                 settings.sampling,
@@ -79,6 +81,7 @@ class MultiTurnSource:
                 raise timeout("generation_timeout_s", settings.generation_timeout_s, turn) from None
 
         async def step(episode: Episode, model_text: str, turn: int) -> Verdict:
+            """One episode step in a worker thread under env_timeout_s."""
             limit = manager.settings.env_timeout_s
             try:
                 return await asyncio.wait_for(asyncio.to_thread(episode.step, model_text), limit)

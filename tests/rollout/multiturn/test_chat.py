@@ -6,9 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from sc_lightning.models.tiny_tokenizer import save_char_tokenizer
+from sc_lightning.models.tiny_tokenizer import CHAR_CHAT_TEMPLATE, save_char_tokenizer
 from sc_lightning.rollout.multiturn.chat import (
-    CHAR_CHAT_TEMPLATE,
     CharChatTemplate,
     ChatSession,
     ChatTemplateError,
@@ -54,7 +53,7 @@ def test_incremental_rendering_equals_full_rendering() -> None:
 def test_hf_template_from_local_files_matches_the_builtin(tmp_path: Path) -> None:
     save_char_tokenizer(tmp_path)
     hf = load_tokenizer(str(tmp_path))
-    hf.transformers_tokenizer.chat_template = CHAR_CHAT_TEMPLATE
+    assert hf.transformers_tokenizer.chat_template == CHAR_CHAT_TEMPLATE  # saved with it (warm starts use it)
     template = chat_template_for(hf)
     assert isinstance(template, HFChatTemplate)
     session = _play(template, hf)
@@ -77,5 +76,7 @@ def test_a_template_that_rewrites_history_is_rejected() -> None:
 
 def test_a_tokenizer_without_template_is_rejected(tmp_path: Path) -> None:
     save_char_tokenizer(tmp_path)
+    hf = load_tokenizer(str(tmp_path))
+    hf.transformers_tokenizer.chat_template = None  # a model directory saved without one
     with pytest.raises(ChatTemplateError, match="no chat template"):
-        chat_template_for(load_tokenizer(str(tmp_path)))
+        chat_template_for(hf)
