@@ -364,6 +364,14 @@ def test_the_tiny_ppo_example_visibly_learns(tmp_path) -> None:
     assert_reward_climbs(steps)
 
 
+@pytest.mark.timeout(900)  # the subprocess's own 600 s deadline is the bar; this only outlasts it
+def test_the_tiny_multiturn_example_visibly_learns(tmp_path) -> None:
+    """configs/grpo_tiny_multiturn.yaml, unchanged (calculator conversations, about 2 minutes): the same bar."""
+    steps = train_unchanged("configs/grpo_tiny_multiturn.yaml", tmp_path)
+    assert max(float(step["train/staleness_max"]) for step in steps) == 1  # it really ran one version ahead
+    assert_reward_climbs(steps)
+
+
 def test_vllm_fit_runs_the_full_single_controller_path(tmp_path) -> None:
     """grpo_tiny_vllm.yaml for a few steps: vLLM in a Ray actor, TransferQueue, refits; the logprobs agree."""
     result = run(
