@@ -51,7 +51,41 @@ def multiturn_without_token_capture(config: SCConfig, report: Report) -> None:
         )
 
 
+@ties("env.name", "data.dataset_name", "data.apply_chat_template")
+def multiturn_prompts_are_chat_rendered(config: SCConfig, report: Report) -> None:
+    """A conversation opens with the prompt rendered as a user message by the chat template."""
+    data = config.data
+    if not config.env.is_multiturn() or data.dataset_name == "calculator":
+        return
+    if data.dataset_name.endswith(".jsonl") and not data.apply_chat_template:
+        report.error(
+            "data.apply_chat_template",
+            f"is false, but the multi-turn environment {config.env.name!r} opens each conversation with the prompt "
+            "rendered by the tokenizer's chat template; set data.apply_chat_template: true",
+        )
+    elif data.dataset_name == "arithmetic":
+        report.error(
+            "data.dataset_name",
+            f"(arithmetic) holds raw prompts, but the multi-turn environment {config.env.name!r} needs prompts "
+            "rendered by the chat template; use calculator, or a .jsonl file with data.apply_chat_template: true",
+        )
+
+
+@ties("data.apply_chat_template", "data.dataset_name")
+def chat_template_applies_to_jsonl(config: SCConfig, report: Report) -> None:
+    """data.apply_chat_template renders .jsonl prompts; the built-in datasets have their own rendering."""
+    data = config.data
+    if data.apply_chat_template and not data.dataset_name.endswith(".jsonl"):
+        report.error(
+            "data.apply_chat_template",
+            f"is true, but data.dataset_name ({data.dataset_name}) is a built-in dataset, which renders its own "
+            "prompts; set it false (it applies to .jsonl datasets)",
+        )
+
+
 MULTITURN_RULES = (
+    multiturn_prompts_are_chat_rendered,
+    chat_template_applies_to_jsonl,
     conversations_fit_the_rows,
     multiturn_needs_grpo,
     multiturn_without_validation,

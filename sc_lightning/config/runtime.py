@@ -205,6 +205,11 @@ class DataConfig:
         unit="tokens",
         ge=1,
     )
+    apply_chat_template: bool = knob(
+        False,
+        "Render each .jsonl prompt as a user message with the tokenizer's chat template (generation prompt added), "
+        "as multi-turn environments and external agents' chat calls need; false: bos and the raw text.",
+    )
     max_skipped_rows: int = knob(
         0,
         "Malformed or over-long dataset rows that may be skipped (each logged with file:line and reason); one more "

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import random
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
@@ -121,7 +121,9 @@ class JsonlPromptDataset(_ListDataset):
     untokenizable, or longer than ``max_prompt_length`` tokens — is skipped when the file holds at most
     ``max_skipped_rows`` of them (each logged as a warning with its ``file:line`` and reason, and listed in
     :attr:`skipped_rows`); one more and loading fails with a DatasetError that lists the first few. Prompt ``i``
-    (counting kept records, not lines) has id ``{task}-{i:06d}`` and index ``i``.
+    (counting kept records, not lines) has id ``{task}-{i:06d}`` and index ``i``. With ``apply_chat_template`` a
+    prompt's token ids are its text rendered as a user message by the tokenizer's chat template (``text`` stays the
+    raw text); otherwise bos and the encoded text.
     """
 
     skipped_rows: list[tuple[str, str]]
@@ -137,8 +139,10 @@ class JsonlPromptDataset(_ListDataset):
         *,
         max_prompt_length: int | None = None,
         max_skipped_rows: int = 0,
+        apply_chat_template: bool = False,
     ) -> None:
         self.path = Path(path)
+        encode = prompt_encoder(tokenizer, apply_chat_template)
         self.task = task
         try:
             lines = self.path.read_bytes().splitlines()
@@ -151,7 +155,7 @@ class JsonlPromptDataset(_ListDataset):
             if not line.strip():
                 continue
             try:
-                text, answer, token_ids, extra = _parse_row(line, lineno, tokenizer, keys, max_prompt_length)
+                text, answer, token_ids, extra = _parse_row(line, lineno, encode, keys, max_prompt_length)
             except _BadRow as bad:
                 self.skipped_rows.append((f"{self.path}:{lineno}", str(bad)))
                 continue
@@ -187,6 +191,19 @@ class JsonlPromptDataset(_ListDataset):
             raise DatasetError(f"the prompt file {self.path} holds no records{skipped_all}")
 
 
+def prompt_encoder(tokenizer: Tokenizer, apply_chat_template: bool) -> Callable[[str], tuple[int, ...]]:
+    """A prompt text's token ids: as a user message rendered by ``tokenizer``'s chat template, or bos and the text."""
+    if not apply_chat_template:
+        return lambda text: prompt_token_ids(tokenizer, text)
+    from sc_lightning.rollout.multiturn.chat import chat_template_for, user_prompt_ids  # the heavier package
+
+    try:
+        template = chat_template_for(tokenizer)
+    except ValueError as err:
+        raise DatasetError(f"data.apply_chat_template is true, but {err}") from err
+    return lambda text: user_prompt_ids(template, text)
+
+
 class _BadRow(ValueError):
     """One dataset row cannot be used; the message is the reason (the caller adds ``file:line``)."""
 
@@ -194,7 +211,7 @@ class _BadRow(ValueError):
 def _parse_row(
     line: bytes,
     lineno: int,
-    tokenizer: Tokenizer,
+    encode: Callable[[str], tuple[int, ...]],
     keys: tuple[str, str],
     max_prompt_length: int | None,
 ) -> tuple[str, str, tuple[int, ...], Mapping[str, Any]]:
@@ -215,7 +232,7 @@ def _parse_row(
         raise _BadRow(f"key {prompt_key!r} is an empty string")
     answer = _field(record, answer_key, allow_numbers=True)
     try:
-        token_ids = prompt_token_ids(tokenizer, text)
+        token_ids = encode(text)
     except ValueError as err:
         raise _BadRow(f"cannot tokenize the prompt: {err}") from None
     too_long = prompt_length_problem(token_ids, max_prompt_length)
@@ -251,7 +268,11 @@ def build_dataset(cfg: DataConfig, tokenizer: Tokenizer, *, seed: int) -> Prompt
         return CalculatorDataset(ARITHMETIC_DATASET_SIZE, seed, tokenizer, max_prompt_length=cfg.max_prompt_length)
     if name.endswith(".jsonl"):
         return JsonlPromptDataset(
-            name, tokenizer, max_prompt_length=cfg.max_prompt_length, max_skipped_rows=cfg.max_skipped_rows
+            name,
+            tokenizer,
+            max_prompt_length=cfg.max_prompt_length,
+            max_skipped_rows=cfg.max_skipped_rows,
+            apply_chat_template=cfg.apply_chat_template,
         )
     raise DatasetError(
         f"unknown dataset {name!r} (data.dataset_name); known: {', '.join(BUILTIN_DATASETS)}, "
@@ -286,7 +307,11 @@ def build_validation_set(cfg: DataConfig, tokenizer: Tokenizer, *, max_samples: 
         dataset: PromptDataset = ArithmeticValidationSet(tokenizer, max_prompt_length=cfg.max_prompt_length)
     elif name is not None and name.endswith(".jsonl"):
         dataset = JsonlPromptDataset(
-            name, tokenizer, max_prompt_length=cfg.max_prompt_length, max_skipped_rows=cfg.max_skipped_rows
+            name,
+            tokenizer,
+            max_prompt_length=cfg.max_prompt_length,
+            max_skipped_rows=cfg.max_skipped_rows,
+            apply_chat_template=cfg.apply_chat_template,
         )
     else:
         raise DatasetError(

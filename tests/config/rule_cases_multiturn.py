@@ -32,4 +32,25 @@ MULTITURN_CASES: list[tuple[str, dict[str, Any], dict[str, Any], str, str]] = [
         "token_capture.enabled",
         "regenerates unfinished conversations",
     ),
+    (
+        "multi-turn prompts are chat-rendered (jsonl)",
+        variant(MULTITURN, {"data": {"dataset_name": "p.jsonl", "apply_chat_template": True}}),
+        variant(MULTITURN, {"data": {"dataset_name": "p.jsonl"}}),
+        "data.apply_chat_template",
+        "set data.apply_chat_template: true",
+    ),
+    (
+        "multi-turn prompts are chat-rendered (arithmetic)",
+        variant(MULTITURN),
+        variant(MULTITURN, {"data": {"dataset_name": "arithmetic"}}),
+        "data.dataset_name",
+        "use calculator, or a .jsonl file",
+    ),
+    (
+        "the chat template applies to jsonl datasets",
+        variant({"data": {"dataset_name": "p.jsonl", "apply_chat_template": True}}),
+        variant({"data": {"apply_chat_template": True}}),
+        "data.apply_chat_template",
+        "it applies to .jsonl datasets",
+    ),
 ]

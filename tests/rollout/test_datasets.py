@@ -232,3 +232,20 @@ def test_build_dataset_skips_over_long_prompts_per_data_max_skipped_rows(tmp_pat
     assert isinstance(ds, JsonlPromptDataset)
     assert [(p.prompt_id, p.text) for p in ds] == [("math-000000", "0+0="), ("math-000001", "1+1=")]
     assert ds.skipped_rows == [(f"{path}:2", "the prompt has 7 tokens, more than data.max_prompt_length=6")]
+
+
+def test_jsonl_with_the_chat_template_opens_a_conversation_exactly(tmp_path: Path) -> None:
+    """data.apply_chat_template renders each prompt as the user message a multi-turn conversation opens with."""
+    from sc_lightning.rollout.multiturn.chat import ChatTemplateError, chat_template_for
+    from sc_lightning.rollout.multiturn.driver import opening_session
+
+    path = write_jsonl(tmp_path / "p.jsonl", [json.dumps({"problem": "12*34", "expected_answer": 408})])
+    template = chat_template_for(TOK)
+    rendered = build_dataset(DataConfig(dataset_name=str(path), apply_chat_template=True), TOK, seed=0)[0]
+    raw = build_dataset(DataConfig(dataset_name=str(path)), TOK, seed=0)[0]
+    assert rendered.text == raw.text == "12*34"
+    assert rendered.token_ids == (TOK.bos_token_id, *TOK.encode("12*34="))  # <bos>, the message, the turn marker
+    assert raw.token_ids == (TOK.bos_token_id, *TOK.encode("12*34"))
+    assert tuple(opening_session(rendered, template).token_ids) == rendered.token_ids
+    with pytest.raises(ChatTemplateError, match="not its text rendered as a user message"):
+        opening_session(raw, template)

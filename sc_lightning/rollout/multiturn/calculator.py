@@ -14,7 +14,7 @@ import random
 
 from sc_lightning.rollout.envs.arithmetic import expected_integer, leading_integer
 from sc_lightning.rollout.envs.base import Score
-from sc_lightning.rollout.multiturn.chat import Message, chat_template_for
+from sc_lightning.rollout.multiturn.chat import chat_template_for, user_prompt_ids
 from sc_lightning.rollout.multiturn.protocol import Observation, register_multiturn_environment
 from sc_lightning.rollout.multiturn.tools import (
     FinalAnswer,
@@ -75,8 +75,8 @@ def calculator_prompts(count: int, seed: int, tokenizer: Tokenizer | None = None
     for i in range(count):
         a, b = rng.randint(10, 99), rng.randint(10, 99)
         text = f"{a}*{b}"
-        ids = template.render([Message("user", text)], add_generation_prompt=True)
-        prompts.append(Prompt(f"calculator-{i:06d}", tuple(ids), text, str(a * b), "calculator", index=i))
+        ids = user_prompt_ids(template, text)
+        prompts.append(Prompt(f"calculator-{i:06d}", ids, text, str(a * b), "calculator", index=i))
     return prompts
 
 

@@ -90,6 +90,11 @@ def chat_template_for(tokenizer: Tokenizer) -> ChatTemplate:
     raise ChatTemplateError(f"no chat template for {tokenizer!r}: use a CharTokenizer or a Hugging Face tokenizer")
 
 
+def user_prompt_ids(template: ChatTemplate, text: str) -> tuple[int, ...]:
+    """``text`` as the opening user message rendered by ``template``, the generation prompt added."""
+    return tuple(template.render([Message("user", text)], add_generation_prompt=True))
+
+
 class ChatSession:
     """The token ids of a growing conversation, extended by model turns and observations (see the module doc)."""
 
