@@ -370,6 +370,8 @@ def test_the_tiny_multiturn_example_visibly_learns(tmp_path) -> None:
     steps = train_unchanged("configs/grpo_tiny_multiturn.yaml", tmp_path)
     assert max(float(step["train/staleness_max"]) for step in steps) == 1  # it really ran one version ahead
     assert_reward_climbs(steps)
+    turns = [float(step["train/model_turns_mean"]) for step in steps[-5:]]
+    assert min(turns) > 1.5, turns  # most trained conversations call the calculator, then answer
 
 
 def test_vllm_fit_runs_the_full_single_controller_path(tmp_path) -> None:

@@ -31,7 +31,7 @@ from sc_lightning.trainer.step_totals import StepTotals
 from sc_lightning.trainer.train_data_log import FILENAME as TRAIN_DATA_FILENAME
 from sc_lightning.trainer.train_data_log import TrainDataLog
 
-_ROW_REDUCTIONS = {"rows": "sum", "reward": "sum", "staleness": "sum", "staleness_max": "max"}
+_ROW_REDUCTIONS = {"rows": "sum", "reward": "sum", "model_turns": "sum", "staleness": "sum", "staleness_max": "max"}
 """How a step's per-row values combine over the data-parallel ranks."""
 
 
@@ -168,14 +168,16 @@ class GRPOModule(LightningModule):
         update = self.policy_update()
         index = self.trainer.global_step  # this step's number (the optimizer step below moves global_step on)
         update.begin(step=index, version=step.version)
-        rewards, staleness = [], []
+        rewards, turns, staleness = [], [], []
         for chunk in step.chunks():
             update.train_chunk(chunk)
             rewards.append(chunk.rewards)
+            turns.append(chunk.model_turns())
             staleness += [step.version - w for w in chunk.start_weights]
         metrics = update.finish()
         rewards_tensor = torch.cat(rewards) if rewards else torch.zeros(0)  # a rank may train no rows of a step
-        return self.finish_step(step, index, started, metrics, rewards_tensor, staleness)
+        turns_tensor = torch.cat(turns) if turns else torch.zeros(0)
+        return self.finish_step(step, index, started, metrics, rewards_tensor, turns_tensor, staleness)
 
     def finish_step(
         self,
@@ -184,11 +186,13 @@ class GRPOModule(LightningModule):
         started: float,
         metrics: dict[str, float],
         rewards: torch.Tensor,
+        model_turns: torch.Tensor,
         staleness: list[int],
     ) -> dict[str, torch.Tensor]:
         """Write the step's train_data.jsonl rows and log ``train/*``, ``perf/*``, timings and the progress bar.
 
-        ``rewards`` and ``staleness`` are this rank's rows'; the logged values cover every data-parallel rank's.
+        ``rewards``, ``model_turns`` and ``staleness`` are this rank's rows'; the logged values cover every
+        data-parallel rank's.
         """
         if self._perf is not None:
             self._perf.synchronize()  # the clock below must cover the device's work
@@ -206,12 +210,20 @@ class GRPOModule(LightningModule):
             self.log_dict({f"perf/{k}": v for k, v in perf.items()}, on_step=True, batch_size=1)
         group = data_parallel_group()
         totals = StepTotals(_ROW_REDUCTIONS, process_group=group, sync=group is not None).to(self.model_device())
-        totals.update({"rows": len(staleness), "reward": rewards.sum(), "staleness": sum(staleness)})
+        totals.update(
+            {
+                "rows": len(staleness),
+                "reward": rewards.sum(),
+                "model_turns": model_turns.sum(),
+                "staleness": sum(staleness),
+            }
+        )
         if staleness:
             totals.update({"staleness_max": max(staleness)})
         read = totals.compute()
         rows = int(read["rows"])
         metrics["reward"] = read["reward"] / rows
+        metrics["model_turns_mean"] = read["model_turns"] / rows
         metrics["staleness_mean"] = read["staleness"] / rows
         metrics["staleness_max"] = read["staleness_max"]
         self.log_dict({f"train/{k}": v for k, v in metrics.items()}, on_step=True, batch_size=rows)

@@ -139,7 +139,7 @@ class PPOModule(GRPOModule):
             metrics = self._count_untrained_step()
         metrics["policy_trained"] = float(self.policy_trained)
         self.log_dict({f"critic/{k}": v for k, v in critic_metrics.items()}, on_step=True, batch_size=len(batch))
-        return self.finish_step(step, index, started, metrics, batch.rewards, staleness)
+        return self.finish_step(step, index, started, metrics, batch.rewards, batch.model_turns(), staleness)
 
     @contextlib.contextmanager
     def _policy_optimizer_offloaded(self) -> Iterator[None]:

@@ -45,6 +45,12 @@ class TrainChunk:
     def __len__(self) -> int:
         return self.input_ids.shape[0]
 
+    def model_turns(self) -> torch.Tensor:
+        """Each row's model turns, (B,): its maximal runs of completion tokens (1 for a single-turn completion; a
+        conversation's environment tokens separate its turns)."""
+        mask = self.token_mask.bool()
+        return (mask[:, 1:] & ~mask[:, :-1]).sum(-1) + mask[:, 0]
+
     def rows(self, index: slice) -> TrainChunk:
         """A view of some rows (micro-batching); group ids and weights follow the rows."""
         return TrainChunk(**{f.name: None if (v := getattr(self, f.name)) is None else v[index] for f in fields(self)})

@@ -1,4 +1,4 @@
-"""concat_chunks: rows of several chunks become one, right-padded to the longest; a single chunk passes through."""
+"""TrainChunk: concat_chunks right-pads rows of several chunks to the longest; model_turns counts turns."""
 
 from __future__ import annotations
 
@@ -29,3 +29,18 @@ def test_chunks_concatenate_right_padded() -> None:
     assert both.rewards.tolist() == [1.0, 1.0, 2.0] and both.group_ids == ["a", "a", "b"]
     assert both.start_weights == [1, 1, 2] and both.prev_logprobs is None
     assert concat_chunks([a], pad_token_id=0) is a
+
+
+def test_model_turns_count_the_runs_of_completion_tokens() -> None:
+    """A single-turn row is one turn, a conversation one per run of model tokens, an all-masked row none."""
+    rows = chunk(4, 9, 0.0, "g")
+    rows.token_mask = torch.tensor(
+        [
+            [0, 0, 1, 1, 1, 0, 0, 0, 0],  # prompt, one completion, padding
+            [0, 0, 1, 1, 0, 0, 1, 1, 0],  # prompt, model, environment, model, padding
+            [0, 1, 0, 1, 0, 1, 1, 0, 1],  # three environment gaps: four turns
+            [0, 0, 0, 0, 0, 0, 0, 0, 0],
+        ],
+        dtype=torch.float32,
+    )
+    assert rows.model_turns().tolist() == [1, 2, 4, 0]
