@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 from sc_lightning.rollout.manager import RolloutTimeout, Sample
 from sc_lightning.rollout.multiturn.chat import ChatTemplate, chat_template_for
-from sc_lightning.rollout.multiturn.driver import Verdict, run_conversation
+from sc_lightning.rollout.multiturn.driver import ConversationOutcome, Verdict, run_conversation
 from sc_lightning.rollout.multiturn.protocol import Episode, MultiTurnEnvironment, TurnLimits
 from sc_lightning.types import Generation, Prompt
 
@@ -91,15 +91,21 @@ class MultiTurnSource:
         outcome = await run_conversation(
             prompt, self.environment, self.template, manager.tokenizer, generate, self.limits, step
         )
-        conv = outcome.conversation
-        start = conv.prompt_length
-        model_versions = [v for v, t in zip(conv.token_versions, conv.trainable, strict=True) if t]
-        generation = Generation(
-            conv.token_ids[start:],
-            conv.logprobs[start:],
-            outcome.finish_reason,
-            model_versions[0] if model_versions else manager.weight_version,
-            conv.token_versions[start:],
-            conv.trainable[start:],
-        )
-        return Sample(generation, outcome.score)
+        return Sample(conversation_generation(outcome, manager.weight_version), outcome.score)
+
+
+def conversation_generation(outcome: ConversationOutcome, served_version: int) -> Generation:
+    """The conversation's tokens after the prompt as one Generation: model tokens trainable with the engine's
+    logprobs and versions, environment tokens not; its ``weight_version`` is the first model token's
+    (``served_version`` when the model never spoke)."""
+    conv = outcome.conversation
+    start = conv.prompt_length
+    model_versions = [v for v, t in zip(conv.token_versions, conv.trainable, strict=True) if t]
+    return Generation(
+        conv.token_ids[start:],
+        conv.logprobs[start:],
+        outcome.finish_reason,
+        model_versions[0] if model_versions else served_version,
+        conv.token_versions[start:],
+        conv.trainable[start:],
+    )
