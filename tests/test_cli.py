@@ -249,27 +249,6 @@ def test_help(capsys) -> None:
     assert "--dry_run" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("mode", ["in_order", "weight_fifo", "ready_first", "windowed"])
-def test_every_sampler_overlay_trains_a_few_steps(mode: str, tmp_path) -> None:
-    result = run(
-        "fit",
-        "--config",
-        TINY,
-        "--config",
-        f"configs/samplers/{mode}.yaml",
-        "--data_plane.backend",
-        "memory",
-        "--grpo.max_num_steps",
-        "3",
-        f"--trainer.default_root_dir={tmp_path}",
-        "--trainer.enable_progress_bar=false",
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    steps = step_metrics(tmp_path)
-    assert len(steps) == 3
-    assert all(float(r["train/staleness_max"]) <= 1 for r in steps)  # every overlay allows one version of lag
-
-
 def test_the_drain_gate_trains_no_row_spanning_two_weight_versions(tmp_path) -> None:
     """in_order with a lookahead of 1 generates the next step's groups while a step trains, so they are in flight at
     its refit; with in_flight_weight_updates false the refit waits for them, and train_data.jsonl holds no row whose

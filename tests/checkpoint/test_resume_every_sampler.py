@@ -1,8 +1,9 @@
 """Every sampler mode resumes with the same command, through the CLI, from its newest bundle and from a rollout
 snapshot, and the history in ``train_data.jsonl`` trains every prompt at most once, in whole groups.
 
-Each mode runs one version ahead with a buffer of two steps (colocated engine and in-process data plane, so no Ray
-and quick runs), so the pump holds dispatched groups — and, for the ungated windowed and custom modes, a batch
+A shipped mode runs its overlay from ``configs/samplers/`` (so each shipped file is loaded and trained here, and
+no step lags more than its one version). Each mode runs one version ahead with a buffer of two steps (colocated
+engine and in-process data plane, so no Ray and quick runs), so the pump holds dispatched groups — and, for the ungated windowed and custom modes, a batch
 waiting for buffer permits — when a checkpoint is cut. Per mode: 2 steps; then the same command resumes from the
 ``step_2`` bundle (its rollout snapshots removed) and runs to step 6 taking rollout snapshots; then the bundles
 newer than the newest snapshot's anchor are removed (a crash before they were renamed) and the same command resumes
@@ -14,6 +15,7 @@ controller and data plane.
 
 from __future__ import annotations
 
+import csv
 import json
 import shutil
 import subprocess
@@ -30,12 +32,12 @@ from tests.conftest import REPO, TINY, user_environment
 pytestmark = pytest.mark.slow
 
 GROUPS, GENERATIONS = 4, 4
+SHIPPED_MODES = ("in_order", "weight_fifo", "ready_first", "windowed")
 SAMPLERS = {
-    "in_order": ["--async_rl.sampler.max_lookahead_versions", "1"],
-    "weight_fifo": ["--async_rl.sampler.max_staleness_versions", "1"],
-    "ready_first": ["--async_rl.sampler.max_staleness_versions", "1"],
-    "windowed": ["--async_rl.sampler.max_staleness_versions", "1"],
+    # a shipped mode runs its overlay (configs/samplers/, one version of lag each) under the shape below
+    **{mode: ["--config", str(REPO / "configs" / "samplers" / f"{mode}.yaml")] for mode in SHIPPED_MODES},
     "custom": [
+        "--async_rl.sampler", "{name: custom}",
         "--async_rl.sampler.target", "tests.controller.custom:LatestOnly",
         "--async_rl.sampler.init_args", "{keep: 1}",
     ],
@@ -46,9 +48,8 @@ def fit(tmp_path: Path, sampler: str, steps: int) -> str:
     """Run the mode's one command to ``steps`` steps; its stderr (the run must succeed)."""
     argv = [
         sys.executable, "-m", "sc_lightning", "fit",
-        "--config", str(TINY), "--config", str(REPO / "tests" / "small_steps.yaml"),
+        "--config", str(TINY), *SAMPLERS[sampler], "--config", str(REPO / "tests" / "small_steps.yaml"),
         "--policy.generation.colocated.enabled", "true",
-        "--async_rl.sampler", f"{{name: {sampler}}}", *SAMPLERS[sampler],
         "--async_rl.max_buffered_rollouts", str(2 * GROUPS),
         "--async_rl.max_inflight_prompts", str(2 * GROUPS),
         "--data_plane.backend", "memory",
@@ -88,6 +89,14 @@ def assert_history_exactly_once(tmp_path: Path, steps: int) -> None:
     assert len(prompts_of_group) == len(per_group) and set(per_prompt.values()) == {1}, "no prompt twice"
 
 
+def assert_one_version_of_lag_at_most(tmp_path: Path) -> None:
+    """Every logged step trained groups at most one version behind the trainer (each mode's bound)."""
+    for log in tmp_path.glob("lightning_logs/version_*/metrics.csv"):
+        with log.open() as handle:
+            lags = [float(row["train/staleness_max"]) for row in csv.DictReader(handle) if row["train/reward"]]
+        assert lags and max(lags) <= 1, (log, lags)
+
+
 def newest_snapshot_anchor(checkpoints: Path) -> int:
     """The step of the newest trainer bundle that has rollout snapshots."""
     anchors = [step for step, bundle in complete_bundles(checkpoints) if snapshot_dirs(bundle)]
@@ -103,6 +112,7 @@ def test_every_sampler_resumes_from_its_bundle_and_from_a_rollout_snapshot(tmp_p
         shutil.rmtree(bundle / SNAPSHOTS_DIR, ignore_errors=True)
     assert resumed_from(fit(tmp_path, sampler, steps=6)).endswith(f"{checkpoints / 'step_2'}")
     assert_history_exactly_once(tmp_path, steps=6)
+    assert_one_version_of_lag_at_most(tmp_path)
 
     anchor = newest_snapshot_anchor(checkpoints)
     for step, bundle in complete_bundles(checkpoints):
