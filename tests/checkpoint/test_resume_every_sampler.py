@@ -1,16 +1,16 @@
 """Every sampler mode resumes with the same command, through the CLI, from its newest bundle and from a rollout
 snapshot, and the history in ``train_data.jsonl`` trains every prompt at most once, in whole groups.
 
-A shipped mode runs its overlay from ``configs/samplers/`` (so each shipped file is loaded and trained here, and
-no step lags more than its one version). Each mode runs one version ahead with a buffer of two steps (colocated
-engine and in-process data plane, so no Ray and quick runs), so the pump holds dispatched groups — and, for the ungated windowed and custom modes, a batch
-waiting for buffer permits — when a checkpoint is cut. Per mode: 2 steps; then the same command resumes from the
-``step_2`` bundle (its rollout snapshots removed) and runs to step 6 taking rollout snapshots; then the bundles
-newer than the newest snapshot's anchor are removed (a crash before they were renamed) and the same command resumes
-from that snapshot and runs to step 7. A snapshot lands only while the trainer's version has its bundle and the next
-refit has not begun (about one train step): four such windows, and small micro-batches that widen them, make one
-land in practice (two windows of quick steps missed now and then). Real CLI, megatron-core policy, Megatron engine,
-controller and data plane.
+A shipped mode runs its overlay from ``configs/samplers/`` (so each shipped file is loaded and trained here, and no
+step lags more than its one version). Each mode runs one version ahead with a buffer of two steps (colocated engine
+and in-process data plane, so no Ray and quick runs), so the pump holds dispatched groups — and, for the ungated
+windowed and custom modes, a batch waiting for buffer permits — when a checkpoint is cut. Per mode: 2 steps; then
+the same command resumes from the ``step_2`` bundle (its rollout snapshots removed) and runs to step 6 taking
+rollout snapshots; then the bundles newer than the newest snapshot's anchor are removed (a crash before they were
+renamed) and the same command resumes from that snapshot and runs to step 7. A snapshot lands only while the
+trainer's version has its bundle and the next refit has not begun (about one train step): four such windows, and
+small micro-batches that widen them, make one land in practice (two windows of quick steps missed now and then).
+Real CLI, megatron-core policy, Megatron engine, controller and data plane.
 """
 
 from __future__ import annotations
