@@ -14,9 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from sc_lightning.checkpoint.atomic import complete_bundles
 from tests.conftest import TEST_BASE
-from tests.test_recovery import command, run_until_done, write_dataset
+from tests.test_recovery import a_new_bundle, command, run_until_done, write_dataset
 
 pytestmark = pytest.mark.slow
 
@@ -35,10 +34,7 @@ def test_dynamic_sampling_trains_no_zero_variance_group_and_a_kill_keeps_exactly
         "--grpo.dynamic_sampling_max_gen_batches", str(MAX_GEN_BATCHES),
     )  # fmt: skip
 
-    def progressed():
-        done = len(complete_bundles(checkpoints))
-        return lambda: len(complete_bundles(checkpoints)) > done
-
+    progressed = a_new_bundle(checkpoints)
     kills, _ = run_until_done(argv, [(progressed, 0.2)], seed=5)
     assert kills == 1, "the kill did not land"
 

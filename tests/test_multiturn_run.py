@@ -16,9 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from sc_lightning.checkpoint.atomic import complete_bundles
 from tests.conftest import REPO
-from tests.test_recovery import command, run_until_done
+from tests.test_recovery import a_new_bundle, command, run_until_done
 
 pytestmark = pytest.mark.slow
 
@@ -49,10 +48,7 @@ def test_a_kill_during_conversations_resumes_training_every_prompt_once(tmp_path
         "--checkpointing.save_period", "1",
     )  # fmt: skip
 
-    def progressed():
-        done = len(complete_bundles(checkpoints))
-        return lambda: len(complete_bundles(checkpoints)) > done
-
+    progressed = a_new_bundle(checkpoints)
     kills, _ = run_until_done(argv, [(progressed, 0.3)], seed=21)
     assert kills == 1, "the kill did not land"
 

@@ -86,6 +86,16 @@ def run_until_done(argv: list[str], moments: list[tuple], *, seed: int) -> tuple
     raise AssertionError("the run never finished")
 
 
+def a_new_bundle(checkpoints: Path):  # noqa: ANN201
+    """A kill moment for run_until_done: once armed, true when a bundle more than those complete now is written."""
+
+    def arm():  # noqa: ANN202
+        done = len(complete_bundles(checkpoints))
+        return lambda: len(complete_bundles(checkpoints)) > done
+
+    return arm
+
+
 def assert_each_prompt_trained_once(tmp_path: Path, group_size: int = 4) -> None:
     """train_data.jsonl (the final run's history) trains every prompt exactly once, one whole group each."""
     rows = [json.loads(line) for line in (tmp_path / "train_data.jsonl").read_text().splitlines()]
@@ -106,10 +116,7 @@ def test_sigkill_at_random_moments_trains_every_prompt_exactly_once(tmp_path: Pa
     def writing():
         return lambda: any(p.name.startswith("tmp_") for p in checkpoints.glob("*"))
 
-    def progressed():
-        done = len(complete_bundles(checkpoints))
-        return lambda: len(complete_bundles(checkpoints)) > done
-
+    progressed = a_new_bundle(checkpoints)
     kills, _ = run_until_done(argv, [(writing, 0.0)] + [(progressed, 0.2)] * 3, seed=1234)
     assert kills >= 3, f"only {kills} kills landed"
     assert_each_prompt_trained_once(tmp_path)
