@@ -66,18 +66,21 @@ def conversation_groups() -> list[ScoredGroup]:
     return groups
 
 
-def perturbed(group: ScoredGroup, *, environment: bool) -> ScoredGroup:
-    """``group`` with garbage logprobs and ancient versions on its environment tokens (``environment``), or with
-    one model token's logprob changed (the control)."""
+def perturbed(group: ScoredGroup, target: str) -> ScoredGroup:
+    """``group`` with garbage on its environment tokens (``target="environment"``: far-off logprobs, versions far
+    outside the staleness window), or, as a control, on the first model token of each row: its logprob moved
+    (``"model_logprob"``) or its version made stale (``"model_version"``)."""
     generations = []
     for generation in group.generations:
         logprobs, versions = list(generation.logprobs), list(generation.token_versions)
         for t, trainable in enumerate(generation.trainable):
-            if environment and not trainable:
+            if target == "environment" and not trainable:
                 logprobs[t], versions[t] = -7.5, 0  # 5 versions old: far above max_token_staleness
-        if not environment:
-            first_model_token = generation.trainable.index(True)
+        first_model_token = generation.trainable.index(True)
+        if target == "model_logprob":
             logprobs[first_model_token] -= 0.7
+        elif target == "model_version":
+            versions[first_model_token] = 0  # out of the window: masked out of the policy loss
         generations.append(dataclasses.replace(generation, logprobs=tuple(logprobs), token_versions=tuple(versions)))
     return dataclasses.replace(group, generations=tuple(generations))
 
@@ -105,18 +108,19 @@ def train(groups: list[ScoredGroup]) -> tuple[torch.nn.Module, dict[str, float],
 
 def test_environment_tokens_never_receive_gradient() -> None:
     """Perturbing only the observations' logprobs and versions leaves the update bit-identical; a model token's
-    logprob changes it."""
+    logprob, or its version, changes it."""
     groups = conversation_groups()
     assert all(len(set(g.trainable)) == 2 for group in groups for g in group.generations)  # both kinds of token
     model, metrics, mask = train(groups)
     assert mask.sum() < sum(len(g.token_ids) for group in groups for g in group.generations)  # env tokens: mask 0
     assert metrics["token_staleness_max"] == 1.0  # the model's tokens only: 4 and 5 against trainer version 5
 
-    same_model, same_metrics, _ = train([perturbed(group, environment=True) for group in groups])
+    same_model, same_metrics, _ = train([perturbed(group, "environment") for group in groups])
     assert same_metrics == metrics
     for a, b in zip(model.parameters(), same_model.parameters(), strict=True):
         assert torch.equal(a, b)
 
-    control_model, control_metrics, _ = train([perturbed(group, environment=False) for group in groups])
-    assert control_metrics["loss"] != metrics["loss"]
-    assert any(not torch.equal(a, b) for a, b in zip(model.parameters(), control_model.parameters(), strict=True))
+    for control in ("model_logprob", "model_version"):
+        control_model, control_metrics, _ = train([perturbed(group, control) for group in groups])
+        assert control_metrics["loss"] != metrics["loss"], control
+        assert any(not torch.equal(a, b) for a, b in zip(model.parameters(), control_model.parameters(), strict=True))
