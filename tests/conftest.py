@@ -40,6 +40,12 @@ def user_environment(*, without: Sequence[str] = (), without_prefix: str | None 
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Deselect the ``gpu`` tests where no GPU exists, then put the longest tests first."""
+    _deselect_gpu_tests_without_a_gpu(config, items)
+    items.sort(key=_start_order)  # stable: each class keeps its collection order
+
+
+def _deselect_gpu_tests_without_a_gpu(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Deselect the ``gpu`` tests where no GPU exists (reported as deselected, not skipped); scripts/gpu_check.sh
     runs them on the GPU machine."""
     import torch
@@ -50,6 +56,19 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if deselected:
         config.hook.pytest_deselected(items=deselected)
         items[:] = [item for item in items if not item.get_closest_marker("gpu")]
+
+
+def _start_order(item: pytest.Item) -> tuple[int, float]:
+    """``long`` tests first, the longest of them first, then ``slow`` ones, then the rest.
+
+    scripts/test.sh runs the suite on two pytest-xdist workers that take the next test as they free up; with the
+    minutes-long tests handed out first, longest first, the two workers end within about one short test of each
+    other instead of one of them starting a learning run when the other has nothing left.
+    """
+    long = item.get_closest_marker("long")
+    if long:
+        return 0, -float(long.kwargs["minutes"])
+    return (1 if item.get_closest_marker("slow") else 2), 0.0
 
 
 _SESSION_STATUS: list[int] = []

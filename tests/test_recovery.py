@@ -107,6 +107,7 @@ def assert_each_prompt_trained_once(tmp_path: Path, group_size: int = 4) -> None
     assert sorted({row["step"] for row in rows}) == list(range(PROMPTS // 4))
 
 
+@pytest.mark.long(minutes=1)
 def test_sigkill_at_random_moments_trains_every_prompt_exactly_once(tmp_path: Path) -> None:
     """Colocated, in-process data plane, a bundle after every step; the first kill lands mid-bundle-write."""
     write_dataset(tmp_path / "prompts.jsonl")
@@ -124,6 +125,7 @@ def test_sigkill_at_random_moments_trains_every_prompt_exactly_once(tmp_path: Pa
         verify_bundle(bundle)
 
 
+@pytest.mark.long(minutes=3.5)
 def test_sigkill_with_rollout_snapshots_resumes_between_trainer_checkpoints(tmp_path: Path) -> None:
     """Async (one version ahead, engine in a Ray actor), TransferQueue, a bundle every 3 steps and a rollout
     snapshot attempt every 0.2 s with token capture: kills land after new snapshots, restarts resume from them."""

@@ -25,6 +25,7 @@ def val_rows(root) -> list[dict[str, str]]:
     return rows
 
 
+@pytest.mark.long(minutes=1.5)
 @pytest.mark.slow
 def test_a_tiny_run_validates_each_period_once_at_its_version_and_a_resume_logs_no_step_twice(tmp_path) -> None:
     """fit 4 steps, validate the step-4 bundle alone, resume to 6: val/* at 0, 2, 4, 6, once each."""

@@ -48,6 +48,7 @@ def child_rank_pid(parent: int, local_rank: int) -> int | None:
     return None
 
 
+@pytest.mark.long(minutes=3)
 @pytest.mark.timeout(900)
 def test_sigkill_of_one_rank_ends_the_run_naming_it_and_the_same_command_resumes(tmp_path: Path) -> None:
     write_dataset(tmp_path / "prompts.jsonl")
@@ -80,6 +81,7 @@ def test_sigkill_of_one_rank_ends_the_run_naming_it_and_the_same_command_resumes
         assert common["policy"]["optimizer_form"] == "distributed"
 
 
+@pytest.mark.long(minutes=3.5)
 @pytest.mark.timeout(900)
 def test_bundles_resume_across_dp2_tp2_and_pp2_training_every_prompt_once(tmp_path: Path) -> None:
     """Bundles hold megatron-core distributed checkpoints: each resume reshards the policy and its AdamW state."""
