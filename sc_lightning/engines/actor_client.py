@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import torch
@@ -49,21 +49,35 @@ class ActorEngineClient:
     async def _call(self, what: str, method: str, *args: Any, timeout_s: float | None = None) -> Any:
         """Await ``method`` of the actor (within ``timeout_s``, None: the caller's deadline holds); Ray failures and
         an expired deadline become EngineError naming the engine and ``what``."""
-        import ray
-
         if self._actor is None:
             raise EngineError(f"engine {self.name!r}, {what}: the engine is shut down")
+        with self._ray_errors(what):
+            try:
+                return await asyncio.wait_for(getattr(self._actor, method).remote(*args), timeout_s)
+            except TimeoutError:
+                raise EngineError(f"engine {self.name!r}, {what}: no answer within {timeout_s} s") from None
+
+    @contextlib.contextmanager
+    def _ray_errors(self, what: str) -> Iterator[None]:
+        """Ray's failures of a call to the actor, as EngineError naming the engine and ``what``."""
+        import ray
+
         try:
-            return await asyncio.wait_for(getattr(self._actor, method).remote(*args), timeout_s)
-        except TimeoutError:
-            raise EngineError(f"engine {self.name!r}, {what}: no answer within {timeout_s} s") from None
-        except ray.exceptions.RayTaskError as err:
-            cause = getattr(err, "cause", None)
-            if isinstance(cause, EngineError):  # raised by the engine: its message already names engine and request
-                raise EngineError(str(cause)) from err
-            raise EngineError(f"engine {self.name!r}, {what}: {cause or err}") from err
-        except ray.exceptions.RayActorError as err:
-            raise EngineError(f"engine {self.name!r}, {what}: the engine actor died: {err}") from err
+            yield
+        except (ray.exceptions.RayTaskError, ray.exceptions.RayActorError) as err:
+            raise self._engine_error(what, err) from err
+
+    def _engine_error(self, what: str, err: Exception) -> EngineError:
+        """``err``, a Ray failure of a call to the actor, as an EngineError naming the engine and ``what``; an
+        EngineError raised by the engine keeps its message, which already names both."""
+        import ray
+
+        if isinstance(err, ray.exceptions.RayActorError):
+            return EngineError(f"engine {self.name!r}, {what}: the engine actor died: {err}")
+        cause = getattr(err, "cause", None)
+        if isinstance(cause, EngineError):
+            return EngineError(str(cause))
+        return EngineError(f"engine {self.name!r}, {what}: {cause or err}")
 
     async def ready(self) -> None:
         """Wait until the actor has built its engine."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 
 import pytest
@@ -68,6 +69,22 @@ def test_ray_engine_end_to_end(ray_cluster: None, tiny_dirs: dict) -> None:
 
         with pytest.raises(EngineError, match=r"engine 'ray-gen', request req-\d+"):
             await engine.generate(tuple([3] * 300), SamplingParams(4))
+
+        # the requests of one loop turn travel in one actor call, yet each keeps its own outcome and cancellation
+        finished = (await engine.stats())["finished_requests"]
+        long = asyncio.create_task(engine.generate(PROMPT, SamplingParams(200, temperature=0.0)))
+        good, bad = await asyncio.gather(
+            engine.generate(PROMPT, SamplingParams(2)),
+            engine.generate(tuple([3] * 300), SamplingParams(2)),
+            return_exceptions=True,
+        )
+        assert len(good.token_ids) == 2
+        assert isinstance(bad, EngineError) and re.search(r"engine 'ray-gen', request req-\d+: prompt of 300", str(bad))
+        long.cancel()  # its 200 tokens are dropped in the actor, not generated to the end
+        with pytest.raises(asyncio.CancelledError):
+            await long
+        assert (await engine.stats())["finished_requests"] == finished + 1
+        assert len((await engine.generate(PROMPT, SamplingParams(3))).token_ids) == 3
 
         assert actor_alive("ray-gen-actor")
         await engine.shutdown()
