@@ -1,10 +1,17 @@
-"""The driver side of an engine that lives in a Ray actor: calls with attributable errors, refits, shutdown.
+"""The driver side of an engine that lives in a Ray actor: batched requests, attributable errors, refits, shutdown.
 
 :class:`ActorEngineClient` holds what :class:`~sc_lightning.engines.megatron_ray.RayMegatronEngine` and
 :class:`~sc_lightning.engines.vllm.VLLMEngine` share: the actor handle, the weight version as of the last refit,
 ``generate`` / ``update_weights`` / ``stats`` / ``ready`` forwarded to the actor (whose body implements them), Ray
 failures turned into :class:`~sc_lightning.engines.base.EngineError` naming the engine and the call, and a
 ``shutdown`` that stops the engine in the actor and then kills the actor. Subclasses start the actor.
+
+Requests travel in batches: the ``generate`` calls made in one turn of the client's event loop (a prompt group's
+completions, a burst of dispatched groups) go to the actor in one streaming call, ``generate_batch`` of
+:class:`BatchedGenerateActor`, which hands the outcomes back as they end, those of one engine step together (a Ray
+call or streamed item costs milliseconds of CPU on both sides, more than a tiny model's whole decode step). A caller
+that stops waiting (a timeout, an abort) has its request cancelled in the actor with ``cancel``, its batch-mates
+unaffected; each caller's error names its own request.
 
 Every call has a deadline: requests and refits carry their callers' (``generation_timeout_s``,
 ``refit_timeout_s``); startup, ``stats`` and ``shutdown`` have the client's own (``startup_timeout_s``,
@@ -15,7 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Iterable, Iterator
+from collections.abc import AsyncIterator, Iterable, Iterator
 from typing import Any
 
 import torch
@@ -25,7 +32,7 @@ from sc_lightning.types import Generation, SamplingParams
 
 
 class ActorEngineClient:
-    """A :class:`GenerationEngine` forwarding to a Ray actor (``_actor``) that serves the same methods."""
+    """A :class:`GenerationEngine` forwarding to a Ray actor (``_actor``, a :class:`BatchedGenerateActor`)."""
 
     name: str
     _actor: Any
@@ -35,6 +42,8 @@ class ActorEngineClient:
     def __init__(self, name: str, actor: Any, weight_version: int = 0) -> None:
         self.name, self._actor, self._version = name, actor, weight_version
         self._requests = 0
+        self._queued: list[tuple[int, tuple, asyncio.Future[Generation]]] = []  # sent at the loop's next turn
+        self._cancels: set[asyncio.Future] = set()  # cancel calls in flight (held so they are not collected)
 
     @property
     def weight_version(self) -> int:
@@ -86,10 +95,71 @@ class ActorEngineClient:
     async def generate(
         self, prompt_token_ids: tuple[int, ...], sampling: SamplingParams, *, stop_token_ids: Iterable[int] = ()
     ) -> Generation:
-        """Sample one completion in the actor."""
+        """Sample one completion in the actor: queued, and sent with the other requests of this loop turn."""
+        if self._actor is None:
+            raise EngineError(f"engine {self.name!r}, client request {self._requests + 1}: the engine is shut down")
         self._requests += 1
-        what = f"client request {self._requests}"
-        return await self._call(what, "generate", tuple(prompt_token_ids), sampling, tuple(stop_token_ids))
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[Generation] = loop.create_future()
+        if not self._queued:
+            loop.call_soon(self._send_queued)
+        self._queued.append((self._requests, (tuple(prompt_token_ids), sampling, tuple(stop_token_ids)), future))
+        return await future
+
+    def _send_queued(self) -> None:
+        """Send the queued requests as one streaming ``generate_batch`` call (a task that settles their futures)."""
+        batch, self._queued = self._queued, []
+        call = asyncio.ensure_future(self._stream(batch))
+        for rid, _, future in batch:
+            future.add_done_callback(lambda f, rid=rid: self._on_caller_done(f, rid, batch, call))
+
+    async def _stream(self, batch: list[tuple[int, tuple, asyncio.Future[Generation]]]) -> None:
+        """Run one ``generate_batch`` call, handing each caller its outcome as it comes; the call's own failure goes
+        to every caller still waiting, as an EngineError naming the engine and that caller's request."""
+        import ray
+
+        if self._actor is None:
+            for rid, _, future in batch:
+                shut_down = f"engine {self.name!r}, client request {rid}: the engine is shut down"
+                future.set_exception(EngineError(shut_down))
+            return
+        try:
+            method = self._actor.generate_batch.options(num_returns="streaming")
+            async for ref in method.remote([(rid, *args) for rid, args, _ in batch]):
+                for index, outcome in await ref:
+                    self._settle(batch[index], outcome)
+        except (ray.exceptions.RayTaskError, ray.exceptions.RayActorError) as failure:
+            for rid, _, future in batch:
+                if not future.done():
+                    future.set_exception(self._engine_error(f"client request {rid}", failure))
+
+    def _settle(self, request: tuple[int, tuple, asyncio.Future[Generation]], outcome: Any) -> None:
+        """Hand a waiting caller its request's outcome: the Generation, or the actor's exception as EngineError."""
+        rid, _, future = request
+        if future.done() or outcome is None:
+            return
+        if isinstance(outcome, EngineError):
+            future.set_exception(EngineError(str(outcome)))
+        elif isinstance(outcome, BaseException):
+            future.set_exception(EngineError(f"engine {self.name!r}, client request {rid}: {outcome}"))
+        else:
+            future.set_result(outcome)
+
+    def _on_caller_done(self, future: asyncio.Future, rid: int, batch: list, call: asyncio.Future) -> None:
+        """A caller stopped waiting: cancel its request in the actor (the whole call once none is awaited)."""
+        if not future.cancelled() or call.done():
+            return
+        if all(f.cancelled() for _, _, f in batch):
+            call.cancel()
+        else:
+            cancelling = asyncio.ensure_future(self._cancel_quietly([rid]))
+            self._cancels.add(cancelling)
+            cancelling.add_done_callback(self._cancels.discard)
+
+    async def _cancel_quietly(self, ids: list[int]) -> None:
+        """``cancel`` in the actor; a dead actor has no request left to cancel."""
+        with contextlib.suppress(EngineError):
+            await self._call("cancel", "cancel", ids, timeout_s=self.control_timeout_s)
 
     async def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
         """Ship HF-named tensors to the actor by value (one ``ray.put``) and load them there as ``version``."""
@@ -122,3 +192,47 @@ def _by_value(named_tensors: Iterable[tuple[str, torch.Tensor]]) -> Any:
     import ray
 
     return ray.put([(name, tensor.detach().to("cpu", copy=True).contiguous()) for name, tensor in named_tensors])
+
+
+class BatchedGenerateActor:
+    """The actor side of the client's batched requests: ``generate_batch`` streams the outcomes of many ``generate``
+    calls of the actor (which a subclass defines), and ``cancel`` stops some of them."""
+
+    def __init__(self) -> None:
+        self._running: dict[int, asyncio.Task] = {}  # generate_batch's requests by client id, until they end
+
+    async def generate(
+        self, prompt_token_ids: tuple[int, ...], sampling: SamplingParams, stop_token_ids: tuple[int, ...]
+    ) -> Generation:
+        """Sample one completion (the subclass's engine)."""
+        raise NotImplementedError
+
+    async def generate_batch(
+        self, requests: list[tuple[int, tuple[int, ...], SamplingParams, tuple[int, ...]]]
+    ) -> AsyncIterator[list[tuple[int, Generation | BaseException | None]]]:
+        """:meth:`generate` of each ``(client id, prompt, sampling, stop tokens)``, all at once (a Ray streaming
+        call); yields the ``(position in requests, outcome)`` of the requests that ended since the last yield (those
+        of one engine step come together): the Generation, the exception it raised, or None when :meth:`cancel`
+        cancelled it."""
+        loop = asyncio.get_running_loop()
+        tasks: dict[asyncio.Task, int] = {}
+        for index, (rid, prompt, sampling, stops) in enumerate(requests):
+            task = loop.create_task(self.generate(prompt, sampling, stops))
+            self._running[rid] = task
+            tasks[task] = index
+        try:
+            pending = set(tasks)
+            while pending:
+                done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                yield [(tasks[task], None if task.cancelled() else task.exception() or task.result()) for task in done]
+        finally:  # the whole call cancelled (every caller stopped waiting): so are its requests
+            for task, index in tasks.items():
+                task.cancel()
+                self._running.pop(requests[index][0], None)
+
+    async def cancel(self, ids: list[int]) -> None:
+        """Cancel the requests of running ``generate_batch`` calls with these client ids (unknown ids: done)."""
+        for rid in ids:
+            task = self._running.get(rid)
+            if task is not None:
+                task.cancel()

@@ -45,7 +45,7 @@ from typing import Any
 
 import torch
 
-from sc_lightning.engines.actor_client import ActorEngineClient
+from sc_lightning.engines.actor_client import ActorEngineClient, BatchedGenerateActor
 from sc_lightning.engines.base import EngineError
 from sc_lightning.types import FinishReason, Generation, SamplingParams
 
@@ -114,13 +114,14 @@ def _is_vllm_process(process: Any) -> bool:
         return False
 
 
-class VLLMEngineActor:
+class VLLMEngineActor(BatchedGenerateActor):
     """The Ray actor body: a vLLM ``AsyncLLM`` built in the actor process, served as async methods."""
 
     def __init__(self, settings: VLLMSettings) -> None:
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
 
+        super().__init__()
         self.settings = settings
         self.version = settings.weight_version
         self._llm = AsyncLLM.from_engine_args(AsyncEngineArgs(**settings.engine_args()))
