@@ -6,8 +6,10 @@ The trainer side is the real megatron-core policy; the engine is real vLLM, load
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 import time
+import uuid
 from collections.abc import Iterator
 
 import pytest
@@ -27,6 +29,9 @@ pytestmark = [
 ]
 PROMPT = (2, 4, 13, 5, 16)  # bos "1+2="
 UNIFORM = -math.log(18)  # the logprob of any token once lm_head is all zeros (vocab 18)
+
+
+TAG_VARIABLE = "SC_LIGHTNING_TEST_ENGINE_TAG"  # set in the engine actor's environment; vLLM's processes inherit it
 
 
 class Versions:
@@ -50,24 +55,30 @@ def engine(ray_cluster: None, tiny_dirs: dict) -> Iterator[VLLMEngine]:
     replica = VLLMSettings(
         model_path=str(tiny_dirs["a"]), max_model_len=256, kv_cache_memory_bytes=64 << 20, eos_token_id=None
     )
-    engine = VLLMEngine(replica, name="vllm-test")
+    tag = uuid.uuid4().hex
+    engine = VLLMEngine(replica, name="vllm-test", env={TAG_VARIABLE: tag})
     try:
         asyncio.run(engine.ready())
+        assert vllm_processes(tag), "the engine's vLLM processes carry its tag (else the check below sees nothing)"
         yield engine
     finally:
         asyncio.run(engine.shutdown())
-    assert vllm_processes() == [], "shutdown leaves no vLLM engine-core or worker process behind"
+    assert vllm_processes(tag) == [], "shutdown leaves no vLLM engine-core or worker process behind"
 
 
-def vllm_processes() -> list[str]:
-    """Names of live processes vLLM starts (its engine core and workers), wherever they were started."""
+def vllm_processes(tag: str) -> list[str]:
+    """Names of live processes vLLM started (its engine core and workers) for the engine whose actor has ``tag`` in
+    its environment (vLLM's processes inherit it), wherever they ended up: another test process's engines are not
+    this module's to count."""
     import psutil
 
     names = []
     for process in psutil.process_iter(["name", "cmdline"]):
         text = " ".join([process.info["name"] or "", *(process.info["cmdline"] or [])])
         if "EngineCore" in text or "VllmWorker" in text:
-            names.append(text)
+            with contextlib.suppress(psutil.Error):  # it exited meanwhile
+                if process.environ().get(TAG_VARIABLE) == tag:
+                    names.append(text)
     return names
 
 
