@@ -6,6 +6,7 @@ import copy
 import importlib.util
 import os
 import sys
+import tempfile
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -14,6 +15,7 @@ import pytest
 from hypothesis import settings
 
 from sc_lightning.config.yaml_io import load_yaml_layers, merge_into
+from tests.exclusive import machine_lock
 
 # Hypothesis's per-example deadline measures the machine, not the code: on a loaded 2-core CI box an example that
 # takes 30 ms may take 300 ms, and hypothesis then reports a flaky failure. Every property still runs in full.
@@ -39,10 +41,17 @@ def user_environment(*, without: Sequence[str] = (), without_prefix: str | None 
     }
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own, which reads the xdist_group marks
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Deselect the ``gpu`` tests where no GPU exists, then put the longest tests first."""
+    """Deselect the ``gpu`` tests where no GPU exists, put the longest tests first, and keep each module's other
+    tests together on one pytest-xdist worker."""
     _deselect_gpu_tests_without_a_gpu(config, items)
     items.sort(key=_start_order)  # stable: each class keeps its collection order
+    for item in items:
+        if not item.get_closest_marker("long"):
+            # with --dist loadgroup a module's tests run on one worker, so its module-scoped fixtures (a Ray
+            # cluster, a vLLM engine: tens of seconds each) start once, not once per worker
+            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
 
 
 def _deselect_gpu_tests_without_a_gpu(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -59,16 +68,33 @@ def _deselect_gpu_tests_without_a_gpu(config: pytest.Config, items: list[pytest.
 
 
 def _start_order(item: pytest.Item) -> tuple[int, float]:
-    """``long`` tests first, the longest of them first, then ``slow`` ones, then the rest.
+    """``exclusive`` tests first, then ``long`` ones, the longest first, then ``slow`` ones, then the rest.
 
-    scripts/test.sh runs the suite on two pytest-xdist workers that take the next test as they free up; with the
-    minutes-long tests handed out first, longest first, the two workers end within about one short test of each
-    other instead of one of them starting a learning run when the other has nothing left.
+    scripts/test.sh runs the suite on two pytest-xdist workers that take the next test (or module) as they free up.
+    The exclusive tests run one at a time with the machine to themselves (:func:`pytest_runtest_protocol`), best while
+    the other worker would only wait anyway; then the minutes-long tests go out, longest first, so the two workers
+    end within about one module of each other instead of one of them starting a long run when the other is done.
     """
+    if item.get_closest_marker("exclusive"):
+        return 0, 0.0
     long = item.get_closest_marker("long")
     if long:
-        return 0, -float(long.kwargs["minutes"])
-    return (1 if item.get_closest_marker("slow") else 2), 0.0
+        return 1, -float(long.kwargs["minutes"])
+    return (2 if item.get_closest_marker("slow") else 3), 0.0
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[object]:
+    """On a pytest-xdist worker: an ``exclusive`` test runs with no other test beside it, every other test beside
+    other non-exclusive ones only (:mod:`tests.exclusive`). The lock spans the whole protocol, module fixtures
+    started or stopped with the test (a Ray cluster, a vLLM engine) included."""
+    worker = getattr(item.config, "workerinput", None)
+    if worker is None:  # one process: nothing runs beside the test anyway
+        return (yield)
+    shared = Path(tempfile.gettempdir()) / f"sc-lightning-tests-{worker['testrunuid']}"  # the run's workers share it
+    shared.mkdir(exist_ok=True)
+    with machine_lock(shared, exclusive=item.get_closest_marker("exclusive") is not None):
+        return (yield)
 
 
 _SESSION_STATUS: list[int] = []

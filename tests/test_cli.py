@@ -315,7 +315,7 @@ def assert_goodput_adds_up(steps: list[dict[str, str]]) -> None:
     assert last["goodput/engine/trained_tokens_total"] > 0
 
 
-@pytest.mark.long(minutes=5)
+@pytest.mark.exclusive  # its 10-minute bar is for the example alone on the 2-core box
 @pytest.mark.timeout(900)  # the subprocess's own 600 s deadline is the bar; this only outlasts it
 def test_the_tiny_example_visibly_learns(tmp_path) -> None:
     """The shipped default (async in_order, Megatron engine in a Ray actor): the reward climbs by >= 0.3.
@@ -334,7 +334,7 @@ def test_the_tiny_example_visibly_learns(tmp_path) -> None:
     assert float(steps[-1]["train/lr"]) == pytest.approx(optimizer["min_lr"], rel=1e-3)
 
 
-@pytest.mark.long(minutes=5)
+@pytest.mark.exclusive  # its 10-minute bar is for the example alone on the 2-core box
 @pytest.mark.timeout(900)  # the subprocess's own 600 s deadline is the bar; this only outlasts it
 def test_the_tiny_ppo_example_visibly_learns(tmp_path) -> None:
     """configs/ppo_tiny.yaml, unchanged (critic warm-up, then PPO with GAE): the same bar as GRPO."""
@@ -345,7 +345,7 @@ def test_the_tiny_ppo_example_visibly_learns(tmp_path) -> None:
     assert_reward_climbs(steps)
 
 
-@pytest.mark.long(minutes=2.5)
+@pytest.mark.exclusive  # its 10-minute bar is for the example alone on the 2-core box
 @pytest.mark.timeout(900)  # the subprocess's own 600 s deadline is the bar; this only outlasts it
 def test_the_tiny_multiturn_example_visibly_learns(tmp_path) -> None:
     """configs/grpo_tiny_multiturn.yaml, unchanged (calculator conversations, about 2 minutes): the same bar."""
@@ -384,7 +384,7 @@ def test_vllm_fit_runs_the_full_single_controller_path(tmp_path) -> None:
     assert all(float(s["train/token_mult_prob_error"]) == pytest.approx(1.0, abs=1e-4) for s in steps)
 
 
-@pytest.mark.long(minutes=7)
+@pytest.mark.exclusive  # its 10-minute bar is for the example alone on the 2-core box
 @pytest.mark.timeout(900)  # the subprocess's own 600 s deadline is the bar; this only outlasts it
 def test_the_tiny_vllm_example_visibly_learns(tmp_path) -> None:
     """grpo_tiny_vllm.yaml, unchanged: the same bar as with the Megatron engine."""
