@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import multiprocessing
+import os
 from pathlib import Path
 
 import pytest
 
 from sc_lightning.models import warm_start as warm_start_module
+from tests.conftest import RENDEZVOUS
 
 pytestmark = pytest.mark.slow
 
@@ -15,6 +17,9 @@ pytestmark = pytest.mark.slow
 def _resolve(cache: Path, builds: Path, start: multiprocessing.synchronize.Barrier, out: Path) -> None:
     """A process of the race: count this process's builds in ``builds``, resolve, load what it got."""
     from sc_lightning.models import load_policy
+
+    for variable in RENDEZVOUS:  # inherited from a test process that set up torch.distributed (and holds its port)
+        os.environ.pop(variable, None)
 
     build = warm_start_module.warm_start
 
