@@ -6,21 +6,13 @@ built-in model with cross-entropy on a few hundred worked examples until its gre
 ``policy.model_name`` can point at. :data:`WARM_STARTS` names them: ``builtin:tiny-arith`` (the 85k-parameter CPU
 example), ``builtin:small-arith`` (142M parameters, the one-GPU example) and ``builtin:tiny-calc`` (the tiny model on
 the multi-turn calculator conversations of docs/multiturn.md); :func:`resolve_model_name` builds one on first use
-(seconds on a CPU, or on a GPU for the small one) and caches it. Processes that start together (the ranks of one run,
-two runs in one directory) build it once: one builds under a lock file into a staging directory that it then renames
-into place, so no process ever reads a half-written model; the others wait for it.
+(seconds on a CPU, or on a GPU for the small one) and caches it.
 """
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import hashlib
 import logging
-import shutil
-import tempfile
-import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -49,7 +41,6 @@ WARM_STARTS: dict[str, WarmRecipe] = {
     "builtin:tiny-calc": WarmRecipe("builtin:tiny", lr=1e-2, check_every=2, task="calculator"),
 }
 DEFAULT_CACHE = Path("results") / ".cache"
-BUILD_LOCK_TIMEOUT_S = 1800.0  # how long a process waits for another to finish building the same warm start
 log = logging.getLogger(__name__)
 
 
@@ -62,44 +53,10 @@ def resolve_model_name(
     if recipe is None:
         return model_name
     path = cache_dir / f"{model_name.removeprefix('builtin:')}-seed{seed}-{_recipe_digest(recipe)}"
-    if (path / "config.json").exists():
-        return str(path)
-    with _build_lock(path):
-        if not (path / "config.json").exists():  # nobody built it while this process waited
-            log.info("building the warm-started %s policy in %s (once)", recipe.base, path)
-            staging = Path(tempfile.mkdtemp(prefix=f".{path.name}-", dir=cache_dir))
-            try:
-                warm_start(staging, seed=seed, device=device, recipe=recipe)
-                shutil.rmtree(path, ignore_errors=True)  # a directory without config.json: an interrupted older build
-                staging.rename(path)  # whole, in one step: readers see all of it or nothing
-            finally:
-                shutil.rmtree(staging, ignore_errors=True)
+    if not (path / "config.json").exists():
+        log.info("building the warm-started %s policy in %s (once)", recipe.base, path)
+        warm_start(path, seed=seed, device=device, recipe=recipe)
     return str(path)
-
-
-@contextlib.contextmanager
-def _build_lock(path: Path) -> Iterator[None]:
-    """Hold the lock file beside ``path`` exclusively (the kernel frees it if this process dies), waiting at most
-    :data:`BUILD_LOCK_TIMEOUT_S` for the process that holds it."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    lock_path = path.parent / f".{path.name}.lock"
-    deadline = time.monotonic() + BUILD_LOCK_TIMEOUT_S
-    with lock_path.open("a") as lock:
-        while True:
-            try:
-                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() > deadline:
-                    raise TimeoutError(
-                        f"another process has been building the warm start {path} for over "
-                        f"{BUILD_LOCK_TIMEOUT_S:.0f} s (it holds {lock_path}); stop it, or delete {path.parent}"
-                    ) from None
-                time.sleep(0.2)
-        try:
-            yield
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 def _recipe_digest(recipe: WarmRecipe) -> str:
