@@ -59,12 +59,16 @@ class ActorEngineClient:
         """Await ``method`` of the actor (within ``timeout_s``, None: the caller's deadline holds); Ray failures and
         an expired deadline become EngineError naming the engine and ``what``."""
         if self._actor is None:
-            raise EngineError(f"engine {self.name!r}, {what}: the engine is shut down")
+            raise self._shut_down(what)
         with self._ray_errors(what):
             try:
                 return await asyncio.wait_for(getattr(self._actor, method).remote(*args), timeout_s)
             except TimeoutError:
                 raise EngineError(f"engine {self.name!r}, {what}: no answer within {timeout_s} s") from None
+
+    def _shut_down(self, what: str) -> EngineError:
+        """The error of a call (``what``) made after :meth:`shutdown`."""
+        return EngineError(f"engine {self.name!r}, {what}: the engine is shut down")
 
     @contextlib.contextmanager
     def _ray_errors(self, what: str) -> Iterator[None]:
@@ -97,7 +101,7 @@ class ActorEngineClient:
     ) -> Generation:
         """Sample one completion in the actor: queued, and sent with the other requests of this loop turn."""
         if self._actor is None:
-            raise EngineError(f"engine {self.name!r}, client request {self._requests + 1}: the engine is shut down")
+            raise self._shut_down(f"client request {self._requests + 1}")
         self._requests += 1
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Generation] = loop.create_future()
@@ -120,8 +124,7 @@ class ActorEngineClient:
 
         if self._actor is None:
             for rid, _, future in batch:
-                shut_down = f"engine {self.name!r}, client request {rid}: the engine is shut down"
-                future.set_exception(EngineError(shut_down))
+                future.set_exception(self._shut_down(f"client request {rid}"))
             return
         try:
             method = self._actor.generate_batch.options(num_returns="streaming")
