@@ -104,7 +104,7 @@ CLIENT_MISTAKES = [  # route, body, status, param, what the message must say
     ("chat/completions", '{"messages": [{"role": "user", "content": "1"}], "top_p": NaN}', 400, "top_p", "finite"),
     ("chat/completions", {**CHAT, "model": "other"}, 404, "model", "'other' is not served here"),
     ("chat/completions", {**CHAT, "stream": True}, 400, "stream", "stream: streaming is not served"),
-    ("chat/completions", {**CHAT, "max_completion_tokens": 40}, 400, "max_tokens", "exceed the model's 32-token"),
+    ("chat/completions", {**CHAT, "max_completion_tokens": 40}, 400, "max_completion_tokens", "5 tokens + max_com"),
     ("chat/completions", {**CHAT, "logprobs": 3}, 400, "logprobs", "logprobs: give true or false"),
     ("chat/completions", {**CHAT, "top_logprobs": 2}, 400, "top_logprobs", "top alternatives are not served"),
     (

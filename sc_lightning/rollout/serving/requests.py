@@ -30,7 +30,7 @@ class ModelRequest:
     sampling: SamplingParams
     rollout_id: str | None
     seeded: bool  # the body gave a seed
-    max_tokens_given: bool = False  # the body gave max_tokens: it must fit the context, else it is capped to fit
+    max_tokens_field: str | None = None  # the field that gave max_tokens: it must fit the context, else it is capped
     messages: tuple[Message, ...] | None = None  # a chat request's, as sent
 
 
@@ -140,6 +140,11 @@ def _model_request(body: dict[str, Any], ids: Sequence[int], defaults: SamplingP
     )
     if rollout_id is not None:
         pin_rollout_sampling(body, sampling, defaults)
+    limit = "max_tokens" if body.get("max_tokens") is not None else "max_completion_tokens"
     return ModelRequest(
-        tuple(ids), sampling, rollout_id, seeded=seed is not None, max_tokens_given=max_tokens is not None
+        tuple(ids),
+        sampling,
+        rollout_id,
+        seeded=seed is not None,
+        max_tokens_field=None if max_tokens is None else limit,
     )

@@ -133,12 +133,14 @@ class OpenAIEndpoint:
 
     def _fit(self, parsed: ModelRequest, field: str) -> ModelRequest:
         """``parsed`` with its completion budget within the context (a rollout's call is held to its rollout's
-        room instead: :meth:`_attribute`); BadRequest naming ``field`` or ``max_tokens`` when it cannot fit."""
+        room instead: :meth:`_attribute`); BadRequest naming ``field`` or the max_tokens field when it cannot fit."""
         if parsed.rollout_id is not None:
             return parsed
-        sampling = parsed.sampling
-        given = sampling.max_new_tokens if parsed.max_tokens_given else None
-        budget = completion_budget(len(parsed.prompt_ids), given, sampling.max_new_tokens, self.context_tokens, field)
+        sampling, limit = parsed.sampling, parsed.max_tokens_field
+        given = None if limit is None else sampling.max_new_tokens
+        budget = completion_budget(
+            len(parsed.prompt_ids), given, sampling.max_new_tokens, self.context_tokens, field, limit or "max_tokens"
+        )
         return dataclasses.replace(parsed, sampling=dataclasses.replace(sampling, max_new_tokens=budget))
 
     def _chat_template(self) -> ChatTemplate:

@@ -224,9 +224,12 @@ def token_ids(ids: Sequence[Any], field: str, vocab_size: int) -> tuple[int, ...
     return tuple(ids)
 
 
-def completion_budget(prompt_tokens: int, max_tokens: int | None, default: int, context: int, field: str) -> int:
-    """The tokens a request may generate: its ``max_tokens`` when the prompt and they fit the model's ``context``,
-    else BadRequest naming both numbers; left out, ``default`` capped by the room the prompt leaves."""
+def completion_budget(
+    prompt_tokens: int, max_tokens: int | None, default: int, context: int, field: str, limit: str = "max_tokens"
+) -> int:
+    """The tokens a request may generate: its ``max_tokens`` (given as ``limit``) when the prompt (``field``) and they
+    fit the model's ``context``, else BadRequest naming the numbers; left out, ``default`` capped by the room the
+    prompt leaves."""
     room = context - prompt_tokens
     if room < 1:
         raise BadRequest(
@@ -238,10 +241,9 @@ def completion_budget(prompt_tokens: int, max_tokens: int | None, default: int, 
         return min(default, room)
     if max_tokens > room:
         raise BadRequest(
-            f"max_tokens: the prompt's {prompt_tokens} tokens + max_tokens {max_tokens} = "
-            f"{prompt_tokens + max_tokens} exceed the model's {context}-token context; give max_tokens <= {room} "
-            "or a shorter prompt",
-            "max_tokens",
+            f"{limit}: the prompt's {prompt_tokens} tokens + {limit} {max_tokens} = {prompt_tokens + max_tokens} "
+            f"exceed the model's {context}-token context; give {limit} <= {room} or a shorter prompt",
+            limit,
         )
     return max_tokens
 
