@@ -15,10 +15,15 @@ trained, wasted, pending, stood_down and idle. Logged as ``goodput/<fleet>/<part
 ``goodput/engine/{trained,wasted}_tokens_total``; the progress bar shows ``tok_s``, the step's trained completion
 tokens per second. At the end of the fit the leader prints
 :func:`~sc_lightning.trainer.goodput.allocation_advice` (``report`` prints it too, from the logged totals).
+
+The totals are the run's, not the process's: they are the callback's state, which Lightning saves in every bundle's
+``trainer.ckpt``, so a resumed run continues them from the bundle's step (the engines' accounts restart with the
+process, and are added to the bundle's).
 """
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from typing import Any
 
 from lightning.pytorch import Callback, LightningModule, Trainer
@@ -37,8 +42,9 @@ class GoodputMonitor(Callback):
     def __init__(self, devices: tuple[int, int] | None = None) -> None:
         self.devices = devices
         self.trainer_totals = dict.fromkeys(TRAINER_PARTS, 0.0)
-        self.engine = EngineTime()
+        self.engine = EngineTime()  # the run's engine totals as of the last step
         self.steps = 0
+        self._resumed_engine = EngineTime()  # the engine totals of the bundle this process resumed from
         self._checkpoint_s = 0.0
 
     def on_train_batch_end(
@@ -51,7 +57,7 @@ class GoodputMonitor(Callback):
         if record is None:
             return  # RolloutMonitor names the missing refit
         step = self._trainer_window(trainer, record.step_s, record.duration_s)
-        engine = record.report.stats.engine_time
+        engine = self._resumed_engine + record.report.stats.engine_time
         engine_step = {name: now - self.engine.parts()[name] for name, now in engine.parts().items()}
         trained_tokens = engine.trained_tokens - self.engine.trained_tokens
         self.engine = engine
@@ -67,6 +73,16 @@ class GoodputMonitor(Callback):
         pl_module.log_dict(logged, on_step=True, batch_size=1)
         wall = sum(step.values())
         pl_module.log("tok_s", trained_tokens / wall if wall > 0 else 0.0, prog_bar=True, logger=False, batch_size=1)
+
+    def state_dict(self) -> dict[str, Any]:
+        """The run's totals as of the last step (saved in each bundle's ``trainer.ckpt``)."""
+        return {"steps": self.steps, "trainer": dict(self.trainer_totals), "engine": asdict(self.engine)}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Continue the totals of the bundle the run resumes from."""
+        self.steps = int(state_dict["steps"])
+        self.trainer_totals = {part: float(state_dict["trainer"].get(part, 0.0)) for part in TRAINER_PARTS}
+        self.engine = self._resumed_engine = EngineTime(**state_dict["engine"])
 
     def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         """Print the run's goodput and the allocation advice (the leader)."""

@@ -9,8 +9,9 @@ Per step, after the refit that :class:`~sc_lightning.callbacks.refit.RefitCallba
     train/aborted_stale_inflight_groups, train/{dropped,replaced,promoted}_prompt_groups    this step's
     dynamic_sampling/filtered_groups, dynamic_sampling/extra_generations    this step's (grpo.use_dynamic_sampling);
                                     the filtered groups also go to train_data.jsonl, before the step's bundle
-    rollout/*_total                 counters since the start; rollout/inflight, rollout/buffered, rollout/idle_s
-                                    gauges as dispatch reopened
+    rollout/*_total                 counters since the run's start (the callback's state, saved in every bundle's
+                                    trainer.ckpt: a resumed run continues them); rollout/inflight,
+                                    rollout/buffered, rollout/idle_s gauges as dispatch reopened
     survivorship/{trained,committed,evicted}_{groups,reward_mean,len_mean}
                                     this step's groups taken for training, committed and evicted by the sampler:
                                     their count, mean reward and mean completion length (0 for none)
@@ -29,6 +30,10 @@ from sc_lightning.lightning.module import GRPOModule
 
 class RolloutMonitor(Callback):
     """Logs the refit's and the step's times, the step's drops and ``rollout/*``; list it after RefitCallback."""
+
+    def __init__(self) -> None:
+        self.totals: dict[str, float] = {}  # the run's rollout/*_total counters as of the last step
+        self._resumed: dict[str, float] = {}  # those of the bundle this process resumed from
 
     def on_train_batch_end(
         self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int
@@ -60,14 +65,24 @@ class RolloutMonitor(Callback):
         pl_module.log_dict(filtering, on_step=True, batch_size=1)
         if isinstance(pl_module, GRPOModule):  # before the step's bundle: Lightning runs checkpoint callbacks last
             pl_module.log_filtered_groups(record.version - 1, stats.last_step.filtered)
+        counters = rollout_counters(stats)
+        self.totals = {k: self._resumed.get(k, 0.0) + v for k, v in counters.items() if k.endswith("_total")}
         pl_module.log_dict(
-            {f"rollout/{k}": float(v) for k, v in rollout_counters(stats).items()}, on_step=True, batch_size=1
+            {f"rollout/{k}": float(v) for k, v in (counters | self.totals).items()}, on_step=True, batch_size=1
         )
         pl_module.log_dict(
             {f"survivorship/{k}": v for k, v in survivorship_metrics(stats.survivorship).items()},
             on_step=True,
             batch_size=1,
         )
+
+    def state_dict(self) -> dict[str, Any]:
+        """The run's ``rollout/*_total`` counters as of the last step (saved in each bundle's ``trainer.ckpt``)."""
+        return {"totals": dict(self.totals)}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Continue the counters of the bundle the run resumes from (the controller's restart with the process)."""
+        self.totals = self._resumed = {name: float(value) for name, value in state_dict["totals"].items()}
 
 
 def survivorship_metrics(step: StepSurvivorship) -> dict[str, float]:

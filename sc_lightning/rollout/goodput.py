@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import astuple, dataclass
 
 
 @dataclass(frozen=True)
@@ -38,6 +38,10 @@ class EngineTime:
     def wall_s(self) -> float:
         """The wall time the accounts cover: the sum of the five time parts."""
         return self.trained_s + self.wasted_s + self.pending_s + self.stood_down_s + self.idle_s
+
+    def __add__(self, other: EngineTime) -> EngineTime:
+        """Both accounts together: a resumed run's totals are its bundle's plus those of the process since."""
+        return EngineTime(*(mine + theirs for mine, theirs in zip(astuple(self), astuple(other), strict=True)))
 
     def parts(self) -> dict[str, float]:
         """The time parts by name (``trained``, ``wasted``, ``pending``, ``stood_down``, ``idle``)."""
