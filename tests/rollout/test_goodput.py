@@ -107,10 +107,44 @@ def test_the_parts_always_sum_to_the_wall_time_and_tokens_are_never_lost(events)
 
 def test_the_advice_splits_the_devices_so_both_pumps_take_the_same_time() -> None:
     trainer = {"productive": 30.0, "wait_rollouts": 50.0, "refit": 5.0, "checkpoint": 0.0, "other": 5.0}
-    engine = EngineTime(trained_s=80.0, wasted_s=10.0, idle_s=10.0, trained_tokens=900, wasted_tokens=100)
+    engine = EngineTime(trained_s=88.0, wasted_s=10.0, idle_s=2.0, trained_tokens=900, wasted_tokens=100)
     advice = allocation_advice(trainer, engine, steps=10, devices=(4, 4))
-    # per step generation needs 9 engine-seconds on 4 devices, training 4 s on 4: 9:4 of 8 devices is 5.5 : 2.5
-    assert "busy 9.00 s, training took 4.00 s" in advice
-    assert "of the 8 devices, about 6 for generation and 2 for training" in advice
-    assert "allow one more version of lookahead" in advice  # the trainer waited while the engines idled
+    # per step generation needs 9.8 engine-seconds on 4 devices, training 4 s on 4: 9.8:4 of 8 devices is 5.7 : 2.3
+    assert "busy 9.80 s and training took 4.00 s" in advice
+    assert (
+        "more generation devices, not lookahead; of the 8 devices, about 6 for generation and 2 for training" in advice
+    )
     assert "900 tokens trained, 100 wasted" in advice
+
+
+TRAINER = {"productive": 50.0, "refit": 5.0, "checkpoint": 0.0, "other": 15.0}  # and wait_rollouts: T = 7 s a step
+VERDICTS = {
+    "barely": "the trainer barely waited",
+    "colocated": "take turns on the same devices",
+    "admission": "admission held generation back",
+    "bottleneck": "generation is the bottleneck",
+}
+
+
+@pytest.mark.parametrize(
+    ("wait_s", "engine", "verdict", "devices_said"),
+    [
+        (2.0, EngineTime(trained_s=40.0, idle_s=60.0), "barely", "keep pace on about 0.57x its devices"),
+        # the colocated run: generation is faster than training, but the two cannot overlap
+        (30.0, EngineTime(trained_s=50.0, stood_down_s=48.0, idle_s=2.0), "colocated", None),
+        (30.0, EngineTime(trained_s=50.0, stood_down_s=30.0, idle_s=20.0), "colocated", None),
+        (30.0, EngineTime(trained_s=60.0, idle_s=40.0), "admission", None),
+        (60.0, EngineTime(trained_s=98.0, idle_s=2.0), "bottleneck", "keep pace on about 1.40x its devices"),
+    ],
+)
+def test_the_advice_gives_one_verdict(
+    wait_s: float, engine: EngineTime, verdict: str, devices_said: str | None
+) -> None:
+    trainer = {**TRAINER, "wait_rollouts": wait_s}
+    advice = allocation_advice(trainer, engine, steps=10)
+    (line,) = [line for line in advice.splitlines() if "advice:" in line]
+    assert [name for name, phrase in VERDICTS.items() if phrase in advice] == [verdict], advice
+    if devices_said is None:  # no device figure that could point the other way
+        assert "its devices" not in advice and "more generation devices" not in advice, advice
+    else:
+        assert devices_said in line
