@@ -51,18 +51,19 @@ def plot(run: RunData) -> Plot:
 
 
 def advice_of(run: RunData) -> str | None:
-    """The allocation advice a fit prints at its end, from the last step's logged totals (None: not logged)."""
-    steps = [step for step, row in sorted(run.metrics.items()) if "goodput/engine/wall_total_s" in row]
+    """The allocation advice a fit prints at its end, from the last logged step's totals, which are the run's
+    since step 0 (a resumed run continues them), so they cover that step's index + 1 steps (None: not logged)."""
+    steps = [step for step, row in run.metrics.items() if "goodput/engine/wall_total_s" in row]
     if not steps:
         return None
-    last = run.metrics[steps[-1]]
+    last = run.metrics[max(steps)]
     trainer = {part: last.get(f"goodput/trainer/{part}_total_s", 0.0) for part in TRAINER_PARTS}
     engine = EngineTime(
         **{f"{part}_s": last.get(f"goodput/engine/{part}_total_s", 0.0) for part in EngineTime().parts()},
         trained_tokens=int(last.get("goodput/engine/trained_tokens_total", 0)),
         wasted_tokens=int(last.get("goodput/engine/wasted_tokens_total", 0)),
     )
-    return allocation_advice(trainer, engine, steps=len(steps))
+    return allocation_advice(trainer, engine, steps=max(steps) + 1)
 
 
 def _part(column: str) -> str:
