@@ -171,11 +171,6 @@ def test_goodput_and_validation_columns_are_drawn_whatever_their_names(tiny_run:
     assert plots["reward"].series["val/reward"] == ((2.0, 5.0), (0.25, 0.5))
 
 
-def test_main_refuses_a_missing_run_directory(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert main([str(tmp_path / "absent")]) == 2
-    assert "is not a directory" in capsys.readouterr().err
-
-
 def test_the_report_subcommand_writes_the_html_beside_the_run(tiny_run: Path, tmp_path: Path) -> None:
     run_dir = copy_run(tiny_run, tmp_path)
     argv = [sys.executable, "-m", "sc_lightning", "report", str(run_dir)]
@@ -184,5 +179,6 @@ def test_the_report_subcommand_writes_the_html_beside_the_run(tiny_run: Path, tm
     html = (run_dir / "report.html").read_text()
     assert str(run_dir / "report.html") in result.stdout
     assert html.count("data:image/png;base64,") >= 6 and "grpo.num_prompts_per_step" in html
-    assert "advice: per step generation kept the engines busy" in result.stdout  # the fit's end-of-run advice,
-    assert "advice: per step generation kept the engines busy" in html  # on demand from the logged totals
+    assert "per step generation kept the engines busy" in result.stdout  # the fit's end-of-run advice,
+    assert "per step generation kept the engines busy" in html  # on demand from the logged totals
+    assert result.stdout.count("advice:") == 1
