@@ -13,7 +13,7 @@ from typing import Any, get_args
 
 from sc_lightning.rollout.envs.base import Score
 from sc_lightning.rollout.multiturn.chat import ChatTemplate, Message, Role
-from sc_lightning.tokenizer import Tokenizer, prompt_token_ids
+from sc_lightning.tokenizer import Tokenizer, UnrepresentableTextError, prompt_token_ids
 from sc_lightning.types import SamplingParams
 
 ROLES = get_args(Role)
@@ -40,7 +40,10 @@ def parse_completion_request(body: Any, tokenizer: Tokenizer, defaults: Sampling
     body = _object(body)
     prompt = body.get("prompt")
     if isinstance(prompt, str):
-        ids = prompt_token_ids(tokenizer, prompt)
+        try:
+            ids = prompt_token_ids(tokenizer, prompt)
+        except UnrepresentableTextError as err:
+            raise BadRequest(f"prompt: {err}") from None
     elif isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
         ids = tuple(prompt)
     else:
