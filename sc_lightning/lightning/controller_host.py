@@ -42,7 +42,7 @@ from sc_lightning.engines.base import GenerationEngine
 from sc_lightning.lightning.banner import print_banner, run_facts
 from sc_lightning.lightning.refit_stream import policy_buckets
 from sc_lightning.rollout.datasets import build_dataset
-from sc_lightning.rollout.envs import build_environment
+from sc_lightning.rollout.envs import answer_check, build_environment
 from sc_lightning.rollout.external import ExternalRollouts
 from sc_lightning.rollout.serving.server import OpenAIEndpoint
 from sc_lightning.trainer.data_parallel import data_parallel_representative, parallel_layout
@@ -286,7 +286,8 @@ class ControllerHost:
     def _start_rollout_side(self, weights: list[tuple[str, torch.Tensor]]) -> None:
         module = self.lightning_module
         config, tokenizer = self.config, module.tokenizer
-        dataset = build_dataset(config.data, tokenizer, seed=config.algo.seed)  # bad rows fail before anything starts
+        environment = build_environment(config.env)  # its answer check runs on every dataset row
+        dataset = build_dataset(config.data, tokenizer, seed=config.algo.seed, check_answer=answer_check(environment))
         self.data_plane = build_data_plane(config.data_plane)
         data_plane = self.data_plane
         engine = self.engine_factory(config, weights)  # here, on the main thread (it may start Ray)
@@ -301,7 +302,7 @@ class ControllerHost:
                 config,
                 data_plane=data_plane,
                 engine=engine,
-                environment=build_environment(config.env),
+                environment=environment,
                 tokenizer=tokenizer,
                 dataset=dataset,
             )

@@ -18,7 +18,7 @@ from sc_lightning.rollout.datasets import (
     PromptDataset,
     build_dataset,
 )
-from sc_lightning.rollout.envs import ArithmeticEnvironment
+from sc_lightning.rollout.envs import ArithmeticEnvironment, answer_check
 from sc_lightning.tokenizer import CharTokenizer, Tokenizer, load_tokenizer
 
 TOK = CharTokenizer()
@@ -296,3 +296,27 @@ def test_a_prompt_with_unknown_tokens_is_a_bad_row(tmp_path: Path) -> None:
     path = write_jsonl(tmp_path / "p.jsonl", rows)
     with pytest.raises(DatasetError, match=r"p\.jsonl:2: cannot tokenize the prompt: .*cannot represent 'three' of"):
         JsonlPromptDataset(path, load_tokenizer(str(tmp_path / "tok")))
+
+
+def test_an_answer_the_environment_could_never_score_is_a_bad_row_at_load(tmp_path: Path) -> None:
+    """The arithmetic verifier needs integers: a float answer (7.0 in JSON, or "7.5") is a bad row naming file:line
+    and the reason as the file loads, instead of a RewardError in the middle of the run."""
+    rows = [
+        GOOD[0],
+        json.dumps({"problem": "3+4=", "expected_answer": 7.0}),
+        '{"problem": "3+4=", "expected_answer": "7.5"}',
+    ]
+    path = write_jsonl(tmp_path / "p.jsonl", [*rows, GOOD[1]])
+    cfg = DataConfig(dataset_name=str(path))
+    check = answer_check(ArithmeticEnvironment())
+    with pytest.raises(DatasetError) as raised:
+        build_dataset(cfg, TOK, seed=0, check_answer=check)
+    assert f"  - {path}:2: key 'expected_answer': the arithmetic answer must be an integer, got '7.0'" in str(
+        raised.value
+    )
+    assert f"  - {path}:3: key 'expected_answer': the arithmetic answer must be an integer, got '7.5'" in str(
+        raised.value
+    )
+    ds = build_dataset(dataclasses.replace(cfg, max_skipped_rows=2), TOK, seed=0, check_answer=check)
+    assert [p.answer for p in ds] == ["0", "2"]
+    assert len(build_dataset(cfg, TOK, seed=0)) == 4  # the check is the environment's: without one, any answer loads
