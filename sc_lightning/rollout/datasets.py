@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-from sc_lightning.tokenizer import Tokenizer, prompt_token_ids
+from sc_lightning.tokenizer import Tokenizer, UnrepresentableTextError, prompt_token_ids
 from sc_lightning.types import Prompt
 
 if TYPE_CHECKING:
@@ -54,6 +54,14 @@ def check_prompt_length(prompt: Prompt, max_prompt_length: int | None, source: s
         raise DatasetError(f"prompt {prompt.prompt_id}{where} {problem}")
 
 
+def unspellable_task(task: str, err: UnrepresentableTextError) -> DatasetError:
+    """The DatasetError of a built-in ``task`` whose prompts the run's tokenizer cannot represent."""
+    return DatasetError(
+        f"the built-in {task} dataset (data.dataset_name) needs a tokenizer that can spell its prompts: {err}; set "
+        "policy.tokenizer_name (or policy.model_name) to one that can, or use a .jsonl dataset"
+    )
+
+
 class _ListDataset:
     """Prompts held in a list (both built-in datasets are small enough to build eagerly)."""
 
@@ -91,11 +99,15 @@ class ArithmeticDataset(_ListDataset):
 
 
 def arithmetic_prompt(tokenizer: Tokenizer, a: int, b: int, *, prompt_id: str, index: int) -> Prompt:
-    """The arithmetic task's prompt ``"a+b="`` (answer ``a + b``)."""
+    """The arithmetic task's prompt ``"a+b="`` (answer ``a + b``); DatasetError when the tokenizer cannot spell it."""
     text = f"{a}+{b}="
+    try:
+        token_ids = prompt_token_ids(tokenizer, text)
+    except UnrepresentableTextError as err:
+        raise unspellable_task("arithmetic", err) from None
     return Prompt(
         prompt_id=prompt_id,
-        token_ids=prompt_token_ids(tokenizer, text),
+        token_ids=token_ids,
         text=text,
         answer=str(a + b),
         task="arithmetic",
@@ -110,7 +122,10 @@ class CalculatorDataset(_ListDataset):
     def __init__(self, size: int, seed: int, tokenizer: Tokenizer, *, max_prompt_length: int | None = None) -> None:
         from sc_lightning.rollout.multiturn.calculator import calculator_prompts  # the multi-turn package is heavier
 
-        self._prompts = calculator_prompts(size, seed, tokenizer)
+        try:
+            self._prompts = calculator_prompts(size, seed, tokenizer)
+        except UnrepresentableTextError as err:
+            raise unspellable_task("calculator", err) from None
         for prompt in self._prompts:
             check_prompt_length(prompt, max_prompt_length, "the calculator dataset")
 

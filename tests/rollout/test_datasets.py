@@ -320,3 +320,20 @@ def test_an_answer_the_environment_could_never_score_is_a_bad_row_at_load(tmp_pa
     ds = build_dataset(dataclasses.replace(cfg, max_skipped_rows=2), TOK, seed=0, check_answer=check)
     assert [p.answer for p in ds] == ["0", "2"]
     assert len(build_dataset(cfg, TOK, seed=0)) == 4  # the check is the environment's: without one, any answer loads
+
+
+@pytest.mark.parametrize("name", ["arithmetic", "calculator"])
+def test_a_built_in_task_the_tokenizer_cannot_spell_is_a_dataset_error(tmp_path: Path, name: str) -> None:
+    """A word-level tokenizer cannot spell "3+4=": the built-in dataset fails to load, naming the knob to change."""
+    from tokenizers import Tokenizer as RawTokenizer
+    from tokenizers import models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    raw = RawTokenizer(models.WordLevel({"<s>": 0, "</s>": 1, "[UNK]": 2, "two": 3}, unk_token="[UNK]"))
+    raw.pre_tokenizer = pre_tokenizers.Whitespace()
+    PreTrainedTokenizerFast(
+        tokenizer_object=raw, bos_token="<s>", eos_token="</s>", unk_token="[UNK]", chat_template="{{ messages }}"
+    ).save_pretrained(tmp_path)
+    match = rf"the built-in {name} dataset .* cannot represent .*policy\.tokenizer_name"
+    with pytest.raises(DatasetError, match=match):
+        build_dataset(DataConfig(dataset_name=name), load_tokenizer(str(tmp_path)), seed=0)
