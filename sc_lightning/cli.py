@@ -196,11 +196,12 @@ def fit(config: SCConfig, lightning: dict[str, Any]) -> int:
 
 def _bad_input_errors() -> tuple[type[Exception], ...]:
     """What a fit reports as bad input (one line, no traceback, exit code 2): the config, the dataset, the tokenizer
-    or their fit. Any other error is a bug or a failure and keeps its traceback."""
+    or their fit, the endpoint's port. Any other error is a bug or a failure and keeps its traceback."""
     from sc_lightning.rollout.datasets import DatasetError
+    from sc_lightning.rollout.serving.listen import EndpointPortError
     from sc_lightning.tokenizer import TokenizerLoadError, TokenizerMismatchError
 
-    return ConfigError, DatasetError, TokenizerLoadError, TokenizerMismatchError
+    return ConfigError, DatasetError, TokenizerLoadError, TokenizerMismatchError, EndpointPortError
 
 
 def _cannot_resume_errors() -> tuple[type[Exception], ...]:

@@ -26,6 +26,15 @@ from sc_lightning.engines.base import GenerationEngine
 from sc_lightning.models.warm_start import resolve_model_name
 
 
+def context_tokens(config: SCConfig) -> int:
+    """The longest sequence (prompt + completion) the engine ``config`` asks for holds: vLLM's ``max_model_len`` when
+    set, else ``policy.max_total_sequence_length``."""
+    generation = config.policy.generation
+    if generation.backend == "vllm" and generation.vllm_cfg.max_model_len:
+        return generation.vllm_cfg.max_model_len
+    return config.policy.max_total_sequence_length
+
+
 def default_engine_factory(
     config: SCConfig, initial_weights: list[tuple[str, torch.Tensor]] | None = None
 ) -> GenerationEngine:
@@ -38,7 +47,7 @@ def default_engine_factory(
         "precision": policy.precision,
         "seed": seed,
         "tokenizer_name": policy.tokenizer_name,
-        "max_seq_len": policy.max_total_sequence_length,
+        "max_seq_len": context_tokens(config),
         "max_batch_size": policy.generation.mcore_generation_config.max_batch_size,
     }
     if policy.generation.colocated.enabled:
@@ -89,7 +98,7 @@ def _vllm_engine(
     settings = VLLMSettings(
         model_path=model_name,
         dtype=_DTYPES.get(policy.precision, policy.precision),
-        max_model_len=vllm_cfg.max_model_len or policy.max_total_sequence_length,
+        max_model_len=context_tokens(config),
         seed=config.algo.seed,
         max_num_seqs=vllm_cfg.max_num_seqs,
         tensor_parallel_size=vllm_cfg.tensor_parallel_size,

@@ -5,8 +5,9 @@ of many — loads the prompt dataset (a bad one fails here, before anything star
 plane, the generation engine (seeded with the policy's current weights), and the controller with its rollout pump
 (on a background thread). With ``expose_http_server`` on (``vllm_cfg`` or ``mcore_generation_config``, by backend)
 it also serves the engine as an OpenAI-compatible endpoint on loopback (:attr:`endpoint_url`, on the backend's
-``http_port``); with ``env.name: external`` that endpoint also hands the rollouts to external agents
-(:mod:`~sc_lightning.rollout.external`). Then the leader prints the start banner
+``http_port``, which the leader binds first thing, in ``setup_environment``: a port in use fails before anything
+starts, as an EndpointPortError naming the knob); with ``env.name: external`` that endpoint also hands the rollouts
+to external agents (:mod:`~sc_lightning.rollout.external`). Then the leader prints the start banner
 (:mod:`~sc_lightning.lightning.banner`). The other ranks start nothing: they receive a handle on the data plane and,
 for every selection, the leader's group metadata (:mod:`~sc_lightning.trainer.rank_sync`), and read their own rows by
 key. At ``teardown`` — also after an exception
@@ -16,6 +17,7 @@ one item per RL step.
 
 from __future__ import annotations
 
+import socket
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -39,12 +41,14 @@ from sc_lightning.controller.build import (
 from sc_lightning.data_plane import build_data_plane
 from sc_lightning.data_plane.base import DataPlane
 from sc_lightning.engines.base import GenerationEngine
+from sc_lightning.engines.factory import context_tokens
 from sc_lightning.lightning.banner import print_banner, run_facts
 from sc_lightning.lightning.refit_stream import policy_buckets
 from sc_lightning.rollout.datasets import build_dataset
 from sc_lightning.rollout.envs import answer_check, build_environment
 from sc_lightning.rollout.external import ExternalRollouts
 from sc_lightning.rollout.prompts import check_dataset_fits_steps
+from sc_lightning.rollout.serving.listen import listen_on_loopback
 from sc_lightning.rollout.serving.server import OpenAIEndpoint
 from sc_lightning.trainer.data_parallel import data_parallel_representative, parallel_layout
 from sc_lightning.trainer.rank_sync import FollowerSelect, LeaderSelect, RankGroup
@@ -75,6 +79,12 @@ def http_server_port(config: SCConfig) -> int | None:
     generation = config.policy.generation
     settings = generation.vllm_cfg if generation.backend == "vllm" else generation.mcore_generation_config
     return settings.http_port if settings.expose_http_server else None
+
+
+def http_port_knob(config: SCConfig) -> str:
+    """The dotpath of the endpoint's port knob of the chosen backend."""
+    block = "vllm_cfg" if config.policy.generation.backend == "vllm" else "mcore_generation_config"
+    return f"policy.generation.{block}.http_port"
 
 
 def external_rollouts(config: SCConfig, engine: GenerationEngine) -> ExternalRollouts | None:
@@ -115,12 +125,21 @@ class ControllerHost:
         self._step_clock = time.monotonic()  # the current RL step's start: the fit's, then each refit's end
         self.endpoint: OpenAIEndpoint | None = None
         self.endpoint_url: str | None = None
+        self._endpoint_socket: socket.socket | None = None  # bound in setup_environment, served by the endpoint
         self.ranks: RankGroup | None = None  # with several trainer ranks: their metadata channel
 
     @property
     def leader(self) -> bool:
         """Whether this rank owns the controller, the data plane and the engine (always, in one process)."""
         return self.ranks is None or self.ranks.leader
+
+    def setup_environment(self) -> None:
+        """Set up the environment as usual (the ranks join), then, on the leader serving the endpoint, listen on its
+        port: taken, it fails here (EndpointPortError naming the knob), before any model, engine or Ray starts."""
+        super().setup_environment()  # type: ignore[misc]
+        port = http_server_port(self.config)
+        if port is not None and self.leader and self._endpoint_socket is None:
+            self._endpoint_socket = listen_on_loopback(port, http_port_knob(self.config))
 
     def setup(self, trainer: Any) -> None:
         """Set up the model as usual, then start (or, off the leader, attach to) the rollout side.
@@ -322,7 +341,9 @@ class ControllerHost:
                 tokenizer,
                 model_name=config.policy.model_name,
                 defaults=rollout_settings(config).sampling,
+                context_tokens=context_tokens(config),
                 port=port,
+                sock=self._endpoint_socket,
                 rollouts=external,
             )
             self.endpoint_url = self.controller.call(self.endpoint.start())  # on the loop that owns the engine
@@ -380,6 +401,9 @@ class ControllerHost:
                 self.controller.shutdown()
         finally:
             self.controller, self.endpoint, self.endpoint_url = None, None, None
+            if self._endpoint_socket is not None:  # closed already if the endpoint served on it
+                self._endpoint_socket.close()
+                self._endpoint_socket = None
             if self.data_plane is not None and self.leader:
                 self.data_plane.close()
             self.data_plane = None

@@ -40,7 +40,7 @@ def test_chat_renders_the_template_and_returns_the_models_tokens_and_logprobs(ti
 
     async def scenario() -> list[tuple[int, dict]]:
         engine = MegatronEngine.from_pretrained(str(tiny_dirs["a"]), stop_on_eos=False)
-        endpoint = OpenAIEndpoint(engine, TOKENIZER, model_name="tiny-a", defaults=DEFAULTS)
+        endpoint = OpenAIEndpoint(engine, TOKENIZER, model_name="tiny-a", defaults=DEFAULTS, context_tokens=256)
         url = await endpoint.start()
         try:
             return await post_all(
@@ -113,7 +113,9 @@ def test_text_parts_and_a_tool_calling_assistant_message_render() -> None:
 
 def test_an_engine_failure_on_a_chat_request_is_a_503_naming_the_engine() -> None:
     async def scenario() -> list[tuple[int, dict]]:
-        endpoint = OpenAIEndpoint(ScriptedEngine(fail_on=0), TOKENIZER, model_name="m", defaults=DEFAULTS)
+        endpoint = OpenAIEndpoint(
+            ScriptedEngine(fail_on=0), TOKENIZER, model_name="m", defaults=DEFAULTS, context_tokens=64
+        )
         url = await endpoint.start()
         try:
             return await post_all(url, [{"messages": [{"role": "user", "content": "1+1"}]}])
@@ -122,4 +124,9 @@ def test_an_engine_failure_on_a_chat_request_is_a_503_naming_the_engine() -> Non
 
     [(status, body)] = asyncio.run(scenario())
     assert status == 503
-    assert body["error"] == {"message": "scripted: scripted failure on request 0", "type": "engine_error"}
+    assert body["error"] == {
+        "message": "scripted: scripted failure on request 0",
+        "type": "engine_error",
+        "param": None,
+        "code": None,
+    }

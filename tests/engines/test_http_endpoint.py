@@ -27,7 +27,7 @@ def test_endpoint_serves_ids_logprobs_and_the_weight_version(tiny_dirs: dict) ->
 
     async def scenario() -> tuple[dict, dict, dict, dict, dict]:
         engine = MegatronEngine.from_pretrained(str(tiny_dirs["a"]), stop_on_eos=False)
-        endpoint = OpenAIEndpoint(engine, TOKENIZER, model_name="tiny-a", defaults=DEFAULTS)
+        endpoint = OpenAIEndpoint(engine, TOKENIZER, model_name="tiny-a", defaults=DEFAULTS, context_tokens=256)
         url = await endpoint.start()
         assert url.startswith("http://127.0.0.1:")
         try:
@@ -78,7 +78,7 @@ def test_endpoint_serves_ids_logprobs_and_the_weight_version(tiny_dirs: dict) ->
         ({"prompt": [1, True]}, "prompt"),
         ({"prompt": "1+1=", "n": 2}, "n: only 1"),
         ({"prompt": "1+1=", "max_tokens": 0}, "max_tokens"),
-        ({"prompt": "1+1=", "temperature": "hot"}, "sampling fields"),
+        ({"prompt": "1+1=", "temperature": "hot"}, "temperature: give a finite number"),
     ],
 )
 def test_bad_requests_say_which_field(body: object, message: str) -> None:
@@ -90,7 +90,9 @@ def test_an_engine_failure_is_a_503_naming_the_engine() -> None:
     from sc_lightning.testing.scripted_engine import ScriptedEngine
 
     async def scenario() -> tuple[int, dict]:
-        endpoint = OpenAIEndpoint(ScriptedEngine(fail_on=0), TOKENIZER, model_name="m", defaults=DEFAULTS)
+        endpoint = OpenAIEndpoint(
+            ScriptedEngine(fail_on=0), TOKENIZER, model_name="m", defaults=DEFAULTS, context_tokens=64
+        )
         url = await endpoint.start()
         try:
             async with aiohttp.ClientSession() as http, http.post(f"{url}/completions", json={"prompt": "1+1="}) as r:
@@ -100,7 +102,12 @@ def test_an_engine_failure_is_a_503_naming_the_engine() -> None:
 
     status, body = asyncio.run(scenario())
     assert status == 503
-    assert body["error"] == {"message": "scripted: scripted failure on request 0", "type": "engine_error"}
+    assert body["error"] == {
+        "message": "scripted: scripted failure on request 0",
+        "type": "engine_error",
+        "param": None,
+        "code": None,
+    }
 
 
 def test_a_prompt_the_tokenizer_cannot_represent_is_a_400_naming_it(tmp_path) -> None:
@@ -114,7 +121,8 @@ def test_a_prompt_the_tokenizer_cannot_represent_is_a_400_naming_it(tmp_path) ->
     engine = ScriptedEngine()
 
     async def scenario() -> list[tuple[int, dict]]:
-        endpoint = OpenAIEndpoint(engine, load_tokenizer(str(tmp_path)), model_name="m", defaults=DEFAULTS)
+        tokenizer = load_tokenizer(str(tmp_path))
+        endpoint = OpenAIEndpoint(engine, tokenizer, model_name="m", defaults=DEFAULTS, context_tokens=64)
         url = await endpoint.start()
         requests = [
             ("completions", {"prompt": "hello world"}),

@@ -67,7 +67,9 @@ async def serving(
     buffer = TQReplayBuffer(MemoryDataPlane())
     manager = RolloutManager(ServedPolicy(engine), ExternalRewards(), TOKENIZER, buffer, settings)
     manager.sample_source = rollouts
-    endpoint = OpenAIEndpoint(engine, TOKENIZER, model_name="m", defaults=SAMPLING, rollouts=rollouts)
+    endpoint = OpenAIEndpoint(
+        engine, TOKENIZER, model_name="m", defaults=SAMPLING, context_tokens=32, rollouts=rollouts
+    )
     url = await endpoint.start()
     try:
         async with aiohttp.ClientSession() as http:

@@ -18,16 +18,22 @@ completion token: two values when a refit landed mid-request). With external rol
 model request may carry ``rollout_id`` (OpenAI clients: ``extra_body``) to be attributed to that rollout, and the
 agent routes ``GET /v1/rollouts/next`` and ``POST /v1/rollouts/{rollout_id}/reward`` are served
 (:mod:`sc_lightning.rollout.external`). Errors are OpenAI-style bodies: 400 naming the bad field, 404 / 409 naming the
-rollout id, 503 naming the engine.
+rollout id, 503 naming the engine. Every field is checked before the engine sees the request
+(:mod:`~sc_lightning.rollout.serving.validation`): a client's mistake — a wrong type, a value out of range or not
+finite, a prompt that does not fit the ``context_tokens`` with its ``max_tokens``, a token id outside the tokenizer's
+vocabulary, a field the endpoint does not serve (``stream``, ``stop``, ``n`` > 1 …) — is a 400 naming the field
+(``param``) and the limit, an unknown ``model`` a 404; only an engine failure is a 503.
 
 The endpoint runs on the event loop that owns the engine (the controller's): :meth:`start` and :meth:`stop` are
-coroutines to be run there. It binds 127.0.0.1 only.
+coroutines to be run there. It listens on 127.0.0.1 only, on a socket given to it (bound before the run starts:
+:func:`~sc_lightning.rollout.serving.listen.listen_on_loopback`) or bound at :meth:`start`.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import itertools
+import socket
 import time
 from typing import Any
 
@@ -35,6 +41,7 @@ from sc_lightning.engines.base import EngineError, GenerationEngine
 from sc_lightning.rollout.chat_continuation import ChatTurn, continuation_ids
 from sc_lightning.rollout.external import ExternalRollout, ExternalRollouts, RolloutStateError
 from sc_lightning.rollout.multiturn.chat import ChatTemplate, ChatTemplateError, chat_template_for
+from sc_lightning.rollout.serving.listen import listen_on_loopback
 from sc_lightning.rollout.serving.requests import (
     BadRequest,
     ModelRequest,
@@ -42,14 +49,18 @@ from sc_lightning.rollout.serving.requests import (
     parse_completion_request,
     parse_reward,
 )
+from sc_lightning.rollout.serving.validation import check_model, completion_budget, load_body, wait_seconds
 from sc_lightning.tokenizer import Tokenizer
 from sc_lightning.types import Generation, SamplingParams
 
-MAX_CLAIM_WAIT_S = 60.0  # the longest long-poll of GET /v1/rollouts/next (?wait_s=, default 10)
-
 
 class OpenAIEndpoint:
-    """Serves ``engine`` over HTTP on 127.0.0.1 (``port`` 0 picks a free one); ``rollouts`` adds the agent routes."""
+    """Serves ``engine`` over HTTP on 127.0.0.1; ``rollouts`` adds the agent routes.
+
+    ``context_tokens``: the engine's longest sequence (prompt + completion). ``sock``: a socket already listening on
+    127.0.0.1 (see :func:`~sc_lightning.rollout.serving.listen.listen_on_loopback`), else :meth:`start` binds ``port``
+    (0 picks a free one).
+    """
 
     def __init__(
         self,
@@ -58,11 +69,14 @@ class OpenAIEndpoint:
         *,
         model_name: str,
         defaults: SamplingParams,
+        context_tokens: int,
         port: int = 0,
+        sock: socket.socket | None = None,
         rollouts: ExternalRollouts | None = None,
     ) -> None:
         self.engine, self.tokenizer, self.model_name, self.defaults = engine, tokenizer, model_name, defaults
-        self.port, self.rollouts = port, rollouts
+        self.context_tokens, self.port, self.rollouts = context_tokens, port, rollouts
+        self._sock = sock
         self._runner: Any = None
         self._ids = itertools.count()
         self._template: ChatTemplate | None = None
@@ -78,11 +92,11 @@ class OpenAIEndpoint:
         if self.rollouts is not None:
             app.router.add_get("/v1/rollouts/next", self._next_rollout)
             app.router.add_post("/v1/rollouts/{rollout_id}/reward", self._reward)
+        sock = self._sock if self._sock is not None else listen_on_loopback(self.port)
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", self.port)
-        await site.start()
-        self.port = self._runner.addresses[0][1]
+        await web.SockSite(self._runner, sock).start()
+        self.port = sock.getsockname()[1]
         return f"http://127.0.0.1:{self.port}/v1"
 
     async def stop(self) -> None:
@@ -96,17 +110,38 @@ class OpenAIEndpoint:
 
     async def _completions(self, request: Any) -> Any:
         try:
-            parsed = parse_completion_request(await request.json(), self.tokenizer, self.defaults)
-        except ValueError as err:  # BadRequest, or a body that is not JSON
-            return _error(400, str(err), "invalid_request_error")
+            body = await self._model_body(request)
+            parsed = self._fit(parse_completion_request(body, self.tokenizer, self.defaults), "prompt")
+        except BadRequest as err:
+            return _bad_request(err)
         return await self._serve(parsed, chat=False)
 
     async def _chat_completions(self, request: Any) -> Any:
         try:
-            parsed = parse_chat_request(await request.json(), self._chat_template(), self.defaults)
-        except ValueError as err:
-            return _error(400, str(err), "invalid_request_error")
+            body = await self._model_body(request)
+            parsed = self._fit(parse_chat_request(body, self._chat_template(), self.defaults), "messages")
+        except BadRequest as err:
+            return _bad_request(err)
         return await self._serve(parsed, chat=True)
+
+    async def _model_body(self, request: Any) -> Any:
+        """The JSON body of a model request, whose ``model`` (if any) must be the served one; BadRequest if not."""
+        body = load_body(await request.read())
+        if isinstance(body, dict):
+            check_model(body, self.model_name)
+        return body
+
+    def _fit(self, parsed: ModelRequest, field: str) -> ModelRequest:
+        """``parsed`` with its completion budget within the context (a rollout's call is held to its rollout's
+        room instead: :meth:`_attribute`); BadRequest naming ``field`` or the max_tokens field when it cannot fit."""
+        if parsed.rollout_id is not None:
+            return parsed
+        sampling, limit = parsed.sampling, parsed.max_tokens_field
+        given = None if limit is None else sampling.max_new_tokens
+        budget = completion_budget(
+            len(parsed.prompt_ids), given, sampling.max_new_tokens, self.context_tokens, field, limit or "max_tokens"
+        )
+        return dataclasses.replace(parsed, sampling=dataclasses.replace(sampling, max_new_tokens=budget))
 
     def _chat_template(self) -> ChatTemplate:
         if self._template is None:
@@ -125,7 +160,9 @@ class OpenAIEndpoint:
                 return _error(503, str(err), "engine_error")
             return _json(self._response(parsed, generation, chat=chat))
         if self.rollouts is None:
-            return _error(400, "rollout_id: this run serves no external rollouts (env.name: external)")
+            return _error(
+                400, "rollout_id: this run serves no external rollouts (env.name: external)", param="rollout_id"
+            )
         try:
             rollout, parsed = self._attribute(parsed, self.rollouts)
         except RolloutStateError as err:
@@ -199,10 +236,10 @@ class OpenAIEndpoint:
 
         assert self.rollouts is not None
         try:
-            wait_s = min(float(request.query.get("wait_s", 10.0)), MAX_CLAIM_WAIT_S)
-        except ValueError:
-            return _error(400, f"wait_s: give a number of seconds (at most {MAX_CLAIM_WAIT_S}), got {request.query}")
-        rollout = await self.rollouts.claim(max(wait_s, 0.0))
+            wait_s = wait_seconds(request.query, 10.0)
+        except BadRequest as err:
+            return _bad_request(err)
+        rollout = await self.rollouts.claim(wait_s)
         if rollout is None:
             return web.Response(status=204)
         prompt = rollout.prompt
@@ -223,9 +260,9 @@ class OpenAIEndpoint:
         assert self.rollouts is not None
         rollout_id = request.match_info["rollout_id"]
         try:
-            score = parse_reward(await request.json())
-        except ValueError as err:
-            return _error(400, str(err), "invalid_request_error")
+            score = parse_reward(load_body(await request.read()))
+        except BadRequest as err:
+            return _bad_request(err)
         try:
             rollout = self.rollouts.finish(rollout_id, score)
         except RolloutStateError as err:
@@ -248,5 +285,13 @@ def _json(body: dict[str, Any], status: int = 200) -> Any:
     return web.json_response(body, status=status)
 
 
-def _error(status: int, message: str, kind: str = "invalid_request_error") -> Any:
-    return _json({"error": {"message": message, "type": kind}}, status=status)
+def _error(
+    status: int, message: str, kind: str = "invalid_request_error", *, param: str | None = None, code: str | None = None
+) -> Any:
+    """An OpenAI-shaped error body: ``message``, ``type``, ``param`` (the field at fault) and ``code``."""
+    return _json({"error": {"message": message, "type": kind, "param": param, "code": code}}, status=status)
+
+
+def _bad_request(err: BadRequest) -> Any:
+    """The client's mistake ``err`` as its status (400, or 404 for an unknown model) naming the field."""
+    return _error(err.status, str(err), "invalid_request_error", param=err.param, code=err.code)
