@@ -7,10 +7,12 @@ Hugging Face cache only (never the network).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any, Protocol, runtime_checkable
 
 BUILTIN_TOKENIZER_NAMES = ("builtin:char", "builtin:tiny", "builtin:small")  # every built-in model uses it
+MAX_LISTED_CHARACTERS = 12
+"""How many unrepresentable characters (or pieces) an UnrepresentableTextError lists (with the total count)."""
 
 
 @runtime_checkable
@@ -34,7 +36,7 @@ class Tokenizer(Protocol):
         """Number of ids the tokenizer can produce (every id is in ``range(vocab_size)``)."""
 
     def encode(self, text: str) -> list[int]:
-        """Token ids of ``text``, without any special tokens."""
+        """Token ids of ``text``, without any special tokens; UnrepresentableTextError when it cannot represent it."""
 
     def decode(self, ids: Sequence[int]) -> str:
         """Text of ``ids``, with special tokens left out."""
@@ -42,6 +44,21 @@ class Tokenizer(Protocol):
 
 class TokenizerLoadError(OSError):
     """A tokenizer could not be loaded; the message names the model or path that was asked for."""
+
+
+class UnrepresentableTextError(ValueError):
+    """A text holds characters a tokenizer cannot represent: encoding would drop them or turn them into unknowns."""
+
+    def __init__(self, tokenizer: str, text: str, characters: Sequence[str], why: str) -> None:
+        shown = ", ".join(repr(c) for c in characters[:MAX_LISTED_CHARACTERS])
+        more = f" and {len(characters) - MAX_LISTED_CHARACTERS} more" if len(characters) > MAX_LISTED_CHARACTERS else ""
+        super().__init__(f"{tokenizer} cannot represent {shown}{more} of {text!r} ({why})")
+        self.characters = tuple(characters)
+
+
+def _distinct(items: Iterable[str]) -> list[str]:
+    """``items`` without repeats, in order of first appearance."""
+    return list(dict.fromkeys(items))
 
 
 class TokenizerMismatchError(ValueError):
@@ -87,13 +104,11 @@ class CharTokenizer:
         return self._first + len(self.CHARS)
 
     def encode(self, text: str) -> list[int]:
-        """Ids of the characters of ``text``; a character outside the alphabet is a ValueError."""
-        try:
-            return [self._to_id[ch] for ch in text]
-        except KeyError as err:
-            raise ValueError(
-                f"CharTokenizer cannot encode {err.args[0]!r} in {text!r}; its alphabet is {self.CHARS!r}"
-            ) from None
+        """Ids of the characters of ``text``; UnrepresentableTextError naming every character outside the alphabet."""
+        unknown = _distinct(ch for ch in text if ch not in self._to_id)
+        if unknown:
+            raise UnrepresentableTextError("CharTokenizer", text, unknown, f"its alphabet is {self.CHARS!r}")
+        return [self._to_id[ch] for ch in text]
 
     def decode(self, ids: Sequence[int]) -> str:
         """Text of ``ids``: special ids are skipped, ids outside the vocabulary become U+FFFD."""
@@ -113,8 +128,9 @@ class CharTokenizer:
 class HuggingFaceTokenizer:
     """Adapter from a ``transformers`` tokenizer to :class:`Tokenizer`.
 
-    ``encode`` adds no special tokens (datasets add the bos themselves); ``decode`` skips special tokens.
-    When the tokenizer has no pad token, the eos id is used for padding.
+    ``encode`` adds no special tokens (datasets add the bos themselves) and refuses a text the tokenizer cannot
+    represent (a character it would drop or encode as its unknown token); ``decode`` skips special tokens. When the
+    tokenizer has no pad token, the eos id is used for padding.
     """
 
     def __init__(self, hf_tokenizer: Any, name: str = "") -> None:
@@ -128,6 +144,9 @@ class HuggingFaceTokenizer:
         self._pad = int(pad) if pad is not None else self._eos
         bos = hf_tokenizer.bos_token_id
         self._bos = int(bos) if bos is not None else None
+        unk = getattr(hf_tokenizer, "unk_token_id", None)
+        self._unk = int(unk) if unk is not None else None
+        self._lost_alone: dict[str, bool] = {}  # character -> whether encoding it alone loses it
 
     @classmethod
     def from_pretrained(cls, name: str) -> HuggingFaceTokenizer:
@@ -172,8 +191,46 @@ class HuggingFaceTokenizer:
         return len(self._tok)
 
     def encode(self, text: str) -> list[int]:
-        """Token ids of ``text`` without special tokens."""
-        return list(self._tok.encode(text, add_special_tokens=False))
+        """Token ids of ``text`` without special tokens; UnrepresentableTextError when it cannot represent it."""
+        ids, lost = self._encode(text)
+        if lost:
+            raise UnrepresentableTextError(
+                f"the tokenizer {self.name!r}", text, lost, "it would drop them or encode them as its unknown token"
+            )
+        return ids
+
+    def _encode(self, text: str) -> tuple[list[int], list[str]]:
+        """``text``'s ids and what they lose: pieces encoded as the unknown token, and characters no token covers
+        that the tokenizer's normalizer and pre-tokenizer keep (so its model drops them, as a byte-level BPE does
+        with a byte outside its vocabulary). Whitespace a pre-tokenizer splits on is not lost."""
+        if not getattr(self._tok, "is_fast", False):  # a slow tokenizer has no offsets: only unknown ids are seen
+            ids = [int(i) for i in self._tok.encode(text, add_special_tokens=False)]
+            return ids, [text] if self._unk is not None and self._unk in ids else []
+        encoded = self._tok(text, add_special_tokens=False, return_offsets_mapping=True)
+        ids, offsets = [int(i) for i in encoded["input_ids"]], encoded["offset_mapping"]
+        covered = [False] * len(text)
+        lost = []
+        for i, (start, end) in zip(ids, offsets, strict=True):
+            if i == self._unk:
+                lost.append(text[start:end])
+            covered[start:end] = [True] * (end - start)
+        lost += [ch for ch, seen in zip(text, covered, strict=True) if not seen and self._loses(ch)]
+        return ids, _distinct(lost)
+
+    def _loses(self, ch: str) -> bool:
+        """Whether encoding ``ch`` alone gives nothing (though the pipeline keeps it) or only the unknown token."""
+        if ch not in self._lost_alone:
+            ids = [int(i) for i in self._tok.encode(ch, add_special_tokens=False)]
+            self._lost_alone[ch] = all(i == self._unk for i in ids) if ids else self._pipeline_keeps(ch)
+        return self._lost_alone[ch]
+
+    def _pipeline_keeps(self, ch: str) -> bool:
+        """Whether the tokenizer's normalizer and pre-tokenizer leave anything of ``ch`` for its model to encode."""
+        backend = self._tok.backend_tokenizer
+        text = backend.normalizer.normalize_str(ch) if backend.normalizer is not None else ch
+        if backend.pre_tokenizer is None:
+            return bool(text)
+        return bool(text) and any(piece for piece, _ in backend.pre_tokenizer.pre_tokenize_str(text))
 
     def decode(self, ids: Sequence[int]) -> str:
         """Text of ``ids`` with special tokens skipped."""

@@ -1,4 +1,5 @@
-"""Bad input through the command line, as users hit it: malformed dataset rows and a tokenizer/model mismatch.
+"""Bad input through the command line, as users hit it: malformed dataset rows, a prompt the tokenizer cannot
+represent, a dataset smaller than one step, and a tokenizer/model mismatch.
 
 Each test runs ``python -m sc_lightning fit`` in a subprocess (real model, engine, controller and Trainer). Bad input
 ends the command with exit code 2 and the message, no traceback, before the data plane, engine or controller
@@ -74,3 +75,44 @@ def test_a_tokenizer_the_model_cannot_embed_ends_the_run_before_anything_starts(
         in result.stderr
     )
     assert f"policy.model_name='{model}' has 12 embedding rows" in result.stderr
+
+
+def test_a_prompt_the_warm_started_model_cannot_spell_ends_the_run_before_anything_starts(tmp_path: Path) -> None:
+    """The default warm-started built-in's tokenizer cannot represent "What is three plus four?": a bad row, so at
+    budget 0 exit 2 naming file:line and the characters, instead of training a BOS and four spaces."""
+    path = tmp_path / "prompts.jsonl"
+    rows = [{"problem": f"{a}+{a}=", "expected_answer": str(2 * a)} for a in range(8)]
+    rows.insert(1, {"problem": "What is three plus four?", "expected_answer": "7"})
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    result = run(
+        "fit", "--config", TINY, *QUICK, f"--data.dataset_name={path}", f"--trainer.default_root_dir={tmp_path}"
+    )
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert "Traceback" not in result.stderr
+    assert f"error: the prompt file {path} has 1 bad row(s), more than data.max_skipped_rows=0" in result.stderr
+    assert f"  - {path}:2: cannot tokenize the prompt: the tokenizer" in result.stderr
+    assert "cannot represent 'W', 'h', 'a', 't'" in result.stderr
+    assert not list(tmp_path.glob("lightning_logs/version_*/metrics.csv"))
+
+
+def test_a_dataset_smaller_than_one_step_ends_the_run_before_anything_starts(tmp_path: Path) -> None:
+    """4 prompts for steps of 8: one error line naming the count, grpo.num_prompts_per_step and the fix; exit 2."""
+    path = tmp_path / "prompts.jsonl"
+    path.write_text("".join(json.dumps({"problem": f"{a}+1=", "expected_answer": str(a + 1)}) + "\n" for a in range(4)))
+    result = run(
+        "fit",
+        "--config",
+        TINY,
+        *QUICK,
+        f"--data.dataset_name={path}",
+        "--grpo.num_prompts_per_step=8",
+        f"--trainer.default_root_dir={tmp_path}",
+    )
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert "Traceback" not in result.stderr
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert errors == [
+        f"error: the dataset '{path}' (data.dataset_name) holds 4 prompts, fewer than one RL step takes "
+        "(grpo.num_prompts_per_step=8); set grpo.num_prompts_per_step to at most 4, or use 8 or more prompts"
+    ]
+    assert not list(tmp_path.glob("lightning_logs/version_*/metrics.csv"))

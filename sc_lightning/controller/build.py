@@ -27,7 +27,7 @@ from sc_lightning.controller.watchdog import StallWatchdog
 from sc_lightning.data_plane.base import DataPlane
 from sc_lightning.engines.base import GenerationEngine
 from sc_lightning.rollout.datasets import PromptDataset, build_validation_set
-from sc_lightning.rollout.envs.base import Environment
+from sc_lightning.rollout.envs.base import Environment, answer_check
 from sc_lightning.rollout.manager import RolloutManager, RolloutSettings, ServedPolicy
 from sc_lightning.rollout.multiturn.protocol import MultiTurnEnvironment, TurnLimits
 from sc_lightning.rollout.multiturn.source import attach_multiturn
@@ -139,7 +139,9 @@ def build_validator(config: SCConfig, environment: Environment, tokenizer: Token
     algo = config.algo
     if not algo.validates():
         return None
-    prompts = build_validation_set(config.data, tokenizer, max_samples=algo.max_val_samples)
+    prompts = build_validation_set(
+        config.data, tokenizer, max_samples=algo.max_val_samples, check_answer=answer_check(environment)
+    )
     settings = ValidationSettings(
         due=lambda step: algo.validation_due(step, last_step=algo.max_num_steps),
         batch_size=algo.val_batch_size,

@@ -45,8 +45,9 @@ from sc_lightning.engines.factory import context_tokens
 from sc_lightning.lightning.banner import print_banner, run_facts
 from sc_lightning.lightning.refit_stream import policy_buckets
 from sc_lightning.rollout.datasets import build_dataset
-from sc_lightning.rollout.envs import build_environment
+from sc_lightning.rollout.envs import answer_check, build_environment
 from sc_lightning.rollout.external import ExternalRollouts
+from sc_lightning.rollout.prompts import check_dataset_fits_steps
 from sc_lightning.rollout.serving.listen import listen_on_loopback
 from sc_lightning.rollout.serving.server import OpenAIEndpoint
 from sc_lightning.trainer.data_parallel import data_parallel_representative, parallel_layout
@@ -305,7 +306,9 @@ class ControllerHost:
     def _start_rollout_side(self, weights: list[tuple[str, torch.Tensor]]) -> None:
         module = self.lightning_module
         config, tokenizer = self.config, module.tokenizer
-        dataset = build_dataset(config.data, tokenizer, seed=config.algo.seed)  # bad rows fail before anything starts
+        environment = build_environment(config.env)  # its answer check runs on every dataset row
+        dataset = build_dataset(config.data, tokenizer, seed=config.algo.seed, check_answer=answer_check(environment))
+        check_dataset_fits_steps(config, len(dataset))  # bad rows and a too-small dataset fail before anything starts
         self.data_plane = build_data_plane(config.data_plane)
         data_plane = self.data_plane
         engine = self.engine_factory(config, weights)  # here, on the main thread (it may start Ray)
@@ -320,7 +323,7 @@ class ControllerHost:
                 config,
                 data_plane=data_plane,
                 engine=engine,
-                environment=build_environment(config.env),
+                environment=environment,
                 tokenizer=tokenizer,
                 dataset=dataset,
             )

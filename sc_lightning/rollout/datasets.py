@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-from sc_lightning.tokenizer import Tokenizer, prompt_token_ids
+from sc_lightning.tokenizer import Tokenizer, UnrepresentableTextError, prompt_token_ids
 from sc_lightning.types import Prompt
 
 if TYPE_CHECKING:
@@ -17,6 +17,8 @@ if TYPE_CHECKING:
 
 ARITHMETIC_DATASET_SIZE = 512
 BUILTIN_DATASETS = ("arithmetic", "calculator")
+AnswerCheck = Callable[[str | None], object]
+"""An environment's ``check_answer``: raises a ValueError (its RewardError) for an answer it could never score."""
 LISTED_BAD_ROWS = 5
 """How many bad rows a DatasetError over ``data.max_skipped_rows`` lists (with the total count)."""
 log = logging.getLogger(__name__)
@@ -50,6 +52,14 @@ def check_prompt_length(prompt: Prompt, max_prompt_length: int | None, source: s
     if problem:
         where = f" in {source}" if source else ""
         raise DatasetError(f"prompt {prompt.prompt_id}{where} {problem}")
+
+
+def unspellable_task(task: str, err: UnrepresentableTextError) -> DatasetError:
+    """The DatasetError of a built-in ``task`` whose prompts the run's tokenizer cannot represent."""
+    return DatasetError(
+        f"the built-in {task} dataset (data.dataset_name) needs a tokenizer that can spell its prompts: {err}; set "
+        "policy.tokenizer_name (or policy.model_name) to one that can, or use a .jsonl dataset"
+    )
 
 
 class _ListDataset:
@@ -89,11 +99,15 @@ class ArithmeticDataset(_ListDataset):
 
 
 def arithmetic_prompt(tokenizer: Tokenizer, a: int, b: int, *, prompt_id: str, index: int) -> Prompt:
-    """The arithmetic task's prompt ``"a+b="`` (answer ``a + b``)."""
+    """The arithmetic task's prompt ``"a+b="`` (answer ``a + b``); DatasetError when the tokenizer cannot spell it."""
     text = f"{a}+{b}="
+    try:
+        token_ids = prompt_token_ids(tokenizer, text)
+    except UnrepresentableTextError as err:
+        raise unspellable_task("arithmetic", err) from None
     return Prompt(
         prompt_id=prompt_id,
-        token_ids=prompt_token_ids(tokenizer, text),
+        token_ids=token_ids,
         text=text,
         answer=str(a + b),
         task="arithmetic",
@@ -108,7 +122,10 @@ class CalculatorDataset(_ListDataset):
     def __init__(self, size: int, seed: int, tokenizer: Tokenizer, *, max_prompt_length: int | None = None) -> None:
         from sc_lightning.rollout.multiturn.calculator import calculator_prompts  # the multi-turn package is heavier
 
-        self._prompts = calculator_prompts(size, seed, tokenizer)
+        try:
+            self._prompts = calculator_prompts(size, seed, tokenizer)
+        except UnrepresentableTextError as err:
+            raise unspellable_task("calculator", err) from None
         for prompt in self._prompts:
             check_prompt_length(prompt, max_prompt_length, "the calculator dataset")
 
@@ -118,9 +135,10 @@ class JsonlPromptDataset(_ListDataset):
 
     Each object needs ``prompt_key`` (a non-empty string) and ``answer_key`` (a string or a number); any other
     fields go to ``Prompt.extra``. A bad row — not UTF-8, not JSON, not an object, a key missing or of a wrong type,
-    untokenizable, or longer than ``max_prompt_length`` tokens — is skipped when the file holds at most
-    ``max_skipped_rows`` of them (each logged as a warning with its ``file:line`` and reason, and listed in
-    :attr:`skipped_rows`); one more and loading fails with a DatasetError that lists the first few. Prompt ``i``
+    an answer ``check_answer`` (the environment's, see :func:`~sc_lightning.rollout.envs.base.answer_check`) refuses,
+    a prompt the tokenizer cannot represent, or longer than ``max_prompt_length`` tokens — is skipped when the file
+    holds at most ``max_skipped_rows`` of them (each logged as a warning with its ``file:line`` and reason, and listed
+    in :attr:`skipped_rows`); one more and loading fails with a DatasetError that lists the first few. Prompt ``i``
     (counting kept records, not lines) has id ``{task}-{i:06d}`` and index ``i``. With ``apply_chat_template`` a
     prompt's token ids are its text rendered as a user message by the tokenizer's chat template (``text`` stays the
     raw text); otherwise bos and the encoded text.
@@ -140,6 +158,7 @@ class JsonlPromptDataset(_ListDataset):
         max_prompt_length: int | None = None,
         max_skipped_rows: int = 0,
         apply_chat_template: bool = False,
+        check_answer: AnswerCheck | None = None,
     ) -> None:
         self.path = Path(path)
         encode = prompt_encoder(tokenizer, apply_chat_template)
@@ -155,7 +174,7 @@ class JsonlPromptDataset(_ListDataset):
             if not line.strip():
                 continue
             try:
-                text, answer, token_ids, extra = _parse_row(line, lineno, encode, keys, max_prompt_length)
+                text, answer, token_ids, extra = _parse_row(line, lineno, encode, keys, max_prompt_length, check_answer)
             except _BadRow as bad:
                 self.skipped_rows.append((f"{self.path}:{lineno}", str(bad)))
                 continue
@@ -214,6 +233,7 @@ def _parse_row(
     encode: Callable[[str], tuple[int, ...]],
     keys: tuple[str, str],
     max_prompt_length: int | None,
+    check_answer: AnswerCheck | None,
 ) -> tuple[str, str, tuple[int, ...], Mapping[str, Any]]:
     """``(text, answer, token_ids, extra)`` of one JSONL row; _BadRow naming the reason when it cannot be used."""
     prompt_key, answer_key = keys
@@ -231,6 +251,11 @@ def _parse_row(
     if not text:
         raise _BadRow(f"key {prompt_key!r} is an empty string")
     answer = _field(record, answer_key, allow_numbers=True)
+    if check_answer is not None:
+        try:
+            check_answer(answer)
+        except ValueError as err:  # the environment's RewardError
+            raise _BadRow(f"key {answer_key!r}: {err}") from None
     try:
         token_ids = encode(text)
     except ValueError as err:
@@ -254,12 +279,15 @@ def _field(record: dict[str, Any], key: str, *, allow_numbers: bool) -> str:
     raise _BadRow(f"key {key!r} must be {kind}, got {type(value).__name__}")
 
 
-def build_dataset(cfg: DataConfig, tokenizer: Tokenizer, *, seed: int) -> PromptDataset:
+def build_dataset(
+    cfg: DataConfig, tokenizer: Tokenizer, *, seed: int, check_answer: AnswerCheck | None = None
+) -> PromptDataset:
     """The dataset named by ``cfg.dataset_name``: ``"arithmetic"`` or ``"calculator"`` (512 prompts from ``seed``)
     or a ``.jsonl`` path.
 
-    Every prompt is checked against ``cfg.max_prompt_length`` here, so a too-long prompt fails at load time; a
-    JSONL file may have up to ``cfg.max_skipped_rows`` bad rows, which are skipped (and logged).
+    Every prompt is checked against ``cfg.max_prompt_length`` and the tokenizer here, and every JSONL answer against
+    ``check_answer``, so a bad prompt fails at load time; a JSONL file may have up to ``cfg.max_skipped_rows`` bad
+    rows, which are skipped (and logged).
     """
     name = cfg.dataset_name
     if name == "arithmetic":
@@ -273,6 +301,7 @@ def build_dataset(cfg: DataConfig, tokenizer: Tokenizer, *, seed: int) -> Prompt
             max_prompt_length=cfg.max_prompt_length,
             max_skipped_rows=cfg.max_skipped_rows,
             apply_chat_template=cfg.apply_chat_template,
+            check_answer=check_answer,
         )
     raise DatasetError(
         f"unknown dataset {name!r} (data.dataset_name); known: {', '.join(BUILTIN_DATASETS)}, "
@@ -299,9 +328,12 @@ class ArithmeticValidationSet(_ListDataset):
             self._prompts.append(prompt)
 
 
-def build_validation_set(cfg: DataConfig, tokenizer: Tokenizer, *, max_samples: int | None) -> list[Prompt]:
-    """The validation prompts: ``cfg.val_dataset_name`` (``arithmetic-val`` or a ``.jsonl`` path; None = the
-    arithmetic task's own set), the first ``max_samples`` of them (None = all)."""
+def build_validation_set(
+    cfg: DataConfig, tokenizer: Tokenizer, *, max_samples: int | None, check_answer: AnswerCheck | None = None
+) -> list[Prompt]:
+    """The validation prompts: ``cfg.val_dataset_name`` (``arithmetic-val`` or a ``.jsonl`` path, its answers
+    checked by ``check_answer``; None = the arithmetic task's own set), the first ``max_samples`` of them (None =
+    all)."""
     name = cfg.val_dataset_name or ("arithmetic-val" if cfg.dataset_name == "arithmetic" else None)
     if name == "arithmetic-val":
         dataset: PromptDataset = ArithmeticValidationSet(tokenizer, max_prompt_length=cfg.max_prompt_length)
@@ -312,6 +344,7 @@ def build_validation_set(cfg: DataConfig, tokenizer: Tokenizer, *, max_samples: 
             max_prompt_length=cfg.max_prompt_length,
             max_skipped_rows=cfg.max_skipped_rows,
             apply_chat_template=cfg.apply_chat_template,
+            check_answer=check_answer,
         )
     else:
         raise DatasetError(

@@ -1,15 +1,49 @@
-"""``PromptStream``: fixed-size batches of prompts over epochs, reshuffled per epoch, resumable from a state dict."""
+"""``PromptStream``: fixed-size batches of prompts over epochs, reshuffled per epoch, resumable from a state dict;
+``check_dataset_fits_steps``: how a run's dataset divides into its RL steps, checked before anything starts."""
 
 from __future__ import annotations
 
+import logging
 import random
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from sc_lightning.rollout.datasets import PromptDataset
+from sc_lightning.rollout.datasets import DatasetError, PromptDataset
 from sc_lightning.types import Prompt
 
+if TYPE_CHECKING:
+    from sc_lightning.config.schema import SCConfig
+
 _STATE_VERSION = 1
+log = logging.getLogger(__name__)
+
+
+def check_dataset_fits_steps(config: SCConfig, dataset_size: int) -> None:
+    """DatasetError when the dataset holds fewer prompts than one RL step takes; a warning when each epoch leaves
+    prompts out of its last, partial step (said only when the run reaches the end of an epoch)."""
+    per_step, knob = config.algo.num_prompts_per_step, f"{config.algo_name}.num_prompts_per_step"
+    name = config.data.dataset_name
+    if dataset_size < per_step:
+        raise DatasetError(
+            f"the dataset {name!r} (data.dataset_name) holds {dataset_size} prompts, fewer than one RL step takes "
+            f"({knob}={per_step}); set {knob} to at most {dataset_size}, or use {per_step} or more prompts"
+        )
+    steps, left_out = divmod(dataset_size, per_step)
+    if left_out and config.algo.max_num_steps >= steps:
+        log.warning(
+            "each epoch of the dataset %r trains %d of its %d prompts: %d steps of %s=%d, and the last %d prompts of "
+            "the epoch's order are not trained in that epoch (a different %d each epoch with data.shuffle); make the "
+            "dataset size a multiple of %s to train every prompt every epoch",
+            name,
+            dataset_size - left_out,
+            dataset_size,
+            steps,
+            knob,
+            per_step,
+            left_out,
+            left_out,
+            knob,
+        )
 
 
 class PromptStream:

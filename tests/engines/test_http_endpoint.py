@@ -108,3 +108,41 @@ def test_an_engine_failure_is_a_503_naming_the_engine() -> None:
         "param": None,
         "code": None,
     }
+
+
+def test_a_prompt_the_tokenizer_cannot_represent_is_a_400_naming_it(tmp_path) -> None:
+    """The warm-started built-ins' tokenizer cannot spell "hello world": a completions prompt or a chat message of it
+    is a 400 naming the field and the characters, and the engine is never called."""
+    from sc_lightning.models.tiny_tokenizer import save_char_tokenizer
+    from sc_lightning.testing.scripted_engine import ScriptedEngine
+    from sc_lightning.tokenizer import load_tokenizer
+
+    save_char_tokenizer(tmp_path)
+    engine = ScriptedEngine()
+
+    async def scenario() -> list[tuple[int, dict]]:
+        tokenizer = load_tokenizer(str(tmp_path))
+        endpoint = OpenAIEndpoint(engine, tokenizer, model_name="m", defaults=DEFAULTS, context_tokens=64)
+        url = await endpoint.start()
+        requests = [
+            ("completions", {"prompt": "hello world"}),
+            ("chat/completions", {"messages": [{"role": "user", "content": "hello world"}]}),
+        ]
+        answers = []
+        try:
+            async with aiohttp.ClientSession() as http:
+                for route, body in requests:
+                    async with http.post(f"{url}/{route}", json=body) as r:
+                        answers.append((r.status, await r.json()))
+        finally:
+            await endpoint.stop()
+        return answers
+
+    (completion_status, completion), (chat_status, chat) = asyncio.run(scenario())
+    lost = "cannot represent 'h', 'e', 'l', 'o', 'w', 'r', 'd' of 'hello world'"
+    assert completion_status == chat_status == 400
+    assert completion["error"]["message"].startswith("prompt: the tokenizer")
+    assert lost in completion["error"]["message"]
+    assert chat["error"]["message"].startswith("messages: the tokenizer")
+    assert lost in chat["error"]["message"]
+    assert engine.calls == 0

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -17,8 +18,8 @@ from sc_lightning.rollout.datasets import (
     PromptDataset,
     build_dataset,
 )
-from sc_lightning.rollout.envs import ArithmeticEnvironment
-from sc_lightning.tokenizer import CharTokenizer
+from sc_lightning.rollout.envs import ArithmeticEnvironment, answer_check
+from sc_lightning.tokenizer import CharTokenizer, Tokenizer, load_tokenizer
 
 TOK = CharTokenizer()
 
@@ -249,3 +250,90 @@ def test_jsonl_with_the_chat_template_opens_a_conversation_exactly(tmp_path: Pat
     assert tuple(opening_session(rendered, template).token_ids) == rendered.token_ids
     with pytest.raises(ChatTemplateError, match="not its text rendered as a user message"):
         opening_session(raw, template)
+
+
+@pytest.fixture(scope="module")
+def warm_start_tokenizer(tmp_path_factory: pytest.TempPathFactory) -> Tokenizer:
+    """The tokenizer every warm-started built-in (builtin:tiny-arith, builtin:tiny-calc) loads from its directory."""
+    from sc_lightning.models.tiny_tokenizer import save_char_tokenizer
+
+    path = tmp_path_factory.mktemp("warm-start")
+    save_char_tokenizer(path)
+    return load_tokenizer(str(path))
+
+
+UNREPRESENTABLE = json.dumps({"problem": "What is three plus four?", "expected_answer": "7"})
+
+
+@pytest.mark.parametrize("apply_chat_template", [False, True])
+def test_a_prompt_the_warm_start_tokenizer_cannot_represent_is_a_bad_row(
+    tmp_path: Path, warm_start_tokenizer: Tokenizer, apply_chat_template: bool
+) -> None:
+    """Over the budget: an error naming file:line and the characters; within it: skipped, the rest kept intact."""
+    path = write_jsonl(tmp_path / "p.jsonl", [GOOD[0], UNREPRESENTABLE, GOOD[1]])
+    cfg = DataConfig(dataset_name=str(path), apply_chat_template=apply_chat_template)
+    with pytest.raises(DatasetError) as raised:
+        build_dataset(cfg, warm_start_tokenizer, seed=0)
+    assert f"  - {path}:2: cannot tokenize the prompt: the tokenizer" in str(raised.value)
+    assert "cannot represent 'W', 'h', 'a', 't'" in str(raised.value)
+    ds = build_dataset(dataclasses.replace(cfg, max_skipped_rows=1), warm_start_tokenizer, seed=0)
+    assert [p.text for p in ds] == ["0+0=", "1+1="]
+    assert [where for where, _ in ds.skipped_rows] == [f"{path}:2"]
+
+
+def test_a_prompt_with_unknown_tokens_is_a_bad_row(tmp_path: Path) -> None:
+    """A tokenizer with an [UNK] token: a prompt that encodes to it is a bad row naming the unknown pieces."""
+    from tokenizers import Tokenizer as RawTokenizer
+    from tokenizers import models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    raw = RawTokenizer(models.WordLevel({"<s>": 0, "</s>": 1, "[UNK]": 2, "two": 3, "plus": 4}, unk_token="[UNK]"))
+    raw.pre_tokenizer = pre_tokenizers.Whitespace()
+    PreTrainedTokenizerFast(tokenizer_object=raw, bos_token="<s>", eos_token="</s>", unk_token="[UNK]").save_pretrained(
+        tmp_path / "tok"
+    )
+    rows = [json.dumps({"problem": text, "expected_answer": "4"}) for text in ("two plus two", "two plus three")]
+    path = write_jsonl(tmp_path / "p.jsonl", rows)
+    with pytest.raises(DatasetError, match=r"p\.jsonl:2: cannot tokenize the prompt: .*cannot represent 'three' of"):
+        JsonlPromptDataset(path, load_tokenizer(str(tmp_path / "tok")))
+
+
+def test_an_answer_the_environment_could_never_score_is_a_bad_row_at_load(tmp_path: Path) -> None:
+    """The arithmetic verifier needs integers: a float answer (7.0 in JSON, or "7.5") is a bad row naming file:line
+    and the reason as the file loads, instead of a RewardError in the middle of the run."""
+    rows = [
+        GOOD[0],
+        json.dumps({"problem": "3+4=", "expected_answer": 7.0}),
+        '{"problem": "3+4=", "expected_answer": "7.5"}',
+    ]
+    path = write_jsonl(tmp_path / "p.jsonl", [*rows, GOOD[1]])
+    cfg = DataConfig(dataset_name=str(path))
+    check = answer_check(ArithmeticEnvironment())
+    with pytest.raises(DatasetError) as raised:
+        build_dataset(cfg, TOK, seed=0, check_answer=check)
+    assert f"  - {path}:2: key 'expected_answer': the arithmetic answer must be an integer, got '7.0'" in str(
+        raised.value
+    )
+    assert f"  - {path}:3: key 'expected_answer': the arithmetic answer must be an integer, got '7.5'" in str(
+        raised.value
+    )
+    ds = build_dataset(dataclasses.replace(cfg, max_skipped_rows=2), TOK, seed=0, check_answer=check)
+    assert [p.answer for p in ds] == ["0", "2"]
+    assert len(build_dataset(cfg, TOK, seed=0)) == 4  # the check is the environment's: without one, any answer loads
+
+
+@pytest.mark.parametrize("name", ["arithmetic", "calculator"])
+def test_a_built_in_task_the_tokenizer_cannot_spell_is_a_dataset_error(tmp_path: Path, name: str) -> None:
+    """A word-level tokenizer cannot spell "3+4=": the built-in dataset fails to load, naming the knob to change."""
+    from tokenizers import Tokenizer as RawTokenizer
+    from tokenizers import models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    raw = RawTokenizer(models.WordLevel({"<s>": 0, "</s>": 1, "[UNK]": 2, "two": 3}, unk_token="[UNK]"))
+    raw.pre_tokenizer = pre_tokenizers.Whitespace()
+    PreTrainedTokenizerFast(
+        tokenizer_object=raw, bos_token="<s>", eos_token="</s>", unk_token="[UNK]", chat_template="{{ messages }}"
+    ).save_pretrained(tmp_path)
+    match = rf"the built-in {name} dataset .* cannot represent .*policy\.tokenizer_name"
+    with pytest.raises(DatasetError, match=match):
+        build_dataset(DataConfig(dataset_name=name), load_tokenizer(str(tmp_path)), seed=0)

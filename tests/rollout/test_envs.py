@@ -11,9 +11,11 @@ from sc_lightning.config.runtime import EnvConfig
 from sc_lightning.rollout.envs import (
     ArithmeticEnvironment,
     Environment,
+    ExternalRewards,
     MathEnvironment,
     RewardError,
     Score,
+    answer_check,
     as_score,
     build_environment,
 )
@@ -178,3 +180,22 @@ def test_the_external_environment_refuses_to_score_naming_the_reward_route() -> 
     environment = build_environment(EnvConfig(name="external"))
     with pytest.raises(RewardError, match=r"prompt p1: env.name external .*/v1/rollouts/\{rollout_id\}/reward"):
         environment.score(Prompt("p1", (2,), text="1+1="), "2")
+
+
+def test_environments_that_verify_answers_check_them_alone() -> None:
+    """The arithmetic and calculator verifiers need an integer, math-verify a parseable answer; external rewards have
+    no answer to check."""
+    from sc_lightning.rollout.multiturn.calculator import CalculatorEnvironment
+
+    for env in (ArithmeticEnvironment(), CalculatorEnvironment()):
+        check = answer_check(env)
+        assert check is not None
+        check(" 12 ")
+        with pytest.raises(RewardError, match=r"must be an integer, got '7\.5'"):
+            check("7.5")
+    math_check = answer_check(MathEnvironment())
+    assert math_check is not None
+    math_check(r"\frac{1}{2}")
+    with pytest.raises(RewardError, match="needs an answer"):
+        math_check(" ")
+    assert answer_check(ExternalRewards()) is None

@@ -1,4 +1,5 @@
-"""PromptStream: fixed-size batches, drop-last, epochs, deterministic shuffling and exact resume."""
+"""PromptStream: fixed-size batches, drop-last, epochs, deterministic shuffling and exact resume; the dataset checked
+against the run's steps."""
 
 from __future__ import annotations
 
@@ -8,9 +9,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sc_lightning.rollout.datasets import ArithmeticDataset
-from sc_lightning.rollout.prompts import PromptStream
+from sc_lightning.config import SCConfig, load_config
+from sc_lightning.rollout.datasets import ArithmeticDataset, DatasetError
+from sc_lightning.rollout.prompts import PromptStream, check_dataset_fits_steps
 from sc_lightning.tokenizer import CharTokenizer
+from tests.conftest import variant
 
 DATASET = ArithmeticDataset(10, seed=1, tokenizer=CharTokenizer())
 
@@ -91,3 +94,32 @@ def test_load_state_dict_rejects_other_settings() -> None:
         other.load_state_dict(state)
     with pytest.raises(ValueError, match="version"):
         other.load_state_dict({})
+
+
+def run_config(num_prompts_per_step: int, max_num_steps: int = 100) -> SCConfig:
+    """The tests' tiny config with ``num_prompts_per_step`` prompt groups a step."""
+    raw = variant({"grpo": {"num_prompts_per_step": num_prompts_per_step, "max_num_steps": max_num_steps}})
+    return load_config(raw, extra_top_level=("trainer",))
+
+
+def test_a_dataset_smaller_than_one_step_is_a_dataset_error_naming_the_knob_and_the_fix() -> None:
+    with pytest.raises(DatasetError) as raised:
+        check_dataset_fits_steps(run_config(8), 5)
+    assert str(raised.value) == (
+        "the dataset 'arithmetic' (data.dataset_name) holds 5 prompts, fewer than one RL step takes "
+        "(grpo.num_prompts_per_step=8); set grpo.num_prompts_per_step to at most 5, or use 8 or more prompts"
+    )
+
+
+def test_the_prompts_an_epoch_leaves_out_are_announced(caplog) -> None:
+    """10 prompts at 4 a step: each epoch trains 8 and leaves 2 out, said once before the run starts; said nothing
+    when the dataset divides evenly or the run ends before an epoch does."""
+    with caplog.at_level("WARNING", logger="sc_lightning.rollout.prompts"):
+        check_dataset_fits_steps(run_config(4), 10)
+        check_dataset_fits_steps(run_config(5), 10)
+        check_dataset_fits_steps(run_config(4, max_num_steps=1), 10)
+    assert [r.getMessage() for r in caplog.records] == [
+        "each epoch of the dataset 'arithmetic' trains 8 of its 10 prompts: 2 steps of grpo.num_prompts_per_step=4, "
+        "and the last 2 prompts of the epoch's order are not trained in that epoch (a different 2 each epoch with "
+        "data.shuffle); make the dataset size a multiple of grpo.num_prompts_per_step to train every prompt every epoch"
+    ]

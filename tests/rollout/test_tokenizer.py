@@ -8,7 +8,14 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sc_lightning.tokenizer import CharTokenizer, HuggingFaceTokenizer, Tokenizer, TokenizerLoadError, load_tokenizer
+from sc_lightning.tokenizer import (
+    CharTokenizer,
+    HuggingFaceTokenizer,
+    Tokenizer,
+    TokenizerLoadError,
+    UnrepresentableTextError,
+    load_tokenizer,
+)
 
 ALPHABET_TEXT = st.text(alphabet=CharTokenizer.CHARS, max_size=64)
 
@@ -47,6 +54,62 @@ def test_char_decode_marks_ids_outside_the_vocabulary() -> None:
 def test_char_encode_rejects_unknown_characters() -> None:
     with pytest.raises(ValueError, match="'x'"):
         CharTokenizer().encode("1+x=")
+
+
+def test_char_encode_names_every_character_it_cannot_represent() -> None:
+    with pytest.raises(UnrepresentableTextError) as raised:
+        CharTokenizer().encode("1 plus 1=")
+    assert raised.value.characters == ("p", "l", "u", "s")
+    assert "CharTokenizer cannot represent 'p', 'l', 'u', 's' of '1 plus 1='" in str(raised.value)
+
+
+@pytest.mark.parametrize(
+    ("text", "lost"),
+    [
+        ("What is three plus four?", ("W", "h", "a", "t", "i", "s", "r", "e", "p", "l", "u", "f", "o", "?")),
+        ("hello world", ("h", "e", "l", "o", "w", "r", "d")),
+        ("1+2=\n", ("\n",)),  # whitespace outside the alphabet is lost too
+    ],
+)
+def test_the_warm_start_tokenizer_refuses_what_it_would_drop(tmp_path: Path, text: str, lost: tuple) -> None:
+    """The char tokenizer saved beside warm-started models (a byte-level BPE without unknown token) would drop
+    characters outside its alphabet: encode refuses them, as CharTokenizer does, and keeps what it can represent."""
+    from sc_lightning.models.tiny_tokenizer import save_char_tokenizer
+
+    save_char_tokenizer(tmp_path)
+    tok = load_tokenizer(str(tmp_path))
+    with pytest.raises(UnrepresentableTextError) as raised:
+        tok.encode(text)
+    assert raised.value.characters == lost
+    assert f"the tokenizer {str(tmp_path)!r} cannot represent" in str(raised.value)
+    assert tok.encode(" 12+3= 4 ") == CharTokenizer().encode(" 12+3= 4 ")
+
+
+def test_a_tokenizer_with_an_unknown_token_refuses_what_it_maps_to_it(tmp_path: Path) -> None:
+    """A word-level tokenizer maps words outside its vocabulary to [UNK]: encode names them; whitespace its
+    pre-tokenizer splits on is not lost."""
+    _save_local_hf_tokenizer(tmp_path, with_pad=True)
+    tok = load_tokenizer(str(tmp_path))
+    with pytest.raises(UnrepresentableTextError) as raised:
+        tok.encode("hello there world?")
+    assert raised.value.characters == ("there", "?")
+    assert tok.encode(" hello\n\tworld ") == [4, 5]
+
+
+def test_a_byte_level_tokenizer_represents_every_text(tmp_path: Path) -> None:
+    """A byte-level BPE over all 256 bytes loses nothing, whatever the script or whitespace."""
+    from tokenizers import Tokenizer as RawTokenizer
+    from tokenizers import decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {"<s>": 0, "</s>": 1} | {ch: i + 2 for i, ch in enumerate(sorted(pre_tokenizers.ByteLevel.alphabet()))}
+    raw = RawTokenizer(models.BPE(vocab=vocab, merges=[]))
+    raw.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    raw.decoder = decoders.ByteLevel()
+    PreTrainedTokenizerFast(tokenizer_object=raw, bos_token="<s>", eos_token="</s>").save_pretrained(tmp_path)
+    tok = load_tokenizer(str(tmp_path))
+    text = "What is thrée plus 四?\n\t "
+    assert tok.decode(tok.encode(text)) == text
 
 
 @pytest.mark.parametrize("name", ["builtin:char", "builtin:tiny"])

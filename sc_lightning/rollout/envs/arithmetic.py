@@ -16,16 +16,22 @@ def leading_integer(text: str) -> int | None:
     return int(match.group()) if match else None
 
 
-def expected_integer(prompt: Prompt) -> int:
-    """The integer answer of an arithmetic prompt; RewardError when it has none or it is not an integer."""
-    if prompt.answer is None:
-        raise RewardError(f"prompt {prompt.prompt_id}: the arithmetic environment needs an answer, got None")
+def integer_answer(answer: str | None) -> int:
+    """The integer an answer states; RewardError when there is none or it is not an integer (``"7.0"`` is not)."""
+    if answer is None:
+        raise RewardError("the arithmetic environment needs an answer, got None")
     try:
-        return int(prompt.answer.strip())
+        return int(answer.strip())
     except ValueError:
-        raise RewardError(
-            f"prompt {prompt.prompt_id}: the arithmetic answer must be an integer, got {prompt.answer!r}"
-        ) from None
+        raise RewardError(f"the arithmetic answer must be an integer, got {answer!r}") from None
+
+
+def expected_integer(prompt: Prompt) -> int:
+    """The integer answer of an arithmetic prompt; RewardError naming the prompt when it has none or it is not one."""
+    try:
+        return integer_answer(prompt.answer)
+    except RewardError as err:
+        raise RewardError(f"prompt {prompt.prompt_id}: {err}") from None
 
 
 class ArithmeticEnvironment:
@@ -36,6 +42,10 @@ class ArithmeticEnvironment:
     """
 
     name: str = "arithmetic"
+
+    def check_answer(self, answer: str | None) -> None:
+        """RewardError when ``answer`` is not an integer (checked as the dataset loads)."""
+        integer_answer(answer)
 
     def score(self, prompt: Prompt, completion_text: str) -> float:
         """1.0 for the right leading integer, 0.0 otherwise (including no integer at all)."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numbers
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
@@ -49,3 +50,14 @@ class Environment(Protocol):
 
         Raises RewardError only for a bad prompt.
         """
+
+
+def answer_check(environment: object) -> Callable[[str | None], object] | None:
+    """The environment's optional ``check_answer(answer)``, or None when it has none.
+
+    An environment (single- or multi-turn) that can tell from an answer alone that it could never score a prompt
+    (the arithmetic verifier given ``"7.5"``) defines ``check_answer``, raising RewardError saying why; the datasets
+    call it on every row as they load, so such a row is a bad row there instead of a failure mid-run.
+    """
+    check = getattr(environment, "check_answer", None)
+    return check if callable(check) else None

@@ -91,11 +91,21 @@ class MathEnvironment:
 
     def gold(self, prompt: Prompt) -> list[Any]:
         """The parsed answer of ``prompt``; RewardError when it has none or math-verify cannot parse it."""
-        if prompt.answer is None or not str(prompt.answer).strip():
-            raise RewardError(f"prompt {prompt.prompt_id}: the math environment needs an answer, got {prompt.answer!r}")
-        parsed = self._gold(str(prompt.answer))
+        try:
+            return self._checked_gold(prompt.answer)
+        except RewardError as err:
+            raise RewardError(f"prompt {prompt.prompt_id}: {err}") from None
+
+    def check_answer(self, answer: str | None) -> None:
+        """RewardError when ``answer`` is missing or math-verify cannot parse it (checked as the dataset loads)."""
+        self._checked_gold(answer)
+
+    def _checked_gold(self, answer: str | None) -> list[Any]:
+        if answer is None or not str(answer).strip():
+            raise RewardError(f"the math environment needs an answer, got {answer!r}")
+        parsed = self._gold(str(answer))
         if not parsed:
-            raise RewardError(f"prompt {prompt.prompt_id}: math-verify cannot parse the answer {prompt.answer!r}")
+            raise RewardError(f"math-verify cannot parse the answer {answer!r}")
         return list(parsed)
 
     def extract(self, completion_text: str) -> list[Any]:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import random
 
-from sc_lightning.rollout.envs.arithmetic import expected_integer, leading_integer
+from sc_lightning.rollout.envs.arithmetic import expected_integer, integer_answer, leading_integer
 from sc_lightning.rollout.envs.base import Score
 from sc_lightning.rollout.multiturn.chat import chat_template_for, user_prompt_ids
 from sc_lightning.rollout.multiturn.protocol import Observation, register_multiturn_environment
@@ -57,6 +57,10 @@ class CalculatorEnvironment:
     def __init__(self, tool_format: ToolFormat = "char", timeout_s: float = 5.0) -> None:
         self._tools = ToolRegistry({"calculator": calculator}, timeout_s=timeout_s)
         self._format: ToolFormat = tool_format
+
+    def check_answer(self, answer: str | None) -> None:
+        """RewardError when ``answer`` is not an integer (checked as the dataset loads)."""
+        integer_answer(answer)
 
     def start(self, prompt: Prompt) -> CalculatorEpisode:
         """A fresh episode for ``prompt`` (RewardError when it has no integer answer)."""

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol
+from typing import Literal, Protocol
 
 from sc_lightning.tokenizer import CharTokenizer, HuggingFaceTokenizer, Tokenizer
 
@@ -64,14 +64,18 @@ class CharChatTemplate:
 class HFChatTemplate:
     """A ``transformers`` tokenizer's own chat template (its ``chat_template``), rendered with its special tokens."""
 
-    def __init__(self, hf_tokenizer: Any) -> None:
+    def __init__(self, tokenizer: HuggingFaceTokenizer) -> None:
+        hf_tokenizer = tokenizer.transformers_tokenizer
         if not getattr(hf_tokenizer, "chat_template", None):
-            name = getattr(hf_tokenizer, "name_or_path", "")
-            raise ChatTemplateError(f"tokenizer {name!r} has no chat template; multi-turn rollouts need one")
+            raise ChatTemplateError(f"tokenizer {tokenizer.name!r} has no chat template; multi-turn rollouts need one")
+        self._checker = tokenizer
         self._tok = hf_tokenizer
 
     def render(self, messages: Sequence[Message], *, add_generation_prompt: bool) -> list[int]:
-        """``apply_chat_template`` of the messages, tokenized."""
+        """``apply_chat_template`` of the messages, tokenized; UnrepresentableTextError for a message's content the
+        tokenizer cannot represent (the template would silently lose it)."""
+        for message in messages:
+            self._checker.encode(message.content)
         rendered = self._tok.apply_chat_template(
             [{"role": m.role, "content": m.content} for m in messages],
             tokenize=True,
@@ -86,7 +90,7 @@ def chat_template_for(tokenizer: Tokenizer) -> ChatTemplate:
     if isinstance(tokenizer, CharTokenizer):
         return CharChatTemplate(tokenizer)
     if isinstance(tokenizer, HuggingFaceTokenizer):
-        return HFChatTemplate(tokenizer.transformers_tokenizer)
+        return HFChatTemplate(tokenizer)
     raise ChatTemplateError(f"no chat template for {tokenizer!r}: use a CharTokenizer or a Hugging Face tokenizer")
 
 
