@@ -32,6 +32,7 @@ from sc_lightning.config import (
 )
 from sc_lightning.config.yaml_io import load_yaml_layers
 from sc_lightning.console import quiet_libraries
+from sc_lightning.preflight import check_preflight
 
 LIGHTNING_KEYS = ("trainer", "seed_everything")
 EXIT_INVALID_CONFIG = 2
@@ -69,6 +70,11 @@ def fit_command(args: list[str]) -> int:
     if request.print_config:
         print(render_config(config, lightning), end="")
         return 0
+    try:
+        check_preflight(config, lightning.get("trainer") or {})  # what the config needs from this machine
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_INVALID_CONFIG
     if request.dry_run:
         print(_dry_run_summary(config, time.monotonic() - started))
         return 0
@@ -125,16 +131,9 @@ def _usage_error(text: str, message: str) -> int:
 
 
 def fit(config: SCConfig, lightning: dict[str, Any]) -> int:
-    """Train: a Lightning Trainer (from ``trainer:``) with the Single-Controller strategy and the refit callback."""
-    if config.policy.generation.backend == "vllm":
-        from sc_lightning.engines.base import EngineError
-        from sc_lightning.engines.vllm import require_vllm
+    """Train: a Lightning Trainer (from ``trainer:``) with the Single-Controller strategy and the refit callback.
 
-        try:
-            require_vllm()  # before anything starts
-        except EngineError as err:
-            print(f"error: {err}", file=sys.stderr)
-            return EXIT_INVALID_CONFIG
+    ``config`` has passed :func:`load_and_check` and :func:`~sc_lightning.preflight.check_preflight`."""
     from sc_lightning.callbacks.checkpoint import BundleCheckpoint
     from sc_lightning.callbacks.goodput import GoodputMonitor, fleet_devices
     from sc_lightning.callbacks.monitor import RolloutMonitor

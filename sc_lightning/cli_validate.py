@@ -19,6 +19,7 @@ from typing import Any
 
 from sc_lightning.cli_args import UsageError, parse_fit_arguments
 from sc_lightning.config import ConfigError
+from sc_lightning.preflight import check_preflight
 
 VALIDATE_USAGE = """\
 python -m sc_lightning validate --config CONFIG.yaml [--config MORE.yaml] [--a.b.c VALUE ...] [--ckpt_path BUNDLE]
@@ -46,6 +47,7 @@ def validate_command(args: list[str]) -> int:
     try:
         config, lightning = load_and_check(request.configs, request.overrides)
         config = _validating(config)  # the run's validation knobs, whether or not it validates while training
+        check_preflight(config, lightning.get("trainer") or {})
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_INVALID_CONFIG
