@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from sc_lightning.cli_args import UsageError, parse_fit_arguments
+from sc_lightning.cli_args import UsageError, parse_fit_arguments, take_value
 from sc_lightning.config import ConfigError
 from sc_lightning.preflight import check_preflight
 
@@ -69,14 +69,12 @@ def _validating(config: Any) -> Any:
 
 
 def _take_ckpt_path(args: list[str]) -> tuple[str | None, list[str]]:
-    bundle, rest = None, []
-    iterator = iter(args)
-    for arg in iterator:
+    bundle, rest, pending = None, [], list(args)
+    while pending:
+        arg = pending.pop(0)
         key, eq, value = arg.partition("=")
         if key == "--ckpt_path":
-            bundle = value if eq else next(iterator, None)
-            if bundle is None:
-                raise UsageError("--ckpt_path needs a value")
+            bundle = value if eq else take_value(key, pending)
         else:
             rest.append(arg)
     return bundle, rest
