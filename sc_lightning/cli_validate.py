@@ -19,6 +19,7 @@ from typing import Any
 
 from sc_lightning.cli_args import UsageError, parse_fit_arguments, take_value
 from sc_lightning.config import ConfigError
+from sc_lightning.interrupt import lightning_interrupt
 from sc_lightning.preflight import check_preflight
 
 VALIDATE_USAGE = """\
@@ -103,7 +104,8 @@ def _validate(config: Any, lightning: dict[str, Any], bundle: str | None) -> int
         trainer_defaults={"callbacks": [once]},
     )
     module = PPOModule(config) if config.is_ppo else GRPOModule(config)
-    cli.trainer.fit(module, ckpt_path=None if bundle is None else str(Path(bundle) / "trainer.ckpt"))
+    with lightning_interrupt(cli.trainer):  # a Ctrl-C: main() says so and exits 130
+        cli.trainer.fit(module, ckpt_path=None if bundle is None else str(Path(bundle) / "trainer.ckpt"))
     if not once.results:
         print("error: no validation ran", file=sys.stderr)
         return 1
