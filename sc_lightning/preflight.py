@@ -19,6 +19,7 @@ from sc_lightning.config import ConfigError, ConfigIssue, SCConfig
 
 _ALL_DEVICES = ("auto", "-1", -1)
 """``trainer.devices`` values that ask for every device of the accelerator."""
+_DEVICE_NAMES = {"gpu": "GPU", "cuda": "CUDA GPU", "mps": "Apple MPS device", "tpu": "TPU"}
 _UNCOUNTED = ("tpu",)
 """Accelerators whose device count needs their own runtime: only their presence is checked."""
 
@@ -58,8 +59,8 @@ def hardware_issues(trainer: dict[str, Any]) -> list[ConfigIssue]:
         return [
             ConfigIssue(
                 "trainer.accelerator",
-                f"is {accelerator!r} but this machine has no such device ({box}); set trainer.accelerator: cpu "
-                "(with policy.precision: fp32) or run on a machine that has one",
+                f"is {accelerator!r} but this machine has no {_DEVICE_NAMES[kind]} ({box}); set "
+                "trainer.accelerator: cpu (with policy.precision: fp32) or run on a machine that has one",
             )
         ]
     devices = trainer.get("devices", "auto")
@@ -94,12 +95,13 @@ def _requested_indices(devices: Any) -> set[int] | None:
     """The device indices ``trainer.devices`` asks for (a count n means 0..n-1); None for every device or unknown."""
     if devices in _ALL_DEVICES or devices is None:
         return None
-    if isinstance(devices, (list, tuple)):
-        return {int(d) for d in devices}
-    text = str(devices).strip()
-    if "," in text:
-        return {int(part) for part in text.split(",") if part.strip()}
-    return set(range(int(text))) if text.isdigit() else None
+    parts = devices if isinstance(devices, (list, tuple)) else str(devices).split(",")
+    texts = [str(part).strip() for part in parts if str(part).strip()]
+    if not all(text.isdigit() for text in texts):
+        return None  # not a count or indices: Lightning's own parser says what is wrong
+    if isinstance(devices, (list, tuple)) or "," in str(devices):
+        return {int(text) for text in texts}
+    return set(range(int(texts[0]))) if texts else None
 
 
 def _model_issues(config: SCConfig) -> list[ConfigIssue]:
