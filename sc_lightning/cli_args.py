@@ -81,7 +81,7 @@ def parse_fit_arguments(argv: list[str]) -> FitRequest | None:
         key, eq, value = arg.partition("=")
         if key in ("-h", "--help"):
             return None
-        if not key.startswith("--"):
+        if not is_option(key):
             raise UsageError(f"unexpected argument {arg!r}; options look like --key value")
         if key == "--print_config":
             request.print_config = True
