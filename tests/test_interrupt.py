@@ -10,6 +10,7 @@ import os
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -55,8 +56,12 @@ def interrupt_on(line: str, *args: str, verbose: bool) -> tuple[int, str]:
     ],
     ids=["imports", "ray-start", "training"],
 )
-def test_ctrl_c_stops_the_run_with_exit_code_130_and_one_line(line: str, args: tuple[str, ...], verbose: bool) -> None:
-    code, stderr = interrupt_on(line, *args, "--grpo.max_num_steps=50", verbose=verbose)
+def test_ctrl_c_stops_the_run_with_exit_code_130_and_one_line(
+    line: str, args: tuple[str, ...], verbose: bool, tmp_path: Path
+) -> None:
+    code, stderr = interrupt_on(
+        line, *args, "--grpo.max_num_steps=50", f"--trainer.default_root_dir={tmp_path}", verbose=verbose
+    )
     assert code == 130, stderr[-3000:]
     assert stderr.rstrip().splitlines()[-1] == "interrupted", stderr[-3000:]
     assert not [word for word in NOISE if word in stderr], stderr[-3000:]
