@@ -32,6 +32,8 @@ from sc_lightning.config import (
 )
 from sc_lightning.config.yaml_io import load_yaml_layers
 from sc_lightning.console import quiet_libraries
+from sc_lightning.interrupt import EXIT_INTERRUPTED, InterruptWatch, lightning_interrupt
+from sc_lightning.preflight import check_preflight
 
 LIGHTNING_KEYS = ("trainer", "seed_everything")
 EXIT_INVALID_CONFIG = 2
@@ -47,7 +49,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     command = _SUBCOMMANDS.get(args[0])
     if command is None:
         return _usage_error(usage(), f"unknown subcommand {args[0]!r}; the subcommands are {', '.join(_SUBCOMMANDS)}")
-    return command(args[1:])
+    try:
+        return command(args[1:])
+    except KeyboardInterrupt:  # Ctrl-C: whatever had started has been stopped on the way here
+        print("interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
 
 
 def fit_command(args: list[str]) -> int:
@@ -59,6 +65,7 @@ def fit_command(args: list[str]) -> int:
     if request is None:
         print(fit_help())
         return 0
+    watch = InterruptWatch().install()
     quiet_libraries()  # before megatron, Lightning or Ray is imported
     started = time.monotonic()
     try:
@@ -69,10 +76,15 @@ def fit_command(args: list[str]) -> int:
     if request.print_config:
         print(render_config(config, lightning), end="")
         return 0
+    try:
+        check_preflight(config, lightning.get("trainer") or {})  # what the config needs from this machine
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_INVALID_CONFIG
     if request.dry_run:
         print(_dry_run_summary(config, time.monotonic() - started))
         return 0
-    return fit(config, lightning)
+    return fit(config, lightning, watch)
 
 
 def knobs_command(args: list[str]) -> int:
@@ -124,19 +136,15 @@ def _usage_error(text: str, message: str) -> int:
     return EXIT_INVALID_CONFIG
 
 
-def fit(config: SCConfig, lightning: dict[str, Any]) -> int:
-    """Train: a Lightning Trainer (from ``trainer:``) with the Single-Controller strategy and the refit callback."""
-    if config.policy.generation.backend == "vllm":
-        from sc_lightning.engines.base import EngineError
-        from sc_lightning.engines.vllm import require_vllm
+def fit(config: SCConfig, lightning: dict[str, Any], watch: InterruptWatch | None = None) -> int:
+    """Train: a Lightning Trainer (from ``trainer:``) with the Single-Controller strategy and the refit callback.
 
-        try:
-            require_vllm()  # before anything starts
-        except EngineError as err:
-            print(f"error: {err}", file=sys.stderr)
-            return EXIT_INVALID_CONFIG
+    ``config`` has passed :func:`load_and_check` and :func:`~sc_lightning.preflight.check_preflight`. A Ctrl-C
+    (which ``watch`` saw, even if a library swallowed it) stops the run gracefully and raises KeyboardInterrupt."""
+    watch = watch or InterruptWatch()
     from sc_lightning.callbacks.checkpoint import BundleCheckpoint
     from sc_lightning.callbacks.goodput import GoodputMonitor, fleet_devices
+    from sc_lightning.callbacks.interrupt import InterruptCheck
     from sc_lightning.callbacks.monitor import RolloutMonitor
     from sc_lightning.callbacks.refit import RefitCallback
     from sc_lightning.engines.factory import default_engine_factory
@@ -146,7 +154,9 @@ def fit(config: SCConfig, lightning: dict[str, Any]) -> int:
     from sc_lightning.lightning.strategy import single_controller_strategy
 
     ranks = trainer_world_size(lightning.get("trainer")) or 1
+    watch.check()  # the imports above run megatron-core's bare `except:` clauses, which swallow a Ctrl-C
     callbacks: list[Any] = [RefitCallback(), RolloutMonitor(), GoodputMonitor(fleet_devices(config, ranks))]
+    callbacks.append(InterruptCheck(watch))
     if config.algo.validates():
         from sc_lightning.callbacks.validation import ValidationMonitor
 
@@ -183,8 +193,10 @@ def fit(config: SCConfig, lightning: dict[str, Any]) -> int:
     )
     ckpt_path = str(resume.trainer_checkpoint) if resume and resume.trainer_checkpoint else None
     module = PPOModule(config) if config.is_ppo else GRPOModule(config)
+    watch.check()
     try:
-        cli.trainer.fit(module, ckpt_path=ckpt_path)
+        with lightning_interrupt(cli.trainer):
+            cli.trainer.fit(module, ckpt_path=ckpt_path)
     except _bad_input_errors() as err:  # found while setting up, before anything started
         print(f"error: {err}", file=sys.stderr)
         return EXIT_INVALID_CONFIG

@@ -39,6 +39,10 @@ _LIGHTNING_SECTIONS = (
 )
 
 
+_SHORT_OPTIONS = ("-h", "-c")
+"""The one-dash options: help and ``-c`` for ``--config``."""
+
+
 class UsageError(ValueError):
     """The command line itself is malformed."""
 
@@ -77,29 +81,37 @@ def parse_fit_arguments(argv: list[str]) -> FitRequest | None:
         key, eq, value = arg.partition("=")
         if key in ("-h", "--help"):
             return None
-        if not key.startswith("--"):
+        if not is_option(key):
             raise UsageError(f"unexpected argument {arg!r}; options look like --key value")
         if key == "--print_config":
             request.print_config = True
         elif key == "--dry_run":
             request.dry_run = _flag_value(value if eq else _optional_value(rest))
         elif key in ("--config", "-c"):
-            request.configs.append(value if eq else _required_value(arg, rest))
+            request.configs.append(value if eq else take_value(key, rest))
         else:
-            request.overrides.append(f"{key[2:]}={value if eq else _required_value(arg, rest)}")
+            request.overrides.append(f"{key[2:]}={value if eq else take_value(key, rest)}")
     if not request.configs and not request.overrides:
         raise UsageError("give a config: fit --config configs/grpo_tiny.yaml")
     return request
 
 
-def _required_value(option: str, rest: list[str]) -> str:
-    if not rest:
-        raise UsageError(f"{option} needs a value")
+def take_value(option: str, rest: list[str]) -> str:
+    """Pop ``option``'s value off ``rest``; UsageError naming ``option`` when there is none, or when the next
+    argument is another option (a value that starts with ``--`` is written ``option=--value``)."""
+    if not rest or is_option(rest[0]):
+        found = f"the next argument is the option {rest[0]}" if rest else "it is the last argument"
+        raise UsageError(f"{option} needs a value, but {found}; write {option} VALUE (or {option}=VALUE)")
     return rest.pop(0)
 
 
+def is_option(arg: str) -> bool:
+    """Whether ``arg`` is an option name rather than a value (a negative number such as ``-1`` is a value)."""
+    return arg.startswith("--") or arg in _SHORT_OPTIONS
+
+
 def _optional_value(rest: list[str]) -> str:
-    return rest.pop(0) if rest and not rest[0].startswith("--") else "true"
+    return rest.pop(0) if rest and not is_option(rest[0]) else "true"
 
 
 def _flag_value(text: str) -> bool:

@@ -17,8 +17,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from sc_lightning.cli_args import UsageError, parse_fit_arguments
+from sc_lightning.cli_args import UsageError, parse_fit_arguments, take_value
 from sc_lightning.config import ConfigError
+from sc_lightning.interrupt import lightning_interrupt
+from sc_lightning.preflight import check_preflight
 
 VALIDATE_USAGE = """\
 python -m sc_lightning validate --config CONFIG.yaml [--config MORE.yaml] [--a.b.c VALUE ...] [--ckpt_path BUNDLE]
@@ -46,6 +48,7 @@ def validate_command(args: list[str]) -> int:
     try:
         config, lightning = load_and_check(request.configs, request.overrides)
         config = _validating(config)  # the run's validation knobs, whether or not it validates while training
+        check_preflight(config, lightning.get("trainer") or {})
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_INVALID_CONFIG
@@ -67,14 +70,12 @@ def _validating(config: Any) -> Any:
 
 
 def _take_ckpt_path(args: list[str]) -> tuple[str | None, list[str]]:
-    bundle, rest = None, []
-    iterator = iter(args)
-    for arg in iterator:
+    bundle, rest, pending = None, [], list(args)
+    while pending:
+        arg = pending.pop(0)
         key, eq, value = arg.partition("=")
         if key == "--ckpt_path":
-            bundle = value if eq else next(iterator, None)
-            if bundle is None:
-                raise UsageError("--ckpt_path needs a value")
+            bundle = value if eq else take_value(key, pending)
         else:
             rest.append(arg)
     return bundle, rest
@@ -103,7 +104,8 @@ def _validate(config: Any, lightning: dict[str, Any], bundle: str | None) -> int
         trainer_defaults={"callbacks": [once]},
     )
     module = PPOModule(config) if config.is_ppo else GRPOModule(config)
-    cli.trainer.fit(module, ckpt_path=None if bundle is None else str(Path(bundle) / "trainer.ckpt"))
+    with lightning_interrupt(cli.trainer):  # a Ctrl-C: main() says so and exits 130
+        cli.trainer.fit(module, ckpt_path=None if bundle is None else str(Path(bundle) / "trainer.ckpt"))
     if not once.results:
         print("error: no validation ran", file=sys.stderr)
         return 1

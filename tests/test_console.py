@@ -108,6 +108,7 @@ def test_quieting_drops_the_known_noise_and_nothing_else(caplog: pytest.LogCaptu
     lightning = logging.getLogger("lightning.pytorch.utilities.rank_zero")
     with caplog.at_level(logging.INFO, logger="lightning.pytorch.utilities.rank_zero"):
         lightning.info("GPU available: False, used: False")
+        lightning.info("\nDetected KeyboardInterrupt, attempting graceful shutdown ...")  # the CLI says `interrupted`
         lightning.info("`Trainer.fit` stopped: `max_steps=3` reached.")
     assert [r.getMessage() for r in caplog.records] == ["`Trainer.fit` stopped: `max_steps=3` reached."]
 

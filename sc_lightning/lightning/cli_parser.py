@@ -9,7 +9,7 @@ from typing import Any
 
 import yaml
 from lightning.pytorch import LightningModule, Trainer
-from lightning.pytorch.accelerators import CUDAAccelerator
+from lightning.pytorch.accelerators import AcceleratorRegistry, CUDAAccelerator
 from lightning.pytorch.cli import LightningCLI
 
 from sc_lightning.config import ConfigError, ConfigIssue, SCConfig
@@ -66,6 +66,7 @@ def parse_trainer_arguments(lightning: dict[str, Any], config: SCConfig) -> dict
     """Type-check the Lightning keys; returns them fully resolved. Raises ConfigError naming every problem."""
     issues = [
         *trainer_key_issues(lightning.get("trainer") or {}),
+        *_accelerator_name_issues(lightning),
         *_step_budget_issues(lightning, config),
         *_checkpointing_issues(lightning, config),
         *_precision_issues(lightning, config),
@@ -96,6 +97,22 @@ def trainer_key_issues(trainer: Any) -> list[ConfigIssue]:
             hint = f"; did you mean trainer.{guess}?" if guess else "; see lightning.pytorch.Trainer's arguments"
             issues.append(ConfigIssue(f"trainer.{key}", f"unknown Trainer argument{hint}"))
     return issues
+
+
+def _accelerator_name_issues(lightning: dict[str, Any]) -> list[ConfigIssue]:
+    """An accelerator name Lightning does not know (Lightning itself finds it only when the Trainer is built)."""
+    trainer = lightning.get("trainer") or {}
+    accelerator = trainer.get("accelerator") if isinstance(trainer, dict) else None
+    known = ["auto", "gpu", *sorted(AcceleratorRegistry.available_accelerators())]
+    if not isinstance(accelerator, str) or accelerator in known:
+        return []
+    guess = closest(accelerator, known)
+    hint = f"did you mean {guess}? " if guess else ""
+    return [
+        ConfigIssue(
+            "trainer.accelerator", f"is {accelerator!r}, which Lightning does not know; {hint}known: {', '.join(known)}"
+        )
+    ]
 
 
 def _step_budget_issues(lightning: dict[str, Any], config: SCConfig) -> list[ConfigIssue]:

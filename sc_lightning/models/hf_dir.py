@@ -1,7 +1,8 @@
-"""Write a megatron-core policy as a Hugging Face directory (config.json, model.safetensors, tokenizer).
+"""Hugging Face model directories: write a megatron-core policy as one, and find the one a model name means.
 
-Engines that load models by path (vLLM) and the cached warm start of the tiny example use it; the directory loads
-back with :func:`~sc_lightning.models.megatron.load_policy` and with ``transformers``.
+Engines that load models by path (vLLM) and the cached warm start of the tiny example write them; the directory loads
+back with :func:`~sc_lightning.models.megatron.load_policy` and with ``transformers``. :func:`resolve_model_dir` finds
+a model's directory (a local path, or a snapshot in the local HF cache) without importing megatron-core.
 """
 
 from __future__ import annotations
@@ -33,3 +34,19 @@ def save_hf_directory(spec: ModelSpec, weights: Iterable[tuple[str, torch.Tensor
     save_file({name: t.detach().contiguous().clone() for name, t in weights}, path / "model.safetensors")
     save_char_tokenizer(path)
     return path
+
+
+def resolve_model_dir(model_name: str) -> Path:
+    """The local directory of a Hugging Face model: ``model_name`` itself, or its snapshot in the local HF cache."""
+    path = Path(model_name).expanduser()
+    if path.is_dir():
+        return path
+    try:
+        from huggingface_hub import snapshot_download
+
+        return Path(snapshot_download(model_name, local_files_only=True))
+    except Exception as err:
+        raise FileNotFoundError(
+            f"model {model_name!r} is neither a local directory nor in the local Hugging Face cache "
+            f"(nothing is downloaded at run time): {type(err).__name__}: {err}"
+        ) from err

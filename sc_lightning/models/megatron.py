@@ -15,7 +15,6 @@ import os
 import socket
 import warnings
 from collections.abc import Iterator
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -35,6 +34,7 @@ from sc_lightning.models.convert import (
 )
 from sc_lightning.models.cpu_compat import apply_cpu_compat, seed_cpu_rng_tracker
 from sc_lightning.models.fused import install_fused_rope
+from sc_lightning.models.hf_dir import resolve_model_dir
 from sc_lightning.models.logprobs import REAL_VOCAB_ATTR
 from sc_lightning.models.norms import TorchNorm
 from sc_lightning.models.spec import ModelSpec, builtin_spec
@@ -305,22 +305,6 @@ def build_gpt_model(
     if rope is not None:  # RoPE's inverse frequencies are a plain attribute, which .to() leaves behind
         rope.inv_freq = rope.inv_freq.to(device)  # (the CPU patch computes the table where it finds them)
     return model
-
-
-def resolve_model_dir(model_name: str) -> Path:
-    """The local directory of a Hugging Face model: ``model_name`` itself, or its snapshot in the local HF cache."""
-    path = Path(model_name).expanduser()
-    if path.is_dir():
-        return path
-    try:
-        from huggingface_hub import snapshot_download
-
-        return Path(snapshot_download(model_name, local_files_only=True))
-    except Exception as err:
-        raise FileNotFoundError(
-            f"model {model_name!r} is neither a local directory nor in the local Hugging Face cache "
-            f"(nothing is downloaded at run time): {type(err).__name__}: {err}"
-        ) from err
 
 
 def model_spec(model_name: str) -> ModelSpec:

@@ -19,8 +19,9 @@ from typing import Literal
 
 import torch
 
-from sc_lightning.models import build_gpt_model, builtin_spec, export_hf_weights, token_logprobs
+from sc_lightning.models.convert import export_hf_weights
 from sc_lightning.models.hf_dir import save_hf_directory
+from sc_lightning.models.spec import builtin_spec
 from sc_lightning.tokenizer import CharTokenizer
 
 
@@ -116,6 +117,8 @@ def warm_start(
     """Train ``recipe``'s model on ``device`` until greedy accuracy reaches ``target_accuracy``; save it as an HF dir
     at ``path``. A GPU run warms up on its GPU: building a model on the CPU would patch megatron for the CPU in a
     process whose models live on CUDA."""
+    from sc_lightning.models import build_gpt_model, token_logprobs  # megatron-core, only when a model is built
+
     tokenizer, spec = CharTokenizer(), builtin_spec(recipe.base)
     model = build_gpt_model(spec, precision="fp32", seed=seed, device=device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=recipe.lr)

@@ -1,0 +1,236 @@
+"""Preflight: what a valid config needs from this machine, checked before anything starts (``fit``, ``--dry_run``).
+
+The config rules (:mod:`sc_lightning.config.validate`) check a config against itself; preflight checks it against
+the box it is about to run on: the trainer's hardware request (``trainer.accelerator`` / ``trainer.devices``, seen
+through torch), the model and tokenizer names (a built-in, a warm start, a local directory or the local Hugging Face
+cache), the dataset files, vLLM when generation uses it, and the directories the run writes. It is cheap — no Ray,
+no model build, no Lightning Trainer, nothing created — and reports every problem at once as a ConfigError whose
+issues name the dotpath, the value and the fix.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from pathlib import Path
+from typing import Any
+
+from sc_lightning.config import ConfigError, ConfigIssue, SCConfig
+
+_ALL_DEVICES = ("auto", "-1", -1)
+"""``trainer.devices`` values that ask for every device of the accelerator."""
+_DEVICE_NAMES = {"gpu": "GPU", "cuda": "CUDA GPU", "mps": "Apple MPS device", "tpu": "TPU"}
+_UNCOUNTED = ("tpu",)
+"""Accelerators whose device count needs their own runtime: only their presence is checked."""
+
+
+def check_preflight(config: SCConfig, trainer: dict[str, Any]) -> None:
+    """Raise one ConfigError listing every :func:`preflight_issues` problem; return when there is none."""
+    issues = preflight_issues(config, trainer)
+    if issues:
+        raise ConfigError(issues)
+
+
+def preflight_issues(config: SCConfig, trainer: dict[str, Any]) -> list[ConfigIssue]:
+    """Every reason ``config`` (with the resolved ``trainer:`` arguments) cannot start on this machine."""
+    return [
+        *hardware_issues(trainer),
+        *_model_issues(config),
+        *_dataset_issues(config),
+        *_generation_issues(config),
+        *_directory_issues(config, trainer),
+    ]
+
+
+def hardware_issues(trainer: dict[str, Any]) -> list[ConfigIssue]:
+    """``trainer.accelerator`` / ``trainer.devices`` asking for devices this machine lacks (a CPU run always fits)."""
+    accelerator = trainer.get("accelerator") or "auto"
+    if not isinstance(accelerator, str):  # an Accelerator object: Lightning checks its own
+        return []
+    kind = accelerator
+    counts = _device_counts()
+    if kind == "auto":
+        kind = "gpu" if counts["gpu"] else "cpu"
+    if kind not in counts:  # cpu, or an accelerator torch alone cannot see (Lightning checks it)
+        return []
+    have = counts[kind]
+    box = _describe(counts)
+    if not have:
+        return [
+            ConfigIssue(
+                "trainer.accelerator",
+                f"is {accelerator!r} but this machine has no {_DEVICE_NAMES[kind]} ({box}); set "
+                "trainer.accelerator: cpu (with policy.precision: fp32) or run on a machine that has one",
+            )
+        ]
+    devices = trainer.get("devices", "auto")
+    wanted = _requested_indices(devices) if kind not in _UNCOUNTED else None
+    if wanted is not None and max(wanted, default=0) >= have:
+        return [
+            ConfigIssue(
+                "trainer.devices",
+                f"is {devices!r}, asking for {kind} device(s) {sorted(wanted)}, but this machine has {have} ({box}); "
+                f"ask for at most {have} (indices 0..{have - 1}) or run on a machine with more",
+            )
+        ]
+    return []
+
+
+def _device_counts() -> dict[str, int]:
+    """How many devices torch sees of each accelerator kind Lightning names."""
+    import torch  # not at import time: the command line's other subcommands never need it
+
+    cuda = torch.cuda.device_count()
+    mps = int(torch.backends.mps.is_available())
+    tpu = int(importlib.util.find_spec("torch_xla") is not None)  # present or not: see _UNCOUNTED
+    return {"gpu": cuda or mps, "cuda": cuda, "mps": mps, "tpu": tpu}
+
+
+def _describe(counts: dict[str, int]) -> str:
+    parts = [f"{counts['cuda']} CUDA device(s)", f"MPS {'available' if counts['mps'] else 'unavailable'}"]
+    return "torch sees " + ", ".join(parts) + ("" if counts["tpu"] else ", no torch_xla for TPUs")
+
+
+def _requested_indices(devices: Any) -> set[int] | None:
+    """The device indices ``trainer.devices`` asks for (a count n means 0..n-1); None for every device or unknown."""
+    if devices in _ALL_DEVICES or devices is None:
+        return None
+    parts = devices if isinstance(devices, (list, tuple)) else str(devices).split(",")
+    texts = [str(part).strip() for part in parts if str(part).strip()]
+    if not all(text.isdigit() for text in texts):
+        return None  # not a count or indices: Lightning's own parser says what is wrong
+    if isinstance(devices, (list, tuple)) or "," in str(devices):
+        return {int(text) for text in texts}
+    return set(range(int(texts[0]))) if texts else None
+
+
+def _model_issues(config: SCConfig) -> list[ConfigIssue]:
+    """Model and tokenizer names that resolve to nothing here (nothing is downloaded at run time)."""
+    names = [("policy.model_name", config.policy.model_name, _model_problem)]
+    if config.policy.tokenizer_name is not None:
+        names.append(("policy.tokenizer_name", config.policy.tokenizer_name, _tokenizer_problem))
+    if config.value is not None:
+        names.append(("value.model_name", config.value.model_name, _model_problem))
+    issues = []
+    for knob, name, problem_of in names:
+        problem = problem_of(name)
+        if problem:
+            issues.append(ConfigIssue(knob, f"is {name!r}: {problem}"))
+    return issues
+
+
+def _model_problem(name: str) -> str | None:
+    """Why the model ``name`` cannot be loaded here, or None."""
+    from sc_lightning.models.spec import BUILTIN_SPECS
+    from sc_lightning.models.warm_start import WARM_STARTS
+
+    known = sorted({*BUILTIN_SPECS, *WARM_STARTS})
+    if name.startswith("builtin:"):
+        return None if name in known else f"unknown built-in model; known: {', '.join(known)}"
+    root = _local_dir(name)
+    if root is None:
+        return (
+            "neither a local directory nor a model in the local Hugging Face cache (nothing is downloaded at run "
+            f"time); give the path of a Hugging Face model directory, download it beforehand, or use a built-in: "
+            f"{', '.join(known)}"
+        )
+    if not (root / "config.json").is_file():
+        return f"{root} has no config.json, so it is not a Hugging Face model directory; point at the one that has"
+    return None
+
+
+def _tokenizer_problem(name: str) -> str | None:
+    """Why the tokenizer ``name`` cannot be loaded here, or None."""
+    from sc_lightning.tokenizer import BUILTIN_TOKENIZER_NAMES
+
+    if name.startswith("builtin:"):
+        known = ", ".join(BUILTIN_TOKENIZER_NAMES)
+        return None if name in BUILTIN_TOKENIZER_NAMES else f"unknown built-in tokenizer; known: {known}"
+    if _local_dir(name) is None:
+        return (
+            "neither a local directory nor in the local Hugging Face cache (nothing is downloaded at run time); "
+            "give a tokenizer's directory, download it beforehand, or leave it unset to use policy.model_name's"
+        )
+    return None
+
+
+def _local_dir(name: str) -> Path | None:
+    """The local directory of a Hugging Face model or tokenizer ``name``, or None when there is none."""
+    from sc_lightning.models.hf_dir import resolve_model_dir
+
+    try:
+        return resolve_model_dir(name)
+    except FileNotFoundError:
+        return None
+
+
+def _dataset_issues(config: SCConfig) -> list[ConfigIssue]:
+    """Dataset names the loader does not know, and prompt files that are missing or unreadable."""
+    from sc_lightning.rollout.datasets import BUILTIN_DATASETS
+
+    data = config.data
+    names = [("data.dataset_name", data.dataset_name, BUILTIN_DATASETS)]
+    if config.algo.validates() and data.val_dataset_name is not None:
+        names.append(("data.val_dataset_name", data.val_dataset_name, ("arithmetic-val",)))
+    issues = []
+    for knob, name, builtins in names:
+        if name in builtins:
+            continue
+        if not name.endswith(".jsonl"):
+            problem = f"unknown dataset; known: {', '.join(builtins)}, or the path of a local .jsonl file"
+        else:
+            problem = _readable_file_problem(Path(name))
+        if problem:
+            issues.append(ConfigIssue(knob, f"is {name!r}: {problem}"))
+    return issues
+
+
+def _readable_file_problem(path: Path) -> str | None:
+    if not path.exists():
+        return f"no such file (looked in {path.absolute().parent}); give the path of an existing .jsonl file"
+    if not path.is_file():
+        return "is not a file; give the path of a .jsonl file"
+    if not os.access(path, os.R_OK):
+        return "cannot be read (permission denied); make it readable"
+    return None
+
+
+def _generation_issues(config: SCConfig) -> list[ConfigIssue]:
+    """vLLM generation on a machine without vLLM."""
+    if config.policy.generation.backend != "vllm":
+        return []
+    from sc_lightning.engines.base import EngineError
+    from sc_lightning.engines.vllm import require_vllm
+
+    try:
+        require_vllm()
+    except EngineError as err:
+        return [ConfigIssue("", str(err))]
+    return []
+
+
+def _directory_issues(config: SCConfig, trainer: dict[str, Any]) -> list[ConfigIssue]:
+    """Directories the run writes (logs and run info; bundles with checkpointing on) that it cannot create or write."""
+    directories = [("trainer.default_root_dir", trainer.get("default_root_dir") or os.getcwd())]
+    if config.checkpointing.enabled:
+        directories.append(("checkpointing.checkpoint_dir", config.checkpointing.checkpoint_dir))
+    issues = []
+    for knob, directory in directories:
+        problem = _writable_dir_problem(Path(directory).expanduser())
+        if problem:
+            issues.append(ConfigIssue(knob, f"is {str(directory)!r}, which {problem}; choose a writable directory"))
+    return issues
+
+
+def _writable_dir_problem(path: Path) -> str | None:
+    """Why the run cannot create ``path`` as a directory, or write into it; None when it can."""
+    if path.exists():
+        if not path.is_dir():
+            return "is a file, not a directory"
+        return None if os.access(path, os.W_OK | os.X_OK) else "is not writable"
+    ancestor = path.absolute().parent
+    while not ancestor.exists():
+        ancestor = ancestor.parent
+    if not ancestor.is_dir():
+        return f"cannot be created: {ancestor} is a file"
+    return None if os.access(ancestor, os.W_OK | os.X_OK) else f"cannot be created: {ancestor} is not writable"

@@ -1,0 +1,158 @@
+"""What a config needs from this machine is checked before anything starts, by ``fit`` and ``fit --dry_run`` alike.
+
+Each test calls the command line in this process (``main([...])``): a refused config ends with exit code 2 and
+one ``error:`` block naming the dotpath, the value and the fix, before any model, engine, Ray or Trainer starts
+(no ``lightning_logs`` under the run's root). The device counts torch reports are pinned, so the outcome does not
+depend on the machine the tests run on.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from sc_lightning.cli import main
+from tests.conftest import REPO
+
+TINY = "configs/grpo_tiny.yaml"
+QUICK = ("--config", TINY, "--config", "configs/colocated.yaml", "--data_plane.backend", "memory")
+
+
+@pytest.fixture(autouse=True)
+def _cpu_only_machine(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Run from the repository on a machine whose torch sees no CUDA or MPS device."""
+    monkeypatch.chdir(REPO)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
+    monkeypatch.setattr(torch.backends.mps, "is_available", lambda: False)
+
+
+def refused(capsys: pytest.CaptureFixture[str], *args: str) -> str:
+    """Run ``python -m sc_lightning *args``; assert exit code 2 and no traceback; return stderr."""
+    code = main(list(args))
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert err.startswith("error: ") and "Traceback" not in err, err
+    return err
+
+
+@pytest.mark.parametrize("command", [("fit", "--dry_run"), ("fit",), ("validate",)], ids=lambda c: "-".join(c))
+def test_a_gpu_accelerator_on_a_machine_without_one_is_refused_before_anything_starts(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, command: tuple[str, ...]
+) -> None:
+    """``--trainer.accelerator gpu`` (and cuda, mps) with no such device: exit 2 naming the knob and what torch sees."""
+    for accelerator in ("gpu", "cuda", "mps"):
+        args = (*QUICK, f"--trainer.accelerator={accelerator}", f"--trainer.default_root_dir={tmp_path}")
+        err = refused(capsys, command[0], *args, *command[1:])
+        assert f"trainer.accelerator: is '{accelerator}' but this machine has no " in err
+        assert "torch sees 0 CUDA device(s), MPS unavailable" in err and "set trainer.accelerator: cpu" in err
+    assert not (tmp_path / "lightning_logs").exists()
+
+
+def test_more_devices_than_the_machine_has_are_refused(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One CUDA device: asking for device index 1 is exit 2 naming trainer.devices and the count."""
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    err = refused(capsys, "fit", *QUICK, "--trainer.accelerator=cuda", "--trainer.devices=[1]", "--dry_run")
+    assert "trainer.devices: is [1], asking for cuda device(s) [1], but this machine has 1" in err
+
+
+def test_an_accelerator_name_lightning_does_not_know_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    err = refused(capsys, "fit", *QUICK, "--trainer.accelerator=gpuu", "--dry_run")
+    assert "trainer.accelerator: is 'gpuu', which Lightning does not know; did you mean gpu?" in err
+
+
+@pytest.mark.parametrize("dry_run", [True, False], ids=["dry_run", "fit"])
+def test_unknown_built_in_models_and_missing_model_paths_are_refused(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, dry_run: bool
+) -> None:
+    """Every model and tokenizer knob: an unknown built-in lists the known ones, warm-started names included."""
+    args = (
+        "fit",
+        "--config",
+        "configs/ppo_tiny.yaml",
+        "--policy.model_name=builtin:tiny-arithmetic",
+        f"--policy.tokenizer_name={tmp_path / 'no-tokenizer'}",
+        f"--value.model_name={tmp_path / 'no-model'}",
+        f"--trainer.default_root_dir={tmp_path}",
+    )
+    err = refused(capsys, *args, *(["--dry_run"] if dry_run else []))
+    assert (
+        "policy.model_name: is 'builtin:tiny-arithmetic': unknown built-in model; known: builtin:small, "
+        "builtin:small-arith, builtin:tiny, builtin:tiny-arith, builtin:tiny-calc"
+    ) in err
+    assert f"policy.tokenizer_name: is '{tmp_path / 'no-tokenizer'}': neither a local directory" in err
+    assert f"value.model_name: is '{tmp_path / 'no-model'}': neither a local directory" in err
+    assert "3 problems" in err
+    assert not (tmp_path / "lightning_logs").exists()
+
+
+def test_a_checkpoint_directory_that_cannot_be_created_is_refused_before_any_step(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """checkpointing.checkpoint_dir under a regular file (and a root dir that is a file): exit 2, nothing trained."""
+    (tmp_path / "a-file").write_text("")
+    args = (
+        "fit",
+        *QUICK,
+        "--checkpointing.enabled=true",
+        "--checkpointing.save_data_plane=true",
+        f"--checkpointing.checkpoint_dir={tmp_path / 'a-file' / 'checkpoints'}",
+        f"--trainer.default_root_dir={tmp_path / 'root'}",
+        "--grpo.max_num_steps=2",
+    )
+    err = refused(capsys, *args)
+    assert (
+        f"checkpointing.checkpoint_dir: is '{tmp_path / 'a-file' / 'checkpoints'}', which cannot be created: "
+        f"{tmp_path / 'a-file'} is a file; choose a writable directory"
+    ) in err
+    assert not (tmp_path / "root").exists()
+    err = refused(capsys, "fit", *QUICK, f"--trainer.default_root_dir={tmp_path / 'a-file'}", "--dry_run")
+    assert f"trainer.default_root_dir: is '{tmp_path / 'a-file'}', which is a file, not a directory" in err
+
+
+def test_a_dry_run_finds_missing_dataset_files(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """Training and validation prompt files that do not exist: exit 2 naming each knob and path."""
+    missing = tmp_path / "prompts.jsonl"
+    args = (
+        "fit",
+        *QUICK,
+        f"--data.dataset_name={missing}",
+        f"--data.val_dataset_name={tmp_path / 'val.jsonl'}",
+        "--grpo.val_period=1",
+        "--dry_run",
+    )
+    err = refused(capsys, *args)
+    assert f"data.dataset_name: is '{missing}': no such file" in err
+    assert f"data.val_dataset_name: is '{tmp_path / 'val.jsonl'}': no such file" in err
+
+
+def test_a_dry_run_finds_a_missing_vllm(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """generation.backend vllm where vLLM cannot be imported: the dry run refuses it, as fit does."""
+    monkeypatch.setitem(sys.modules, "vllm", None)  # importlib finds no vllm
+    err = refused(capsys, "fit", "--config", "configs/grpo_tiny_vllm.yaml", "--dry_run")
+    assert "policy.generation.backend is 'vllm' but vLLM is not installed" in err
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("fit", "--config", TINY, "--grpo.max_num_steps", "--trainer.max_time", "5"),
+        ("fit", "--grpo.max_num_steps", "--dry_run"),
+        ("fit", "--config", "--grpo.max_num_steps", "2"),
+        ("fit", "-c", "--dry_run"),
+        ("validate", "--config", TINY, "--ckpt_path", "--grpo.seed", "3"),
+    ],
+    ids=["override-before-override", "override-before-flag", "config", "short-config", "ckpt_path"],
+)
+def test_an_option_missing_its_value_is_a_usage_error_naming_it(
+    capsys: pytest.CaptureFixture[str], args: tuple[str, ...]
+) -> None:
+    """The next option is never taken as the value: exit 2 and an error naming the option that lacks one."""
+    option = next(a for i, a in enumerate(args) if a.startswith("-") and args[i + 1].startswith("--"))
+    assert main(list(args)) == 2
+    err = capsys.readouterr().err
+    assert f"error: {option} needs a value, but the next argument is the option " in err
