@@ -263,8 +263,9 @@ class ControllerHost:
             load_sharded(self._sharded_directory(checkpoint), self._checkpoint_parts(optimizers=True))
 
     def _mismatch(self, what: str, err: Exception) -> CheckpointMismatch:
-        """The error for a trainer checkpoint whose ``what`` do not fit this run's, with torch's first line."""
-        reason = " ".join(line.strip() for line in str(err).splitlines()[:2] if line.strip())[:400]
+        """The error for a trainer checkpoint whose ``what`` do not fit this run's, with torch's reasons (3 at most)."""
+        details = [line.strip()[:160] for line in str(err).splitlines()[1:] if line.strip()]  # torch: one per kind
+        reason = "; ".join(details[:3]) or str(err)
         return CheckpointMismatch(
             f"{self.lightning_module.trainer.ckpt_path}: its {what} do not fit this run's ({reason}): resume with the "
             "model and optimizer settings of the run that wrote it (policy.model_name, policy.megatron_cfg, "
