@@ -134,3 +134,16 @@ def test_a_model_of_another_shape_is_refused_in_one_line(finished: Path, tmp_pat
     assert error.startswith(f"error: cannot resume: {root}/ckpt/step_2/trainer.ckpt: its models do not fit"), error
     assert "Missing key(s) in state_dict" in error and "size mismatch for" in error  # 12 layers, not 2, wider
     assert "resume with the model and optimizer settings of the run that wrote it" in error
+
+
+def test_a_dataset_of_another_size_is_refused_in_one_line_once_it_is_loaded(finished: Path, tmp_path: Path) -> None:
+    """The restore's own check (the dataset must be loaded to count it) ends the same way: exit 3, no traceback."""
+    root = shutil.copytree(finished, tmp_path / "run")
+    rows = [json.dumps({"problem": f"{a}+{b}=", "expected_answer": str(a + b)}) for a in range(4) for b in range(4)]
+    (tmp_path / "prompts.jsonl").write_text("\n".join(rows) + "\n")
+    other = [f"--data.dataset_name={tmp_path / 'prompts.jsonl'}"]
+    result = run("fit", *QUICK, *checkpointing(root), "--grpo.max_num_steps=4", *other)
+    assert result.returncode == 3, result.stderr[-3000:]
+    error = the_error(result.stderr)
+    assert error.startswith("error: cannot resume: the number of prompts of data.dataset_name is 16 but the "), error
+    assert "checkpoint's prompt stream has 512" in error
