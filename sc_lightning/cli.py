@@ -221,13 +221,16 @@ def _cannot_resume_errors() -> tuple[type[Exception], ...]:
     from sc_lightning.checkpoint.atomic import BundleError
     from sc_lightning.checkpoint.fingerprint import FingerprintMismatch
     from sc_lightning.checkpoint.snapshots import SnapshotError
+    from sc_lightning.config.resume_rules import ResumeMismatch
     from sc_lightning.trainer.sharded_checkpoint import CheckpointMismatch
 
-    return BundleError, SnapshotError, FingerprintMismatch, CheckpointMismatch
+    return BundleError, SnapshotError, FingerprintMismatch, CheckpointMismatch, ResumeMismatch
 
 
 def _resume_point(config: Any) -> Any:
-    """What this run resumes from (temporaries of crashed writes are swept first); None for a fresh start."""
+    """What this run resumes from (temporaries of crashed writes are swept first), checked to fit the config; None
+    for a fresh start."""
+    from sc_lightning.checkpoint.resume_fit import check_resume_fits
     from sc_lightning.checkpoint.snapshots import config_identity, resume_point, sweep_temporaries
 
     checkpoint_dir = Path(config.checkpointing.checkpoint_dir)
@@ -235,6 +238,8 @@ def _resume_point(config: Any) -> Any:
     from lightning.pytorch.utilities.rank_zero import rank_zero_only
 
     resume = resume_point(checkpoint_dir, config.rollout_checkpointing.restore_mode, config_identity(config))
+    if resume is not None:
+        check_resume_fits(resume.state_dir, config)  # before any engine, Ray, data plane or model starts
     if resume is not None and rank_zero_only.rank == 0:  # once, not once per trainer rank
         print(f"resuming from {resume.describe()}", file=sys.stderr)
     return resume

@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from sc_lightning.checkpoint.bundle import TRAINER_FILE
 from sc_lightning.cli_args import UsageError, parse_fit_arguments, take_value
 from sc_lightning.config import ConfigError
 from sc_lightning.interrupt import lightning_interrupt
@@ -25,15 +26,24 @@ from sc_lightning.preflight import check_preflight
 VALIDATE_USAGE = """\
 python -m sc_lightning validate --config CONFIG.yaml [--config MORE.yaml] [--a.b.c VALUE ...] [--ckpt_path BUNDLE]
 
-  --ckpt_path     a checkpoint bundle (checkpointing.checkpoint_dir/step_N): validate its policy (default: the
-                  initial policy, version 0)
+  --ckpt_path     a checkpoint bundle (checkpointing.checkpoint_dir/step_N) or its trainer.ckpt: validate its
+                  policy (default: the initial policy, version 0); a damaged bundle, or one that does not fit the
+                  config, ends the command with exit code 3
   the validation set and its knobs are the run's: data.val_dataset_name, {algo}.max_val_samples, val_batch_size
 """
 
 
 def validate_command(args: list[str]) -> int:
     """``validate``: load the policy, bring up the engine, run one validation, print its metrics."""
-    from sc_lightning.cli import EXIT_INVALID_CONFIG, _usage_error, load_and_check
+    from sc_lightning.checkpoint.atomic import verify_bundle
+    from sc_lightning.checkpoint.resume_fit import check_resume_fits
+    from sc_lightning.cli import (
+        EXIT_CANNOT_RESUME,
+        EXIT_INVALID_CONFIG,
+        _cannot_resume_errors,
+        _usage_error,
+        load_and_check,
+    )
     from sc_lightning.console import quiet_libraries
 
     try:
@@ -52,10 +62,24 @@ def validate_command(args: list[str]) -> int:
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_INVALID_CONFIG
-    if bundle is not None and not (Path(bundle) / "trainer.ckpt").exists():
-        print(f"error: --ckpt_path {bundle}: not a checkpoint bundle (no trainer.ckpt)", file=sys.stderr)
+    directory = None if bundle is None else _bundle_directory(Path(bundle))
+    if bundle is not None and directory is None:
+        print(f"error: --ckpt_path {bundle}: not a checkpoint bundle (no {TRAINER_FILE})", file=sys.stderr)
         return EXIT_INVALID_CONFIG
-    return _validate(config, lightning, bundle)
+    try:
+        if directory is not None:
+            verify_bundle(directory)  # as fit checks the bundle it resumes from
+            check_resume_fits(directory, config)
+        return _validate(config, lightning, directory)
+    except _cannot_resume_errors() as err:  # the bundle is damaged, or does not fit this config
+        print(f"error: cannot resume: {err}", file=sys.stderr)
+        return EXIT_CANNOT_RESUME
+
+
+def _bundle_directory(path: Path) -> Path | None:
+    """The bundle ``--ckpt_path`` names: the directory itself or its trainer checkpoint; None if it is neither."""
+    directory = path.parent if path.name == TRAINER_FILE else path
+    return directory if (directory / TRAINER_FILE).is_file() else None
 
 
 def _validating(config: Any) -> Any:
@@ -81,7 +105,7 @@ def _take_ckpt_path(args: list[str]) -> tuple[str | None, list[str]]:
     return bundle, rest
 
 
-def _validate(config: Any, lightning: dict[str, Any], bundle: str | None) -> int:
+def _validate(config: Any, lightning: dict[str, Any], bundle: Path | None) -> int:
     from sc_lightning.callbacks.validation import ValidateOnce
     from sc_lightning.engines.factory import default_engine_factory
     from sc_lightning.lightning.cli_parser import SCLightningCLI
@@ -105,7 +129,7 @@ def _validate(config: Any, lightning: dict[str, Any], bundle: str | None) -> int
     )
     module = PPOModule(config) if config.is_ppo else GRPOModule(config)
     with lightning_interrupt(cli.trainer):  # a Ctrl-C: main() says so and exits 130
-        cli.trainer.fit(module, ckpt_path=None if bundle is None else str(Path(bundle) / "trainer.ckpt"))
+        cli.trainer.fit(module, ckpt_path=None if bundle is None else str(bundle / TRAINER_FILE))
     if not once.results:
         print("error: no validation ran", file=sys.stderr)
         return 1
@@ -116,10 +140,10 @@ def _validate(config: Any, lightning: dict[str, Any], bundle: str | None) -> int
     return 0
 
 
-def _bundle_step(bundle: str | None) -> int:
+def _bundle_step(bundle: Path | None) -> int:
     """The RL step a bundle was written at (its controller state's trainer version); 0 without one."""
     if bundle is None:
         return 0
     from sc_lightning.checkpoint.bundle import read_controller_state
 
-    return int(read_controller_state(Path(bundle))["trainer_version"])
+    return int(read_controller_state(bundle)["trainer_version"])

@@ -72,6 +72,9 @@ BUILTIN_EXCLUDED_PATHS = (
     "async_rl.stall_watchdog",
     # a skip budget never changes which rows a file yields: rows are kept or skipped by their content alone
     "data.max_skipped_rows",
+    # how long the run trains: a resume may train a run longer or shorter, from a bootstrap snapshot as from a bundle
+    "grpo.max_num_steps",
+    "ppo.max_num_steps",
     # validation runs beside the rollouts on its own prompts: it never produces or consumes a training rollout
     "grpo.val_*",
     "ppo.val_*",

@@ -12,20 +12,23 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import hashlib
-import json
 import logging
 import uuid
 from collections.abc import AsyncIterator, Iterable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from sc_lightning.config.resume_rules import (
+    REPLAY_INDEX_VERSION,
+    check_buffer_capacity,
+    check_replay_index,
+    replay_digest,
+)
 from sc_lightning.controller.api import GroupMeta
 from sc_lightning.controller.rows import group_to_columns
 from sc_lightning.data_plane.base import DataPlane
 from sc_lightning.types import ScoredGroup
 
-REPLAY_INDEX_VERSION = 1
 log = logging.getLogger(__name__)
 
 
@@ -200,8 +203,12 @@ class TQReplayBuffer:
         return replay_index([*claimed, *self.ready_metas()])
 
     def load_state_dict(self, state: dict[str, Any], *, max_groups: int, expected_group_size: int) -> int:
-        """Restore committed groups from a replay index (their rows must already be in the data plane)."""
-        groups = _checked_index(state, max_groups=max_groups, expected_group_size=expected_group_size)
+        """Restore committed groups from a replay index (their rows must already be in the data plane).
+
+        ResumeMismatch when the index does not fit (its digest, group size, or more than ``max_groups`` groups).
+        """
+        groups = check_replay_index(state, group_size=expected_group_size)
+        check_buffer_capacity(buffered=len(groups), dispatched=0, capacity=max_groups)
         known = {slot.group_id for slot in self.slots}
         for group in groups:
             if group["group_id"] in known:
@@ -229,40 +236,6 @@ def replay_index(metas: Sequence[GroupMeta]) -> dict[str, Any]:
     """A metadata-only replay index of ``metas``, in order, with the digest that binds it to their rows."""
     groups = [asdict(meta) for meta in metas]
     return {"version": REPLAY_INDEX_VERSION, "groups": groups, "digest": replay_digest(groups)}
-
-
-def replay_digest(groups: list[dict[str, Any]]) -> str:
-    """sha256 of the canonical JSON of a replay index's groups."""
-    canonical = json.dumps(groups, sort_keys=True, separators=(",", ":"), default=list)
-    return hashlib.sha256(canonical.encode()).hexdigest()
-
-
-def _checked_index(state: dict[str, Any], *, max_groups: int, expected_group_size: int) -> list[dict[str, Any]]:
-    missing = {"version", "groups", "digest"} - set(state)
-    if missing:
-        raise BufferError(f"replay index is missing {sorted(missing)}")
-    if state["version"] != REPLAY_INDEX_VERSION:
-        raise BufferError(f"replay index version {state['version']} is not {REPLAY_INDEX_VERSION}")
-    groups = state["groups"]
-    if replay_digest(groups) != state["digest"]:
-        raise BufferError("replay index digest does not match its groups (corrupt or edited)")
-    seen: set[str] = set()
-    for group in groups:
-        if len(group["keys"]) != expected_group_size:
-            raise BufferError(
-                f"replay group {group['group_id']} has {len(group['keys'])} rows, expected {expected_group_size} "
-                "(num_generations_per_prompt changed?)"
-            )
-        duplicate = seen.intersection(group["keys"])
-        if duplicate:
-            raise BufferError(f"replay index repeats row keys {sorted(duplicate)[:3]}")
-        seen.update(group["keys"])
-    if len(groups) > max_groups:
-        raise BufferError(
-            f"replay index holds {len(groups)} groups but max_buffered_rollouts is {max_groups}; resume with "
-            f"async_rl.max_buffered_rollouts >= {len(groups)}"
-        )
-    return groups
 
 
 async def _clear_quietly(data_plane: DataPlane, keys: Sequence[str]) -> None:

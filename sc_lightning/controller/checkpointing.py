@@ -17,6 +17,12 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from sc_lightning.config.resume_rules import (
+    CONTROLLER_STATE_VERSION,
+    check_buffer_capacity,
+    check_format,
+    held_permits,
+)
 from sc_lightning.controller.buffer import TQReplayBuffer, replay_index
 from sc_lightning.controller.ledger import RecoveryLedger
 from sc_lightning.controller.recovery import PendingGroup, RecoveryPolicy
@@ -28,8 +34,6 @@ if TYPE_CHECKING:
     from sc_lightning.controller.reserve import ReplacementReserve
     from sc_lightning.controller.samplers import PromptGroupSampler
     from sc_lightning.rollout.prompts import PromptStream
-
-CHECKPOINT_STATE_VERSION = 1
 
 
 @dataclass
@@ -81,7 +85,7 @@ class ControllerCheckpoint:
             holding += sum(group_id in ledger.committed for group_id in buffered)  # buffered groups held permits too
             index = replay_index([])
         return {
-            "version": CHECKPOINT_STATE_VERSION,
+            "version": CONTROLLER_STATE_VERSION,
             "trainer_version": trainer_version,
             "prompts": self.prompts.state_dict(),
             "dispatch_index": self.sampler.dispatch_index,
@@ -98,22 +102,14 @@ class ControllerCheckpoint:
     async def restore(self, state: dict[str, Any], *, group_size: int) -> int:
         """Load a :meth:`state` (the committed groups' rows already in the data plane); returns its trainer version.
 
-        Raises ValueError naming what does not fit (state version, prompt stream settings, replay index, capacity).
+        Raises ResumeMismatch naming what does not fit (state version, prompt stream settings, replay index,
+        capacity: the rules of :mod:`~sc_lightning.config.resume_rules`).
         """
-        if state.get("version") != CHECKPOINT_STATE_VERSION:
-            raise ValueError(f"controller state version {state.get('version')!r} is not {CHECKPOINT_STATE_VERSION}")
+        check_format("controller state", state, CONTROLLER_STATE_VERSION)
         pending = [PendingGroup.from_dict(p, capture=self.recovery.token_capture) for p in state["pending"]]
         groups, claimed = len(state["replay_index"]["groups"]), int(state.get("claimed", 0))
-        # what held buffer permits at the cut: the buffered groups and the launched pending prompts (the step's
-        # claims had given theirs back; prompts still waiting for a permit wait again after the resume)
-        buffered = groups - (claimed if groups else 0)  # without rows the claims are pending, not indexed
-        holding = int(state.get("pending_holding_permits", len(pending)))
-        if buffered + holding > self.buffer_permits.total:
-            raise ValueError(
-                f"the checkpoint holds {buffered} buffered and {holding} dispatched prompt groups, more than "
-                f"async_rl.max_buffered_rollouts={self.buffer_permits.total}; resume with at least "
-                f"{buffered + holding}"
-            )
+        buffered, dispatched = held_permits(state)  # what held buffer permits at the cut
+        check_buffer_capacity(buffered=buffered, dispatched=dispatched, capacity=self.buffer_permits.total)
         self.prompts.load_state_dict(state["prompts"])
         self.drops.load_state_dict(state.get("drops", {}))
         self.reserve.load_state_dict(state.get("replacement_reserve", []))

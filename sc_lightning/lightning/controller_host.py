@@ -52,7 +52,7 @@ from sc_lightning.rollout.serving.listen import listen_on_loopback
 from sc_lightning.rollout.serving.server import OpenAIEndpoint
 from sc_lightning.trainer.data_parallel import data_parallel_representative, parallel_layout
 from sc_lightning.trainer.rank_sync import FollowerSelect, LeaderSelect, RankGroup
-from sc_lightning.trainer.sharded_checkpoint import load_sharded, save_sharded
+from sc_lightning.trainer.sharded_checkpoint import CheckpointMismatch, load_sharded, save_sharded
 from sc_lightning.trainer.step_stream import GroupSource, RLStepStream, StepSettings
 
 EngineFactory = Callable[[SCConfig, list[tuple[str, torch.Tensor]]], GenerationEngine]
@@ -261,18 +261,36 @@ class ControllerHost:
         super().save_checkpoint(checkpoint, filepath, storage_options)  # type: ignore[misc]
 
     def load_model_state_dict(self, checkpoint: Any, strict: bool = True) -> None:
-        """Load the models: from the bundle's distributed checkpoint, resharded to this layout, if it has one."""
+        """Load the models: from the bundle's distributed checkpoint, resharded to this layout, if it has one (a
+        CheckpointMismatch when the trainer checkpoint's models have other names or shapes than this run's)."""
         if SHARDED_KEY not in checkpoint:
-            super().load_model_state_dict(checkpoint, strict=strict)  # type: ignore[misc]
+            try:
+                super().load_model_state_dict(checkpoint, strict=strict)  # type: ignore[misc]
+            except RuntimeError as err:  # torch's "Error(s) in loading state_dict": missing, unexpected, size
+                raise self._mismatch("models", err) from err
             return
         load_sharded(self._sharded_directory(checkpoint), self._checkpoint_parts(optimizers=False))
 
     def load_optimizer_state_dict(self, checkpoint: Any) -> None:
-        """Load the optimizers: from the bundle's distributed checkpoint (resharded), if it has one."""
+        """Load the optimizers: from the bundle's distributed checkpoint (resharded), if it has one (a
+        CheckpointMismatch when the trainer checkpoint's optimizer state has other parameter groups than this run's)."""
         if SHARDED_KEY not in checkpoint:
-            super().load_optimizer_state_dict(checkpoint)  # type: ignore[misc]
+            try:
+                super().load_optimizer_state_dict(checkpoint)  # type: ignore[misc]
+            except ValueError as err:  # torch's "loaded state dict ... parameter group(s)"
+                raise self._mismatch("optimizers", err) from err
         elif checkpoint[SHARDED_KEY]["optimizers"]:
             load_sharded(self._sharded_directory(checkpoint), self._checkpoint_parts(optimizers=True))
+
+    def _mismatch(self, what: str, err: Exception) -> CheckpointMismatch:
+        """The error for a trainer checkpoint whose ``what`` do not fit this run's, with torch's reasons (3 at most)."""
+        details = [line.strip()[:160] for line in str(err).splitlines()[1:] if line.strip()]  # torch: one per kind
+        reason = "; ".join(details[:3]) or str(err)
+        return CheckpointMismatch(
+            f"{self.lightning_module.trainer.ckpt_path}: its {what} do not fit this run's ({reason}): resume with the "
+            "model and optimizer settings of the run that wrote it (policy.model_name, policy.megatron_cfg, "
+            "value.*), or start afresh with a new checkpointing.checkpoint_dir (nothing was deleted)"
+        )
 
     def _optimizer_state_is_sliced(self) -> bool:
         """Whether a trained model's optimizer is megatron's distributed optimizer (its ``state_dict`` holds no

@@ -8,13 +8,13 @@ import random
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
+from sc_lightning.config.resume_rules import PROMPT_STREAM_VERSION, check_prompt_stream
 from sc_lightning.rollout.datasets import DatasetError, PromptDataset
 from sc_lightning.types import Prompt
 
 if TYPE_CHECKING:
     from sc_lightning.config.schema import SCConfig
 
-_STATE_VERSION = 1
 log = logging.getLogger(__name__)
 
 
@@ -123,7 +123,7 @@ class PromptStream:
     def state_dict(self) -> dict[str, Any]:
         """Where the stream stands (the next batch) and the settings a resume must match; plain JSON-able data."""
         return {
-            "version": _STATE_VERSION,
+            "version": PROMPT_STREAM_VERSION,
             "epoch": self._epoch,
             "position": self._position,
             "seed": self.seed,
@@ -133,19 +133,11 @@ class PromptStream:
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Continue from ``state``; ValueError when it was written with another seed, shuffle, batch or dataset size."""
-        if state.get("version") != _STATE_VERSION:
-            raise ValueError(f"unsupported PromptStream state version {state.get('version')!r}")
-        mine = {"seed": self.seed, "shuffle": self.shuffle, "batch_size": self.batch_size}
-        mine["dataset_size"] = len(self.dataset)
-        changed = {k: (state.get(k), v) for k, v in mine.items() if state.get(k) != v}
-        if changed:
-            detail = ", ".join(f"{k}: saved {old!r}, now {new!r}" for k, (old, new) in changed.items())
-            raise ValueError(f"cannot resume the prompt stream with different settings ({detail})")
-        epoch, position = int(state["epoch"]), int(state["position"])
-        if epoch < 0 or not 0 <= position < len(self):
-            raise ValueError(f"invalid prompt stream position: epoch {epoch}, batch {position} of {len(self)}")
-        self._epoch, self._position = epoch, position
+        """Continue from ``state``; ResumeMismatch when it was written with another seed, shuffle, batch or dataset
+        size (:func:`~sc_lightning.config.resume_rules.check_prompt_stream`)."""
+        settings = {"seed": self.seed, "shuffle": self.shuffle, "batch_size": self.batch_size}
+        check_prompt_stream(state, **settings, dataset_size=len(self.dataset))
+        self._epoch, self._position = int(state["epoch"]), int(state["position"])
 
     def __repr__(self) -> str:
         return (

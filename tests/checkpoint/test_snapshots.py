@@ -15,13 +15,17 @@ from sc_lightning.checkpoint.snapshots import (
     SNAPSHOTS_DIR,
     SnapshotError,
     anchor_for,
+    config_identity,
     next_snapshot_dir,
     prune_snapshots,
     resume_point,
     snapshot_dirs,
     sweep_temporaries,
 )
+from sc_lightning.config import load_config
+from sc_lightning.config.yaml_io import load_yaml_layers
 from tests.checkpoint.test_bundle import STATE
+from tests.conftest import TINY
 
 IDENTITY = {"grpo": {"seed": 7}, "env": {"name": "arithmetic"}}
 
@@ -111,6 +115,26 @@ def test_bootstrap_state_resumes_with_latest_and_the_initial_model(tmp_path) -> 
     assert point.trainer_checkpoint is None and point.state_dir == first
     with pytest.raises(FingerprintMismatch, match=r"(?s)env.name: \"arithmetic\" -> \"math\".*Nothing was deleted"):
         resume_point(tmp_path, "latest", {**IDENTITY, "env": {"name": "math"}})
+
+
+def tiny_identity(*overrides: str) -> dict:
+    """The compatibility identity of grpo_tiny.yaml with ``overrides`` (``a.b=value``)."""
+    config = load_config(load_yaml_layers([str(TINY)], list(overrides)), extra_top_level=("trainer",))
+    return config_identity(config)
+
+
+def test_a_bootstrap_resume_trains_longer_as_a_bundle_resume_does(tmp_path) -> None:
+    """A larger grpo.max_num_steps resumes the bootstrap snapshot, also one an older version anchored with the run's
+    length still in its identity; another seed is still refused."""
+    first = snapshot(anchor_for(tmp_path, 0, tiny_identity("grpo.max_num_steps=2")))
+    assert resume_point(tmp_path, "latest", tiny_identity("grpo.max_num_steps=400")).state_dir == first
+    record = tmp_path / BOOTSTRAP_DIR / "BOOTSTRAP.json"
+    older = json.loads(record.read_text())
+    older["identity"]["grpo"]["max_num_steps"], older["fingerprint"] = 2, "written by an older version"
+    record.write_text(json.dumps(older))
+    assert resume_point(tmp_path, "latest", tiny_identity("grpo.max_num_steps=400")).state_dir == first
+    with pytest.raises(FingerprintMismatch, match=r"grpo.seed: 7 -> 8"):
+        resume_point(tmp_path, "latest", tiny_identity("grpo.seed=8"))
 
 
 def test_trainer_checkpoint_mode_fails_on_bootstrap_only_state_and_deletes_nothing(tmp_path) -> None:

@@ -7,6 +7,7 @@ import asyncio
 import pytest
 import torch
 
+from sc_lightning.config.resume_rules import ResumeMismatch
 from sc_lightning.controller.api import ROW_FIELDS
 from sc_lightning.controller.buffer import BufferError, TQReplayBuffer
 from sc_lightning.data_plane.memory import MemoryDataPlane
@@ -133,11 +134,11 @@ def test_replay_index_round_trips_and_rejects_what_does_not_fit() -> None:
     with pytest.raises(BufferError, match="already in the buffer"):
         restored.load_state_dict(state, max_groups=4, expected_group_size=GROUP_SIZE)
     tampered = {**state, "groups": [{**state["groups"][0], "start_weight": 9}, state["groups"][1]]}
-    with pytest.raises(BufferError, match="digest does not match"):
+    with pytest.raises(ResumeMismatch, match="digest does not match"):
         new_buffer().load_state_dict(tampered, max_groups=4, expected_group_size=GROUP_SIZE)
-    with pytest.raises(BufferError, match="expected 3"):
+    with pytest.raises(ResumeMismatch, match=f"num_generations_per_prompt is 3 but .* has {GROUP_SIZE} generations"):
         new_buffer().load_state_dict(state, max_groups=4, expected_group_size=3)
-    with pytest.raises(BufferError, match="max_buffered_rollouts >= 2"):
+    with pytest.raises(ResumeMismatch, match="max_buffered_rollouts >= 2"):
         new_buffer().load_state_dict(state, max_groups=1, expected_group_size=GROUP_SIZE)
 
 

@@ -14,6 +14,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from sc_lightning.config.resume_rules import ResumeMismatch
 from sc_lightning.controller.controller import SingleController
 from sc_lightning.data_plane.memory import MemoryDataPlane
 from sc_lightning.testing.scripted_engine import ScriptedEngine
@@ -114,11 +115,11 @@ def test_restore_refuses_a_state_that_does_not_fit() -> None:
         source = build(1, MemoryDataPlane())
         state = source.checkpoint_state()
         small = build(0, MemoryDataPlane())
-        with pytest.raises(ValueError, match="version"):
+        with pytest.raises(ResumeMismatch, match="controller state was written in format version 99"):
             await small.restore({**state, "version": 99}, group_size=2)
         state["pending"] = [{"prompt": {"prompt_id": f"p{i}", "token_ids": [2]}, "target_step": 0} for i in range(3)]
         state["pending_holding_permits"] = 3
-        with pytest.raises(ValueError, match=r"0 buffered and 3 dispatched .*max_buffered_rollouts=2; .*at least 3"):
+        with pytest.raises(ResumeMismatch, match=r"rollouts is 2 but .* 0 buffered and 3 dispatched .*>= 3"):
             await small.restore(state, group_size=2)
         await small.start()
         with pytest.raises(RuntimeError, match="before start"):

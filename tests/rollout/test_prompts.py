@@ -10,6 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sc_lightning.config import SCConfig, load_config
+from sc_lightning.config.resume_rules import ResumeMismatch
 from sc_lightning.rollout.datasets import ArithmeticDataset, DatasetError
 from sc_lightning.rollout.prompts import PromptStream, check_dataset_fits_steps
 from sc_lightning.tokenizer import CharTokenizer
@@ -90,9 +91,11 @@ def test_resume_from_state_dict_equals_an_uninterrupted_run(
 def test_load_state_dict_rejects_other_settings() -> None:
     state = PromptStream(DATASET, 2, shuffle=True, seed=5, max_epochs=1).state_dict()
     other = PromptStream(DATASET, 3, shuffle=True, seed=6, max_epochs=1)
-    with pytest.raises(ValueError, match="seed: saved 5, now 6.*batch_size: saved 2, now 3"):
+    with pytest.raises(ResumeMismatch, match=r"\{algo\}.seed is 6 but the checkpoint's prompt stream has 5; "):
         other.load_state_dict(state)
-    with pytest.raises(ValueError, match="version"):
+    with pytest.raises(ResumeMismatch, match=r"\{algo\}.num_prompts_per_step is 3 but the checkpoint's .* has 2"):
+        other.load_state_dict(state)
+    with pytest.raises(ResumeMismatch, match="format version None"):
         other.load_state_dict({})
 
 
