@@ -1,4 +1,9 @@
-"""BundleCheckpoint: every ``checkpointing.save_period`` RL steps (and after the last), write a whole bundle.
+"""BundleCheckpoint: every ``checkpointing.save_period`` RL steps, and at the end of every fit, write a whole bundle.
+
+However a fit ends — ``max_num_steps``, ``trainer.max_time``, ``trainer.limit_train_batches``, the rollouts running
+out, a stop signal (:mod:`~sc_lightning.callbacks.stop`), a callback's ``trainer.should_stop`` — the bundle of its
+last finished step is written at ``on_train_end``, while the rollout side still runs; the same command resumes from
+it. (A fit that ends by an error, or by a second Ctrl-C, writes none: its step was not finished.)
 
 It is a Lightning :class:`~lightning.pytorch.callbacks.Checkpoint`, so Lightning runs it after every other callback:
 after the step's refit (:class:`~sc_lightning.callbacks.refit.RefitCallback`), when no selected group is left
@@ -46,6 +51,13 @@ class BundleCheckpoint(Checkpoint):
             seconds = time.monotonic() - started
             self.total_save_s += seconds
             pl_module.log("timing/train/checkpointing", seconds, on_step=True, batch_size=1)
+
+    def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        """However the fit ended, the bundle of its last finished step (kept as is when it exists already)."""
+        if trainer.global_step > 0:
+            started = time.monotonic()
+            self.save(trainer, trainer.global_step)
+            self.total_save_s += time.monotonic() - started
 
     def save(self, trainer: Trainer, step: int) -> Path:
         """Write the bundle of ``step`` (a bundle that exists already, e.g. the one resumed from, is kept as is).
