@@ -61,6 +61,25 @@ class ResumePoint:
         """One line for the log."""
         return f"{self.state_dir}" + ("" if self.trainer_checkpoint else " (bootstrap: the initial model)")
 
+    @property
+    def step(self) -> int:
+        """The RL steps trained at this point: its trainer bundle's N (0 for bootstrap state)."""
+        if self.trainer_checkpoint is None:
+            return 0
+        return int(self.trainer_checkpoint.parent.name.rpartition("_")[2])  # the bundle's name: step_N
+
+
+def nothing_left_to_train(resume: ResumePoint | None, config: SCConfig) -> str | None:
+    """The line a run prints instead of starting when its newest bundle has trained ``max_num_steps`` already (None:
+    there is something to train). Nothing is started, read or changed."""
+    if resume is None or resume.step < config.algo.max_num_steps:
+        return None
+    knob = f"{config.algo_name}.max_num_steps"
+    return (
+        f"nothing left to train: the newest bundle {resume.trainer_checkpoint.parent} is at step {resume.step}, and "
+        f"{knob} is {config.algo.max_num_steps}; to train longer, run the same command with a larger --{knob}"
+    )
+
 
 def config_identity(config: SCConfig) -> dict[str, Any]:
     """The config's compatibility identity: everything but operational and user-excluded dotpaths."""
