@@ -2,7 +2,7 @@
 
 Why a fit stops, in the order it is told (one line on stderr, from the leader, once the rollout side has stopped)::
 
-    fit stopped after step 32: trainer.max_time (00:00:00:15) reached; the bundle .../step_32 holds it, run the
+    fit stopped after step 32: trainer.max_time (00:00:00:15) reached; its bundle is results/ckpt/step_32: run the
     same command to go on
 
 - a stop signal: SIGTERM, or SIGINT (Ctrl-C), received while training. The step in progress — waiting for its
@@ -13,8 +13,8 @@ Why a fit stops, in the order it is told (one line on stderr, from the leader, o
 - ``trainer.max_time`` reached. It limits each ``fit`` command, not the run's total: the time a resumed run spent
   before is not carried over (Lightning's timer state is dropped from the bundle it resumes from), so a job under a
   wall-clock limit goes on each time it is run again;
-- ``trainer.limit_train_batches`` reached (a number of RL steps per ``fit`` command, or a share of
-  ``max_num_steps``);
+- ``trainer.limit_train_batches`` reached (a Trainer built in Python only: the CLI refuses the knob, as the whole RL
+  run is one Lightning epoch whose batch count goes on across resumes);
 - ``trainer.should_stop`` set by a callback (e.g. Lightning's ``EarlyStopping``);
 - the rollouts ran out: the dataset's prompts, ``<algo>.max_num_epochs`` times over, are all trained or dropped.
 
@@ -125,10 +125,7 @@ class FitStop(Callback):
         epoch_loop = trainer.fit_loop.epoch_loop
         limited = trainer.num_training_batches < self.config.algo.max_num_steps
         if limited and epoch_loop.batch_progress.current.ready >= trainer.num_training_batches:
-            return (
-                f"trainer.limit_train_batches ({trainer.limit_train_batches}) reached: "
-                f"{trainer.num_training_batches} steps per fit command"
-            )
+            return f"trainer.limit_train_batches ({trainer.limit_train_batches}) reached"
         if trainer.should_stop:
             return "trainer.should_stop was set by a callback"
         return f"the rollouts ran out ({algo}.max_num_epochs {self.config.algo.max_num_epochs} of the dataset)"
