@@ -149,10 +149,10 @@ def fit(config: SCConfig, lightning: dict[str, Any]) -> int:
         with _checkpoint_dir_lock(config):
             try:
                 resume = _resume_point(config)
+                finished = nothing_left_to_train(resume, config)
             except _cannot_resume_errors() as err:  # nothing was deleted or rewritten
                 print(f"error: cannot resume: {err}", file=sys.stderr)
                 return EXIT_CANNOT_RESUME
-            finished = nothing_left_to_train(resume, config)
             if finished is not None:
                 print(finished, file=sys.stderr)
                 return 0

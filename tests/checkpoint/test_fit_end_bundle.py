@@ -7,6 +7,7 @@ real command are in tests/test_stop_reasons.py.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 from pathlib import Path
@@ -17,6 +18,7 @@ from lightning.pytorch import Callback, LightningModule, Trainer
 from sc_lightning.callbacks.checkpoint import BundleCheckpoint
 from sc_lightning.callbacks.stop import FitStop
 from sc_lightning.checkpoint.bundle import TRAINER_FILE, latest_bundle
+from sc_lightning.checkpoint.snapshots import config_identity, nothing_left_to_train, resume_point
 from sc_lightning.config import SCConfig
 from sc_lightning.lightning.module import GRPOModule
 from sc_lightning.testing.scripted_engine import ScriptedEngine
@@ -40,7 +42,7 @@ class StopAt(Callback):
             os.kill(os.getpid(), self.signum)  # handled in this (the main) thread before the next bytecode
 
 
-def config_with_bundles(tmp_path: Path) -> SCConfig:
+def config_with_bundles(tmp_path: Path, *overrides: str) -> SCConfig:
     """Eight steps at most, a bundle every 100: only the end of a fit writes one."""
     return tiny_config(
         "grpo.max_num_steps=8",
@@ -48,6 +50,7 @@ def config_with_bundles(tmp_path: Path) -> SCConfig:
         "checkpointing.save_data_plane=true",
         f"checkpointing.checkpoint_dir={tmp_path / 'ckpt'}",
         "checkpointing.save_period=100",
+        *overrides,
     )
 
 
@@ -87,3 +90,22 @@ def test_a_stop_signal_ends_the_fit_after_its_step_with_that_steps_bundle(tmp_pa
     assert signal.getsignal(signum) is before  # given back
     trainer, _ = fit_once(config, None)
     assert trainer.global_step == 8 and bundles(config) == ["step_3", "step_8"]
+
+
+def test_a_fit_whose_prompts_ran_out_leaves_its_bundle_and_then_has_nothing_left_to_train(tmp_path) -> None:
+    """12 prompts, one epoch, 4 per step: three steps, then the stream ends (not max_num_steps)."""
+    rows = [json.dumps({"problem": f"{a}+{a}=", "expected_answer": str(2 * a)}) for a in range(12)]
+    (tmp_path / "prompts.jsonl").write_text("\n".join(rows) + "\n")
+    dataset = f"data.dataset_name={tmp_path / 'prompts.jsonl'}"
+    config = config_with_bundles(tmp_path, dataset, "grpo.max_num_epochs=1")
+    trainer, stop = fit_once(config, None)
+    assert trainer.global_step == 3 and bundles(config) == ["step_3"]
+    assert stop.reason == "the rollouts ran out (grpo.max_num_epochs 1 of the dataset)"
+    checkpoint_dir = Path(config.checkpointing.checkpoint_dir)
+    resume = resume_point(checkpoint_dir, "latest", config_identity(config))
+    assert nothing_left_to_train(resume, config) == (
+        f"nothing left to train: the newest bundle {checkpoint_dir / 'step_3'} (step 3) has trained every prompt of "
+        "grpo.max_num_epochs=1 passes over the dataset; to train longer, run the same command with a larger "
+        "--grpo.max_num_epochs"
+    )
+    assert nothing_left_to_train(resume, config_with_bundles(tmp_path, dataset, "grpo.max_num_epochs=2")) is None
