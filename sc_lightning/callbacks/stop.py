@@ -56,12 +56,13 @@ class FitStop(Callback):
         """The command's exit code: 128 + the stop signal's number, or 0."""
         return 128 + self.signal if self.signal is not None else 0
 
+    def on_save_checkpoint(self, trainer: Trainer, pl_module: LightningModule, checkpoint: dict[str, Any]) -> None:
+        """Leave Lightning's timer state out of the bundle: ``trainer.max_time`` counts one command's time only."""
+        _drop_timer_state(checkpoint)
+
     def on_load_checkpoint(self, trainer: Trainer, pl_module: LightningModule, checkpoint: dict[str, Any]) -> None:
-        """Drop Lightning's timer state: ``trainer.max_time`` counts this command's training time only."""
-        states = checkpoint.get("callbacks") or {}
-        for callback in trainer.callbacks:
-            if isinstance(callback, Timer):
-                states.pop(callback.state_key, None)
+        """Drop the timer state a bundle written without FitStop holds (see :meth:`on_save_checkpoint`)."""
+        _drop_timer_state(checkpoint)
 
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         """Take SIGINT and SIGTERM over while training (main thread only: elsewhere Python cannot)."""
@@ -142,6 +143,13 @@ class FitStop(Callback):
         if step >= self.config.algo.max_num_steps:
             return f"{line}; its bundle is {bundle}"
         return f"{line}; its bundle is {bundle}: run the same command to go on"
+
+
+def _drop_timer_state(checkpoint: dict[str, Any]) -> None:
+    """Remove Lightning's Timer callback state (keyed by its class name) from a checkpoint."""
+    states = checkpoint.get("callbacks") or {}
+    for key in [key for key in states if str(key).split("{", 1)[0] == Timer.__qualname__]:
+        del states[key]
 
 
 def _max_time(timer: Timer) -> str:
