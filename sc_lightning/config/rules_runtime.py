@@ -206,7 +206,7 @@ def data_plane_checkpoints(config: SCConfig, report: Report) -> None:
 def checkpoint_ranking(config: SCConfig, report: Report) -> None:
     """metric_name is a train metric, or a validation metric of a run that validates at every save_period step (so
     each periodic bundle is ranked by its own policy's validation); keep_top_k needs it."""
-    ckpt, algo = config.checkpointing, config.algo_name
+    ckpt = config.checkpointing
     name = ckpt.metric_name
     if name is not None and not name.startswith(("train:", "val:")):
         report.error(
@@ -214,16 +214,22 @@ def checkpoint_ranking(config: SCConfig, report: Report) -> None:
             f"is {name!r}; use 'train:<metric>' (a logged train/<metric>, e.g. 'train:reward') or 'val:<metric>' "
             "(a validation's val/<metric>, e.g. 'val:accuracy')",
         )
-    period = config.algo.val_period
-    if name is not None and name.startswith("val:") and (period == 0 or ckpt.save_period % period):
-        report.error(
-            "checkpointing.metric_name",
-            f"is {name!r} but {algo}.val_period is {period} and checkpointing.save_period {ckpt.save_period}: a "
-            "bundle is ranked by the validation of its own step, so validation must run at every save_period step; "
-            f"set {algo}.val_period to a divisor of checkpointing.save_period",
-        )
+    if name is not None and name.startswith("val:"):
+        _validation_ranking(config, name, report)
     if ckpt.keep_top_k is not None and name is None:
         report.error("checkpointing.keep_top_k", "ranks bundles by checkpointing.metric_name; set it too")
+
+
+def _validation_ranking(config: SCConfig, name: str, report: Report) -> None:
+    """A ``val:`` ranking needs a validation at every save_period step."""
+    period, save_period, algo = config.algo.val_period, config.checkpointing.save_period, config.algo_name
+    if period == 0 or save_period % period:
+        report.error(
+            "checkpointing.metric_name",
+            f"is {name!r} but {algo}.val_period is {period} and checkpointing.save_period {save_period}: a bundle "
+            "is ranked by the validation of its own step, so validation must run at every save_period step; set "
+            f"{algo}.val_period to a divisor of checkpointing.save_period",
+        )
 
 
 @ties(
