@@ -16,6 +16,7 @@ import os
 import sys
 import time
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -139,14 +140,44 @@ def _usage_error(text: str, message: str) -> int:
 def fit(config: SCConfig, lightning: dict[str, Any], watch: InterruptWatch | None = None) -> int:
     """Train: a Lightning Trainer (from ``trainer:``) with the Single-Controller strategy and the refit callback.
 
-    ``config`` has passed :func:`load_and_check` and :func:`~sc_lightning.preflight.check_preflight`. A Ctrl-C
-    (which ``watch`` saw, even if a library swallowed it) stops the run gracefully and raises KeyboardInterrupt."""
+    ``config`` has passed :func:`load_and_check` and :func:`~sc_lightning.preflight.check_preflight`. With
+    checkpointing on, the run holds its checkpoint directory (one run at a time) and resumes from its newest bundle,
+    or only says so when that bundle has trained every step already. A Ctrl-C before training (which ``watch`` saw,
+    even if a library swallowed it) stops the run gracefully and raises KeyboardInterrupt; one while training stops
+    it after the step in progress (:class:`~sc_lightning.callbacks.stop.FitStop`)."""
     watch = watch or InterruptWatch()
+    if not config.checkpointing.enabled:
+        return _train(config, lightning, None, watch)
+    from sc_lightning.checkpoint.dir_lock import CheckpointDirInUse
+    from sc_lightning.checkpoint.snapshots import nothing_left_to_train
+
+    try:
+        with _checkpoint_dir_lock(config):
+            try:
+                resume = _resume_point(config)
+                finished = nothing_left_to_train(resume, config)
+            except _cannot_resume_errors() as err:  # nothing was deleted or rewritten
+                print(f"error: cannot resume: {err}", file=sys.stderr)
+                return EXIT_CANNOT_RESUME
+            if finished is not None:
+                print(finished, file=sys.stderr)
+                return 0
+            if resume is not None and _launching_process():  # once, not once per trainer rank
+                print(f"resuming from {resume.describe()}", file=sys.stderr)
+            return _train(config, lightning, resume, watch)
+    except CheckpointDirInUse as err:
+        print(f"error: {err}", file=sys.stderr)
+        return EXIT_INVALID_CONFIG
+
+
+def _train(config: SCConfig, lightning: dict[str, Any], resume: Any, watch: InterruptWatch) -> int:
+    """Build the Trainer and fit, from ``resume`` (a ResumePoint) or from the start; returns the exit code."""
     from sc_lightning.callbacks.checkpoint import BundleCheckpoint
     from sc_lightning.callbacks.goodput import GoodputMonitor, fleet_devices
     from sc_lightning.callbacks.interrupt import InterruptCheck
     from sc_lightning.callbacks.monitor import RolloutMonitor
     from sc_lightning.callbacks.refit import RefitCallback
+    from sc_lightning.callbacks.stop import FitStop
     from sc_lightning.engines.factory import default_engine_factory
     from sc_lightning.lightning.cli_parser import SCLightningCLI, trainer_world_size
     from sc_lightning.lightning.module import GRPOModule
@@ -155,19 +186,14 @@ def fit(config: SCConfig, lightning: dict[str, Any], watch: InterruptWatch | Non
 
     ranks = trainer_world_size(lightning.get("trainer")) or 1
     watch.check()  # the imports above run megatron-core's bare `except:` clauses, which swallow a Ctrl-C
-    callbacks: list[Any] = [RefitCallback(), RolloutMonitor(), GoodputMonitor(fleet_devices(config, ranks))]
+    stop = FitStop(config)
+    callbacks: list[Any] = [stop, RefitCallback(), RolloutMonitor(), GoodputMonitor(fleet_devices(config, ranks))]
     callbacks.append(InterruptCheck(watch))
     if config.algo.validates():
         from sc_lightning.callbacks.validation import ValidationMonitor
 
         callbacks.append(ValidationMonitor(config.algo))  # after RefitCallback: a refit starts each validation
-    resume = None
     if config.checkpointing.enabled:
-        try:
-            resume = _resume_point(config)
-        except _cannot_resume_errors() as err:  # nothing was deleted or rewritten
-            print(f"error: cannot resume: {err}", file=sys.stderr)
-            return EXIT_CANNOT_RESUME
         callbacks.append(BundleCheckpoint(config.checkpointing, max_steps=config.algo.max_num_steps))
     strategy = single_controller_strategy(
         config,
@@ -203,7 +229,7 @@ def fit(config: SCConfig, lightning: dict[str, Any], watch: InterruptWatch | Non
     except _cannot_resume_errors() as err:  # the checkpoint does not fit this run's models or optimizers
         print(f"error: cannot resume: {err}", file=sys.stderr)
         return EXIT_CANNOT_RESUME
-    return 0
+    return stop.exit_code  # 0, or 128 + the signal that stopped the fit
 
 
 def _bad_input_errors() -> tuple[type[Exception], ...]:
@@ -235,14 +261,27 @@ def _resume_point(config: Any) -> Any:
 
     checkpoint_dir = Path(config.checkpointing.checkpoint_dir)
     sweep_temporaries(checkpoint_dir)
-    from lightning.pytorch.utilities.rank_zero import rank_zero_only
-
     resume = resume_point(checkpoint_dir, config.rollout_checkpointing.restore_mode, config_identity(config))
     if resume is not None:
         check_resume_fits(resume.state_dir, config)  # before any engine, Ray, data plane or model starts
-    if resume is not None and rank_zero_only.rank == 0:  # once, not once per trainer rank
-        print(f"resuming from {resume.describe()}", file=sys.stderr)
     return resume
+
+
+def _launching_process() -> bool:
+    """Whether this is the process the user started (global rank 0): Lightning's launcher and torchrun start every
+    other trainer rank as a process that runs this command again."""
+    from lightning.pytorch.utilities.rank_zero import rank_zero_only
+
+    return rank_zero_only.rank == 0 and os.environ.get("NODE_RANK", "0") == "0"
+
+
+def _checkpoint_dir_lock(config: SCConfig) -> AbstractContextManager[Any]:
+    """The checkpoint directory's lock, held for the run by the launching process only (see _launching_process)."""
+    from sc_lightning.checkpoint.dir_lock import CheckpointDirLock
+
+    if not _launching_process():
+        return nullcontext()
+    return CheckpointDirLock(Path(config.checkpointing.checkpoint_dir))
 
 
 def load_and_check(configs: Sequence[str], overrides: Sequence[str] = ()) -> tuple[SCConfig, dict[str, Any]]:

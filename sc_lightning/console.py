@@ -10,8 +10,9 @@ before megatron, Lightning or Ray is imported. What it quiets, none of which a u
 - Lightning's complaint that LightningCLI gets ``args`` while ``sys.argv`` holds our own options (we hand it the
   merged config on purpose), its fall-back to the CSV logger without TensorBoard (the banner names the logger and
   its directory), a torch deprecation inside Lightning's own code, and its device, seed and "Tip" lines (the banner
-  says the devices and the seed) and its "Detected KeyboardInterrupt" line (the CLI says ``interrupted``), and
-  torch's note on ``is_fx_tracing`` (called inside megatron) on many ranks;
+  says the devices and the seed), its stop lines (```Trainer.fit` stopped: `max_epochs=1` reached.``: the whole run
+  is one Lightning epoch; :mod:`~sc_lightning.callbacks.stop` says the real reason), its "Detected KeyboardInterrupt"
+  line (the CLI says ``interrupted``), and torch's note on ``is_fx_tracing`` (called inside megatron) on many ranks;
 - Ray's driver logs (the token-authentication notice, "Started a local Ray instance"): ``RAY_LOGGER_LEVEL``
   defaults to ``error``; set it (e.g. ``RAY_LOGGER_LEVEL=info``) to see them. The processes Ray starts (engine
   and data-plane actors) inherit ``PYTHONWARNINGS`` entries that drop megatron's Apex / Transformer Engine warnings.
@@ -39,8 +40,9 @@ _QUIET_WARNINGS = (  # (message, module): regular expressions matched against th
     (r".*isinstance\(treespec, LeafSpec\)` is deprecated", ""),
 )
 _DEVICE_AND_TIP_LINES = ("GPU available: ", "TPU available: ", "HPU available: ", "💡 Tip: ")
+_STOP_LINES = ("`Trainer.fit` stopped: ", "Time limit reached. Elapsed time is ")
 _DROPPED_LINES = {  # logger -> the lines of it dropped (the start banner says the devices and the seed)
-    "lightning.pytorch.utilities.rank_zero": (*_DEVICE_AND_TIP_LINES, "Detected KeyboardInterrupt"),
+    "lightning.pytorch.utilities.rank_zero": (*_DEVICE_AND_TIP_LINES, *_STOP_LINES, "Detected KeyboardInterrupt"),
     "lightning.fabric.utilities.rank_zero": _DEVICE_AND_TIP_LINES,
     "lightning.fabric.utilities.seed": ("Seed set to ",),
     "torch.fx._symbolic_trace": ("is_fx_tracing will return true",),

@@ -109,8 +109,9 @@ def test_quieting_drops_the_known_noise_and_nothing_else(caplog: pytest.LogCaptu
     with caplog.at_level(logging.INFO, logger="lightning.pytorch.utilities.rank_zero"):
         lightning.info("GPU available: False, used: False")
         lightning.info("\nDetected KeyboardInterrupt, attempting graceful shutdown ...")  # the CLI says `interrupted`
-        lightning.info("`Trainer.fit` stopped: `max_steps=3` reached.")
-    assert [r.getMessage() for r in caplog.records] == ["`Trainer.fit` stopped: `max_steps=3` reached."]
+        lightning.info("`Trainer.fit` stopped: `max_epochs=1` reached.")  # FitStop's line says the real reason
+        lightning.info("Restoring states from the checkpoint path at ckpt")
+    assert [r.getMessage() for r in caplog.records] == ["Restoring states from the checkpoint path at ckpt"]
 
 
 def test_processes_ray_starts_inherit_the_quiet_warnings() -> None:

@@ -21,7 +21,7 @@ RANKING_FILE = "ranking.json"
 
 
 def write_ranking(directory: Path, metric_name: str, value: float) -> None:
-    """Record the bundle's ranking value (``metric_name`` is ``train:<metric>``)."""
+    """Record the bundle's ranking value (``metric_name`` is ``train:<metric>`` or ``val:<metric>``)."""
     (directory / RANKING_FILE).write_text(json.dumps({"metric_name": metric_name, "value": value}))
 
 

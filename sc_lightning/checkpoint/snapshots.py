@@ -33,7 +33,7 @@ from sc_lightning.checkpoint.atomic import (
     verify_bundle,
     write_atomically,
 )
-from sc_lightning.checkpoint.bundle import TRAINER_FILE, bundle_name, latest_bundle
+from sc_lightning.checkpoint.bundle import TRAINER_FILE, bundle_name, latest_bundle, read_controller_state
 from sc_lightning.checkpoint.fingerprint import check_compatible, compatibility_identity, fingerprint
 from sc_lightning.checkpoint.retention import remove_bundle
 from sc_lightning.config import SCConfig
@@ -60,6 +60,37 @@ class ResumePoint:
     def describe(self) -> str:
         """One line for the log."""
         return f"{self.state_dir}" + ("" if self.trainer_checkpoint else " (bootstrap: the initial model)")
+
+    @property
+    def step(self) -> int:
+        """The RL steps trained at this point: its trainer bundle's N (0 for bootstrap state)."""
+        if self.trainer_checkpoint is None:
+            return 0
+        return int(self.trainer_checkpoint.parent.name.rpartition("_")[2])  # the bundle's name: step_N
+
+
+def nothing_left_to_train(resume: ResumePoint | None, config: SCConfig) -> str | None:
+    """The line a run prints instead of starting when its newest bundle has nothing left to train (None: it has):
+    it is at ``max_num_steps``, or every prompt of ``max_num_epochs`` passes is trained (none buffered or pending).
+    Nothing is started or changed."""
+    if resume is None or resume.trainer_checkpoint is None:
+        return None
+    bundle, algo, steps = resume.trainer_checkpoint.parent, config.algo_name, config.algo.max_num_steps
+    if resume.step >= steps:
+        return (
+            f"nothing left to train: the newest bundle {bundle} is at step {resume.step}, and {algo}.max_num_steps "
+            f"is {steps}; to train longer, run the same command with a larger --{algo}.max_num_steps"
+        )
+    state = read_controller_state(resume.state_dir)
+    epochs = config.algo.max_num_epochs
+    left = state["replay_index"]["groups"] or state["pending"] or state["replacement_reserve"]
+    if "prompts" not in state or state["prompts"]["epoch"] < epochs or left:
+        return None
+    return (
+        f"nothing left to train: the newest bundle {bundle} (step {resume.step}) has trained every prompt of "
+        f"{algo}.max_num_epochs={epochs} passes over the dataset; to train longer, run the same command with a "
+        f"larger --{algo}.max_num_epochs"
+    )
 
 
 def config_identity(config: SCConfig) -> dict[str, Any]:

@@ -219,9 +219,11 @@ def loss_consistency(config: SCConfig, report: Report) -> None:
     "policy.offload_optimizer_for_logprob",
     "async_rl.sampler.warmup_lookahead_versions",
     "ppo.policy_training_start_step",
+    "ppo.max_num_steps",
 )
 def ppo_rules(config: SCConfig, report: Report) -> None:
-    """PPO: in_order only, no drop budgets, whole-step chunks, offloaded optimizer, warm-up knobs coherent."""
+    """PPO: in_order only, no drop budgets, whole-step chunks, offloaded optimizer, warm-up knobs coherent (and a
+    warning when the critic warm-up outlasts the run)."""
     sampler = config.async_rl.sampler
     warmup = sampler.warmup_lookahead_versions if isinstance(sampler, InOrderSamplerConfig) else None
     if config.ppo is None:
@@ -250,6 +252,13 @@ def ppo_rules(config: SCConfig, report: Report) -> None:
         report.error(
             "policy.offload_optimizer_for_logprob",
             "is false; PPO keeps the policy optimizer off the accelerator while the critic runs, set it to true",
+        )
+    start, steps = config.ppo.policy_training_start_step, config.ppo.max_num_steps
+    if start >= steps:  # legal: a first command may warm the critic up, and a resume with more steps go on
+        report.warn(
+            "ppo.policy_training_start_step",
+            f"is {start} but ppo.max_num_steps is {steps}: every step of this run is critic warm-up and the policy "
+            "does not train; set it below ppo.max_num_steps, unless a resumed run with more steps will train it",
         )
     if warmup is not None:
         _ppo_warmup_window_rules(config, warmup, report)

@@ -202,17 +202,34 @@ def data_plane_checkpoints(config: SCConfig, report: Report) -> None:
     )
 
 
-@ties("checkpointing.metric_name", "checkpointing.keep_top_k")
+@ties("checkpointing.metric_name", "checkpointing.keep_top_k", "checkpointing.save_period", "{algo}.val_period")
 def checkpoint_ranking(config: SCConfig, report: Report) -> None:
-    """metric_name must be a train metric (there is no validation loop); keep_top_k needs it."""
+    """metric_name is a train metric, or a validation metric of a run that validates at every save_period step (so
+    each periodic bundle is ranked by its own policy's validation); keep_top_k needs it."""
     ckpt = config.checkpointing
-    if ckpt.metric_name is not None and not ckpt.metric_name.startswith("train:"):
+    name = ckpt.metric_name
+    if name is not None and not name.startswith(("train:", "val:")):
         report.error(
             "checkpointing.metric_name",
-            f"is {ckpt.metric_name!r}; only train metrics exist, use 'train:<metric>' (e.g. 'train:reward')",
+            f"is {name!r}; use 'train:<metric>' (a logged train/<metric>, e.g. 'train:reward') or 'val:<metric>' "
+            "(a validation's val/<metric>, e.g. 'val:accuracy')",
         )
-    if ckpt.keep_top_k is not None and ckpt.metric_name is None:
+    if name is not None and name.startswith("val:"):
+        _validation_ranking(config, name, report)
+    if ckpt.keep_top_k is not None and name is None:
         report.error("checkpointing.keep_top_k", "ranks bundles by checkpointing.metric_name; set it too")
+
+
+def _validation_ranking(config: SCConfig, name: str, report: Report) -> None:
+    """A ``val:`` ranking needs a validation at every save_period step."""
+    period, save_period, algo = config.algo.val_period, config.checkpointing.save_period, config.algo_name
+    if period == 0 or save_period % period:
+        report.error(
+            "checkpointing.metric_name",
+            f"is {name!r} but {algo}.val_period is {period} and checkpointing.save_period {save_period}: a bundle "
+            "is ranked by the validation of its own step, so validation must run at every save_period step; set "
+            f"{algo}.val_period to a divisor of checkpointing.save_period",
+        )
 
 
 @ties(

@@ -138,7 +138,9 @@ class CheckpointingConfig:
     keep_top_k: int | None = knob(
         None, "Keep the best K bundles by metric_name, and always the newest (null = keep all).", ge=1
     )
-    metric_name: str | None = knob(None, 'Metric ranking bundles, "train:<metric>" (there is no validation loop).')
+    metric_name: str | None = knob(
+        None, 'Metric ranking bundles: "train:<metric>" (train/<metric>) or "val:<metric>" (val/<metric>).'
+    )
     higher_is_better: bool = knob(True, "Whether a larger metric_name is better.")
 
 

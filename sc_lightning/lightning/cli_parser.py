@@ -115,21 +115,44 @@ def _accelerator_name_issues(lightning: dict[str, Any]) -> list[ConfigIssue]:
     ]
 
 
+_RUN_LENGTH_KNOBS = {  # Trainer arguments that would end (or hold) a fit by Lightning epochs or batch counts
+    "max_epochs": (None, -1),
+    "min_epochs": (None, 0),
+    "min_steps": (None, -1, 0),
+    "limit_train_batches": (None, 1.0),
+}
+
+
 def _step_budget_issues(lightning: dict[str, Any], config: SCConfig) -> list[ConfigIssue]:
+    """The run's length is ``<algo>.max_num_steps`` (and ``trainer.max_time`` per fit command): the whole RL run is
+    one Lightning epoch, so the Trainer's epoch and batch limits would not do what they say (see docs/training.md)."""
     trainer = lightning.get("trainer") or {}
     if not isinstance(trainer, dict):
         return []
+    budget, algo = config.algo.max_num_steps, config.algo_name
+    issues = []
     max_steps = trainer.get("max_steps")
-    budget = config.algo.max_num_steps
     if max_steps not in (None, -1, budget):
-        return [
+        issues.append(
             ConfigIssue(
                 "trainer.max_steps",
-                f"is {max_steps} but {config.algo_name}.max_num_steps is {budget}; the RL step budget is set by "
-                f"{config.algo_name}.max_num_steps, delete trainer.max_steps",
+                f"is {max_steps} but {algo}.max_num_steps is {budget}; the RL step budget is set by "
+                f"{algo}.max_num_steps, delete trainer.max_steps",
             )
-        ]
-    return []
+        )
+    for knob, neutral in _RUN_LENGTH_KNOBS.items():
+        value = trainer.get(knob)
+        if not any(value == n and type(value) is type(n) for n in neutral):  # 1 (one batch) is not 1.0 (all)
+            issues.append(
+                ConfigIssue(
+                    f"trainer.{knob}",
+                    f"is {value!r}, but the whole RL run is one Lightning epoch of {algo}.max_num_steps steps, so "
+                    f"it cannot end a fit where it says; set {algo}.max_num_steps (the run's length, "
+                    f"{algo}.max_num_epochs for passes over the dataset) or trainer.max_time (a limit per fit "
+                    f"command), and delete trainer.{knob}",
+                )
+            )
+    return issues
 
 
 def _checkpointing_issues(lightning: dict[str, Any], config: SCConfig) -> list[ConfigIssue]:

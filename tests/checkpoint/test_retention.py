@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from sc_lightning.callbacks.checkpoint import BundleCheckpoint
+from sc_lightning.callbacks.validation import ValidationMonitor
 from sc_lightning.checkpoint.atomic import complete_bundles, remove_stale_temporaries, write_atomically
 from sc_lightning.checkpoint.bundle import TRAINER_FILE, latest_bundle
 from sc_lightning.checkpoint.retention import RANKING_FILE, bundles_beyond_top_k, remove_bundle, write_ranking
@@ -100,3 +101,23 @@ def test_a_metric_that_was_never_logged_is_named(tmp_path) -> None:
     with pytest.raises(KeyError, match=r"train:nope.*logged no 'train/nope'; use one of: .*train/reward"):
         fit(config, [BundleCheckpoint(config.checkpointing, max_steps=1)])
     assert complete_bundles(tmp_path) == []  # the failed write left no bundle
+
+
+def test_bundles_are_ranked_by_their_own_steps_validation(tmp_path) -> None:
+    """checkpointing.metric_name val:<metric>: each bundle records val/<metric> of its step's validation."""
+    config = tiny_config(
+        "grpo.max_num_steps=4",
+        "grpo.val_period=2",
+        "checkpointing.enabled=true",
+        "checkpointing.save_data_plane=true",
+        f"checkpointing.checkpoint_dir={tmp_path}",
+        "checkpointing.save_period=2",
+        "checkpointing.metric_name=val:accuracy",
+    )
+    monitor = ValidationMonitor(config.algo)
+    fit(config, [monitor, BundleCheckpoint(config.checkpointing, max_steps=4)])
+    validated = {result.step: result.metrics()["val/accuracy"] for result in monitor.logged}
+    assert sorted(validated) == [2, 4]
+    for step, path in complete_bundles(tmp_path):
+        ranking = json.loads((path / RANKING_FILE).read_text())
+        assert ranking == {"metric_name": "val:accuracy", "value": pytest.approx(validated[step])}

@@ -197,11 +197,25 @@ RUNTIME_CASES: list[tuple[str, dict[str, Any], dict[str, Any], str, str]] = [
         "checkpointing.enabled is false",
     ),
     (
-        "ranking metric is a train metric",
+        "ranking metric is a train or validation metric",
         variant(ckpt(metric_name="train:reward", keep_top_k=3)),
-        variant(ckpt(metric_name="val:reward")),
+        variant(ckpt(metric_name="reward")),
         "checkpointing.metric_name",
-        "train:<metric>",
+        "use 'train:<metric>' (a logged train/<metric>, e.g. 'train:reward') or 'val:<metric>'",
+    ),
+    (
+        "a validation ranking metric needs validation at every save_period step",
+        variant(ckpt(metric_name="val:accuracy", keep_top_k=3, save_period=10), {"grpo": {"val_period": 5}}),
+        variant(ckpt(metric_name="val:accuracy", keep_top_k=3, save_period=10), {"grpo": {"val_period": 4}}),
+        "checkpointing.metric_name",
+        "grpo.val_period is 4 and checkpointing.save_period 10: a bundle is ranked by the validation of its own step",
+    ),
+    (
+        "a validation ranking metric needs validation",
+        variant(ckpt(metric_name="val:reward", save_period=10), {"grpo": {"val_period": 10}}),
+        variant(ckpt(metric_name="val:reward", save_period=10)),
+        "checkpointing.metric_name",
+        "grpo.val_period is 0",
     ),
     ("top-k needs a metric", variant(), variant(ckpt(keep_top_k=3)), "checkpointing.keep_top_k", "metric_name"),
     (

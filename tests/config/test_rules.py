@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from tests.config.helpers import errors_of, warnings_of
-from tests.config.rule_builders import CUSTOM, ckpt, sampler
+from tests.config.rule_builders import CUSTOM, ckpt, ppo, sampler
 from tests.config.rule_cases_algo import ALGORITHM_CASES
 from tests.config.rule_cases_multiturn import MULTITURN_CASES
 from tests.config.rule_cases_runtime import RUNTIME_CASES
@@ -98,6 +98,12 @@ WARNING_CASES = [
         ),
         "async_rl.sampler.target",
         "in shadow mode",
+    ),
+    (
+        "the critic warm-up outlasts the run",
+        ppo({"ppo": {"policy_training_start_step": 6, "max_num_steps": 6}}),
+        "ppo.policy_training_start_step",
+        "is 6 but ppo.max_num_steps is 6: every step of this run is critic warm-up and the policy does not train",
     ),
 ]
 
