@@ -18,6 +18,7 @@ from sc_lightning.controller.buffer import TQReplayBuffer
 from sc_lightning.controller.controller import SingleController
 from sc_lightning.controller.drops import DropBudgets
 from sc_lightning.controller.dynamic_sampling import DynamicSampling
+from sc_lightning.controller.parts import ControllerParts, ControllerSettings
 from sc_lightning.controller.recovery import RecoveryPolicy
 from sc_lightning.controller.reserve import ReplacementReserve
 from sc_lightning.controller.runners import BeforeStart, LocalController
@@ -39,6 +40,7 @@ __all__ = [
     "BeforeStart",
     "LocalController",
     "build_controller",
+    "controller_settings",
     "build_validator",
     "resume_restorer",
     "rollout_settings",
@@ -80,7 +82,7 @@ def build_controller(
     weight_version: int = 0,
 ) -> SingleController:
     """A ready-to-start controller for ``config``; the sampler's capacity need is checked on the instance."""
-    resolved, failure = resolve(config), config.async_rl.rollout_failure
+    resolved = resolve(config)
     buffer = TQReplayBuffer(data_plane)
     sampler = create_sampler(buffer, config.async_rl.sampler)
     required = sampler.required_buffer_capacity(resolved.groups_per_step)
@@ -100,16 +102,32 @@ def build_controller(
         seed=config.algo.seed,
         max_epochs=config.algo.max_num_epochs,
     )
-    controller = SingleController(
+    parts = ControllerParts(
         buffer=buffer,
         sampler=sampler,
-        served=served,
         manager=manager,
         prompts=prompts,
+        reserve=_replacement_reserve(config),
+        dynamic_sampling=DynamicSampling(resolved.groups_per_step, config.algo.dynamic_sampling_max_gen_batches)
+        if config.algo.use_dynamic_sampling
+        else None,
+        validator=build_validator(config, manager.environment, tokenizer),
+    )
+    controller = SingleController(parts, controller_settings(config))
+    watchdog = config.async_rl.stall_watchdog
+    controller.add_background_task(
+        "stall watchdog", StallWatchdog(watchdog.interval_s, watchdog.stall_timeout_s, watchdog.stall_action).run
+    )
+    return controller
+
+
+def controller_settings(config: SCConfig) -> ControllerSettings:
+    """The controller's capacities, drop budgets, recovery policy, drain deadline and warm-up window."""
+    resolved, failure = resolve(config), config.async_rl.rollout_failure
+    return ControllerSettings(
         max_buffered_rollouts=resolved.max_buffered_rollouts,
         max_inflight_prompts=resolved.max_inflight_prompts,
         recovery=RecoveryPolicy(config.rollout_recovery, token_capture=config.token_capture.enabled),
-        warmup_window=_warmup_window(config),
         drop_budgets=DropBudgets(
             groups_per_step=resolved.groups_per_step,
             max_skipped_prompts=failure.max_skipped_prompts,
@@ -117,18 +135,9 @@ def build_controller(
             min_step_batch_fraction=failure.min_step_batch_fraction,
             replacing=failure.on_dropped_prompt == "replace",
         ),
-        reserve=_replacement_reserve(config),
         drain_timeout_s=None if config.async_rl.in_flight_weight_updates else config.async_rl.drain_timeout_s,
-        dynamic_sampling=DynamicSampling(resolved.groups_per_step, config.algo.dynamic_sampling_max_gen_batches)
-        if config.algo.use_dynamic_sampling
-        else None,
-        validator=build_validator(config, manager.environment, tokenizer),
+        warmup_window=_warmup_window(config),
     )
-    watchdog = config.async_rl.stall_watchdog
-    controller.add_background_task(
-        "stall watchdog", StallWatchdog(watchdog.interval_s, watchdog.stall_timeout_s, watchdog.stall_action).run
-    )
-    return controller
 
 
 def build_validator(config: SCConfig, environment: Environment, tokenizer: Tokenizer) -> Validator | None:

@@ -168,7 +168,7 @@ class LocalController(ControllerHandle):
         self._thread.start()
         self.controller: SingleController = self.call(build_and_start(build, before_start))
         validator = self.controller.validator
-        waits = [self.controller.drain_timeout_s, None if validator is None else validator.settings.timeout_s]
+        waits = [self.controller.settings.drain_timeout_s, None if validator is None else validator.settings.timeout_s]
         waits = [wait for wait in waits if wait is not None]  # a refit may settle a validation, then drain
         self.refit_deadline_s = sum(waits) + call_timeout_s if waits else None
 

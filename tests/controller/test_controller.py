@@ -157,7 +157,7 @@ def test_windowed_refit_aborts_rollouts_that_fell_out_of_the_window() -> None:
         stats = controller.stats()
         assert stats.buffered == 0 and stats.inflight == 0  # the aborted groups' slots are gone, with their permits:
         # the pump took just one of them back, for the next prompt, which waits at the dispatch gate closed by refit
-        assert (controller.buffer_permits.held, stats.dispatched) == (1, 4)
+        assert (controller.admission.buffer_permits.held, stats.dispatched) == (1, 4)
         await controller.finish_refit(2)
         await controller.shutdown()
         return aborted, controller.stats()

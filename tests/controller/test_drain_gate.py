@@ -37,7 +37,7 @@ def prompt_tokens(dataset_size: int) -> dict[str, tuple[int, ...]]:
 def release_unfinished_when_draining(controller: SingleController, engine: ScriptedEngine, size: int) -> list[int]:
     """Once a refit waits in the drain, let every group still generating finish; returns how many there were, per
     drain. Were the gate not to wait, the groups would stay parked until the test releases them after the refit."""
-    tokens, drain, counts = prompt_tokens(size), controller.gate.drain, []
+    tokens, drain, counts = prompt_tokens(size), controller.admission.gate.drain, []
 
     async def release_then_drain(timeout_s: float) -> None:
         unfinished = [slot for slot in controller.buffer.slots if not slot.ready]
@@ -46,7 +46,7 @@ def release_unfinished_when_draining(controller: SingleController, engine: Scrip
             engine.release(tokens[slot.prompt_id])
         await drain(timeout_s)
 
-    controller.gate.drain = release_then_drain
+    controller.admission.gate.drain = release_then_drain
     return counts
 
 
@@ -80,7 +80,7 @@ def test_the_drain_gate_trains_no_group_spanning_a_refit(lookahead: int, early: 
             await controller.push_weights([], version + 1)
             await controller.finish_refit(version + 1)
         engine.release_all()
-        await controller.wait_until(lambda: controller.gate.generating == 0, timeout_s=30)
+        await controller.wait_until(lambda: controller.admission.gate.generating == 0, timeout_s=30)
         committed += controller.buffer.ready_metas()
         await controller.shutdown()
         return committed, drained
@@ -133,7 +133,7 @@ def test_a_colocated_engine_drains_before_it_stands_down_and_dispatch_waits_for_
 
         async def stand_down(self) -> None:
             """Record, then stand down (a FAKE engine has nothing to release)."""
-            at_stand_down.append(controller.gate.generating)
+            at_stand_down.append(controller.admission.gate.generating)
 
     engine = RecordingEngine(answer_correctly, gated=True)
     sampler = {"name": "in_order", "max_lookahead_versions": 1}

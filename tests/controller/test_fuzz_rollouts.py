@@ -79,8 +79,8 @@ def check_books(controller: SingleController) -> None:
     stats = controller.stats()
     slots = controller.buffer.slots
     ready = [slot for slot in slots if slot.ready]
-    assert len(slots) <= stats.buffer_permits_held <= controller.buffer_permits.total
-    assert stats.inflight <= controller.inflight_permits.held <= controller.inflight_permits.total
+    assert len(slots) <= stats.buffer_permits_held <= controller.admission.buffer_permits.total
+    assert stats.inflight <= controller.admission.inflight_permits.held <= controller.admission.inflight_permits.total
     assert stats.committed == stats.selected + stats.evicted + len(ready)
     stored = set(controller.data_plane.keys())
     assert {key for slot in ready for key in slot.meta.keys} <= stored  # no committed row lost

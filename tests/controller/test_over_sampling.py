@@ -18,8 +18,8 @@ from tests.controller.test_controller import answer_correctly, config, make
 def pump_idle(controller: SingleController) -> bool:
     """The pump can dispatch nothing more: nothing generating, and the sampler's cap or the buffer permits bind."""
     capped = not controller.sampler.can_admit(controller.trainer_version)
-    full = controller.buffer_permits.held == controller.buffer_permits.total
-    return controller.gate.generating == 0 and (capped or full)
+    full = controller.admission.buffer_permits.held == controller.admission.buffer_permits.total
+    return controller.admission.gate.generating == 0 and (capped or full)
 
 
 def run_windowed(ratio: float | None, steps: int = 4) -> ControllerStats:
