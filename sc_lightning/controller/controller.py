@@ -331,10 +331,8 @@ class SingleController:
     ) -> None:
         """Load new weights into the generation engine (between begin_refit and finish_refit), under a deadline.
 
-        ``last=False``: one bucket of them, more follow (the engine's ``stage_weights``); the last bucket (or the
-        whole set) goes through ``update_weights``, when the engine adopts ``version``. One deadline,
-        ``refit_timeout_s``, holds for the engine's time on all of a version's buckets together.
-        """
+        ``last=False``: one bucket of them, more follow; the engine adopts ``version`` with the last bucket (or the
+        whole set). One deadline, ``refit_timeout_s``, holds for all of a version's buckets together."""
         await self.refit_gate.push_weights(named_tensors, version, last=last)
 
     async def finish_refit(self, version: int) -> None:
