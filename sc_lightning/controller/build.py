@@ -40,8 +40,8 @@ __all__ = [
     "BeforeStart",
     "LocalController",
     "build_controller",
-    "controller_settings",
     "build_validator",
+    "controller_settings",
     "resume_restorer",
     "rollout_settings",
 ]
