@@ -22,19 +22,17 @@
                                          bucket: the engine adopts v + 1 with the last)
                    finish_refit(v + 1)   stamp the engine's new version, reopen dispatch
 
-A dispatched group holds a *slot* (``admission.py``): taken in ``_launch``, ended once in the rollout's ``finally``
-(or, for a task cancelled before it ran, by its done callback). A committed group keeps its buffer permit until it
-is selected or evicted. A selected group's rows stay in the data plane until the step that trained them publishes
-its weights (begin_refit), so a rollout snapshot taken in the middle of a step still holds them and a resume replays
-the step. The controller never imports Lightning, so the same object runs in a Ray actor or on a background thread
-(see ``runners.py``).
+A dispatched group holds a *slot* (``admission.py``), taken in ``_launch`` and ended once in the rollout's
+``finally`` (or by the task's done callback if it never ran); a committed group keeps the slot's buffer permit until
+it is selected or evicted. A selected group's rows stay in the data plane until its step publishes its weights
+(begin_refit), so a rollout snapshot taken mid-step still holds them and a resume replays the step. No Lightning
+here: the same object runs in a Ray actor or on a background thread (``runners.py``).
 
 One file for one state machine: the pump and the train side share a condition, the slots and the ledger, and each
 half's invariants are the other's (select waits on commits; begin_refit closes the pump's gate and aborts its
-rollouts). Each concern beside it has a file of its own: what it is built from (``parts.py``), admission, the refit
-gate with the drain gate and the refit deadline (``refit_gate.py``), the replacement of dropped and filtered groups
-(``refill.py``), the recovery ledger (``ledger.py``), the checkpoint cut (``checkpointing.py``) and the background
-tasks with their failures (``supervisor.py``).
+rollouts). Every other concern has a file: ``parts.py`` (what it is built from), ``admission.py``, ``refit_gate.py``
+(the drain gate, the refit's deadline), ``refill.py`` (dropped and filtered groups' replacements), ``ledger.py``,
+``checkpointing.py`` and ``supervisor.py`` (the background tasks and their failures).
 """
 
 from __future__ import annotations
@@ -90,7 +88,7 @@ class ControllerCounts:
 
 class SingleController:
     """Owns the buffer, sampler, served policy, rollout manager and prompt stream; runs the rollout pump; serves
-    the trainer. Its recovery ledger is shared with its admission and checkpoint collaborators."""
+    the trainer. Its recovery ledger is shared with its admission, refill and checkpoint collaborators."""
 
     def __init__(self, parts: ControllerParts, settings: ControllerSettings) -> None:
         """``parts.manager.served`` is the engine and the version new rollouts are stamped with: the controller
