@@ -1,4 +1,5 @@
-"""The CLI imports Lightning without transformers or matplotlib, and both still work when sc_lightning uses them."""
+"""The CLI's lean imports: Lightning without transformers or matplotlib (both still work when used), megatron-core
+without TorchInductor."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from tests.conftest import REPO, TINY
 
 _PROBE = """
 import json, sys
-from sc_lightning.lightning.lean_import import leave_out_model_metrics
+from sc_lightning.lean_imports import leave_out_model_metrics
 leave_out_model_metrics()
 import lightning.pytorch
 import torchmetrics.functional.text.bert as bert
@@ -48,3 +49,26 @@ def test_checking_a_config_imports_no_heavy_backend() -> None:
     imported = {line.rsplit("|", 1)[-1].strip() for line in done.stderr.splitlines() if line.startswith("import time")}
     assert "lightning.pytorch" in imported  # the trainer: keys were checked
     assert imported & {"transformers", "matplotlib", "ray", "vllm", "megatron", "megatron.core"} == set()
+
+
+_MEGATRON_PROBE = """
+import json, sys, torch
+from sc_lightning.lean_imports import import_megatron_without_compile
+compile_ = torch.compile
+import_megatron_without_compile()
+import megatron.core.jit
+def f(x):
+    return x
+print(json.dumps({
+    "inductor": "torch._inductor.compile_fx" in sys.modules,
+    "fuser_is_a_no_op": megatron.core.jit.jit_fuser(f) is f,
+    "compile_restored": torch.compile is compile_,
+}))
+"""
+
+
+def test_megatron_imports_without_compiling_its_fusers() -> None:
+    """megatron-core's jit fuser becomes a no-op, TorchInductor stays unimported, torch.compile is torch's again."""
+    done = subprocess.run([sys.executable, "-c", _MEGATRON_PROBE], capture_output=True, text=True, cwd=REPO, check=True)
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result == {"inductor": False, "fuser_is_a_no_op": True, "compile_restored": True}
