@@ -34,7 +34,7 @@ from sc_lightning.config import (
 from sc_lightning.config.yaml_io import load_yaml_layers
 from sc_lightning.console import quiet_libraries
 from sc_lightning.interrupt import EXIT_INTERRUPTED, InterruptWatch, lightning_interrupt
-from sc_lightning.lean_imports import import_megatron_without_compile, leave_out_model_metrics
+from sc_lightning.lean_imports import leave_out_model_metrics
 from sc_lightning.preflight import check_preflight
 
 LIGHTNING_KEYS = ("trainer", "seed_everything")
@@ -174,6 +174,8 @@ def fit(config: SCConfig, lightning: dict[str, Any], watch: InterruptWatch | Non
 
 def _train(config: SCConfig, lightning: dict[str, Any], resume: Any, watch: InterruptWatch) -> int:
     """Build the Trainer and fit, from ``resume`` (a ResumePoint) or from the start; returns the exit code."""
+    from sc_lightning.models.megatron_import import import_megatron_without_compile
+
     import_megatron_without_compile()  # before the modules below import it
     from sc_lightning.callbacks.checkpoint import BundleCheckpoint
     from sc_lightning.callbacks.goodput import GoodputMonitor, fleet_devices

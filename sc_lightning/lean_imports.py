@@ -1,6 +1,4 @@
-"""Lean imports for the CLI's processes: Lightning without torchmetrics' model metrics, megatron without compiling.
-
-Both cut seconds of imports that sc_lightning never uses from the start of every command on a CPU box.
+"""Import Lightning without torchmetrics' model-based metrics: seconds off the start of every command.
 
 ``import lightning`` imports torchmetrics, whose package imports every metric it has. With ``transformers``
 installed (sc_lightning needs it for Hugging Face checkpoints and tokenizers) its BERTScore, InfoLM and CLIP metrics
@@ -10,11 +8,6 @@ first import the CLI tells torchmetrics, and only torchmetrics, that those optio
 ``transformers`` and ``matplotlib`` themselves stay whole: they are imported when sc_lightning uses them (a
 tokenizer, a model import, the run report). In such a process the left-out torchmetrics metrics raise torchmetrics'
 own "needs transformers" error.
-
-``import megatron.core`` decorates a dozen optional fused functions (GeLU variants, squared ReLU, an output gate,
-MoE routing; none on sc_lightning's model path) with ``torch.compile``, whose first call imports all of TorchInductor:
-about 3 of the 9 CPU seconds that import took on the 2-core box. :func:`import_megatron_without_compile` imports
-megatron with those decorators as no-ops (as megatron's own ``disable_jit_fuser`` would), so they would run eagerly.
 """
 
 from __future__ import annotations
@@ -22,8 +15,6 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import sys
-from collections.abc import Callable
-from typing import Any
 
 LEFT_OUT = (
     "_TRANSFORMERS_AVAILABLE",
@@ -63,22 +54,3 @@ def _import_without_parents(name: str) -> object:
     finally:
         for package in stand_ins:
             del sys.modules[package]
-
-
-def import_megatron_without_compile() -> None:
-    """Import ``megatron.core`` (when not imported yet) with its ``torch.compile`` decorators as no-ops."""
-    if "megatron.core" in sys.modules or importlib.util.find_spec("megatron") is None:
-        return
-    import torch
-
-    compile_ = torch.compile
-    torch.compile = _eager  # megatron.core.jit keeps the function it finds here as its fuser
-    try:
-        importlib.import_module("megatron.core")
-    finally:
-        torch.compile = compile_
-
-
-def _eager(model: Callable[..., Any] | None = None, **kwargs: Any) -> Any:
-    """``torch.compile``'s signature, compiling nothing: the function itself, or a decorator returning it."""
-    return model if model is not None else (lambda fn: fn)

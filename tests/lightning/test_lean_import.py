@@ -53,7 +53,7 @@ def test_checking_a_config_imports_no_heavy_backend() -> None:
 
 _MEGATRON_PROBE = """
 import json, sys, torch
-from sc_lightning.lean_imports import import_megatron_without_compile
+from sc_lightning.models.megatron_import import import_megatron_without_compile
 compile_ = torch.compile
 import_megatron_without_compile()
 import megatron.core.jit
