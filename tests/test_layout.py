@@ -1,4 +1,4 @@
-"""Package structure: the layout rules of design.md (checked by a function over a package directory, itself tested on
+"""Package structure: the layout rules of docs/architecture.md (checked by a function over a package directory, itself tested on
 a synthetic tree), a cheap top-level import, and docstrings."""
 
 from __future__ import annotations
@@ -198,3 +198,95 @@ def test_every_public_module_function_and_class_has_a_docstring() -> None:
             if public and ast.get_docstring(node) is None:
                 missing.append(f"{path.relative_to(REPO)}:{node.name}")
     assert not missing, missing
+
+
+# Size, test-module and citation rules: a file a newcomer can read in one sitting, a Lightning adapter that stays
+# thin, test helpers in helper modules, and docs that stand alone.
+MAX_LINES = 450
+"""The longest source file; a longer one says why in its module docstring, with LONG_FILE_REASON."""
+LONG_FILE_REASON = "over 450 lines:"
+"""How a module docstring states why its file is longer than MAX_LINES ("... over 450 lines: one state machine")."""
+MAX_LIGHTNING_LINES = 800
+"""All of lightning/ together: the adapter is thin; what has no Lightning in it lives elsewhere."""
+OUTSIDE_DOCUMENTS = ("design.md", "notes/", "reference-semantics", "lightning-megatron", "spec/single-controller")
+"""Documents outside the repository that no module may cite (cite docs/ instead)."""
+
+
+def size_violations(package: Path) -> list[str]:
+    """Source files over MAX_LINES without a stated reason, and lightning/ over MAX_LIGHTNING_LINES in all."""
+    found = []
+    for path in sorted(package.rglob("*.py")):
+        lines = len(path.read_text().splitlines())
+        reason = LONG_FILE_REASON in (ast.get_docstring(ast.parse(path.read_text())) or "")
+        if lines > MAX_LINES and not reason:
+            found.append(f"{path.relative_to(package.parent)}: {lines} lines, no '{LONG_FILE_REASON}' reason")
+    adapter = sum(len(p.read_text().splitlines()) for p in (package / "lightning").rglob("*.py"))
+    if adapter > MAX_LIGHTNING_LINES:
+        found.append(f"{package.name}/lightning/: {adapter} lines in all, over {MAX_LIGHTNING_LINES}")
+    return found
+
+
+def test_modules_import_no_test_module() -> None:
+    """No module under tests/ imports a test module (``tests.....test_x``): shared helpers live in helper modules."""
+    assert imports_of_test_modules(REPO / "tests") == []
+
+
+def imports_of_test_modules(tests: Path) -> list[str]:
+    """Each import of a test module (a ``test_*`` module) by another module under ``tests``."""
+    found = []
+    for path in sorted(tests.rglob("*.py")):
+        for module in sorted(imported_modules(path, tests)):
+            if any(part.startswith("test_") for part in module.split(".")[1:]):
+                found.append(f"{path.relative_to(tests.parent)} imports {module}")
+    return found
+
+
+def outside_citations(roots: list[Path]) -> list[str]:
+    """Each line under ``roots`` that cites a document outside the repository."""
+    found = []
+    for root in roots:
+        for path in sorted(root.rglob("*.py")):
+            if path.resolve() == Path(__file__).resolve():
+                continue  # the rule's own list of those documents
+            for number, line in enumerate(path.read_text().splitlines(), 1):
+                cited = [name for name in OUTSIDE_DOCUMENTS if name in line]
+                if cited:
+                    found.append(f"{path.relative_to(root.parent)}:{number} cites {cited[0]}")
+    return found
+
+
+def test_source_files_and_the_adapter_stay_small() -> None:
+    assert size_violations(PACKAGE) == []
+
+
+def test_no_module_cites_documents_outside_the_repository() -> None:
+    roots = [PACKAGE, REPO / "tests", REPO / "benchmarks", REPO / "scripts"]
+    assert outside_citations([root for root in roots if root.exists()]) == []
+
+
+def test_the_new_rules_report_planted_violations(tmp_path: Path) -> None:
+    """A long file, a long file with its reason, a fat adapter, a test importing a test, a cited design.md."""
+    long_body = "x = 1\n" * MAX_LINES
+    package = _write_tree(
+        tmp_path,
+        {
+            "controller/long.py": '"""A long module."""\n' + long_body,
+            "controller/reasoned.py": f'"""A state machine ({LONG_FILE_REASON} it reads top to bottom)."""\n'
+            + long_body,
+            "lightning/a.py": "x = 1\n" * (MAX_LIGHTNING_LINES // 2),
+            "lightning/b.py": "x = 1\n" * (MAX_LIGHTNING_LINES // 2 + 1),
+            "rollout/cites.py": '"""See design.md for the layout."""\n',
+        },
+    )
+    assert [v.split(":")[0] for v in size_violations(package)] == ["sc_lightning/controller/long.py"] + [
+        "sc_lightning/lightning/"
+    ]
+    assert outside_citations([package]) == ["sc_lightning/rollout/cites.py:1 cites design.md"]
+    tests = tmp_path / "tests"
+    (tests / "engines").mkdir(parents=True)
+    (tests / "engines" / "test_a.py").write_text("from tests.engines.helpers import make\n")
+    (tests / "engines" / "test_b.py").write_text("from tests.engines.test_a import helper\nimport tests.test_cli\n")
+    assert imports_of_test_modules(tests) == [
+        "tests/engines/test_b.py imports tests.engines.test_a.helper",
+        "tests/engines/test_b.py imports tests.test_cli",
+    ]

@@ -37,6 +37,9 @@ class MegatronEngineActor(BatchedGenerateActor):
     """The Ray actor body: one :class:`MegatronEngine` built in the actor process, its protocol as async methods."""
 
     def __init__(self, model_name: str, precision: str, seed: int, tokenizer_name: str | None, kwargs: dict) -> None:
+        from sc_lightning.models.megatron_import import import_megatron_without_compile
+
+        import_megatron_without_compile()  # this actor process's first megatron import
         from sc_lightning.engines.megatron import MegatronEngine
 
         if not torch.distributed.is_initialized():

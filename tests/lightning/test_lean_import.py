@@ -1,0 +1,74 @@
+"""The CLI's lean imports: Lightning without transformers or matplotlib (both still work when used), megatron-core
+without TorchInductor."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from tests.conftest import REPO, TINY
+
+_PROBE = """
+import json, sys
+from sc_lightning.lean_imports import leave_out_model_metrics
+leave_out_model_metrics()
+import lightning.pytorch
+import torchmetrics.functional.text.bert as bert
+after_lightning = sorted(m for m in ("transformers", "matplotlib") if m in sys.modules)
+try:
+    bert.bert_score(["a cat"], ["a cat"])
+    bert_error = None
+except ModuleNotFoundError as err:
+    bert_error = str(err)
+from transformers import PreTrainedTokenizerFast
+import matplotlib.pyplot
+print(json.dumps({"after_lightning": after_lightning, "bert_error": bert_error}))
+"""
+
+
+def test_lightning_imports_without_transformers_or_matplotlib() -> None:
+    """After leave_out_model_metrics, Lightning's import pulls in neither; torchmetrics' BERTScore says it needs
+    transformers; transformers and matplotlib themselves import as usual."""
+    done = subprocess.run([sys.executable, "-c", _PROBE], capture_output=True, text=True, cwd=REPO, check=True)
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["after_lightning"] == []
+    assert result["bert_error"] is not None and "transformers" in result["bert_error"]
+
+
+def test_checking_a_config_imports_no_heavy_backend() -> None:
+    """``fit --dry_run`` (load, validate, preflight: everything before fit's first line of work) imports neither
+    transformers, matplotlib, Ray, vLLM nor megatron."""
+    done = subprocess.run(
+        [sys.executable, "-X", "importtime", "-m", "sc_lightning", "fit", "--config", str(TINY), "--dry_run"],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        check=True,
+    )
+    imported = {line.rsplit("|", 1)[-1].strip() for line in done.stderr.splitlines() if line.startswith("import time")}
+    assert "lightning.pytorch" in imported  # the trainer: keys were checked
+    assert imported & {"transformers", "matplotlib", "ray", "vllm", "megatron", "megatron.core"} == set()
+
+
+_MEGATRON_PROBE = """
+import json, sys, torch
+from sc_lightning.models.megatron_import import import_megatron_without_compile
+compile_ = torch.compile
+import_megatron_without_compile()
+import megatron.core.jit
+def f(x):
+    return x
+print(json.dumps({
+    "inductor": "torch._inductor.compile_fx" in sys.modules,
+    "fuser_is_a_no_op": megatron.core.jit.jit_fuser(f) is f,
+    "compile_restored": torch.compile is compile_,
+}))
+"""
+
+
+def test_megatron_imports_without_compiling_its_fusers() -> None:
+    """megatron-core's jit fuser becomes a no-op, TorchInductor stays unimported, torch.compile is torch's again."""
+    done = subprocess.run([sys.executable, "-c", _MEGATRON_PROBE], capture_output=True, text=True, cwd=REPO, check=True)
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result == {"inductor": False, "fuser_is_a_no_op": True, "compile_restored": True}
