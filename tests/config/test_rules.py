@@ -27,7 +27,7 @@ def test_rule_passes_and_fails(rule: str, passing: dict, failing: dict, path: st
 
 def test_every_rule_function_has_a_failing_case() -> None:
     """Each rule, run alone, rejects at least one failing config above: a new rule needs a case here."""
-    from sc_lightning.cli import LIGHTNING_KEYS
+    from sc_lightning.cli.load import LIGHTNING_KEYS
     from sc_lightning.config import ConfigError, load_config
     from sc_lightning.config.report import Report
     from sc_lightning.config.rules_algo import ALGORITHM_RULES
