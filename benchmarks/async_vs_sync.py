@@ -37,7 +37,7 @@ from sc_lightning.callbacks.monitor import RolloutMonitor
 from sc_lightning.callbacks.refit import RefitCallback
 from sc_lightning.config import load_config
 from sc_lightning.config.yaml_io import load_yaml_layers
-from sc_lightning.engines.megatron_ray import RayMegatronEngine
+from sc_lightning.engines.megatron.ray_engine import RayMegatronEngine
 from sc_lightning.lightning.module import GRPOModule
 from sc_lightning.lightning.strategy import SingleControllerStrategy
 

@@ -8,7 +8,7 @@ Requests travel in batches (see :mod:`~sc_lightning.engines.actor_client`). Weig
 :class:`~sc_lightning.engines.base.EngineError` naming the engine and the request; ``shutdown()`` kills the actor.
 Ray must be initialised by the caller (``ray.init``) before the client is built.
 
-The client keeps its own :class:`~sc_lightning.engines.megatron_clock.ActiveClock` (paused by ``stand_down``), so
+The client keeps its own :class:`~sc_lightning.engines.megatron.clock.ActiveClock` (paused by ``stand_down``), so
 ``active_deadline`` / ``active_wait_for`` work as on the in-process engine.
 """
 
@@ -22,7 +22,7 @@ from typing import Any, TypeVar
 import torch
 
 from sc_lightning.engines.actor_client import ActorEngineClient, BatchedGenerateActor
-from sc_lightning.engines.megatron_clock import ActiveClock
+from sc_lightning.engines.megatron.clock import ActiveClock
 from sc_lightning.types import Generation, SamplingParams
 
 T = TypeVar("T")
@@ -37,7 +37,7 @@ class MegatronEngineActor(BatchedGenerateActor):
     """The Ray actor body: one :class:`MegatronEngine` built in the actor process, its protocol as async methods."""
 
     def __init__(self, model_name: str, precision: str, seed: int, tokenizer_name: str | None, kwargs: dict) -> None:
-        from sc_lightning.engines.megatron import MegatronEngine
+        from sc_lightning.engines.megatron.engine import MegatronEngine
 
         if not torch.distributed.is_initialized():
             for var in _INHERITED_DIST_VARS:
