@@ -1,5 +1,5 @@
-"""Package structure: the layout rules of design.md (checked by a function over a package directory, itself tested on
-a synthetic tree), a cheap top-level import, and docstrings."""
+"""Package structure: the layout rules of docs/architecture.md, "Who may import whom" (checked by a function over a
+package directory, itself tested on a synthetic tree), a cheap top-level import, and docstrings."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from tests.conftest import REPO
 
 PACKAGE = REPO / "sc_lightning"
 
-# What each part may import from the package (design.md's arrows, plus engines -> models: the Megatron engine
+# What each part may import from the package (the dependency direction, plus engines -> models: the Megatron engine
 # runs the policy's own model code). lightning/, callbacks/ and cli/ may import everything.
 ALLOWED = {
     "config": {"config"},
