@@ -18,7 +18,7 @@ of which stays on the trainer's critical path in every mode. Perfect overlap hid
 the ideal step is max(G, T) and the bound is S / max(G, T) = (G + T) / max(G, T). The table reports each run's
 median step time, its speed-up over sync and that speed-up as a fraction of the bound, and the engine's wasted
 completion tokens (goodput: evicted, aborted or failed groups') as a share of all it generated whose fate is known.
-Target (design.md): async reaches >= 90% of the bound.
+Target (benchmarks/README.md, "Async vs sync"): async reaches >= 90% of the bound.
 
     python benchmarks/async_vs_sync.py [--steps 40] [--max-new-tokens 24] [--modes async windowed ...]
 """
@@ -37,7 +37,7 @@ from sc_lightning.callbacks.monitor import RolloutMonitor
 from sc_lightning.callbacks.refit import RefitCallback
 from sc_lightning.config import load_config
 from sc_lightning.config.yaml_io import load_yaml_layers
-from sc_lightning.engines.megatron_ray import RayMegatronEngine
+from sc_lightning.engines.megatron.ray_engine import RayMegatronEngine
 from sc_lightning.lightning.module import GRPOModule
 from sc_lightning.lightning.strategy import SingleControllerStrategy
 

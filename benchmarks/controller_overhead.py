@@ -5,7 +5,7 @@ sampler, permits, environment and data-plane work. Three homes for the controlle
   in-process   the train side awaits the controller on the same event loop
   thread       LocalController: the train side calls from another thread (one hop per select)
   ray          RayController (benchmarks/ray_controller.py): the controller in a Ray actor (one RPC per call)
-Target (design.md): <= 1 ms per group in process.
+Target (benchmarks/README.md, "Controller overhead"): <= 1 ms per group in process.
 
     python benchmarks/controller_overhead.py [--groups 2048] [--per-step 32]
 """

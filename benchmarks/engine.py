@@ -1,9 +1,9 @@
 """Generation-engine throughput: MegatronEngine tokens/s at 1, 16 and 64 requests, the HBM bound, the trainer.
 
 For each concurrency ``B``, ``B`` requests (prompt of ``--prompt-len`` tokens, ``--new-tokens`` sampled at temperature
-1, eos ignored) are sent at once to one :class:`~sc_lightning.engines.megatron.MegatronEngine`; the time until the
-last one finishes gives the engine's generated tokens/s (prefill included). Figures are medians over ``--reps``
-repetitions after one warm-up (which also captures the CUDA graphs on a GPU).
+1, eos ignored) are sent at once to one :class:`~sc_lightning.engines.megatron.engine.MegatronEngine`; the time
+until the last one finishes gives the engine's generated tokens/s (prefill included). Figures are medians over
+``--reps`` repetitions after one warm-up (which also captures the CUDA graphs on a GPU).
 
 **HBM bound** (decode is memory-bound): a decode step of ``B`` rows must read the weights once and each row's K/V,
 
@@ -34,7 +34,7 @@ from typing import Any
 
 import torch
 
-from sc_lightning.engines.megatron import MegatronEngine
+from sc_lightning.engines.megatron.engine import MegatronEngine
 from sc_lightning.models import build_gpt_model, load_policy, token_logprobs
 from sc_lightning.models.spec import ModelSpec
 from sc_lightning.types import Generation, SamplingParams

@@ -5,9 +5,10 @@ costs more than the tiny model's decode step, so how the client talks to its act
 ``--batch`` requests (prompt of ``--prompt-len`` tokens, ``--new-tokens`` sampled at temperature 1, eos ignored) sent
 at once; its time is until the last one ends. Three ways, each the median of ``--rounds`` rounds after a warm-up:
 
-- ``in-process``: one :class:`~sc_lightning.engines.megatron.MegatronEngine` on this process's event loop, the bound;
-- ``ray, batched``: :class:`~sc_lightning.engines.megatron_ray.RayMegatronEngine` as the product uses it, the round's
-  ``generate`` calls made in one loop turn, so they travel as one streaming Ray call;
+- ``in-process``: one :class:`~sc_lightning.engines.megatron.engine.MegatronEngine` on this process's event loop,
+  the bound;
+- ``ray, batched``: :class:`~sc_lightning.engines.megatron.ray_engine.RayMegatronEngine` as the product uses it, the
+  round's ``generate`` calls made in one loop turn, so they travel as one streaming Ray call;
 - ``ray, a call each``: the same client with each ``generate`` made in its own loop turn, so each request is its own
   Ray call (how the client worked before it batched).
 
@@ -25,8 +26,8 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from sc_lightning.engines.megatron import MegatronEngine
-from sc_lightning.engines.megatron_ray import RayMegatronEngine
+from sc_lightning.engines.megatron.engine import MegatronEngine
+from sc_lightning.engines.megatron.ray_engine import RayMegatronEngine
 from sc_lightning.types import Generation, SamplingParams
 
 Generate = Callable[[tuple[int, ...], SamplingParams], Awaitable[Generation]]

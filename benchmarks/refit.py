@@ -107,11 +107,11 @@ async def refit_s(engine, weights: Callable[[], Iterable[tuple[str, torch.Tensor
 def build_engine(kind: str, path: Path, device: str, precision: str):
     """The engine of ``kind`` serving the model at ``path``: a Ray actor, or in this process on ``device``."""
     if kind == "colocated":
-        from sc_lightning.engines.megatron import MegatronEngine
+        from sc_lightning.engines.megatron.engine import MegatronEngine
 
         return MegatronEngine.from_pretrained(str(path), device=device, precision=precision, max_seq_len=64)
     if kind == "megatron":
-        from sc_lightning.engines.megatron_ray import RayMegatronEngine
+        from sc_lightning.engines.megatron.ray_engine import RayMegatronEngine
 
         return RayMegatronEngine(str(path), max_seq_len=64)
     from sc_lightning.engines.vllm import VLLMEngine, VLLMSettings

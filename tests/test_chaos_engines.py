@@ -41,7 +41,7 @@ from sc_lightning.controller.build import build_controller
 from sc_lightning.controller.controller import SingleController
 from sc_lightning.data_plane.memory import MemoryDataPlane
 from sc_lightning.engines.base import EngineError, GenerationEngine
-from sc_lightning.engines.megatron_ray import RayMegatronEngine
+from sc_lightning.engines.megatron.ray_engine import RayMegatronEngine
 from sc_lightning.engines.router import EngineRouter
 from sc_lightning.lightning.module import GRPOModule
 from sc_lightning.models.warm_start import resolve_model_name

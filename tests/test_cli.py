@@ -10,7 +10,7 @@ import time
 import pytest
 import yaml
 
-from sc_lightning.cli import main
+from sc_lightning.cli.main import main
 from sc_lightning.config import ConfigError
 from sc_lightning.rollout.goodput import EngineTime
 from sc_lightning.trainer.goodput import TRAINER_PARTS
@@ -82,7 +82,7 @@ def test_every_shipped_cpu_config_passes_a_dry_run(
 @pytest.mark.parametrize("config", GPU_CONFIGS, ids=lambda c: c[-1].split("/")[-1])
 def test_every_shipped_gpu_config_is_valid(config: list[str], monkeypatch: pytest.MonkeyPatch) -> None:
     """The config itself (spec sections and trainer:); what it needs from a machine is the dry run's on a GPU box."""
-    from sc_lightning.cli import load_and_check
+    from sc_lightning.cli.load import load_and_check
 
     monkeypatch.chdir(REPO)
     load_and_check(config)
@@ -117,7 +117,7 @@ def test_cross_field_errors_and_trainer_errors_come_together() -> None:
 
 def test_bundles_need_lightning_checkpointing_left_on() -> None:
     """BundleCheckpoint is a Lightning checkpoint callback: a config that turns Lightning's checkpointing off fails."""
-    from sc_lightning.cli import load_and_check
+    from sc_lightning.cli.load import load_and_check
 
     with pytest.raises(ConfigError, match=r"trainer.enable_checkpointing: is false but checkpointing.enabled is true"):
         load_and_check([str(REPO / TINY)], ["checkpointing.enabled=true", "trainer.enable_checkpointing=false"])
@@ -126,7 +126,7 @@ def test_bundles_need_lightning_checkpointing_left_on() -> None:
 
 def test_bf16_on_a_cpu_trainer_fails_before_anything_starts_naming_the_knob() -> None:
     """bf16 is GPU mixed precision (fp32 masters in megatron's optimizer): a CPU trainer asks for fp32 instead."""
-    from sc_lightning.cli import load_and_check
+    from sc_lightning.cli.load import load_and_check
 
     with pytest.raises(ConfigError, match=r"policy.precision: is bf16 but the trainer runs on the CPU") as caught:
         load_and_check([str(REPO / TINY)], ["policy.precision=bf16", "trainer.accelerator=cpu"])
@@ -138,7 +138,7 @@ def test_bf16_on_a_cpu_trainer_fails_before_anything_starts_naming_the_knob() ->
 
 def test_model_parallel_sizes_must_divide_the_trainer_world_before_anything_starts() -> None:
     """TP x PP ranks come out of trainer.devices x trainer.num_nodes: a layout that does not divide fails early."""
-    from sc_lightning.cli import load_and_check
+    from sc_lightning.cli.load import load_and_check
 
     knob = "policy.megatron_cfg.tensor_model_parallel_size"
     with pytest.raises(ConfigError, match=rf"{knob}: is 2 .* the trainer has 1 rank\(s\)") as caught:
@@ -151,7 +151,7 @@ def test_model_parallel_sizes_must_divide_the_trainer_world_before_anything_star
 
 def test_several_ranks_need_a_data_plane_they_all_reach() -> None:
     """Each rank reads its rows by key: the in-process data plane is refused; a colocated engine needs TP 1."""
-    from sc_lightning.cli import load_and_check
+    from sc_lightning.cli.load import load_and_check
 
     with pytest.raises(ConfigError, match=r"data_plane.backend: is memory \(in-process\) but the trainer has 2 ranks"):
         load_and_check([str(REPO / TINY)], ["trainer.devices=2"])

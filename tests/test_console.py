@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from sc_lightning.cli import load_and_check, main
+from sc_lightning.cli.load import load_and_check
+from sc_lightning.cli.main import main
 from sc_lightning.config.reference import section_summaries
 from sc_lightning.config.reference_text import render_knobs
 from sc_lightning.console import quiet_libraries

@@ -34,7 +34,8 @@ def test_readme_config_map_names_every_section() -> None:
 
 def test_every_rule_declares_the_knobs_it_ties_and_they_exist() -> None:
     from sc_lightning.config.knobs import key_index
-    from sc_lightning.config.reference import RULES, rule_ties
+    from sc_lightning.config.reference import rule_ties
+    from sc_lightning.config.rules import RULES
     from sc_lightning.config.schema import SCConfig
 
     valid = {path for paths in key_index(SCConfig).values() for path in paths}

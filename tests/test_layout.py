@@ -1,5 +1,5 @@
-"""Package structure: the layout rules of docs/architecture.md (checked by a function over a package directory, itself tested on
-a synthetic tree), a cheap top-level import, and docstrings."""
+"""Package structure: the layout rules of docs/architecture.md, "Who may import whom" (checked by a function over a
+package directory, itself tested on a synthetic tree), a cheap top-level import, and docstrings."""
 
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ from tests.conftest import REPO
 
 PACKAGE = REPO / "sc_lightning"
 
-# What each part may import from the package (design.md's arrows, plus engines -> models: the Megatron engine
-# runs the policy's own model code). lightning/, callbacks/ and cli may import everything.
+# What each part may import from the package (the dependency direction, plus engines -> models: the Megatron engine
+# runs the policy's own model code). lightning/, callbacks/ and cli/ may import everything.
 ALLOWED = {
     "config": {"config"},
     "data_plane": {"data_plane", "config", "types"},
@@ -34,6 +34,8 @@ ONLY_MODULES = {"trainer": {"controller": {"api"}, "data_plane": {"base"}}}
 CONTROLLER_SURFACE = {"api", "build"}
 LIGHTNING_PACKAGES = {"lightning", "pytorch_lightning"}
 LIGHTNING_USERS = {"lightning", "callbacks", "cli"}
+# The composition root: imported by nothing but itself and ``python -m sc_lightning``.
+COMPOSITION_ROOT, ROOT_IMPORTERS = "cli", {"cli", "__main__"}
 
 
 @dataclass(frozen=True)
@@ -91,6 +93,8 @@ def _broken_rules(part: str, target: list[str], name: str) -> list[str]:
         rules.append(f"{part}/ may import only {sorted(only)} of {imported}/")
     if imported == "controller" and part != "controller" and submodule not in CONTROLLER_SURFACE:
         rules.append(f"outside controller/ only controller.{{{','.join(sorted(CONTROLLER_SURFACE))}}} may be imported")
+    if imported == COMPOSITION_ROOT and part not in ROOT_IMPORTERS:
+        rules.append(f"{COMPOSITION_ROOT}/ is the composition root: only {sorted(ROOT_IMPORTERS)} import it")
     return rules
 
 
@@ -109,7 +113,9 @@ def _write_tree(root: Path, files: dict[str, str]) -> Path:
 
 
 CLEAN_TREE = {
-    "cli.py": "import lightning.pytorch\nfrom sc_lightning.controller.build import build_controller\n",
+    "__main__.py": "from sc_lightning.cli.main import main\n",
+    "cli/main.py": "from sc_lightning.cli.fit import fit_command\n",
+    "cli/fit.py": "import lightning.pytorch\nfrom sc_lightning.controller.build import build_controller\n",
     "lightning/strategy.py": "from lightning.pytorch import Trainer\nfrom sc_lightning.controller import api, build\n",
     "callbacks/refit.py": "import pytorch_lightning\nfrom sc_lightning.controller.api import ControllerStats\n",
     "trainer/chunks.py": "import torch\nfrom sc_lightning.controller.api import GroupMeta\n"
@@ -137,6 +143,7 @@ PLANTED = {  # file -> (its text, the rules it breaks, by the start of their mes
     "lightning/relative.py": ("from ..controller import runners\n", ["outside controller/ only"]),
     "callbacks/whole.py": ("import sc_lightning.controller\n", ["outside controller/ only"]),
     "callbacks/fake.py": ("from sc_lightning.testing.fakes import Fake\n", ["the package never imports its test"]),
+    "lightning/cli_parser.py": ("from sc_lightning.cli.load import LIGHTNING_KEYS\n", ["cli/ is the composition root"]),
 }
 
 

@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from sc_lightning.checkpoint.fingerprint import compatibility_identity
-from sc_lightning.cli import main
+from sc_lightning.cli.main import main
 from tests.conftest import REPO, TEST_BASE, user_environment
 
 # Each run test starts a Python process that imports Lightning and trains a few tiny steps (about 10 s each).

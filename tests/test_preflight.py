@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from sc_lightning.cli import main
+from sc_lightning.cli.main import main
 from tests.conftest import REPO
 
 TINY = "configs/grpo_tiny.yaml"

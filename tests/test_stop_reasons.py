@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from sc_lightning.cli import load_and_check
+from sc_lightning.cli.load import load_and_check
 from sc_lightning.config import ConfigError
 from tests.conftest import REPO, user_environment
 from tests.test_bad_input import QUICK

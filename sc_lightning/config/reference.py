@@ -1,8 +1,9 @@
 """The config reference, generated from the schema so it can never drift from the code.
 
-One model of every section, knob and cross-field rule (:func:`reference_sections`, :data:`RULES`), rendered two
-ways: as ``docs/config-reference.md`` (``python -m sc_lightning.config.reference > docs/config-reference.md``; a
-test fails when the file is stale) and as the plain text of ``python -m sc_lightning knobs [SECTION]``.
+One model of every section, knob and cross-field rule (:func:`reference_sections`,
+:data:`~sc_lightning.config.rules.RULES`), rendered two ways: as ``docs/config-reference.md``
+(``python -m sc_lightning.config.reference > docs/config-reference.md``; a test fails when the file is stale) and as
+the plain text of ``python -m sc_lightning knobs [SECTION]``.
 """
 
 from __future__ import annotations
@@ -13,9 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sc_lightning.config.knobs import discriminated_choices, field_types, is_section, type_name
-from sc_lightning.config.rules_algo import ALGORITHM_RULES
-from sc_lightning.config.rules_multiturn import MULTITURN_RULES
-from sc_lightning.config.rules_runtime import RUNTIME_RULES
+from sc_lightning.config.rules import RULES
 from sc_lightning.config.schema import SCConfig
 
 _HEADER = """\
@@ -32,8 +31,6 @@ is reported at once, naming the dotpaths, values and fix.
 Every knob has an effect: `tests/config/test_silent_knobs.py` fails for a knob that nothing outside
 `sc_lightning/config/` reads, unless it is listed there with the reason only validation or migration reads it.
 """
-
-RULES = (*ALGORITHM_RULES, *RUNTIME_RULES, *MULTITURN_RULES)
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,8 @@ import textwrap
 from collections.abc import Iterator
 
 from sc_lightning.config.knobs import closest
-from sc_lightning.config.reference import RULES, KnobDoc, SectionDoc, reference_sections
+from sc_lightning.config.reference import KnobDoc, SectionDoc, reference_sections
+from sc_lightning.config.rules import RULES
 
 _WIDTH = 110
 _INDENT = "    "

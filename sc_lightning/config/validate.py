@@ -11,9 +11,7 @@ from collections.abc import Callable
 
 from sc_lightning.config.knobs import ConfigError, ConfigIssue
 from sc_lightning.config.report import Report
-from sc_lightning.config.rules_algo import ALGORITHM_RULES
-from sc_lightning.config.rules_multiturn import MULTITURN_RULES
-from sc_lightning.config.rules_runtime import RUNTIME_RULES
+from sc_lightning.config.rules import RULES
 from sc_lightning.config.schema import SCConfig
 
 Rule = Callable[[SCConfig, Report], None]
@@ -22,7 +20,7 @@ Rule = Callable[[SCConfig, Report], None]
 def check_config(config: SCConfig) -> Report:
     """Run every rule and return the report without raising."""
     report = Report()
-    for rule in (*ALGORITHM_RULES, *RUNTIME_RULES, *MULTITURN_RULES):
+    for rule in RULES:
         rule(config, report)
     return report
 

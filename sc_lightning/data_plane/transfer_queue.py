@@ -5,18 +5,15 @@ The process that builds it first starts (or joins) Ray and starts TransferQueue:
 TransferQueue: pickle the object and hand it over (to a Ray actor, say); the copy attaches lazily on first use.
 TransferQueue keeps one client per process in module globals, so every instance in a process shares it.
 
-What this wrapper adds to TransferQueue (see notes/transferqueue.md, section 4):
+What this wrapper adds to TransferQueue (see docs/data-plane.md, "What sc_lightning adds to TransferQueue"):
 
 - start-up that cannot hang: explicit Ray CPU counts, a check of free CPUs before ``tq.init`` (which otherwise
   waits forever for its actors), and a deadline on ``tq.init`` (``ray.init`` has time-outs of its own);
 - ``TQ_NUM_THREADS`` set to the core count before TransferQueue is imported (also for actors of a Ray we start);
 - strict reads: TransferQueue drops unknown keys and returns nothing for a field some rows lack; we raise
-  MissingRowsError naming them;
+  MissingRowsError naming them (:mod:`~sc_lightning.data_plane.tq_strict`);
 - a failed put removes the rows it registered but could not fill, so no orphan rows remain;
 - rows come back in our column form (same dtypes and jagged lengths, per-row scalars as 0-d tensors).
-
-One class over one foreign API, so one file (past 400 lines): its start-up, strict reads and clean-up share the
-client state and the deadline helper.
 """
 
 from __future__ import annotations
@@ -27,12 +24,12 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from types import ModuleType
-from typing import Any, NoReturn, TypeVar
+from typing import Any, TypeVar
 
 import torch
 
-from sc_lightning.data_plane.base import Columns, DataPlaneError, MissingRowsError
-from sc_lightning.data_plane.checks import check_fields, check_keys, check_tags, missing_message
+from sc_lightning.data_plane.base import Columns, DataPlaneError
+from sc_lightning.data_plane.checks import check_fields, check_keys, check_tags
 from sc_lightning.data_plane.codec import BufferPool, PackedRows, pack_rows
 from sc_lightning.data_plane.snapshot_files import read_manifest, read_rows_snapshot, write_manifest
 from sc_lightning.data_plane.tq_runtime import (
@@ -48,6 +45,7 @@ from sc_lightning.data_plane.tq_runtime import (
     run_with_deadline,
     tq_thread_env,
 )
+from sc_lightning.data_plane.tq_strict import empty_rows, existing_keys, raise_missing, remove_quietly
 from sc_lightning.data_plane.wire import from_wire, packed_to_wire, to_wire
 
 log = logging.getLogger(__name__)
@@ -156,7 +154,7 @@ class TransferQueueDataPlane:
         except Exception as exc:
             raise DataPlaneError(
                 f"put of {count} rows into partition {self.partition_id!r} failed: {exc}; "
-                f"{self._remove_quietly(tq, self._empty_rows(tq, keys))}"
+                f"{remove_quietly(tq, self.partition_id, empty_rows(tq, self.partition_id, keys))}"
             ) from exc
         if wire is not None:  # the storage units hold their own copies now
             for value in wire.values():
@@ -170,8 +168,8 @@ class TransferQueueDataPlane:
         if not keys:
             return {field: [] for field in fields}
         if not fields:
-            if self._existing_keys(tq, keys) != set(keys):
-                self._raise_missing(tq, keys, fields)
+            if existing_keys(tq, self.partition_id, keys) != set(keys):
+                raise_missing(tq, self.partition_id, keys, fields)
             return {}
         try:
             wire = tq.kv_batch_get(keys=keys, partition_id=self.partition_id, select_fields=fields)
@@ -180,7 +178,7 @@ class TransferQueueDataPlane:
         except Exception as exc:
             raise self._failed(f"get of {len(keys)} rows", exc) from exc
         if wire is None or wire.batch_size[0] != len(keys) or not set(fields) <= set(wire.keys()):
-            self._raise_missing(tq, keys, fields)
+            raise_missing(tq, self.partition_id, keys, fields)
         return from_wire(wire, fields)
 
     def get_packed(self, keys: Sequence[str], fields: Sequence[str]) -> dict[str, PackedRows]:
@@ -198,7 +196,7 @@ class TransferQueueDataPlane:
         except Exception as exc:
             raise self._failed(f"tags of {len(keys)} rows", exc) from exc
         if meta.size != len(keys):
-            self._raise_missing(tq, keys, [])
+            raise_missing(tq, self.partition_id, keys, [])
         return [dict(tag) for tag in meta.custom_meta]
 
     def keys(self) -> list[str]:
@@ -272,7 +270,7 @@ class TransferQueueDataPlane:
                 tq.kv_batch_put(keys=field_keys, partition_id=self.partition_id, fields=wire)
         except Exception as exc:
             raise DataPlaneError(
-                f"loading the snapshot in {directory} failed: {exc}; {self._remove_quietly(tq, keys)}"
+                f"loading the snapshot in {directory} failed: {exc}; {remove_quietly(tq, self.partition_id, keys)}"
             ) from exc
 
     # ---- lifecycle -------------------------------------------------------------------------------------------
@@ -388,80 +386,5 @@ class TransferQueueDataPlane:
     def _deadline(self, fn: Callable[[], _T], what: str) -> _T:
         return run_with_deadline(fn, self.start_timeout_s, what)
 
-    # ---- strictness helpers ----------------------------------------------------------------------------------
-
-    def _existing_keys(self, tq: ModuleType, keys: list[str]) -> set[str]:
-        """Which of ``keys`` are stored (one controller round trip; two when only some are; TQ logs the rest)."""
-        client = tq.get_client()
-        meta = client.kv_retrieve_meta(keys=keys, partition_id=self.partition_id, create=False)
-        if meta.size == len(keys):
-            return set(keys)
-        if meta.size == 0:
-            return set()
-        return set(client.kv_retrieve_keys(global_indexes=list(meta.global_indexes), partition_id=self.partition_id))
-
-    def _raise_missing(self, tq: ModuleType, keys: list[str], fields: list[str]) -> NoReturn:
-        """MissingRowsError naming the unknown keys and, per field, the known rows that lack it."""
-        stored = tq.kv_list(partition_id=self.partition_id).get(self.partition_id, {})
-        unknown = [key for key in keys if key not in stored]
-        known = [key for key in keys if key in stored]
-        missing: dict[str, list[str]] = {}
-        if known and fields:
-            client = tq.get_client()
-            meta = client.kv_retrieve_meta(keys=known, partition_id=self.partition_id, create=False)
-            indexes = list(meta.global_indexes)  # aligned with ``known``
-            for field in fields:
-                produced = _produced(client, field, self.partition_id)
-                absent = [key for key, index in zip(known, indexes, strict=True) if index not in produced]
-                if absent:
-                    missing[field] = absent
-        if not unknown and not missing:
-            raise DataPlaneError(
-                f"TransferQueue returned an incomplete result for {len(keys)} keys and fields {fields} of partition "
-                f"{self.partition_id!r}, although all of them are stored"
-            )
-        raise MissingRowsError(missing_message(self.partition_id, unknown, missing))
-
-    def _empty_rows(self, tq: ModuleType, keys: list[str]) -> list[str]:
-        """Keys among ``keys`` whose rows hold no field and no tag: the rows a failed put registered.
-
-        TransferQueue registers every key of a put before writing to storage, so after a failure the new keys
-        exist with nothing produced. Asked key by key (this runs only after a failure): a query for missing keys
-        would make the controller log a warning on every put. A row that existed before with neither fields nor
-        tags (a bare ``put(keys)``) looks the same and is removed too.
-        """
-        client = tq.get_client()
-        empty = []
-        for key in keys:
-            try:
-                meta = client.kv_retrieve_meta(keys=[key], partition_id=self.partition_id, create=False)
-            except Exception:  # the controller itself is failing; leave the key alone
-                continue
-            if meta.size == 1 and not meta.field_names and not meta.custom_meta[0]:
-                empty.append(key)
-        return empty
-
     def _failed(self, what: str, exc: Exception) -> DataPlaneError:
         return DataPlaneError(f"{what} in TransferQueue partition {self.partition_id!r} failed: {exc}")
-
-    def _remove_quietly(self, tq: ModuleType, keys: list[str]) -> str:
-        """Clear ``keys`` after a failed write; returns what happened, for the error message."""
-        if not keys:
-            return "no row was left empty, so none was removed"
-        try:
-            tq.kv_clear(keys=keys, partition_id=self.partition_id)
-        except Exception as exc:
-            return f"removing the {len(keys)} rows it left empty also failed ({exc}); they may remain as orphans"
-        return f"the {len(keys)} rows it left empty were removed"
-
-
-def _produced(client: Any, field: str, partition_id: str) -> set[int]:
-    """Global indexes of the partition's rows that hold ``field`` (empty if the field was never written)."""
-    try:
-        indexes, status = client.get_production_status(data_fields=[field], partition_id=partition_id)
-    except Exception:  # TQ raises for a field it has never seen
-        return set()
-    if indexes is None or status is None:
-        return set()
-    ready = status.reshape(len(indexes), -1)[:, 0] == 1
-    return set(indexes[ready].tolist())

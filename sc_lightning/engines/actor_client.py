@@ -1,6 +1,6 @@
 """The driver side of an engine that lives in a Ray actor: batched requests, attributable errors, refits, shutdown.
 
-:class:`ActorEngineClient` holds what :class:`~sc_lightning.engines.megatron_ray.RayMegatronEngine` and
+:class:`ActorEngineClient` holds what :class:`~sc_lightning.engines.megatron.ray_engine.RayMegatronEngine` and
 :class:`~sc_lightning.engines.vllm.VLLMEngine` share: the actor handle, the weight version as of the last refit,
 ``generate`` / ``update_weights`` / ``stats`` / ``ready`` forwarded to the actor (whose body implements them), Ray
 failures turned into :class:`~sc_lightning.engines.base.EngineError` naming the engine and the call, and a

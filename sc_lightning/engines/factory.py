@@ -51,12 +51,12 @@ def default_engine_factory(
         "max_batch_size": policy.generation.mcore_generation_config.max_batch_size,
     }
     if policy.generation.colocated.enabled:
-        from sc_lightning.engines.megatron import MegatronEngine
+        from sc_lightning.engines.megatron.engine import MegatronEngine
 
         # beside the trainer, on its device: where the policy's weights (handed over here) live
         device = initial_weights[0][1].device if initial_weights else torch.device("cpu")
         return MegatronEngine.from_pretrained(model_name, device=device, **kwargs)
-    from sc_lightning.engines.megatron_ray import RayMegatronEngine
+    from sc_lightning.engines.megatron.ray_engine import RayMegatronEngine
 
     _start_ray()
     return RayMegatronEngine(model_name, **kwargs)

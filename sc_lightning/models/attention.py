@@ -3,7 +3,7 @@
 megatron-core's local ``DotProductAttention`` materialises the full ``[b, h, s, s]`` score matrix in a CUDA global
 buffer; :class:`SDPACoreAttention` hands the same computation to ``torch.nn.functional.scaled_dot_product_attention``
 instead, which runs on CPU and picks flash/memory-efficient kernels on GPUs without Transformer Engine (about 2x
-faster and less than half the memory of the stock module on an H200, see ``notes/gpu.md``).
+faster and less than half the memory of the stock module on an H200, see ``docs/gpu.md``).
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sc_lightning.cli import LIGHTNING_KEYS
+from sc_lightning.cli.load import LIGHTNING_KEYS
 from sc_lightning.config import ConfigError, check_config, load_config
 
 PPO_COMPANION: dict[str, Any] = {

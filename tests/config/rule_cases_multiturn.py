@@ -1,4 +1,4 @@
-"""Rule cases for the multi-turn rules (rules_multiturn.py)."""
+"""Rule cases for the multi-turn rules (config/rules/multiturn.py)."""
 
 from __future__ import annotations
 

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sc_lightning.cli import LIGHTNING_KEYS
+from sc_lightning.cli.load import LIGHTNING_KEYS
 from sc_lightning.config import ConfigError, config_to_dict, load_config
 from sc_lightning.config.samplers import WindowedSamplerConfig
 from sc_lightning.config.yaml_io import apply_override, load_yaml_layers, merge_into

@@ -27,12 +27,10 @@ def test_rule_passes_and_fails(rule: str, passing: dict, failing: dict, path: st
 
 def test_every_rule_function_has_a_failing_case() -> None:
     """Each rule, run alone, rejects at least one failing config above: a new rule needs a case here."""
-    from sc_lightning.cli import LIGHTNING_KEYS
+    from sc_lightning.cli.load import LIGHTNING_KEYS
     from sc_lightning.config import ConfigError, load_config
     from sc_lightning.config.report import Report
-    from sc_lightning.config.rules_algo import ALGORITHM_RULES
-    from sc_lightning.config.rules_multiturn import MULTITURN_RULES
-    from sc_lightning.config.rules_runtime import RUNTIME_RULES
+    from sc_lightning.config.rules import RULES
 
     configs = []
     for case in CASES:
@@ -40,7 +38,7 @@ def test_every_rule_function_has_a_failing_case() -> None:
             configs.append(load_config(case[2], extra_top_level=LIGHTNING_KEYS))
         except ConfigError:
             continue  # a loader-level rule (type or bound), covered by the case itself
-    for rule in (*ALGORITHM_RULES, *RUNTIME_RULES, *MULTITURN_RULES):
+    for rule in RULES:
         reports = [Report() for _ in configs]
         for config, report in zip(configs, reports, strict=True):
             rule(config, report)

@@ -9,7 +9,7 @@ discriminated union (every sampler mode, every advantage estimator) contributes 
 (``init_args``) are leaves. Where several classes hold one dotpath the label adds the class:
 ``async_rl.sampler.max_staleness_versions (WindowedSamplerConfig)``.
 
-**Reads.** Every ``sc_lightning/**/*.py`` outside ``config/`` is parsed (``cli.py`` included; ``sc_lightning/testing/``
+**Reads.** Every ``sc_lightning/**/*.py`` outside ``config/`` is parsed (``cli/`` included; ``sc_lightning/testing/``
 is left out: the package never imports it, see test_layout, so a read there changes no run). A file reads a name by
 
 - ``x.name`` (a load, not an assignment), ``getattr(x, "name")``, ``x["name"]``, ``x.get("name")``;

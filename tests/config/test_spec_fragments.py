@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 import yaml
 
-from sc_lightning.cli import LIGHTNING_KEYS
+from sc_lightning.cli.load import LIGHTNING_KEYS
 from sc_lightning.config import config_to_dict, load_config
 from tests.config.helpers import PPO_COMPANION, errors_of
 from tests.conftest import REPO, variant

@@ -1,4 +1,4 @@
-"""The data-plane contract (notes/transferqueue.md section 7.2), run against every backend (the codec: test_codec.py).
+"""The data-plane contract (docs/data-plane.md), run against every backend (the codec: test_codec.py).
 
 ``memory`` runs in-process. ``simple`` is real TransferQueue on a real local Ray: started once per module by the
 ``tq_owner`` fixture (about 10 s), each test on its own partition, everything shut down at the end.

@@ -7,9 +7,9 @@ import asyncio
 import pytest
 import torch
 
-from sc_lightning.engines.cached_forward import CachedForward, _fused_kernels
-from sc_lightning.engines.megatron import MegatronEngine
-from sc_lightning.engines.megatron_batch import ContinuousBatch, Request
+from sc_lightning.engines.megatron.batch import ContinuousBatch, Request
+from sc_lightning.engines.megatron.cached_forward import CachedForward, _fused_kernels
+from sc_lightning.engines.megatron.engine import MegatronEngine
 from sc_lightning.models import load_policy
 from sc_lightning.types import SamplingParams
 from tests.engines.helpers import follows_argmax

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from sc_lightning.engines.decode_sampling import NoiseStream, sample_next
+from sc_lightning.engines.megatron.decode_sampling import NoiseStream, sample_next
 from sc_lightning.types import SamplingParams
 
 

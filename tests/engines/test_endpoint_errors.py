@@ -21,7 +21,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sc_lightning.engines.megatron import MegatronEngine
+from sc_lightning.engines.megatron.engine import MegatronEngine
 from sc_lightning.rollout.multiturn.chat import CharChatTemplate
 from sc_lightning.rollout.serving.listen import EndpointPortError, listen_on_loopback
 from sc_lightning.rollout.serving.requests import BadRequest, parse_chat_request, parse_completion_request

@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from sc_lightning.engines.base import EngineError
-from sc_lightning.engines.megatron import MegatronEngine
-from sc_lightning.engines.megatron_clock import ActiveClock
+from sc_lightning.engines.megatron.clock import ActiveClock
+from sc_lightning.engines.megatron.engine import MegatronEngine
 from sc_lightning.models import export_hf_weights, load_policy, token_logprobs
 from sc_lightning.models.convert import export_hf_units
 from sc_lightning.models.megatron import megatron_weights

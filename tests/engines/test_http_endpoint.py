@@ -8,7 +8,7 @@ import aiohttp
 import pytest
 import torch
 
-from sc_lightning.engines.megatron import MegatronEngine
+from sc_lightning.engines.megatron.engine import MegatronEngine
 from sc_lightning.models import export_hf_weights, load_policy, token_logprobs
 from sc_lightning.rollout.serving.requests import BadRequest, parse_completion_request
 from sc_lightning.rollout.serving.server import OpenAIEndpoint

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from sc_lightning.engines.base import EngineError, GenerationEngine
-from sc_lightning.engines.megatron import MegatronEngine
+from sc_lightning.engines.megatron.engine import MegatronEngine
 from sc_lightning.engines.sampling import scoring_temperature
 from sc_lightning.models import load_policy, token_logprobs
 from sc_lightning.types import SamplingParams

@@ -13,7 +13,7 @@ from sc_lightning.algorithms import ClippedPGLoss
 from sc_lightning.controller.api import GroupMeta
 from sc_lightning.controller.rows import group_to_columns
 from sc_lightning.data_plane.memory import MemoryDataPlane
-from sc_lightning.engines.megatron import MegatronEngine
+from sc_lightning.engines.megatron.engine import MegatronEngine
 from sc_lightning.engines.sampling import scoring_temperature
 from sc_lightning.models import export_hf_weights, load_policy, token_logprobs
 from sc_lightning.rollout.envs.base import Score

@@ -34,7 +34,7 @@ def actor_alive(name: str) -> bool:
 
 
 def test_ray_engine_end_to_end(ray_cluster: None, tiny_dirs: dict) -> None:
-    from sc_lightning.engines.megatron_ray import RayMegatronEngine
+    from sc_lightning.engines.megatron.ray_engine import RayMegatronEngine
 
     model_a = load_policy(str(tiny_dirs["a"]))[0].eval()
     model_b, spec_b, _ = load_policy(str(tiny_dirs["b"]))

@@ -8,7 +8,7 @@ import pytest
 import ray
 
 from sc_lightning.engines.base import EngineError, GenerationEngine
-from sc_lightning.engines.megatron_ray import RayMegatronEngine
+from sc_lightning.engines.megatron.ray_engine import RayMegatronEngine
 from sc_lightning.engines.router import EngineRouter
 from sc_lightning.models import export_hf_weights, load_policy
 from sc_lightning.models.convert import export_hf_units

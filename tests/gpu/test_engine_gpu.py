@@ -17,7 +17,7 @@ import asyncio
 import pytest
 import torch
 
-from sc_lightning.engines.megatron import MegatronEngine
+from sc_lightning.engines.megatron.engine import MegatronEngine
 from sc_lightning.models import build_gpt_model, export_hf_weights, logits_of, token_logprobs
 from sc_lightning.models.convert import random_hf_state
 from sc_lightning.models.spec import ModelSpec
@@ -148,7 +148,7 @@ def test_graphed_and_eager_decoding_agree() -> None:
 
 
 def test_the_decode_attention_kernel_reads_each_row_exactly() -> None:
-    from sc_lightning.engines import decode_kernels
+    from sc_lightning.engines.megatron import decode_kernels
 
     g = torch.Generator(device="cuda").manual_seed(0)
     rows, groups, hpg, dim, length = 5, 8, 2, 128, 300

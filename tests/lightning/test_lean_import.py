@@ -11,7 +11,7 @@ from tests.conftest import REPO, TINY
 
 _PROBE = """
 import json, sys
-from sc_lightning.lean_imports import leave_out_model_metrics
+from sc_lightning.cli.lean_imports import leave_out_model_metrics
 leave_out_model_metrics()
 import lightning.pytorch
 import torchmetrics.functional.text.bert as bert

@@ -6,7 +6,7 @@ import pytest
 import torch
 from lightning.pytorch import Callback
 
-from sc_lightning.engines.megatron import MegatronEngine
+from sc_lightning.engines.megatron.engine import MegatronEngine
 from sc_lightning.lightning.module import GRPOModule
 from sc_lightning.models import token_logprobs
 from sc_lightning.models.megatron import megatron_weights

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from lightning.pytorch import Callback
 
 from sc_lightning.engines.base import EngineError
-from sc_lightning.engines.megatron import MegatronEngine
+from sc_lightning.engines.megatron.engine import MegatronEngine
 from sc_lightning.lightning.module import GRPOModule
 from sc_lightning.lightning.refit_stream import bucket_units, stage_owners
 from sc_lightning.models.megatron import megatron_weights

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import yaml
 
-from sc_lightning.cli import load_and_check, render_config
+from sc_lightning.cli.load import load_and_check, render_config
 from sc_lightning.report.run_info import RUN_INFO, read_run_info, write_run_info
 from tests.conftest import TEST_BASE
 

@@ -1,12 +1,12 @@
 """Validation rules for the algorithm blocks (epochs, validation, dynamic sampling, estimators) and the step's batch;
-the model, engine, loss and PPO rules are in :mod:`~sc_lightning.config.rules_model`."""
+the model, engine, loss and PPO rules are in :mod:`~sc_lightning.config.rules.model`."""
 
 from __future__ import annotations
 
 from sc_lightning.config.algorithm import GAEAdvantage, GRPOAdvantage
 from sc_lightning.config.report import Report, ties
 from sc_lightning.config.resolved import min_groups_for_streaming_train
-from sc_lightning.config.rules_model import MODEL_RULES
+from sc_lightning.config.rules.model import MODEL_RULES
 from sc_lightning.config.schema import SCConfig
 
 

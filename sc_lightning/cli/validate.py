@@ -18,7 +18,9 @@ from pathlib import Path
 from typing import Any
 
 from sc_lightning.checkpoint.bundle import TRAINER_FILE
-from sc_lightning.cli_args import UsageError, parse_fit_arguments, take_value
+from sc_lightning.cli.args import UsageError, parse_fit_arguments, take_value
+from sc_lightning.cli.exits import EXIT_CANNOT_RESUME, EXIT_INVALID_CONFIG, cannot_resume_errors, usage_error
+from sc_lightning.cli.load import load_and_check
 from sc_lightning.config import ConfigError
 from sc_lightning.interrupt import lightning_interrupt
 from sc_lightning.preflight import check_preflight
@@ -37,20 +39,13 @@ def validate_command(args: list[str]) -> int:
     """``validate``: load the policy, bring up the engine, run one validation, print its metrics."""
     from sc_lightning.checkpoint.atomic import verify_bundle
     from sc_lightning.checkpoint.resume_fit import check_resume_fits
-    from sc_lightning.cli import (
-        EXIT_CANNOT_RESUME,
-        EXIT_INVALID_CONFIG,
-        _cannot_resume_errors,
-        _usage_error,
-        load_and_check,
-    )
     from sc_lightning.console import quiet_libraries
 
     try:
         bundle, rest = _take_ckpt_path(args)
         request = parse_fit_arguments(rest)
     except UsageError as exc:
-        return _usage_error(VALIDATE_USAGE, str(exc))
+        return usage_error(VALIDATE_USAGE, str(exc))
     if request is None:
         print(VALIDATE_USAGE)
         return 0
@@ -71,7 +66,7 @@ def validate_command(args: list[str]) -> int:
             verify_bundle(directory)  # as fit checks the bundle it resumes from
             check_resume_fits(directory, config)
         return _validate(config, lightning, directory)
-    except _cannot_resume_errors() as err:  # the bundle is damaged, or does not fit this config
+    except cannot_resume_errors() as err:  # the bundle is damaged, or does not fit this config
         print(f"error: cannot resume: {err}", file=sys.stderr)
         return EXIT_CANNOT_RESUME
 
@@ -107,8 +102,8 @@ def _take_ckpt_path(args: list[str]) -> tuple[str | None, list[str]]:
 
 def _validate(config: Any, lightning: dict[str, Any], bundle: Path | None) -> int:
     from sc_lightning.callbacks.validation import ValidateOnce
+    from sc_lightning.cli.parser import SCLightningCLI
     from sc_lightning.engines.factory import default_engine_factory
-    from sc_lightning.lightning.cli_parser import SCLightningCLI
     from sc_lightning.lightning.module import GRPOModule
     from sc_lightning.lightning.ppo_module import PPOModule
     from sc_lightning.lightning.strategy import single_controller_strategy

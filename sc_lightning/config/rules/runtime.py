@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from sc_lightning.config.report import Report, ties
 from sc_lightning.config.resolved import required_buffer_capacity, step_floor
-from sc_lightning.config.rules_env import ENV_RULES
+from sc_lightning.config.rules.env import ENV_RULES
 from sc_lightning.config.samplers import CustomSamplerConfig, InOrderSamplerConfig, SamplerCapabilities
 from sc_lightning.config.schema import SCConfig
 

@@ -1,7 +1,8 @@
-"""The running batch of :class:`~sc_lightning.engines.megatron.MegatronEngine`: continuous batching over KV slots.
+"""The Megatron engine's running batch: continuous batching over KV slots.
 
-Runs on the engine's worker thread only (synchronous torch). Every running request owns one slot of a preallocated
-:class:`~sc_lightning.engines.kv_cache.SlotKVCache` and its own count of cached positions; requests join
+Runs on the worker thread of :class:`~sc_lightning.engines.megatron.engine.MegatronEngine` only (synchronous
+torch). Every running request owns one slot of a preallocated
+:class:`~sc_lightning.engines.megatron.kv_cache.SlotKVCache` and its own count of cached positions; requests join
 (:meth:`ContinuousBatch.add`) and leave (finished, cancelled) between any two steps. One
 :meth:`ContinuousBatch.step`:
 
@@ -10,9 +11,10 @@ Runs on the engine's worker thread only (synchronous torch). Every running reque
    first: one forward that only fills the cache. A long prompt takes several steps, and decoding goes on in
    between, so it never starves the running rows.
 2. **Decode.** Every row whose prefix is cached up to its last token feeds that token at its own position (a device
-   tensor), all rows in one forward; each samples its next token (:func:`~sc_lightning.engines.decode_sampling
-   .sample_next`, its own noise stream) and reads it back with the others (one device sync per step). Rows still
-   prefilling ride along as placeholders: they write scratch K/V at the position their next chunk overwrites.
+   tensor), all rows in one forward; each samples its next token
+   (:func:`~sc_lightning.engines.megatron.decode_sampling.sample_next`, its own noise stream) and reads it back with
+   the others (one device sync per step). Rows still prefilling ride along as placeholders: they write scratch K/V at
+   the position their next chunk overwrites.
 3. **Leave.** Finished rows reply; the last slot's K/V move into a freed slot, so rows always fill slots
    ``0..n-1`` and a decode step reads the cache as a view.
 
@@ -21,9 +23,9 @@ the trainer, from 0), and attention masks everything past a row's own position, 
 forward of the same tokens (up to floating-point summation order).
 
 **Shapes.** On a GPU the decode step runs as a CUDA graph per (batch, KV length) bucket
-(:mod:`~sc_lightning.engines.cuda_graphs`): the batch is padded to a power of two with idle rows (they write
-position 0 of free slots) and attention reads a bucketed number of positions (:func:`~sc_lightning.engines
-.kv_cache.kv_bucket`). On the CPU, shapes are exact and nothing is captured.
+(:mod:`~sc_lightning.engines.megatron.cuda_graphs`): the batch is padded to a power of two with idle rows (they write
+position 0 of free slots) and attention reads a bucketed number of positions
+(:func:`~sc_lightning.engines.megatron.kv_cache.kv_bucket`). On the CPU, shapes are exact and nothing is captured.
 
 **Overlap** (on by default on a GPU). A decode step is read at the next :meth:`ContinuousBatch.step`, and when the
 rows are the same and all decoding (nothing joined, left, or waits for a prefill), that call first queues the next
@@ -49,10 +51,10 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from sc_lightning.engines.cached_forward import CachedForward
-from sc_lightning.engines.cuda_graphs import DecodeGraphs
-from sc_lightning.engines.decode_sampling import NoiseStream, sample_next, to_device
-from sc_lightning.engines.kv_cache import SlotKVCache, batch_bucket, kv_bucket
+from sc_lightning.engines.megatron.cached_forward import CachedForward
+from sc_lightning.engines.megatron.cuda_graphs import DecodeGraphs
+from sc_lightning.engines.megatron.decode_sampling import NoiseStream, sample_next, to_device
+from sc_lightning.engines.megatron.kv_cache import SlotKVCache, batch_bucket, kv_bucket
 from sc_lightning.types import FinishReason, Generation, SamplingParams
 
 Outcome = Generation | BaseException

@@ -1,11 +1,12 @@
 """The Megatron generation engine: KV-cache sampling from a megatron-core ``GPTModel``, many requests in flight.
 
 :class:`MegatronEngine` implements :class:`~sc_lightning.engines.base.GenerationEngine` in the caller's process
-(colocated placement); :class:`~sc_lightning.engines.megatron_ray.RayMegatronEngine` runs one in a Ray actor.
+(colocated placement); :class:`~sc_lightning.engines.megatron.ray_engine.RayMegatronEngine` runs one in a Ray actor.
 
-**Threads.** ``generate`` enqueues a request and awaits a future; one worker thread owns the model and runs the
-step loop of a :class:`~sc_lightning.engines.megatron_batch.ContinuousBatch`, handing each result back to its event
-loop with ``call_soon_threadsafe``. The event loop never blocks on the model.
+**Threads.** ``generate`` enqueues a request and awaits a future; one worker thread
+(:class:`~sc_lightning.engines.megatron.worker.DecodeWorker`) owns the model and runs the step loop of a
+:class:`~sc_lightning.engines.megatron.batch.ContinuousBatch`, handing each result back to its event loop with
+``call_soon_threadsafe``. The event loop never blocks on the model.
 
 **Batching policy: continuous.** Before every step, pending requests join the running batch (FIFO) while it has
 fewer than ``max_batch_size`` rows, each in its own slot of a KV cache preallocated for ``max_batch_size`` x
@@ -13,10 +14,10 @@ fewer than ``max_batch_size`` rows, each in its own slot of a KV cache prealloca
 positions: a long prompt spreads over several steps and never stalls the rows decoding), then decodes one token for
 every row whose prompt is cached; a row leaves the moment it finishes and its slot goes to the next request. So one
 long completion never holds finished ones, and a request arriving mid-run starts at the next step. Rows decode
-exactly (see :mod:`~sc_lightning.engines.megatron_batch`). On a GPU the decode step replays a CUDA graph per (batch,
-KV length) bucket (:mod:`~sc_lightning.engines.cuda_graphs`), queued before the host reads the previous step.
+exactly (see :mod:`~sc_lightning.engines.megatron.batch`). On a GPU the decode step replays a CUDA graph per (batch,
+KV length) bucket (:mod:`~sc_lightning.engines.megatron.cuda_graphs`), queued before the host reads the previous step.
 Sampling follows :mod:`~sc_lightning.engines.sampling`'s conventions, each request drawing from its own seeded
-noise stream (:mod:`~sc_lightning.engines.decode_sampling`): the same tokens whatever shares its batch.
+noise stream (:mod:`~sc_lightning.engines.megatron.decode_sampling`): the same tokens whatever shares its batch.
 
 **Interruptions.** Between two steps the worker applies control commands; running requests keep their slots.
 
@@ -33,7 +34,7 @@ noise stream (:mod:`~sc_lightning.engines.decode_sampling`): the same tokens wha
   place; decoding then holds (no token comes from a half-loaded model) until the ``update_weights`` that brings the
   last bucket, which checks that the version's buckets covered every parameter, adopts ``version`` and resumes.
 - ``stand_down()``: stops decoding after the current step, frees the KV cache and the CUDA graphs and stops the
-  engine's :class:`~sc_lightning.engines.megatron_clock.ActiveClock`; requests (running or new) wait. ``wake()``
+  engine's :class:`~sc_lightning.engines.megatron.clock.ActiveClock`; requests (running or new) wait. ``wake()``
   resumes them (running ones are prefilled again). :meth:`MegatronEngine.active_deadline` /
   :meth:`MegatronEngine.active_wait_for` give per-request deadlines that exclude stood-down time.
 - ``shutdown()``: requests still waiting or running end with ``finish_reason="abort"`` (the tokens they have);
@@ -42,9 +43,8 @@ noise stream (:mod:`~sc_lightning.engines.decode_sampling`): the same tokens wha
 Limits: one TP=1, PP=1 replica per engine (megatron's parallel state is process-global, so a colocated engine needs
 a TP=1, PP=1 trainer process); prompts must be shorter than ``max_seq_len``.
 
-One file (past 400 lines) for one engine: the asyncio-facing API and the worker thread share the pending queue, the
-condition and the command protocol, and each side's invariants are the other's. The batch, the forward, the graphs
-and the clock are collaborators in their own files.
+This module is the event-loop side: checks, requests and commands in, results out. The worker thread, the batch,
+the forward, the graphs and the clock are collaborators in their own modules of this package.
 """
 
 from __future__ import annotations
@@ -54,53 +54,23 @@ import contextlib
 import dataclasses
 import itertools
 import random
-import threading
-from collections import deque
-from collections.abc import Awaitable, Callable, Iterable
-from dataclasses import dataclass
-from typing import Any, ClassVar, Literal, TypeVar
+from collections.abc import Awaitable, Iterable
+from typing import Any, ClassVar, TypeVar
 
 import torch
 from megatron.core import parallel_state
 
 from sc_lightning.engines.base import EngineError
-from sc_lightning.engines.cached_forward import CachedForward
-from sc_lightning.engines.decode_sampling import noise_stream
-from sc_lightning.engines.megatron_batch import ContinuousBatch, Outcome, Request, replier
-from sc_lightning.engines.megatron_clock import ActiveClock
-from sc_lightning.models.convert import hf_to_megatron_state
-from sc_lightning.models.megatron import copy_megatron_weights, load_hf_weights, load_policy, megatron_weights
+from sc_lightning.engines.megatron.batch import ContinuousBatch, Request, replier
+from sc_lightning.engines.megatron.cached_forward import CachedForward
+from sc_lightning.engines.megatron.clock import ActiveClock
+from sc_lightning.engines.megatron.decode_sampling import noise_stream
+from sc_lightning.engines.megatron.worker import Command, CommandKind, DecodeWorker, EngineStats, request_error
+from sc_lightning.models.megatron import load_policy
 from sc_lightning.models.spec import ModelSpec
-from sc_lightning.types import FinishReason, Generation, SamplingParams
+from sc_lightning.types import Generation, SamplingParams
 
 T = TypeVar("T")
-CommandKind = Literal["update", "stage", "stand_down", "wake", "shutdown"]
-
-
-@dataclass
-class EngineStats:
-    """Counters of an engine's work since it started (read them to check batching).
-
-    ``batches`` counts runs of the continuous batch (from no running request to some); ``forward_calls`` is
-    ``decode_steps`` + ``prefill_chunks``.
-    """
-
-    batches: int = 0
-    forward_calls: int = 0
-    decode_steps: int = 0
-    prefill_chunks: int = 0
-    generated_tokens: int = 0
-    finished_requests: int = 0
-
-
-@dataclass
-class _Command:
-    """A control request for the worker thread, applied between two decode steps."""
-
-    kind: CommandKind
-    reply: Callable[[Outcome | None], None]
-    named_tensors: Iterable[tuple[str, torch.Tensor]] | None = None
-    version: int = 0
 
 
 class MegatronEngine:
@@ -115,7 +85,7 @@ class MegatronEngine:
     prompt + completion (default: the model's ``max_position_embeddings``); the KV cache holds ``max_batch_size``
     sequences of that length. ``prefill_chunk_tokens`` bounds the prompt positions prefilled per step.
     ``cuda_graphs`` (default: on a GPU) replays the decode step as CUDA graphs; ``flash_decode`` decodes on flash
-    attention's varlen kernel (bf16/fp16 on a GPU; see :mod:`~sc_lightning.engines.cached_forward`);
+    attention's varlen kernel (bf16/fp16 on a GPU; see :mod:`~sc_lightning.engines.megatron.cached_forward`);
     ``fused_decode`` runs the forward on fused Triton kernels (residual + RMSNorm, RoPE + K/V write, decode
     attention; default: wherever they can run, which is a GPU without ``flash_decode``).
     ``seed`` seeds the noise of requests without ``SamplingParams.seed``. ``weight_version`` is the version of
@@ -151,10 +121,8 @@ class MegatronEngine:
                 raise ValueError(f"engine {name!r}: {knob} must be >= 1, got {value}")
         self.name = name
         self._model = model.eval()
-        self._megatron_names = frozenset(name for name, _ in megatron_weights(model))
         self._spec = spec
         self._device = next(model.parameters()).device
-        self._max_batch_size = max_batch_size
         self._max_seq_len = min(max_seq_len or spec.max_position_embeddings, spec.max_position_embeddings)
         graphs = self._device.type == "cuda" if cuda_graphs is None else cuda_graphs
         if graphs and self._device.type != "cuda":
@@ -171,18 +139,9 @@ class MegatronEngine:
         eos = {eos_token_id} if stop_on_eos and eos_token_id is not None else set()
         self._stop_ids = frozenset(eos | {int(t) for t in extra_stop_token_ids})
         self._seeds = random.Random(seed)
-        self._version = weight_version
-        self._stats = EngineStats()
         self._clock = ActiveClock()
         self._ids = itertools.count()
-        self._closed = False
-        self._cond = threading.Condition()
-        self._pending: deque[Request] = deque()
-        self._commands: list[_Command] = []
-        self._stood_down = False  # worker-side state; the loop side reads the clock
-        self._staged: tuple[int, set[str]] | None = None  # worker-side: (version, parameters) of stage_weights
-        self._thread = threading.Thread(target=self._worker_main, name=f"{name}-decode", daemon=True)
-        self._thread.start()
+        self._worker = DecodeWorker(self._model, spec, self._batch, name=name, version=weight_version)
 
     @classmethod
     def from_pretrained(
@@ -218,12 +177,12 @@ class MegatronEngine:
     @property
     def weight_version(self) -> int:
         """Version of the weights currently loaded."""
-        return self._version
+        return self._worker.version
 
     @property
     def stats(self) -> EngineStats:
         """A snapshot of the engine's counters."""
-        return dataclasses.replace(self._stats)
+        return dataclasses.replace(self._worker.stats)
 
     @property
     def stop_token_ids(self) -> frozenset[int]:
@@ -255,12 +214,12 @@ class MegatronEngine:
 
     def _fail(self, rid: str, message: str) -> EngineError:
         """An EngineError naming this engine and request ``rid``."""
-        return EngineError(f"engine {self.name!r}, request {rid}: {message}")
+        return request_error(self.name, rid, message)
 
     def _check(self, rid: str, prompt: tuple[int, ...], sampling: SamplingParams) -> None:
         """Raise EngineError when the engine is shut down or the request cannot be served."""
         vocab = self._spec.vocab_size
-        if self._closed:
+        if self._worker.closed:
             raise self._fail(rid, "the engine is shut down")
         if not prompt:
             raise self._fail(rid, "empty prompt")
@@ -281,17 +240,14 @@ class MegatronEngine:
         prompt = tuple(int(t) for t in prompt_token_ids)
         self._check(rid, prompt, sampling)
         if sampling.max_new_tokens == 0:
-            return Generation((), (), "length", self._version)
+            return Generation((), (), "length", self._worker.version)
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Generation] = loop.create_future()
         stops = self._stop_ids | {int(t) for t in stop_token_ids}
         noise = noise_stream(sampling, self._seeds, self._device, self._spec.vocab_size)
         request = Request(rid, prompt, sampling, stops, noise, replier(loop, future))
-        with self._cond:
-            if self._closed:
-                raise self._fail(rid, "the engine is shut down")
-            self._pending.append(request)
-            self._cond.notify()
+        if not self._worker.submit(request):
+            raise self._fail(rid, "the engine is shut down")
         try:
             return await future
         except asyncio.CancelledError:
@@ -302,157 +258,40 @@ class MegatronEngine:
         """Send a command to the worker thread and wait until it was applied (its error is raised here)."""
         loop = asyncio.get_running_loop()
         future: asyncio.Future[None] = loop.create_future()
-        with self._cond:
-            if not self._thread.is_alive():
-                raise EngineError(f"engine {self.name!r}: the engine is shut down ({kind} refused)")
-            self._commands.append(_Command(kind, replier(loop, future), **fields))
-            self._cond.notify()
+        if not self._worker.send(Command(kind, replier(loop, future), **fields)):
+            raise EngineError(f"engine {self.name!r}: the engine is shut down ({kind} refused)")
         await future
 
     async def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
         """Load a full set of weights (or the last bucket after :meth:`stage_weights`: the set must then be complete)
         between two decode steps and adopt ``version``."""
-        if self._closed:
+        if self._worker.closed:
             raise EngineError(f"engine {self.name!r}: the engine is shut down (update to version {version} refused)")
         await self._command("update", named_tensors=named_tensors, version=version)
 
     async def stage_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
         """Load one bucket of ``version``'s HF-named weights, more to follow: decoding holds (no token comes from a
         half-loaded model) and ``weight_version`` stays until the :meth:`update_weights` with the last bucket."""
-        if self._closed:
+        if self._worker.closed:
             raise EngineError(f"engine {self.name!r}: the engine is shut down (stage of version {version} refused)")
         await self._command("stage", named_tensors=named_tensors, version=version)
 
     async def stand_down(self) -> None:
         """Pause decoding after the current step, free the KV cache and stop the active clock (idempotent)."""
         self._clock.pause()
-        if not self._closed:
+        if not self._worker.closed:
             await self._command("stand_down")
 
     async def wake(self) -> None:
         """Resume decoding (paused requests are re-prefilled) and restart the active clock (idempotent)."""
-        if not self._closed:
+        if not self._worker.closed:
             await self._command("wake")
         self._clock.resume()
 
     async def shutdown(self) -> None:
         """Abort the requests still held (``finish_reason="abort"``), stop the worker thread; idempotent."""
-        with self._cond:
-            if self._closed:
-                return
-            self._closed = True
+        if not self._worker.close():
+            return
         with contextlib.suppress(EngineError):
             await self._command("shutdown")
-        await asyncio.to_thread(self._thread.join)
-
-    # ---- worker thread -------------------------------------------------------------------------------------
-
-    def _worker_main(self) -> None:
-        """The step loop: apply control commands, admit pending requests, run one step; exits on shutdown."""
-        if self._device.type == "cuda":
-            torch.cuda.set_device(self._device)
-        while True:
-            commands, joining = self._next_work()
-            if commands:
-                self._advance(self._batch.drain)  # a decode step still in flight is read before any command
-            for command in commands:
-                self._apply(command)
-                if command.kind == "shutdown":
-                    return
-            if joining and not self._batch.rows:
-                self._stats.batches += 1
-            for request in joining:
-                self._batch.add(request)
-            if not commands:
-                self._advance(self._batch.step)
-
-    def _next_work(self) -> tuple[list[_Command], list[Request]]:
-        """Wait for commands (returned alone) or, when awake, work: the pending requests that fit in the batch."""
-        with self._cond:
-            while not self._commands and (
-                self._stood_down or self._staged is not None or not (self._pending or self._batch.rows)
-            ):
-                self._cond.wait()
-            if self._commands:
-                commands, self._commands = self._commands, []
-                return commands, []
-            joining: list[Request] = []
-            while self._pending and len(self._batch.rows) + len(joining) < self._max_batch_size:
-                request = self._pending.popleft()
-                if not request.cancelled.is_set():
-                    joining.append(request)
-            return [], joining
-
-    def _apply(self, command: _Command) -> None:
-        """Apply one control command on the worker thread and reply to its caller."""
-        try:
-            if command.kind in ("update", "stage") and (command.kind == "stage" or self._staged is not None):
-                self._load_bucket(command)
-            elif command.kind == "update":
-                assert command.named_tensors is not None
-                weights = dict(command.named_tensors)
-                if weights and next(iter(weights)) in self._megatron_names:
-                    copy_megatron_weights(self._model, weights)
-                else:
-                    load_hf_weights(self._model, self._spec, weights)
-                self._version = command.version
-                self._batch.weights_changed()
-            elif command.kind == "stand_down":
-                self._stood_down = True
-                self._batch.release()
-                if self._device.type == "cuda":
-                    torch.cuda.empty_cache()
-            elif command.kind == "wake":
-                self._stood_down = False
-            else:
-                self._abort_all()
-        except Exception as err:
-            command.reply(EngineError(f"engine {self.name!r}: {command.kind} failed: {type(err).__name__}: {err}"))
-        else:
-            command.reply(None)
-
-    def _load_bucket(self, command: _Command) -> None:
-        """Load one bucket of HF-named weights (``stage``), or the last one (``update``: every parameter of the
-        model must have come in one of the version's buckets; then the version is adopted and decoding resumes)."""
-        assert command.named_tensors is not None
-        version, loaded = self._staged or (command.version, set())
-        if version != command.version:
-            raise ValueError(f"a bucket of version {command.version} while version {version}'s buckets are loading")
-        self._staged = (version, loaded)  # decoding holds from the first bucket on
-        part = hf_to_megatron_state(dict(command.named_tensors), self._spec, partial=True)  # TP=1, PP=1
-        unexpected = self._model.load_state_dict(part, strict=False).unexpected_keys
-        if unexpected:
-            raise KeyError(f"weights do not fit the model: unexpected {unexpected[:8]}")
-        loaded.update(part)
-        if command.kind == "update":
-            missing = sorted(self._megatron_names - loaded)
-            if missing:
-                raise KeyError(f"version {version}'s buckets miss {missing[:8]}")
-            self._staged, self._version = None, version
-            self._batch.weights_changed()
-
-    def _abort_all(self) -> None:
-        """End every running and pending request with ``finish_reason="abort"`` and what it has so far."""
-        with self._cond:
-            pending, self._pending = list(self._pending), deque()
-        for request in self._batch.clear() + pending:
-            request.reply(request.result("abort", self._version))
-
-    def _advance(self, run: Callable[[int], list[tuple[Request, FinishReason]]]) -> None:
-        """``run`` the batch one step (or drain it); replies to the requests that finished (all fail on an error)."""
-        batch = self._batch
-        try:
-            with torch.inference_mode():
-                finished = run(self._version)
-        except Exception as err:
-            for request in batch.clear():
-                request.reply(self._fail(request.rid, f"decoding failed: {type(err).__name__}: {err}"))
-            return
-        finally:
-            stats = self._stats
-            stats.decode_steps, stats.prefill_chunks = batch.decode_steps, batch.prefill_calls
-            stats.forward_calls = batch.decode_steps + batch.prefill_calls
-            stats.generated_tokens = batch.sampled_tokens
-        for request, reason in finished:
-            self._stats.finished_requests += 1
-            request.reply(request.result(reason, self._version))
+        await self._worker.join()

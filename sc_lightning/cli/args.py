@@ -15,7 +15,7 @@ SUBCOMMANDS_HELP = {
     "knobs": "print each knob of a config section: type, default, unit, meaning and the rules that tie it",
     "report": "write RUN_DIR's HTML report with PNG plots (reward, staleness, step time, goodput, throughput)",
 }
-"""One line per subcommand, for ``python -m sc_lightning --help``; cli.py dispatches the same names."""
+"""One line per subcommand, for ``python -m sc_lightning --help``; cli/main.py dispatches the same names."""
 
 FIT_USAGE = """\
 python -m sc_lightning fit --config CONFIG.yaml [--config MORE.yaml] [--a.b.c VALUE ...]

@@ -1,4 +1,4 @@
-"""A megatron ``GPTModel``'s forward over a :class:`~sc_lightning.engines.kv_cache.SlotKVCache`, rows at any position.
+"""A megatron ``GPTModel``'s forward over a slot KV cache, rows at any position.
 
 :class:`CachedForward` runs the model's own modules, with its weights (nothing is copied, so a weight update or a
 CUDA graph sees the same tensors): the word embedding, then per layer ``input_layernorm`` → ``linear_qkv`` → RoPE →
@@ -25,9 +25,9 @@ spec, TP=1, no dropout) for ``T`` new tokens per row:
 - **Fused** (``fused_decode``; by default wherever it can run: a GPU with Triton, RMSNorm layers, not with
   ``flash_decode``; on an H200 it decodes the 1.26B shape 1.4x faster at batch 64): each residual add is
   folded into the RMSNorm that follows it, and RoPE, the query's attention layout and the K/V cache write are one
-  kernel (:mod:`~sc_lightning.engines.decode_kernels`; RoPE from fp32 angles, as the trainer's fused RoPE). In a
-  bf16/fp16 model a decode step's attention is its own kernel too: each row reads exactly its ``p + 1`` cached
-  positions (no padded span, no mask), a KV group's query heads sharing each read.
+  kernel (:mod:`~sc_lightning.engines.megatron.decode_kernels`; RoPE from fp32 angles, as the trainer's fused
+  RoPE). In a bf16/fp16 model a decode step's attention is its own kernel too: each row reads exactly its ``p + 1``
+  cached positions (no padded span, no mask), a KV group's query heads sharing each read.
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ import torch.nn.functional as F
 from megatron.core import parallel_state
 from torch import Tensor
 
-from sc_lightning.engines.kv_cache import SlotKVCache
+from sc_lightning.engines.megatron.kv_cache import SlotKVCache
 from sc_lightning.models.fused import triton_module
 
 
@@ -97,7 +97,7 @@ def _check_supported(model: torch.nn.Module) -> None:
 
 
 def _fused_kernels(model: torch.nn.Module, on_gpu: bool, fused: bool | None, flash: bool) -> ModuleType | None:
-    """:mod:`~sc_lightning.engines.decode_kernels` where the fused decode path runs, else None.
+    """:mod:`~sc_lightning.engines.megatron.decode_kernels` where the fused decode path runs, else None.
 
     ``fused`` True asks for it (a ValueError where the model cannot take it), False turns it off, None (the default)
     takes it wherever it can run: a GPU, Triton, torch RMSNorm layers (megatron's local spec), no ``flash_decode``.
@@ -115,7 +115,7 @@ def _fused_kernels(model: torch.nn.Module, on_gpu: bool, fused: bool | None, fla
         if fused:
             raise ValueError(f"the Megatron engine's fused decode path {problem}")
         return None
-    return triton_module("sc_lightning.engines.decode_kernels")  # None on a torch without Triton
+    return triton_module("sc_lightning.engines.megatron.decode_kernels")  # None on a torch without Triton
 
 
 def _eps(norm: torch.nn.RMSNorm, dtype: torch.dtype) -> float:

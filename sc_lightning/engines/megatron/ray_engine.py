@@ -8,7 +8,7 @@ Requests travel in batches (see :mod:`~sc_lightning.engines.actor_client`). Weig
 :class:`~sc_lightning.engines.base.EngineError` naming the engine and the request; ``shutdown()`` kills the actor.
 Ray must be initialised by the caller (``ray.init``) before the client is built.
 
-The client keeps its own :class:`~sc_lightning.engines.megatron_clock.ActiveClock` (paused by ``stand_down``), so
+The client keeps its own :class:`~sc_lightning.engines.megatron.clock.ActiveClock` (paused by ``stand_down``), so
 ``active_deadline`` / ``active_wait_for`` work as on the in-process engine.
 """
 
@@ -22,7 +22,7 @@ from typing import Any, TypeVar
 import torch
 
 from sc_lightning.engines.actor_client import ActorEngineClient, BatchedGenerateActor
-from sc_lightning.engines.megatron_clock import ActiveClock
+from sc_lightning.engines.megatron.clock import ActiveClock
 from sc_lightning.types import Generation, SamplingParams
 
 T = TypeVar("T")
@@ -40,7 +40,7 @@ class MegatronEngineActor(BatchedGenerateActor):
         from sc_lightning.models.megatron_import import import_megatron_without_compile
 
         import_megatron_without_compile()  # this actor process's first megatron import
-        from sc_lightning.engines.megatron import MegatronEngine
+        from sc_lightning.engines.megatron.engine import MegatronEngine
 
         if not torch.distributed.is_initialized():
             for var in _INHERITED_DIST_VARS:
