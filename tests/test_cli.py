@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import time
 
 import pytest
@@ -14,32 +12,11 @@ from sc_lightning.cli import main
 from sc_lightning.config import ConfigError
 from sc_lightning.rollout.goodput import EngineTime
 from sc_lightning.trainer.goodput import TRAINER_PARTS
-from tests.conftest import REPO, TEST_BASE, user_environment
-
-TINY = "configs/grpo_tiny.yaml"
+from tests.helpers.cli import run, step_metrics
+from tests.helpers.configs import REPO, TEST_BASE, TINY
 
 # Each test starts a Python process that imports Lightning (a few seconds each).
 pytestmark = pytest.mark.slow
-
-
-def run(*args: str, timeout_s: float = 300) -> subprocess.CompletedProcess:
-    # a fresh process, as a user starts it: not the torch.distributed rendezvous this test process may have set up
-    env = user_environment()
-    return subprocess.run(
-        [sys.executable, "-m", "sc_lightning", *args],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=timeout_s,
-        env=env,
-    )
-
-
-def step_metrics(root) -> list[dict[str, str]]:
-    """The per-step rows of the one run's CSV metrics under ``root``, as dicts."""
-    (metrics,) = root.glob("lightning_logs/version_*/metrics.csv")
-    header, *rows = metrics.read_text().splitlines()
-    return [dict(zip(header.split(","), row.split(","), strict=True)) for row in rows]
 
 
 def test_dry_run_validates_and_starts_nothing() -> None:

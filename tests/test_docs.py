@@ -8,7 +8,8 @@ import pytest
 
 from sc_lightning.config import SECTION_NAMES
 from sc_lightning.config.reference import render_reference
-from tests.conftest import REPO, user_environment
+from tests.helpers.cli import user_environment
+from tests.helpers.configs import REPO
 
 
 def test_config_reference_is_current() -> None:

@@ -22,8 +22,8 @@ from sc_lightning.checkpoint.snapshots import config_identity, nothing_left_to_t
 from sc_lightning.config import SCConfig
 from sc_lightning.lightning.module import GRPOModule
 from sc_lightning.testing.scripted_engine import ScriptedEngine
-from tests.conftest import tiny_trainer
-from tests.lightning.test_train_pump import Alternating, tiny_config
+from tests.helpers.fits import tiny_config, tiny_trainer
+from tests.helpers.scripts import Alternating
 
 
 class StopAt(Callback):

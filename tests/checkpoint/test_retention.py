@@ -12,7 +12,7 @@ from sc_lightning.callbacks.validation import ValidationMonitor
 from sc_lightning.checkpoint.atomic import complete_bundles, remove_stale_temporaries, write_atomically
 from sc_lightning.checkpoint.bundle import TRAINER_FILE, latest_bundle
 from sc_lightning.checkpoint.retention import RANKING_FILE, bundles_beyond_top_k, remove_bundle, write_ranking
-from tests.lightning.test_train_pump import Recorder, fit, tiny_config
+from tests.helpers.fits import Recorder, fit, tiny_config
 
 
 def make_bundles(root: Path, values: dict[int, float | None], metric: str = "train:reward") -> None:

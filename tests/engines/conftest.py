@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import load_make_tiny_model
+from tests.helpers.models import load_make_tiny_model
 
 
 @pytest.fixture(scope="session")

@@ -16,8 +16,7 @@ from lightning.pytorch import Callback
 from sc_lightning.callbacks.checkpoint import BundleCheckpoint
 from sc_lightning.lightning.module import GRPOModule
 from sc_lightning.lightning.ppo_module import PPOModule
-from tests.lightning.test_ppo import ppo_config
-from tests.lightning.test_train_pump import fit, tiny_config
+from tests.helpers.fits import fit, ppo_config, tiny_config
 
 STEPS = 2
 STREAMING = [  # 4 groups a step, trained in chunks of at least 2 as they become ready

@@ -7,7 +7,6 @@ losses, controller, data plane (in-process), Lightning Trainer and callbacks are
 from __future__ import annotations
 
 import asyncio
-import copy
 from pathlib import Path
 
 import pytest
@@ -17,8 +16,7 @@ from lightning.pytorch import Callback, Trainer
 from sc_lightning.algorithms import ClippedPGLoss
 from sc_lightning.callbacks.checkpoint import BundleCheckpoint
 from sc_lightning.checkpoint.bundle import TRAINER_FILE, latest_bundle
-from sc_lightning.config import SCConfig, load_config
-from sc_lightning.config.yaml_io import apply_override, load_yaml_layers, merge_into
+from sc_lightning.config import SCConfig
 from sc_lightning.controller.buffer import TQReplayBuffer
 from sc_lightning.controller.build import rollout_settings
 from sc_lightning.data_plane.memory import MemoryDataPlane
@@ -35,23 +33,11 @@ from sc_lightning.trainer.chunks import load_chunk
 from sc_lightning.trainer.critic_update import CriticUpdate, value_targets
 from sc_lightning.trainer.optim import adamw, optimizer_state_to
 from sc_lightning.trainer.policy_update import EmptyStepError, PolicyUpdate
-from tests.config.helpers import PPO_COMPANION
-from tests.conftest import TEST_BASE, tiny_trainer
-from tests.lightning.test_train_pump import TOKENIZER, Alternating, Recorder
-from tests.lightning.test_train_pump import fit as train_pump_fit
+from tests.helpers.fits import Recorder, ppo_config, tiny_trainer
+from tests.helpers.fits import fit as train_pump_fit
+from tests.helpers.scripts import TOKENIZER, Alternating
 
 CRITIC_METRICS = {"loss", "values_mean", "values_min", "values_max", "returns_mean", "vf_clipfrac", "explained_var"}
-
-
-def ppo_config(*overrides: str) -> SCConfig:
-    """The tests' tiny base as the spec's PPO run (4 prompts x 4 generations), in-process data plane."""
-    raw = load_yaml_layers(TEST_BASE, ["data_plane.backend=memory"])
-    merge_into(raw, copy.deepcopy(PPO_COMPANION))
-    raw["ppo"]["max_num_steps"] = 3
-    raw["value"]["model_name"] = raw["policy"]["model_name"]
-    for override in overrides:
-        apply_override(raw, override)
-    return load_config(raw, extra_top_level=("trainer", "seed_everything"))
 
 
 def fit(config: SCConfig, callbacks: list[Callback] = (), **kwargs) -> tuple[Trainer, PPOModule, ScriptedEngine]:

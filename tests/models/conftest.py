@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.conftest import load_make_tiny_model
+from tests.helpers.models import load_make_tiny_model
 
 make_tiny_model: Callable[..., Path] = load_make_tiny_model()
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from tests.conftest import REPO
+from tests.helpers.configs import REPO
 
 TRAINER = REPO / "sc_lightning" / "trainer"
 

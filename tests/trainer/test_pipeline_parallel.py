@@ -9,8 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.ranks import run_ranks
-from tests.trainer.test_data_parallel import (
+from tests.helpers.parallel import (
     KEYS,
     STEPS,
     assert_ppo_matches_one_process,
@@ -19,6 +18,7 @@ from tests.trainer.test_data_parallel import (
     train_ppo_three_steps,
     train_steps,
 )
+from tests.ranks import run_ranks
 
 
 def _pipeline_rank(rank: int, world_size: int, out: Path) -> None:

@@ -16,10 +16,9 @@ from sc_lightning.trainer.critic_update import CriticUpdate, value_targets
 from sc_lightning.trainer.grad_clip import clip_model_parallel_grads
 from sc_lightning.trainer.optim import adamw
 from sc_lightning.trainer.pipeline import per_token_forward
+from tests.helpers.parallel import assert_ppo_matches_one_process, train_ppo_three_steps, train_three_steps
+from tests.helpers.train_rows import SPEC, critic_rows, step_rows
 from tests.ranks import run_ranks
-from tests.trainer.test_critic_update import batch
-from tests.trainer.test_data_parallel import assert_ppo_matches_one_process, train_ppo_three_steps, train_three_steps
-from tests.trainer.test_policy_update import SPEC, step_rows
 
 STEPS = 3
 
@@ -78,8 +77,8 @@ def train_critic_three_times(
     )
     metrics = []
     for _ in range(STEPS):
-        targets = value_targets(critic, batch(), GAEAdvantage(gae_lambda=0.95, gae_gamma=1.0), micro_batch_size=3)
-        metrics.append(update.train(batch(), targets, epochs=2))
+        targets = value_targets(critic, critic_rows(), GAEAdvantage(gae_lambda=0.95, gae_gamma=1.0), micro_batch_size=3)
+        metrics.append(update.train(critic_rows(), targets, epochs=2))
     probe = step_rows(0)  # all its weights, through the values at every position a loss reads
     return metrics, per_token_forward(critic, probe, probe.plan(4), lambda _, output: values_from_output(output))
 
