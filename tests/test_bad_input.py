@@ -15,7 +15,7 @@ import pytest
 
 from tests.helpers.cli import QUICK, error_lines, run, step_metrics
 from tests.helpers.configs import TINY
-from tests.helpers.models import load_make_tiny_model
+from tests.helpers.models import make_tiny_model
 
 pytestmark = pytest.mark.slow
 
@@ -63,7 +63,7 @@ def test_bad_dataset_rows_within_the_budget_are_skipped_and_the_run_trains(tmp_p
 
 def test_a_tokenizer_the_model_cannot_embed_ends_the_run_before_anything_starts(tmp_path: Path) -> None:
     """A model with 12 vocabulary rows and its 18-id tokenizer: exit 2 naming both knobs and sizes, no traceback."""
-    model = load_make_tiny_model()(tmp_path / "small-vocab", vocab_size=12)
+    model = make_tiny_model(tmp_path / "small-vocab", vocab_size=12)
     result = run(
         "fit", "--config", TINY, *QUICK, f"--policy.model_name={model}", f"--trainer.default_root_dir={tmp_path}"
     )

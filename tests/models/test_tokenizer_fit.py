@@ -14,7 +14,7 @@ import pytest
 from sc_lightning.models.megatron import load_policy
 from sc_lightning.models.tiny_tokenizer import save_char_tokenizer
 from sc_lightning.tokenizer import CharTokenizer, TokenizerMismatchError, check_tokenizer_fits_model, load_tokenizer
-from tests.models.conftest import make_tiny_model
+from tests.helpers.models import make_tiny_model
 
 pytestmark = pytest.mark.usefixtures("model_parallel")
 
