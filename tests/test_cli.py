@@ -1,4 +1,5 @@
-"""The command line, run as users run it: ``python -m sc_lightning fit --config ...`` in a subprocess."""
+"""The command line: ``python -m sc_lightning fit --config ...`` run in a subprocess as users run it, and its argument
+and config checks in this process."""
 
 from __future__ import annotations
 
@@ -13,10 +14,8 @@ from sc_lightning.config import ConfigError
 from tests.helpers.cli import run, step_metrics
 from tests.helpers.configs import REPO, TEST_BASE, TINY
 
-# Each test starts a Python process that imports Lightning (a few seconds each).
-pytestmark = pytest.mark.slow
 
-
+@pytest.mark.slow  # a `python -m sc_lightning` process (a few seconds to start)
 def test_dry_run_validates_and_starts_nothing() -> None:
     result = run("fit", "--config", TINY, "--dry_run", "true")
     assert result.returncode == 0, result.stderr
@@ -63,6 +62,7 @@ def test_every_shipped_gpu_config_is_valid(config: list[str], monkeypatch: pytes
     load_and_check(config)
 
 
+@pytest.mark.slow  # a `python -m sc_lightning` process (a few seconds to start)
 def test_invalid_config_fails_fast_with_every_error_and_no_traceback() -> None:
     started = time.monotonic()
     result = run(
@@ -83,6 +83,7 @@ def test_invalid_config_fails_fast_with_every_error_and_no_traceback() -> None:
     assert "trainer.max_step: unknown Trainer argument; did you mean trainer.max_steps?" in result.stderr
 
 
+@pytest.mark.slow  # a `python -m sc_lightning` process (a few seconds to start)
 def test_cross_field_errors_and_trainer_errors_come_together() -> None:
     result = run("fit", "--config", TINY, "--policy.train_global_batch_size", "15", "--trainer.max_steps", "4")
     assert result.returncode == 2 and "Traceback" not in result.stderr
@@ -138,12 +139,14 @@ def test_several_ranks_need_a_data_plane_they_all_reach() -> None:
         load_and_check(colocated, tp2)
 
 
+@pytest.mark.slow  # a `python -m sc_lightning` process (a few seconds to start)
 def test_trainer_types_are_checked_by_lightning() -> None:
     result = run("fit", "--config", TINY, "--trainer.max_epochs", "many", "--dry_run")
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert "trainer.max_epochs" in result.stderr
 
 
+@pytest.mark.slow  # a `python -m sc_lightning` process (a few seconds to start)
 def test_print_config_prints_the_resolved_config_which_loads_back(tmp_path) -> None:
     result = run("fit", "--config", TINY, "--grpo.max_num_steps", "7", "--print_config")
     assert result.returncode == 0, result.stderr
@@ -157,6 +160,7 @@ def test_print_config_prints_the_resolved_config_which_loads_back(tmp_path) -> N
     assert again.returncode == 0 and yaml.safe_load(again.stdout) == printed
 
 
+@pytest.mark.slow  # a `python -m sc_lightning` process (a few seconds to start)
 def test_colocated_fit_trains_on_policy_with_a_faithful_refit(tmp_path) -> None:
     result = run(
         "fit",
@@ -193,6 +197,7 @@ def test_colocated_fit_trains_on_policy_with_a_faithful_refit(tmp_path) -> None:
     assert all(float(r["train/staleness_max"]) == 0 for r in steps)  # colocated and synchronous: on-policy
 
 
+@pytest.mark.slow  # a `python -m sc_lightning` process (a few seconds to start)
 def test_a_seq_logprob_error_threshold_below_every_error_stops_the_run_naming_the_knob(tmp_path) -> None:
     """A sequence's error is a mean of exp|...| >= 1, so 0.5 masks all of step 0: refused like any empty step."""
     result = run(
@@ -234,6 +239,7 @@ def test_help(capsys) -> None:
     assert "--dry_run" in capsys.readouterr().out
 
 
+@pytest.mark.slow  # a `python -m sc_lightning` process (a few seconds to start)
 def test_the_drain_gate_trains_no_row_spanning_two_weight_versions(tmp_path) -> None:
     """in_order with a lookahead of 1 generates the next step's groups while a step trains, so they are in flight at
     its refit; with in_flight_weight_updates false the refit waits for them, and train_data.jsonl holds no row whose
@@ -266,6 +272,7 @@ def test_the_drain_gate_trains_no_row_spanning_two_weight_versions(tmp_path) -> 
     assert any(row["step"] - row["start_weight"] == 1 for row in rows)  # generated ahead, on one version
 
 
+@pytest.mark.slow  # a `python -m sc_lightning` process (a few seconds to start)
 @pytest.mark.long(minutes=1.5)
 def test_vllm_fit_runs_the_full_single_controller_path(tmp_path) -> None:
     """grpo_tiny_vllm.yaml for a few steps: vLLM in a Ray actor, TransferQueue, refits; the logprobs agree."""

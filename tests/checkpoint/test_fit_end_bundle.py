@@ -71,6 +71,7 @@ def bundles(config: SCConfig) -> list[str]:
     return sorted((p.name for p in found), key=lambda name: int(name.split("_")[1]))
 
 
+@pytest.mark.slow  # two fits, about a minute on 2 cores
 def test_a_callback_setting_should_stop_leaves_its_last_step_bundle_and_the_next_fit_goes_on(tmp_path) -> None:
     config = config_with_bundles(tmp_path)
     trainer, stop = fit_once(config, StopAt(2))

@@ -103,6 +103,7 @@ def test_a_metric_that_was_never_logged_is_named(tmp_path) -> None:
     assert complete_bundles(tmp_path) == []  # the failed write left no bundle
 
 
+@pytest.mark.slow  # fits with validation runs, about a minute on 2 cores
 def test_bundles_are_ranked_by_their_own_steps_validation(tmp_path) -> None:
     """checkpointing.metric_name val:<metric>: each bundle records val/<metric> of its step's validation."""
     config = tiny_config(

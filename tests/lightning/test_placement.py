@@ -75,6 +75,7 @@ CPU_RUN_ON_A_GPU_BOX = textwrap.dedent(
 )
 
 
+@pytest.mark.slow  # a fit in a child process, about a minute on 2 cores
 def test_a_cpu_run_on_a_machine_with_a_gpu_never_touches_it() -> None:
     env = user_environment()  # this process's port is taken
     done = subprocess.run(

@@ -53,6 +53,7 @@ def initial_policy(config: SCConfig) -> dict[str, torch.Tensor]:
     return {name: value.clone() for name, value in policy.state_dict().items() if isinstance(value, torch.Tensor)}
 
 
+@pytest.mark.slow  # PPO fits with a critic, 15-40 s each on 2 cores
 def test_warm_up_trains_the_critic_only_and_pushes_no_weights() -> None:
     config = ppo_config("ppo.policy_training_start_step=2", "ppo.max_num_steps=3")
     recorder = Recorder()
@@ -149,6 +150,7 @@ def synchronous_reference(config: SCConfig, steps: int) -> list[tuple[float, flo
     return results
 
 
+@pytest.mark.slow  # PPO fits with a critic, 15-40 s each on 2 cores
 def test_staleness_zero_trains_exactly_what_a_synchronous_ppo_loop_would() -> None:
     config = ppo_config()
     recorder, critic = Recorder(), CriticMetrics()
@@ -163,6 +165,7 @@ def test_staleness_zero_trains_exactly_what_a_synchronous_ppo_loop_would() -> No
     assert all(step["values_min"] <= step["values_mean"] <= step["values_max"] for step in critic.steps)
 
 
+@pytest.mark.slow  # PPO fits with a critic, 15-40 s each on 2 cores
 def test_several_epochs_measure_the_ratio_against_the_policy_the_step_started_with() -> None:
     recorder = Recorder()
     fit(ppo_config("ppo.ppo_epochs=3", "ppo.critic_ppo_epochs=2", "ppo.max_num_steps=2"), [recorder])
@@ -170,6 +173,7 @@ def test_several_epochs_measure_the_ratio_against_the_policy_the_step_started_wi
     assert any(m["probs_ratio_max"] != pytest.approx(1.0, abs=1e-9) for m in recorder.step_metrics)
 
 
+@pytest.mark.slow  # PPO fits with a critic, 15-40 s each on 2 cores
 def test_several_epochs_mask_the_same_rows_by_logprob_error_and_report_them_once() -> None:
     """The mask depends on pi_old and pi_gen, both fixed over the step: every epoch masks the same rows, and the
     step reports them once (the last epoch's metrics), not once per epoch."""
@@ -211,6 +215,7 @@ def test_offloading_moves_the_adam_moments_and_leaves_the_step_counters() -> Non
         assert not state["step"].is_meta
 
 
+@pytest.mark.slow  # PPO fits with a critic, 15-40 s each on 2 cores
 def test_a_resume_in_the_middle_of_warm_up_continues_it(tmp_path: Path) -> None:
     knobs = [
         "ppo.policy_training_start_step=3",
@@ -240,6 +245,7 @@ def test_a_resume_in_the_middle_of_warm_up_continues_it(tmp_path: Path) -> None:
     assert all(torch.equal(critic_at_2[k], v) for k, v in module.critic.state_dict().items() if k in critic_at_2)
 
 
+@pytest.mark.slow  # PPO fits with a critic, 15-40 s each on 2 cores
 def test_a_warm_start_from_a_distributed_checkpoint_reshards_the_critic(tmp_path: Path) -> None:
     """A bundle written with megatron's distributed optimizer keeps its models in ``sharded/``: a fresh run seeds
     its critic from there, weights and AdamW moments equal to the saving run's."""

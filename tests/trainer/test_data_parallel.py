@@ -28,6 +28,7 @@ def _data_parallel_rank(
     torch.save(result, out / f"rank{rank}.pt")
 
 
+@pytest.mark.slow  # ranks in processes, minutes on 2 cores
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize(
     ("world_size", "tensor_parallel_size", "distributed_optimizer"),
@@ -59,6 +60,7 @@ def _ppo_rank(rank: int, world_size: int, distributed_optimizer: bool, out: Path
     torch.save(train_ppo_three_steps(distributed_optimizer=distributed_optimizer), out / f"ppo{rank}.pt")
 
 
+@pytest.mark.slow  # ranks in processes, minutes on 2 cores
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("distributed_optimizer", [False, True], ids=["adamw", "distributed-optimizer"])
 def test_a_data_parallel_ppo_step_equals_the_single_process_one(tmp_path: Path, distributed_optimizer: bool) -> None:

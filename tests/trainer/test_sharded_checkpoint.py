@@ -40,6 +40,7 @@ def _later_steps(rank: int, world_size: int, tensor_parallel_size: int, distribu
     torch.save((metrics, full_weights(model)), out / f"later{rank}.pt")
 
 
+@pytest.mark.slow  # ranks in processes, minutes on 2 cores
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize(
     ("saved_at", "resumed_at", "distributed"),

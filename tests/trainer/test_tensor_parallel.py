@@ -51,6 +51,7 @@ def matching_rank_outputs(single_metrics: list[dict[str, float]], results: Path,
     return outputs
 
 
+@pytest.mark.slow  # its tp2_results start ranks in processes (a minute or more)
 @pytest.mark.timeout(600)
 def test_a_tp2_policy_update_equals_the_single_process_one(tp2_results: Path) -> None:
     single_metrics, single_weights, *_ = train_three_steps(tensor_parallel_size=1)
@@ -83,6 +84,7 @@ def train_critic_three_times(
     return metrics, per_token_forward(critic, probe, probe.plan(4), lambda _, output: values_from_output(output))
 
 
+@pytest.mark.slow  # its tp2_results start ranks in processes (a minute or more)
 @pytest.mark.timeout(600)
 def test_a_tp2_critic_update_equals_the_single_process_one(tp2_results: Path) -> None:
     single_metrics, single_values = train_critic_three_times(tensor_parallel_size=1)
@@ -106,6 +108,7 @@ def _ppo_tensor_parallel_rank(rank: int, world_size: int, out: Path) -> None:
     torch.save(train_ppo_three_steps(tensor_parallel_size=2, gathered=True), out / f"ppo{rank}.pt")
 
 
+@pytest.mark.slow  # ranks in processes, a minute or more on 2 cores
 @pytest.mark.timeout(600)
 def test_a_tp2_ppo_step_equals_the_single_process_one(tmp_path: Path) -> None:
     """Value stage, critic and policy epochs, frozen pi_old and the KL term, all at TP=2."""
