@@ -81,6 +81,7 @@ def test_a_callback_setting_should_stop_leaves_its_last_step_bundle_and_the_next
     assert trainer.global_step == 5 and bundles(config) == ["step_2", "step_5"]
 
 
+@pytest.mark.slow  # two fits, 6-110 s on 2 cores
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
 def test_a_stop_signal_ends_the_fit_after_its_step_with_that_steps_bundle(tmp_path, signum: int) -> None:
     config = config_with_bundles(tmp_path)

@@ -95,7 +95,7 @@ def step_pattern(*, colocated: bool, ppo: bool) -> str:
         pytest.param(GRPOModule, False, id="grpo-separate"),
         pytest.param(PPOModule, False, id="ppo-separate", marks=pytest.mark.slow),  # a critic, 15-40 s on 2 cores
         pytest.param(GRPOModule, True, id="grpo-colocated"),
-        pytest.param(PPOModule, True, id="ppo-colocated"),
+        pytest.param(PPOModule, True, id="ppo-colocated", marks=pytest.mark.slow),  # a critic, 10-70 s on 2 cores
     ],
 )
 def test_one_rl_step_runs_select_chunks_optimizer_step_refit_bundle_in_order(

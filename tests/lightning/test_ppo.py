@@ -196,6 +196,7 @@ def test_several_epochs_mask_the_same_rows_by_logprob_error_and_report_them_once
     assert free["num_masked_seqs_by_logprob_error"] == 0.0 and free["masked_correct_pct"] == 0.0
 
 
+@pytest.mark.slow  # PPO fits with a critic, 10-70 s on 2 cores
 def test_a_ppo_step_masked_whole_by_logprob_error_names_the_ppo_knob() -> None:
     config = ppo_config("ppo.max_num_steps=1", "ppo.seq_logprob_error_threshold=0.5")  # every error is >= 1
     with pytest.raises(EmptyStepError, match=r"ppo\.seq_logprob_error_threshold=0\.5 masked 16 of 16 sequences"):
