@@ -1,8 +1,19 @@
 #!/usr/bin/env bash
 # The README's test command: make a virtual environment, install sc_lightning with its test extras, run the suite.
 # Needs only Python 3.11 and pip. Extra arguments go to pytest (e.g. scripts/test.sh -k cli).
+# `scripts/test.sh --quick`: the quick lane while working, every test but the `slow`, `long` and `exclusive` ones
+# (no learning run, no SIGKILL run, no multi-rank or minutes-long process test); the whole suite before a submission.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+lane=()
+args=()
+for arg in "$@"; do
+  if [[ "$arg" == "--quick" ]]; then
+    lane=(-m "not slow and not long and not exclusive")
+  else
+    args+=("$arg")
+  fi
+done
 python3 -m venv .venv
 .venv/bin/python -m pip install --quiet --upgrade pip
 extras=test
@@ -18,4 +29,4 @@ fi
 .venv/bin/python -m ruff check .
 # Two pytest-xdist workers, one per core of a 2-core CI box, each taking the next test as it frees up; the
 # minutes-long tests come first (tests/conftest.py) so both end together. `scripts/test.sh -n 0` runs in one process.
-.venv/bin/python -m pytest -n 2 --maxschedchunk 1 "$@"
+.venv/bin/python -m pytest -n 2 --maxschedchunk 1 "${lane[@]}" "${args[@]}"

@@ -1,44 +1,28 @@
-"""Shared helpers: the tiny config as raw data, and a way to build variants of it."""
+"""The suite's hooks (GPU deselection, start order, the exclusive lock, the exit) and its shared fixtures; the
+helpers tests import live in tests/helpers/."""
 
 from __future__ import annotations
 
-import copy
-import importlib.util
 import os
 import sys
 import tempfile
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from hypothesis import settings
 
-from sc_lightning.config.yaml_io import load_yaml_layers, merge_into
-from tests.exclusive import machine_lock
+# before the helper modules load: their asserts report as a test's own do (pytest rewrites test modules and conftests)
+pytest.register_assert_rewrite("tests.helpers")
+
+from tests.exclusive import machine_lock  # noqa: E402
+from tests.helpers.configs import REPO  # noqa: E402
 
 # Hypothesis's per-example deadline measures the machine, not the code: on a loaded 2-core CI box an example that
 # takes 30 ms may take 300 ms, and hypothesis then reports a flaky failure. Every property still runs in full.
 settings.register_profile("sc_lightning", deadline=None)
 settings.load_profile("sc_lightning")
-
-REPO = Path(__file__).resolve().parent.parent
-TINY = REPO / "configs" / "grpo_tiny.yaml"
-# The tests' base config: the shipped tiny config, colocated and synchronous, at 4 groups x 4 generations per step.
-TEST_BASE = (TINY, REPO / "configs" / "colocated.yaml", REPO / "tests" / "small_steps.yaml")
-# torch.distributed's rendezvous variables: a test process may have set them up, a child started as a user starts it
-# must not inherit them (it would join this process's taken port)
-RENDEZVOUS = ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK")
-
-
-def user_environment(*, without: Sequence[str] = (), without_prefix: str | None = None) -> dict[str, str]:
-    """This process's environment as a user's shell would hold it: no rendezvous, nor the names in ``without``."""
-    dropped = {*RENDEZVOUS, *without}
-    return {
-        k: v
-        for k, v in os.environ.items()
-        if k not in dropped and (without_prefix is None or not k.startswith(without_prefix))
-    }
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -113,53 +97,6 @@ def pytest_unconfigure(config: pytest.Config) -> None:
         os._exit(_SESSION_STATUS[-1])
 
 
-def tiny_raw() -> dict[str, Any]:
-    """The tests' base config (the TEST_BASE layers merged) as plain data."""
-    return load_yaml_layers(TEST_BASE)
-
-
-def variant(*layers: dict[str, Any], base: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The tiny config (or ``base``) with ``layers`` deep-merged on top, like repeated --config files."""
-    raw = copy.deepcopy(base if base is not None else tiny_raw())
-    for layer in layers:
-        merge_into(raw, layer)
-    return raw
-
-
-def tiny_trainer(
-    config: Any,
-    engine_factory: Callable[..., Any],
-    callbacks: Sequence[Any] = (),
-    *,
-    root: Path | None = None,
-    resume_state: Path | None = None,
-    max_steps: int | None = None,
-    accelerator: str = "auto",
-) -> Any:
-    """The tests' one Trainer: the Single-Controller strategy over ``engine_factory``, RefitCallback, RolloutMonitor,
-    ``callbacks``.
-
-    Quiet (no logger, progress bar or model summary); Lightning's checkpointing is on only when ``callbacks`` hold a
-    checkpoint callback (a BundleCheckpoint or ModelCheckpoint). ``max_steps`` defaults to the config's budget.
-    """
-    from lightning.pytorch import Trainer
-    from lightning.pytorch.callbacks import Checkpoint
-
-    from sc_lightning import RefitCallback, RolloutMonitor, SingleControllerStrategy
-
-    return Trainer(
-        strategy=SingleControllerStrategy(config, engine_factory, resume_state=resume_state),
-        accelerator=accelerator,
-        default_root_dir=root,
-        max_steps=config.algo.max_num_steps if max_steps is None else max_steps,
-        logger=False,
-        enable_checkpointing=any(isinstance(callback, Checkpoint) for callback in callbacks),
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        callbacks=[RefitCallback(), RolloutMonitor(), *callbacks],
-    )
-
-
 @pytest.fixture(scope="module")
 def ray_cluster() -> Iterator[Any]:
     """The tests' one local Ray instance, per module: 4 logical CPUs (room for three engine actors), no dashboard.
@@ -185,18 +122,6 @@ def ray_cluster() -> Iterator[Any]:
 def repo() -> Path:
     """The repository root."""
     return REPO
-
-
-def load_make_tiny_model() -> Callable[..., Path]:
-    """``make_tiny_model`` of examples/make_tiny_model.py (examples/ is not a package), loaded once."""
-    name = "sc_lightning_examples_make_tiny_model"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, REPO / "examples" / "make_tiny_model.py")
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[name].make_tiny_model
 
 
 @pytest.fixture(scope="session")

@@ -13,12 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import load_make_tiny_model
-from tests.test_cli import TINY, run, step_metrics
+from tests.helpers.cli import QUICK, error_lines, run, step_metrics
+from tests.helpers.configs import TINY
+from tests.helpers.models import make_tiny_model
 
 pytestmark = pytest.mark.slow
-
-QUICK = ("--config", "configs/colocated.yaml", "--data_plane.backend", "memory", "--trainer.enable_progress_bar=false")
 
 
 def prompts_with_one_bad_row(tmp_path: Path) -> Path:
@@ -64,7 +63,7 @@ def test_bad_dataset_rows_within_the_budget_are_skipped_and_the_run_trains(tmp_p
 
 def test_a_tokenizer_the_model_cannot_embed_ends_the_run_before_anything_starts(tmp_path: Path) -> None:
     """A model with 12 vocabulary rows and its 18-id tokenizer: exit 2 naming both knobs and sizes, no traceback."""
-    model = load_make_tiny_model()(tmp_path / "small-vocab", vocab_size=12)
+    model = make_tiny_model(tmp_path / "small-vocab", vocab_size=12)
     result = run(
         "fit", "--config", TINY, *QUICK, f"--policy.model_name={model}", f"--trainer.default_root_dir={tmp_path}"
     )
@@ -110,8 +109,7 @@ def test_a_dataset_smaller_than_one_step_ends_the_run_before_anything_starts(tmp
     )
     assert result.returncode == 2, result.stderr[-3000:]
     assert "Traceback" not in result.stderr
-    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
-    assert errors == [
+    assert error_lines(result.stderr) == [
         f"error: the dataset '{path}' (data.dataset_name) holds 4 prompts, fewer than one RL step takes "
         "(grpo.num_prompts_per_step=8); set grpo.num_prompts_per_step to at most 4, or use 8 or more prompts"
     ]

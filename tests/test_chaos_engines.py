@@ -49,7 +49,8 @@ from sc_lightning.rollout.datasets import build_dataset
 from sc_lightning.rollout.envs import build_environment
 from sc_lightning.tokenizer import CharTokenizer
 from sc_lightning.types import SamplingParams
-from tests.conftest import TEST_BASE, tiny_trainer
+from tests.helpers.configs import TEST_BASE
+from tests.helpers.fits import tiny_trainer
 
 pytestmark = pytest.mark.slow
 

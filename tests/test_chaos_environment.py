@@ -9,17 +9,15 @@ the environment writes and the metrics the run logs.
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from collections import Counter
 from pathlib import Path
 
 import pytest
 
 from tests.chaos_envs import attempt_fails
-from tests.conftest import REPO, TEST_BASE, user_environment
-from tests.test_cli import step_metrics
-from tests.test_recovery import write_dataset
+from tests.helpers.cli import run, step_metrics, user_environment
+from tests.helpers.configs import TEST_BASE
+from tests.helpers.recovery import write_dataset
 
 pytestmark = pytest.mark.slow
 
@@ -43,8 +41,10 @@ def train_with_flaky_environment(tmp_path: Path, *extra: str) -> tuple[list[dict
     logged per prompt id)."""
     write_dataset(tmp_path / "prompts.jsonl")
     configs = [arg for path in TEST_BASE for arg in ("--config", str(path))]
-    argv = [
-        sys.executable, "-m", "sc_lightning", "fit", *configs,
+    env = user_environment()
+    env |= {"SC_CHAOS_SEED": str(SEED), "SC_CHAOS_FAULT_LOG": str(tmp_path / "faults.log")}
+    result = run(
+        "fit", *configs,
         "--env.name", "tests.chaos_envs:FlakyArithmetic",
         "--data.dataset_name", str(tmp_path / "prompts.jsonl"),
         "--data.shuffle", "false",
@@ -55,10 +55,9 @@ def train_with_flaky_environment(tmp_path: Path, *extra: str) -> tuple[list[dict
         "--trainer.default_root_dir", str(tmp_path),
         "--trainer.enable_progress_bar", "false",
         *extra,
-    ]  # fmt: skip
-    env = user_environment()
-    env |= {"SC_CHAOS_SEED": str(SEED), "SC_CHAOS_FAULT_LOG": str(tmp_path / "faults.log")}
-    result = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+        timeout_s=600,
+        env=env,
+    )  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
     rows = [json.loads(line) for line in (tmp_path / "train_data.jsonl").read_text().splitlines()]
     logged = Counter(line.split()[0] for line in (tmp_path / "faults.log").read_text().splitlines())

@@ -1,10 +1,9 @@
-"""The command line, run as users run it: ``python -m sc_lightning fit --config ...`` in a subprocess."""
+"""The command line: ``python -m sc_lightning fit --config ...`` run in a subprocess as users run it, and its argument
+and config checks in this process."""
 
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import time
 
 import pytest
@@ -12,36 +11,11 @@ import yaml
 
 from sc_lightning.cli.main import main
 from sc_lightning.config import ConfigError
-from sc_lightning.rollout.goodput import EngineTime
-from sc_lightning.trainer.goodput import TRAINER_PARTS
-from tests.conftest import REPO, TEST_BASE, user_environment
-
-TINY = "configs/grpo_tiny.yaml"
-
-# Each test starts a Python process that imports Lightning (a few seconds each).
-pytestmark = pytest.mark.slow
+from tests.helpers.cli import run, step_metrics
+from tests.helpers.configs import REPO, TEST_BASE, TINY
 
 
-def run(*args: str, timeout_s: float = 300) -> subprocess.CompletedProcess:
-    # a fresh process, as a user starts it: not the torch.distributed rendezvous this test process may have set up
-    env = user_environment()
-    return subprocess.run(
-        [sys.executable, "-m", "sc_lightning", *args],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=timeout_s,
-        env=env,
-    )
-
-
-def step_metrics(root) -> list[dict[str, str]]:
-    """The per-step rows of the one run's CSV metrics under ``root``, as dicts."""
-    (metrics,) = root.glob("lightning_logs/version_*/metrics.csv")
-    header, *rows = metrics.read_text().splitlines()
-    return [dict(zip(header.split(","), row.split(","), strict=True)) for row in rows]
-
-
+@pytest.mark.slow  # a `python -m sc_lightning` process (a few seconds to start)
 def test_dry_run_validates_and_starts_nothing() -> None:
     result = run("fit", "--config", TINY, "--dry_run", "true")
     assert result.returncode == 0, result.stderr
@@ -88,6 +62,7 @@ def test_every_shipped_gpu_config_is_valid(config: list[str], monkeypatch: pytes
     load_and_check(config)
 
 
+@pytest.mark.slow  # a `python -m sc_lightning` process (a few seconds to start)
 def test_invalid_config_fails_fast_with_every_error_and_no_traceback() -> None:
     started = time.monotonic()
     result = run(
@@ -108,6 +83,7 @@ def test_invalid_config_fails_fast_with_every_error_and_no_traceback() -> None:
     assert "trainer.max_step: unknown Trainer argument; did you mean trainer.max_steps?" in result.stderr
 
 
+@pytest.mark.slow  # a `python -m sc_lightning` process (a few seconds to start)
 def test_cross_field_errors_and_trainer_errors_come_together() -> None:
     result = run("fit", "--config", TINY, "--policy.train_global_batch_size", "15", "--trainer.max_steps", "4")
     assert result.returncode == 2 and "Traceback" not in result.stderr
@@ -163,12 +139,14 @@ def test_several_ranks_need_a_data_plane_they_all_reach() -> None:
         load_and_check(colocated, tp2)
 
 
+@pytest.mark.slow  # a `python -m sc_lightning` process (a few seconds to start)
 def test_trainer_types_are_checked_by_lightning() -> None:
     result = run("fit", "--config", TINY, "--trainer.max_epochs", "many", "--dry_run")
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert "trainer.max_epochs" in result.stderr
 
 
+@pytest.mark.slow  # a `python -m sc_lightning` process (a few seconds to start)
 def test_print_config_prints_the_resolved_config_which_loads_back(tmp_path) -> None:
     result = run("fit", "--config", TINY, "--grpo.max_num_steps", "7", "--print_config")
     assert result.returncode == 0, result.stderr
@@ -182,6 +160,7 @@ def test_print_config_prints_the_resolved_config_which_loads_back(tmp_path) -> N
     assert again.returncode == 0 and yaml.safe_load(again.stdout) == printed
 
 
+@pytest.mark.slow  # a `python -m sc_lightning` process (a few seconds to start)
 def test_colocated_fit_trains_on_policy_with_a_faithful_refit(tmp_path) -> None:
     result = run(
         "fit",
@@ -218,6 +197,7 @@ def test_colocated_fit_trains_on_policy_with_a_faithful_refit(tmp_path) -> None:
     assert all(float(r["train/staleness_max"]) == 0 for r in steps)  # colocated and synchronous: on-policy
 
 
+@pytest.mark.slow  # a `python -m sc_lightning` process (a few seconds to start)
 def test_a_seq_logprob_error_threshold_below_every_error_stops_the_run_naming_the_knob(tmp_path) -> None:
     """A sequence's error is a mean of exp|...| >= 1, so 0.5 masks all of step 0: refused like any empty step."""
     result = run(
@@ -259,6 +239,7 @@ def test_help(capsys) -> None:
     assert "--dry_run" in capsys.readouterr().out
 
 
+@pytest.mark.slow  # a `python -m sc_lightning` process (a few seconds to start)
 def test_the_drain_gate_trains_no_row_spanning_two_weight_versions(tmp_path) -> None:
     """in_order with a lookahead of 1 generates the next step's groups while a step trains, so they are in flight at
     its refit; with in_flight_weight_updates false the refit waits for them, and train_data.jsonl holds no row whose
@@ -291,81 +272,7 @@ def test_the_drain_gate_trains_no_row_spanning_two_weight_versions(tmp_path) -> 
     assert any(row["step"] - row["start_weight"] == 1 for row in rows)  # generated ahead, on one version
 
 
-def train_unchanged(config: str, tmp_path) -> list[dict[str, str]]:
-    """Run a shipped config as is, under the issue's 10-minute deadline; its per-step metrics rows."""
-    result = run(
-        "fit",
-        "--config",
-        config,
-        f"--trainer.default_root_dir={tmp_path}",
-        "--trainer.enable_progress_bar=false",
-        timeout_s=600,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    return step_metrics(tmp_path)
-
-
-def assert_reward_climbs(steps: list[dict[str, str]], by: float = 0.3) -> None:
-    """The mean reward of the last 5 steps is at least ``by`` above that of the first 5."""
-    rewards = [float(step["train/reward"]) for step in steps]
-    first, last = sum(rewards[:5]) / 5, sum(rewards[-5:]) / 5
-    assert last >= first + by, f"mean reward of the first 5 steps {first:.3f}, of the last 5 {last:.3f}"
-
-
-def assert_goodput_adds_up(steps: list[dict[str, str]]) -> None:
-    """Each fleet's goodput parts add up to its wall time, and the trainer's wall time is the sum of the step times
-    RolloutMonitor logged (one clock: the refit record's)."""
-    last = {key: float(value) for key, value in steps[-1].items() if key.startswith("goodput/") and value}
-    for fleet, parts in (("trainer", TRAINER_PARTS), ("engine", EngineTime().parts())):
-        total = sum(last[f"goodput/{fleet}/{part}_total_s"] for part in parts)
-        assert total == pytest.approx(last[f"goodput/{fleet}/wall_total_s"], rel=0.02), fleet
-    measured = sum(float(step["timing/train/total_step_time"]) for step in steps)
-    assert last["goodput/trainer/wall_total_s"] == pytest.approx(measured, rel=0.02)
-    assert last["goodput/trainer/productive_total_s"] > 0 and last["goodput/engine/trained_total_s"] > 0
-    assert last["goodput/engine/trained_tokens_total"] > 0
-
-
-@pytest.mark.exclusive  # its 10-minute bar is for the example alone on the 2-core box
-@pytest.mark.timeout(900)  # the subprocess's own 600 s deadline is the bar; this only outlasts it
-def test_the_tiny_example_visibly_learns(tmp_path) -> None:
-    """The shipped default (async in_order, Megatron engine in a Ray actor): the reward climbs by >= 0.3.
-
-    It takes about 6 minutes on 2 cores (0.31 s a step on 2026-12-01).
-    """
-    steps = train_unchanged(TINY, tmp_path)
-    shipped = yaml.safe_load((REPO / TINY).read_text())
-    assert len(steps) == shipped["grpo"]["max_num_steps"]
-    assert max(float(step["train/staleness_max"]) for step in steps) == 1  # it really ran one version ahead
-    assert_reward_climbs(steps)
-    assert_goodput_adds_up(steps)
-    # the optimizer ran the shipped schedule: the peak rate first, decaying to min_lr by the last step
-    optimizer = shipped["policy"]["optimizer"]
-    assert float(steps[0]["train/lr"]) == pytest.approx(optimizer["lr"])
-    assert float(steps[-1]["train/lr"]) == pytest.approx(optimizer["min_lr"], rel=1e-3)
-
-
-@pytest.mark.exclusive  # its 10-minute bar is for the example alone on the 2-core box
-@pytest.mark.timeout(900)  # the subprocess's own 600 s deadline is the bar; this only outlasts it
-def test_the_tiny_ppo_example_visibly_learns(tmp_path) -> None:
-    """configs/ppo_tiny.yaml, unchanged (critic warm-up, then PPO with GAE): the same bar as GRPO."""
-    steps = train_unchanged("configs/ppo_tiny.yaml", tmp_path)
-    start = yaml.safe_load((REPO / "configs" / "ppo_tiny.yaml").read_text())["ppo"]["policy_training_start_step"]
-    assert [float(s["train/policy_trained"]) for s in steps[: start + 1]] == [0.0] * start + [1.0]
-    assert all(s["critic/explained_var"] != "" for s in steps)  # the critic trained and reported every step
-    assert_reward_climbs(steps)
-
-
-@pytest.mark.exclusive  # its 10-minute bar is for the example alone on the 2-core box
-@pytest.mark.timeout(900)  # the subprocess's own 600 s deadline is the bar; this only outlasts it
-def test_the_tiny_multiturn_example_visibly_learns(tmp_path) -> None:
-    """configs/grpo_tiny_multiturn.yaml, unchanged (calculator conversations, about 2 minutes): the same bar."""
-    steps = train_unchanged("configs/grpo_tiny_multiturn.yaml", tmp_path)
-    assert max(float(step["train/staleness_max"]) for step in steps) == 1  # it really ran one version ahead
-    assert_reward_climbs(steps)
-    turns = [float(step["train/model_turns_mean"]) for step in steps[-5:]]
-    assert min(turns) > 1.5, turns  # most trained conversations call the calculator, then answer
-
-
+@pytest.mark.slow  # a `python -m sc_lightning` process (a few seconds to start)
 @pytest.mark.long(minutes=1.5)
 def test_vllm_fit_runs_the_full_single_controller_path(tmp_path) -> None:
     """grpo_tiny_vllm.yaml for a few steps: vLLM in a Ray actor, TransferQueue, refits; the logprobs agree."""
@@ -392,10 +299,3 @@ def test_vllm_fit_runs_the_full_single_controller_path(tmp_path) -> None:
     assert all(float(s["train/staleness_max"]) == 0 for s in steps)
     # after every refit vLLM's logprobs of what it sampled equal the trainer's: the weights arrived intact
     assert all(float(s["train/token_mult_prob_error"]) == pytest.approx(1.0, abs=1e-4) for s in steps)
-
-
-@pytest.mark.exclusive  # its 10-minute bar is for the example alone on the 2-core box
-@pytest.mark.timeout(900)  # the subprocess's own 600 s deadline is the bar; this only outlasts it
-def test_the_tiny_vllm_example_visibly_learns(tmp_path) -> None:
-    """grpo_tiny_vllm.yaml, unchanged: the same bar as with the Megatron engine."""
-    assert_reward_climbs(train_unchanged("configs/grpo_tiny_vllm.yaml", tmp_path))

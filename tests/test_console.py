@@ -19,8 +19,8 @@ from sc_lightning.config.reference import section_summaries
 from sc_lightning.config.reference_text import render_knobs
 from sc_lightning.console import quiet_libraries
 from sc_lightning.lightning.banner import RunFacts, banner
-from tests.conftest import REPO, user_environment
-from tests.test_cli import TINY, run
+from tests.helpers.cli import run, user_environment
+from tests.helpers.configs import REPO, TINY
 
 CHILD_WARNINGS = "ignore:Transformer Engine and Apex are not installed,ignore:Apex is not installed"
 TINY_FACTS = RunFacts(

@@ -8,7 +8,8 @@ import pytest
 
 from sc_lightning.config import SECTION_NAMES
 from sc_lightning.config.reference import render_reference
-from tests.conftest import REPO, user_environment
+from tests.helpers.cli import user_environment
+from tests.helpers.configs import REPO
 
 
 def test_config_reference_is_current() -> None:
@@ -102,6 +103,7 @@ def test_the_readme_python_snippet_trains_with_root_imports_only(tmp_path) -> No
     assert "trained steps: 2" in result.stdout
 
 
+@pytest.mark.slow  # a child process importing Lightning, tens of seconds on 2 cores
 def test_importing_the_package_loads_no_framework() -> None:
     """``import sc_lightning`` stays cheap: Lightning, Ray and megatron-core load only when a root name is used."""
     import subprocess

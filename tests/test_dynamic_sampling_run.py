@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import TEST_BASE
-from tests.test_recovery import a_new_bundle, command, run_until_done, write_dataset
+from tests.helpers.configs import TEST_BASE
+from tests.helpers.recovery import a_new_bundle, command, run_until_done, write_dataset
 
 pytestmark = pytest.mark.slow
 

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, user_environment
-from tests.test_cli import TINY
+from tests.helpers.cli import start, user_environment
+from tests.helpers.configs import TINY
 
 pytestmark = pytest.mark.slow
 
@@ -30,8 +30,8 @@ def interrupt_on(line: str, *args: str, verbose: bool) -> tuple[int, str]:
     if verbose:  # every library's own output: lines that show where the start-up is
         env["SC_LIGHTNING_VERBOSE"] = "1"
     command = [sys.executable, "-m", "sc_lightning", "fit", *args, "--trainer.enable_progress_bar=false"]
-    process = subprocess.Popen(
-        command, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True
+    process = start(
+        command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True
     )
     before: list[str] = []
     try:

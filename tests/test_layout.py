@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO
+from tests.helpers.configs import REPO
 
 PACKAGE = REPO / "sc_lightning"
 

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import json
 import struct
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +12,8 @@ import yaml
 
 from sc_lightning.checkpoint.fingerprint import compatibility_identity
 from sc_lightning.cli.main import main
-from tests.conftest import REPO, TEST_BASE, user_environment
+from tests.helpers.cli import run, user_environment
+from tests.helpers.configs import REPO, TEST_BASE
 
 # Each run test starts a Python process that imports Lightning and trains a few tiny steps (about 10 s each).
 pytestmark = pytest.mark.slow
@@ -49,13 +48,13 @@ def fit(root: Path, tmp_path: Path, *overlays: str, steps: int) -> None:
     """Train ``steps`` tiny colocated steps with ``overlays`` layered on the tests' base config, into ``root``."""
     env = user_environment(without_prefix="WANDB_")
     configs = [arg for path in (*TEST_BASE, *overlays) for arg in ("--config", str(path))]
-    result = subprocess.run(
-        [sys.executable, "-m", "sc_lightning", "fit", *configs,
-         "--data_plane.backend", "memory",
-         "--grpo.max_num_steps", str(steps),
-         f"--trainer.default_root_dir={root}",
-         "--trainer.enable_progress_bar=false"],
-        cwd=REPO, capture_output=True, text=True, timeout=300, env={**env, **offline_wandb_env(tmp_path)},
+    result = run(
+        "fit", *configs,
+        "--data_plane.backend", "memory",
+        "--grpo.max_num_steps", str(steps),
+        f"--trainer.default_root_dir={root}",
+        "--trainer.enable_progress_bar=false",
+        env={**env, **offline_wandb_env(tmp_path)},
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
 

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO
-from tests.test_recovery import a_new_bundle, command, run_until_done
+from tests.helpers.configs import REPO
+from tests.helpers.recovery import a_new_bundle, command, run_until_done
 
 pytestmark = pytest.mark.slow
 

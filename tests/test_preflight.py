@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from sc_lightning.cli.main import main
-from tests.conftest import REPO
+from tests.helpers.configs import REPO
 
 TINY = "configs/grpo_tiny.yaml"
 QUICK = ("--config", TINY, "--config", "configs/colocated.yaml", "--data_plane.backend", "memory")

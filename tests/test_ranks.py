@@ -24,6 +24,7 @@ def _ranks_wait_for_each_other(rank: int, world_size: int) -> None:
         torch.distributed.recv(torch.zeros(1), src=0)
 
 
+@pytest.mark.slow  # ranks in processes, about 15 s on 2 cores
 def test_a_failing_rank_fails_the_run_with_its_index_and_error() -> None:
     with pytest.raises(ProcessRaisedException, match=r"(?s)Process 1 terminated.*rank 1 of 2 broke"):
         run_ranks(_second_rank_fails, 2)

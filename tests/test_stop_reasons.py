@@ -17,23 +17,8 @@ import pytest
 
 from sc_lightning.cli.load import load_and_check
 from sc_lightning.config import ConfigError
-from tests.conftest import REPO, user_environment
-from tests.test_bad_input import QUICK
-from tests.test_cli import TINY, run
-from tests.test_recovery import wait_for
-
-
-def checkpointed(tmp_path: Path, *extra: str) -> list[str]:
-    """``fit`` of the tiny example with a bundle every 1000 steps (so only the end of a fit writes one)."""
-    return [
-        "fit", "--config", TINY, *QUICK,
-        "--checkpointing.enabled", "true",
-        "--checkpointing.save_data_plane", "true",
-        "--checkpointing.checkpoint_dir", str(tmp_path / "ckpt"),
-        "--checkpointing.save_period", "1000",
-        "--trainer.default_root_dir", str(tmp_path),
-        *extra,
-    ]  # fmt: skip
+from tests.helpers.cli import checkpointed, run, start, wait_for
+from tests.helpers.configs import REPO, TINY
 
 
 def stopped_after(stderr: str, reason: str) -> int:
@@ -65,10 +50,8 @@ def test_a_max_time_fit_leaves_its_last_step_bundle_and_the_same_command_goes_on
 def test_sigterm_ends_the_fit_after_its_step_with_that_bundle_and_exit_code_143(tmp_path: Path) -> None:
     argv = checkpointed(tmp_path, "--grpo.max_num_steps", "400", "--data.train_data_log", "true")
     trained = tmp_path / "train_data.jsonl"
-    process = subprocess.Popen(
+    process = start(
         [sys.executable, "-m", "sc_lightning", *argv],
-        cwd=REPO,
-        env=user_environment(),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         text=True,

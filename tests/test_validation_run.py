@@ -12,7 +12,8 @@ import pytest
 
 from sc_lightning.callbacks.validation import ValidationMonitor
 from sc_lightning.config.algorithm import GRPOConfig
-from tests.test_cli import TINY, run
+from tests.helpers.cli import run
+from tests.helpers.configs import TINY
 
 VALIDATE = ["--grpo.val_period", "2", "--grpo.val_at_start", "true", "--grpo.val_at_end", "true"]
 

@@ -12,22 +12,15 @@ from pathlib import Path
 import pytest
 
 from sc_lightning.checkpoint.dir_lock import CheckpointDirInUse, CheckpointDirLock
-from tests.conftest import REPO, user_environment
-from tests.test_cli import run
-from tests.test_stop_reasons import checkpointed
+from tests.helpers.cli import checkpointed, run, start
 
 HOLD = "import sys; from pathlib import Path; from sc_lightning.checkpoint.dir_lock import CheckpointDirLock; " \
     "CheckpointDirLock(Path(sys.argv[1])).acquire(); print('held', flush=True); sys.stdin.read()"  # fmt: skip
 
 
 def test_a_second_holder_is_refused_naming_the_first_and_sigkill_frees_the_directory(tmp_path: Path) -> None:
-    holder = subprocess.Popen(
-        [sys.executable, "-c", HOLD, str(tmp_path / "ckpt")],
-        cwd=REPO,
-        env=user_environment(),
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
+    holder = start(
+        [sys.executable, "-c", HOLD, str(tmp_path / "ckpt")], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
     )
     try:
         assert holder.stdout is not None and holder.stdout.readline() == "held\n"

@@ -17,7 +17,7 @@ from sc_lightning.checkpoint.fingerprint import (
     path_matches,
 )
 from sc_lightning.config import config_to_dict, load_config
-from tests.conftest import tiny_raw
+from tests.helpers.configs import tiny_raw
 
 
 def tiny(**changes) -> dict:

@@ -22,8 +22,8 @@ from sc_lightning.checkpoint.snapshots import config_identity, nothing_left_to_t
 from sc_lightning.config import SCConfig
 from sc_lightning.lightning.module import GRPOModule
 from sc_lightning.testing.scripted_engine import ScriptedEngine
-from tests.conftest import tiny_trainer
-from tests.lightning.test_train_pump import Alternating, tiny_config
+from tests.helpers.fits import tiny_config, tiny_trainer
+from tests.helpers.scripts import Alternating
 
 
 class StopAt(Callback):
@@ -71,6 +71,7 @@ def bundles(config: SCConfig) -> list[str]:
     return sorted((p.name for p in found), key=lambda name: int(name.split("_")[1]))
 
 
+@pytest.mark.slow  # two fits, about a minute on 2 cores
 def test_a_callback_setting_should_stop_leaves_its_last_step_bundle_and_the_next_fit_goes_on(tmp_path) -> None:
     config = config_with_bundles(tmp_path)
     trainer, stop = fit_once(config, StopAt(2))
@@ -80,6 +81,7 @@ def test_a_callback_setting_should_stop_leaves_its_last_step_bundle_and_the_next
     assert trainer.global_step == 5 and bundles(config) == ["step_2", "step_5"]
 
 
+@pytest.mark.slow  # two fits, 6-110 s on 2 cores
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
 def test_a_stop_signal_ends_the_fit_after_its_step_with_that_steps_bundle(tmp_path, signum: int) -> None:
     config = config_with_bundles(tmp_path)

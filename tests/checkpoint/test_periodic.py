@@ -14,7 +14,8 @@ from sc_lightning.checkpoint.snapshots import BOOTSTRAP_DIR, snapshot_dirs
 from sc_lightning.controller.api import RolloutPumpError
 from sc_lightning.data_plane.memory import MemoryDataPlane
 from sc_lightning.testing.scripted_engine import ScriptedEngine
-from tests.controller.test_controller import answer_correctly, config, make
+from tests.helpers.controllers import config, make
+from tests.helpers.scripts import answer_correctly
 
 IDENTITY = {"grpo": {"seed": 7}}
 

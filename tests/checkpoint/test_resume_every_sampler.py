@@ -18,8 +18,6 @@ from __future__ import annotations
 import csv
 import json
 import shutil
-import subprocess
-import sys
 from collections import Counter
 from pathlib import Path
 
@@ -27,7 +25,8 @@ import pytest
 
 from sc_lightning.checkpoint.atomic import complete_bundles
 from sc_lightning.checkpoint.snapshots import SNAPSHOTS_DIR, snapshot_dirs
-from tests.conftest import REPO, TINY, user_environment
+from tests.helpers.cli import run
+from tests.helpers.configs import REPO, TINY_PATH
 
 pytestmark = pytest.mark.slow
 
@@ -46,9 +45,9 @@ SAMPLERS = {
 
 def fit(tmp_path: Path, sampler: str, steps: int) -> str:
     """Run the mode's one command to ``steps`` steps; its stderr (the run must succeed)."""
-    argv = [
-        sys.executable, "-m", "sc_lightning", "fit",
-        "--config", str(TINY), *SAMPLERS[sampler], "--config", str(REPO / "tests" / "small_steps.yaml"),
+    done = run(
+        "fit",
+        "--config", str(TINY_PATH), *SAMPLERS[sampler], "--config", str(REPO / "tests" / "small_steps.yaml"),
         "--policy.generation.colocated.enabled", "true",
         "--async_rl.max_buffered_rollouts", str(2 * GROUPS),
         "--async_rl.max_inflight_prompts", str(2 * GROUPS),
@@ -64,9 +63,7 @@ def fit(tmp_path: Path, sampler: str, steps: int) -> str:
         "--data.train_data_log", "true",
         "--trainer.default_root_dir", str(tmp_path),
         "--trainer.enable_progress_bar", "false",
-    ]  # fmt: skip
-    env = user_environment()
-    done = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     return done.stderr
 

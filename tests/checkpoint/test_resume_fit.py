@@ -7,7 +7,7 @@ from collections import Counter
 
 from sc_lightning.callbacks.checkpoint import BundleCheckpoint
 from sc_lightning.checkpoint.bundle import DATA_PLANE_DIR, TRAINER_FILE, latest_bundle, read_controller_state
-from tests.lightning.test_train_pump import fit, tiny_config
+from tests.helpers.fits import fit, tiny_config
 
 
 def test_shadow_mode_regenerates_the_buffered_groups_and_trains_each_prompt_once(tmp_path) -> None:

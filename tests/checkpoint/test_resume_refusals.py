@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_cli import TINY, run
+from tests.helpers.cli import run
+from tests.helpers.configs import TINY
 
 pytestmark = pytest.mark.slow
 

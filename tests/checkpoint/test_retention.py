@@ -12,7 +12,7 @@ from sc_lightning.callbacks.validation import ValidationMonitor
 from sc_lightning.checkpoint.atomic import complete_bundles, remove_stale_temporaries, write_atomically
 from sc_lightning.checkpoint.bundle import TRAINER_FILE, latest_bundle
 from sc_lightning.checkpoint.retention import RANKING_FILE, bundles_beyond_top_k, remove_bundle, write_ranking
-from tests.lightning.test_train_pump import Recorder, fit, tiny_config
+from tests.helpers.fits import Recorder, fit, tiny_config
 
 
 def make_bundles(root: Path, values: dict[int, float | None], metric: str = "train:reward") -> None:
@@ -103,6 +103,7 @@ def test_a_metric_that_was_never_logged_is_named(tmp_path) -> None:
     assert complete_bundles(tmp_path) == []  # the failed write left no bundle
 
 
+@pytest.mark.slow  # fits with validation runs, about a minute on 2 cores
 def test_bundles_are_ranked_by_their_own_steps_validation(tmp_path) -> None:
     """checkpointing.metric_name val:<metric>: each bundle records val/<metric> of its step's validation."""
     config = tiny_config(

@@ -24,8 +24,8 @@ from sc_lightning.checkpoint.snapshots import (
 )
 from sc_lightning.config import load_config
 from sc_lightning.config.yaml_io import load_yaml_layers
-from tests.checkpoint.test_bundle import STATE
-from tests.conftest import TINY
+from tests.helpers.configs import TINY_PATH
+from tests.helpers.controller_state import STATE
 
 IDENTITY = {"grpo": {"seed": 7}, "env": {"name": "arithmetic"}}
 
@@ -119,7 +119,7 @@ def test_bootstrap_state_resumes_with_latest_and_the_initial_model(tmp_path) -> 
 
 def tiny_identity(*overrides: str) -> dict:
     """The compatibility identity of grpo_tiny.yaml with ``overrides`` (``a.b=value``)."""
-    config = load_config(load_yaml_layers([str(TINY)], list(overrides)), extra_top_level=("trainer",))
+    config = load_config(load_yaml_layers([str(TINY_PATH)], list(overrides)), extra_top_level=("trainer",))
     return config_identity(config)
 
 

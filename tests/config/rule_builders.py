@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from tests.config.helpers import PPO_COMPANION
-from tests.conftest import variant
+from tests.helpers.configs import variant
 
 NON_COLOCATED = {"policy": {"generation": {"colocated": {"enabled": False}}}}
 VLLM = {"policy": {"generation": {"backend": "vllm", "colocated": {"enabled": False}}}}

@@ -9,7 +9,7 @@ from typing import Any
 
 from tests.config.helpers import PPO_COMPANION
 from tests.config.rule_builders import NON_COLOCATED, VLLM, async_rl, ppo, sampler
-from tests.conftest import variant
+from tests.helpers.configs import variant
 
 SEPARATE_ENGINE = {"generation": {"colocated": {"enabled": False}}}  # the tests' base config colocates the engine
 

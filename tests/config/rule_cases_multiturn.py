@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from tests.config.rule_builders import ppo
-from tests.conftest import variant
+from tests.helpers.configs import variant
 
 MULTITURN = {"env": {"name": "calculator", "max_conversation_tokens": 32}, "data": {"dataset_name": "calculator"}}
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from tests.config.rule_builders import CUSTOM, NON_COLOCATED, SNAPSHOTS, async_rl, ckpt, ppo, sampler
-from tests.conftest import variant
+from tests.helpers.configs import variant
 
 EXTERNAL = {  # env.name external with what it needs: the endpoint and a rollout deadline
     "env": {"name": "external"},

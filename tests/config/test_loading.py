@@ -11,7 +11,7 @@ from sc_lightning.config import ConfigError, config_to_dict, load_config
 from sc_lightning.config.samplers import WindowedSamplerConfig
 from sc_lightning.config.yaml_io import apply_override, load_yaml_layers, merge_into
 from tests.config.helpers import errors_of
-from tests.conftest import TEST_BASE, tiny_raw, variant
+from tests.helpers.configs import TEST_BASE, tiny_raw, variant
 
 
 @pytest.mark.parametrize(

@@ -12,7 +12,7 @@ from tests.config.rule_builders import CUSTOM, ckpt, ppo, sampler
 from tests.config.rule_cases_algo import ALGORITHM_CASES
 from tests.config.rule_cases_multiturn import MULTITURN_CASES
 from tests.config.rule_cases_runtime import RUNTIME_CASES
-from tests.conftest import variant
+from tests.helpers.configs import variant
 
 CASES = ALGORITHM_CASES + RUNTIME_CASES + MULTITURN_CASES
 

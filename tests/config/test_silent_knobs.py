@@ -55,7 +55,7 @@ import pytest
 
 from sc_lightning.config.schema import SCConfig
 from tests.config.silent_knobs import leaf_knobs, silent_knob_problems
-from tests.conftest import REPO
+from tests.helpers.configs import REPO
 
 THIS_FILE = "tests/config/test_silent_knobs.py"
 

@@ -10,7 +10,7 @@ import yaml
 from sc_lightning.cli.load import LIGHTNING_KEYS
 from sc_lightning.config import config_to_dict, load_config
 from tests.config.helpers import PPO_COMPANION, errors_of
-from tests.conftest import REPO, variant
+from tests.helpers.configs import REPO, variant
 
 FRAGMENTS_FILE = REPO / "tests" / "data" / "spec_fragments.yaml"
 SPEC = REPO.parent / "shared" / "spec" / "single-controller.md"

@@ -18,7 +18,8 @@ from sc_lightning.config.resume_rules import ResumeMismatch
 from sc_lightning.controller.controller import SingleController
 from sc_lightning.data_plane.memory import MemoryDataPlane
 from sc_lightning.testing.scripted_engine import ScriptedEngine
-from tests.controller.test_controller import answer_correctly, config, make, train_steps
+from tests.helpers.controllers import config, make, train_steps
+from tests.helpers.scripts import answer_correctly
 
 PROMPTS = 12  # 6 steps of 2 groups, one epoch
 

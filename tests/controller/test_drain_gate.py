@@ -17,7 +17,8 @@ from sc_lightning.controller.api import DrainTimeout, GroupMeta
 from sc_lightning.controller.controller import SingleController
 from sc_lightning.rollout.datasets import ArithmeticDataset
 from sc_lightning.testing.scripted_engine import ScriptedEngine
-from tests.controller.test_controller import TOKENIZER, answer_correctly, config, make
+from tests.helpers.controllers import config, make
+from tests.helpers.scripts import TOKENIZER, answer_correctly
 
 N = 2  # groups per step
 # no generation deadline: the drain's deadline is then the only one a hung generation meets

@@ -22,8 +22,8 @@ from sc_lightning.controller.controller import SingleController
 from sc_lightning.controller.dynamic_sampling import FILTER_REASON, zero_reward_variance
 from sc_lightning.testing.scripted_engine import ScriptedEngine
 from tests.controller.helpers import scored
-from tests.controller.test_controller import TOKENIZER, answer_correctly
-from tests.controller.test_drops import DATASET, make, prompt_id, run, train
+from tests.helpers.drops import DATASET, make, prompt_id, run, train
+from tests.helpers.scripts import TOKENIZER, answer_correctly
 
 
 def dynamic_config(*, n: int = 2, max_gen_batches: int = 10) -> SCConfig:

@@ -29,8 +29,8 @@ from sc_lightning.rollout.datasets import DatasetError, JsonlPromptDataset
 from sc_lightning.rollout.envs.arithmetic import ArithmeticEnvironment
 from sc_lightning.rollout.envs.base import RewardError, Score
 from sc_lightning.testing.scripted_engine import ScriptedEngine
-from tests.controller.test_controller import TOKENIZER, answer_correctly
-from tests.controller.test_drops import DATASET, drop_config, make
+from tests.helpers.drops import DATASET, drop_config, make
+from tests.helpers.scripts import TOKENIZER, answer_correctly
 
 OUTCOMES = ("ok", "nan", "inf", "string", "none", "masked", "reward_error", "key_error")
 N, STEPS = 3, 4

@@ -12,7 +12,8 @@ import asyncio
 from sc_lightning.controller.api import ControllerStats
 from sc_lightning.controller.controller import SingleController
 from sc_lightning.testing.scripted_engine import ScriptedEngine
-from tests.controller.test_controller import answer_correctly, config, make
+from tests.helpers.controllers import config, make
+from tests.helpers.scripts import answer_correctly
 
 
 def pump_idle(controller: SingleController) -> bool:

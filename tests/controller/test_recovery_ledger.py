@@ -19,7 +19,8 @@ from sc_lightning.rollout.envs.arithmetic import ArithmeticEnvironment
 from sc_lightning.rollout.manager import RolloutManager, ServedPolicy
 from sc_lightning.testing.scripted_engine import ScriptedEngine
 from sc_lightning.types import Generation, Prompt
-from tests.controller.test_controller import TOKENIZER, answer_correctly, config, make
+from tests.helpers.controllers import config, make
+from tests.helpers.scripts import TOKENIZER, answer_correctly
 
 POLICY = RecoveryPolicy(
     RolloutRecoveryConfig(

@@ -13,7 +13,8 @@ from sc_lightning.data_plane.memory import MemoryDataPlane
 from sc_lightning.rollout.datasets import ArithmeticDataset
 from sc_lightning.rollout.envs.arithmetic import ArithmeticEnvironment
 from sc_lightning.testing.scripted_engine import ScriptedEngine
-from tests.controller.test_controller import TOKENIZER, answer_correctly, config
+from tests.helpers.controllers import config
+from tests.helpers.scripts import TOKENIZER, answer_correctly
 
 
 def build():

@@ -13,7 +13,8 @@ from sc_lightning.rollout.envs.base import Score
 from sc_lightning.rollout.manager import Sample
 from sc_lightning.testing.scripted_engine import ScriptedEngine
 from sc_lightning.types import Generation, Prompt, SamplingParams
-from tests.controller.test_controller import TOKENIZER, answer_correctly, config, make
+from tests.helpers.controllers import config, make
+from tests.helpers.scripts import TOKENIZER, answer_correctly
 
 TOOL_TOKENS = tuple(TOKENIZER.encode("77="))
 

@@ -12,7 +12,8 @@ import pytest
 from sc_lightning.controller.api import RolloutPumpError
 from sc_lightning.controller.sampler_guard import CustomSamplerFailure
 from sc_lightning.testing.scripted_engine import ScriptedEngine
-from tests.controller.test_controller import answer_correctly, config, make, train_steps
+from tests.helpers.controllers import config, make, train_steps
+from tests.helpers.scripts import answer_correctly
 
 
 def custom(name: str, **init_args: object) -> dict:

@@ -18,7 +18,8 @@ from sc_lightning.controller.validation import ValidationError, ValidationTimeou
 from sc_lightning.rollout.datasets import ArithmeticDataset, ArithmeticValidationSet
 from sc_lightning.testing.scripted_engine import ScriptedEngine
 from sc_lightning.types import Generation, SamplingParams
-from tests.controller.test_controller import TOKENIZER, answer_correctly, make
+from tests.helpers.controllers import make
+from tests.helpers.scripts import TOKENIZER, answer_correctly
 
 N = 2  # groups per step
 

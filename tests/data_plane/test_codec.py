@@ -11,7 +11,7 @@ from sc_lightning.data_plane import DataPlaneError
 from sc_lightning.data_plane.base import pad_rows
 from sc_lightning.data_plane.codec import pack_rows, row_lengths
 from sc_lightning.data_plane.wire import from_wire, to_wire
-from tests.data_plane.test_contract import assert_columns_equal, assert_rows_equal, rand_rows
+from tests.helpers.rows import assert_columns_equal, assert_rows_equal, rand_rows
 
 # ---- codec -----------------------------------------------------------------------------------------------------
 

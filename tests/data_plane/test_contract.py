@@ -25,7 +25,8 @@ import torch
 from sc_lightning.config.runtime import DataPlaneConfig
 from sc_lightning.data_plane import DataPlane, DataPlaneError, MissingRowsError, build_data_plane
 from sc_lightning.data_plane.memory import MemoryDataPlane
-from tests.conftest import REPO
+from tests.helpers.configs import REPO
+from tests.helpers.rows import assert_columns_equal, assert_rows_equal, rand_rows
 
 TQ_CAPACITY = 256
 """Rows the shared TransferQueue holds (all partitions together); the overflow tests fill it."""
@@ -111,17 +112,6 @@ def capacity_of(backend: str) -> int:
 DTYPES = [torch.int32, torch.float32, torch.bfloat16, torch.int8, torch.bool]
 
 
-def rand_rows(dtype: torch.dtype, lengths: list[int], trailing: tuple[int, ...] = (), seed: int = 0) -> list[Any]:
-    """Rows of random values; ``lengths`` entries of -1 make 0-d rows."""
-    gen = torch.Generator().manual_seed(seed)
-    rows = []
-    for length in lengths:
-        shape = () if length < 0 else (length, *trailing)
-        values = torch.randint(-100, 100, shape, generator=gen)
-        rows.append((values > 0) if dtype is torch.bool else values.to(dtype))
-    return rows
-
-
 def sample_columns(n: int, seed: int = 0) -> dict[str, list[torch.Tensor]]:
     """A rollout-like row set: jagged per-token fields of several dtypes (including empty rows) and scalars."""
     lengths = [(seed * 7 + 5 * i) % 9 for i in range(n)]  # includes 0
@@ -135,21 +125,6 @@ def sample_columns(n: int, seed: int = 0) -> dict[str, list[torch.Tensor]]:
         "length": [torch.tensor(length, dtype=torch.int32) for length in lengths],
         "truncated": rand_rows(torch.bool, [-1] * n, seed=seed + 6),
     }
-
-
-def assert_rows_equal(got: list[torch.Tensor], want: list[torch.Tensor], field: str = "") -> None:
-    assert len(got) == len(want), field
-    for index, (g, w) in enumerate(zip(got, want, strict=True)):
-        assert isinstance(g, torch.Tensor), (field, index)
-        assert g.dtype == w.dtype, (field, index, g.dtype, w.dtype)
-        assert g.shape == w.shape, (field, index, g.shape, w.shape)
-        assert torch.equal(g, w), (field, index)
-
-
-def assert_columns_equal(got: dict[str, list[torch.Tensor]], want: dict[str, list[torch.Tensor]]) -> None:
-    assert list(got) == list(want)
-    for field in want:
-        assert_rows_equal(got[field], want[field], field)
 
 
 def pick(columns: dict[str, list[torch.Tensor]], indexes: list[int]) -> dict[str, list[torch.Tensor]]:

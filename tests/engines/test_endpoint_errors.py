@@ -193,7 +193,8 @@ def test_a_port_in_use_is_an_error_naming_the_knob_and_the_port() -> None:
 @pytest.mark.slow
 def test_fit_with_its_endpoint_port_in_use_ends_in_one_error_line_before_anything_starts(tmp_path: Path) -> None:
     """Exit 2, one ``error:`` line naming the knob and the port, no traceback, no banner (nothing started)."""
-    from tests.test_cli import TINY, run
+    from tests.helpers.cli import error_lines, run
+    from tests.helpers.configs import TINY
 
     with socket.create_server(("127.0.0.1", 0)) as taken:
         port = taken.getsockname()[1]
@@ -210,8 +211,7 @@ def test_fit_with_its_endpoint_port_in_use_ends_in_one_error_line_before_anythin
         )
     assert result.returncode == 2, result.stderr[-3000:]
     assert "Traceback" not in result.stderr
-    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
-    assert errors == [
+    assert error_lines(result.stderr) == [
         f"error: policy.generation.mcore_generation_config.http_port: port {port} on 127.0.0.1 is already in use by "
         "another process; give another port, or 0 for a free one"
     ]

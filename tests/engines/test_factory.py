@@ -9,7 +9,7 @@ import pytest
 from sc_lightning import default_engine_factory
 from sc_lightning.engines.megatron.engine import MegatronEngine
 from sc_lightning.types import SamplingParams
-from tests.lightning.test_train_pump import tiny_config
+from tests.helpers.fits import tiny_config
 
 pytestmark = [
     pytest.mark.usefixtures("model_parallel"),

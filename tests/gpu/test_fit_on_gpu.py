@@ -12,8 +12,7 @@ from lightning.pytorch import Callback
 from sc_lightning import GRPOModule, default_engine_factory
 from sc_lightning.models import logits_of, token_logprobs
 from sc_lightning.types import SamplingParams
-from tests.conftest import tiny_trainer
-from tests.lightning.test_train_pump import tiny_config
+from tests.helpers.fits import tiny_config, tiny_trainer
 
 pytestmark = pytest.mark.gpu
 

@@ -13,7 +13,7 @@ from sc_lightning.trainer.megatron_optimizer import MegatronAdamW
 from sc_lightning.trainer.optim import adamw
 from sc_lightning.trainer.policy_update import PolicyUpdate
 from sc_lightning.trainer.sharded_checkpoint import load_sharded, save_sharded
-from tests.trainer.test_policy_update import step_rows
+from tests.helpers.train_rows import step_rows
 
 pytestmark = pytest.mark.gpu
 

@@ -21,8 +21,7 @@ from sc_lightning.engines.factory import default_engine_factory
 from sc_lightning.lightning.module import GRPOModule
 from sc_lightning.tokenizer import CharTokenizer
 from sc_lightning.trainer.policy_update import PolicyUpdate
-from tests.conftest import tiny_trainer
-from tests.lightning.test_train_pump import tiny_config
+from tests.helpers.fits import tiny_config, tiny_trainer
 
 TOKENIZER = CharTokenizer()
 

@@ -16,8 +16,7 @@ from lightning.pytorch import Callback
 from sc_lightning.callbacks.checkpoint import BundleCheckpoint
 from sc_lightning.lightning.module import GRPOModule
 from sc_lightning.lightning.ppo_module import PPOModule
-from tests.lightning.test_ppo import ppo_config
-from tests.lightning.test_train_pump import fit, tiny_config
+from tests.helpers.fits import fit, ppo_config, tiny_config
 
 STEPS = 2
 STREAMING = [  # 4 groups a step, trained in chunks of at least 2 as they become ready
@@ -90,8 +89,15 @@ def step_pattern(*, colocated: bool, ppo: bool) -> str:
     return f"select {stand_down}batch_start {train}{refit}batch_end bundle snapshot "
 
 
-@pytest.mark.parametrize("colocated", [False, True], ids=["separate", "colocated"])
-@pytest.mark.parametrize("module_class", [GRPOModule, PPOModule], ids=["grpo", "ppo"])
+@pytest.mark.parametrize(
+    ("module_class", "colocated"),
+    [
+        pytest.param(GRPOModule, False, id="grpo-separate"),
+        pytest.param(PPOModule, False, id="ppo-separate", marks=pytest.mark.slow),  # a critic, 15-40 s on 2 cores
+        pytest.param(GRPOModule, True, id="grpo-colocated"),
+        pytest.param(PPOModule, True, id="ppo-colocated", marks=pytest.mark.slow),  # a critic, 10-70 s on 2 cores
+    ],
+)
 def test_one_rl_step_runs_select_chunks_optimizer_step_refit_bundle_in_order(
     module_class: type[GRPOModule], colocated: bool, tmp_path
 ) -> None:

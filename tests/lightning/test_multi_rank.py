@@ -19,18 +19,14 @@ from pathlib import Path
 import pytest
 from megatron.core import dist_checkpointing
 
-from tests.conftest import REPO, TINY, user_environment
-from tests.test_recovery import assert_each_prompt_trained_once, command, wait_for, write_dataset
+from tests.helpers.cli import start, user_environment, wait_for
+from tests.helpers.configs import REPO, TINY_PATH
+from tests.helpers.recovery import assert_each_prompt_trained_once, command, write_dataset
 
 pytestmark = pytest.mark.slow
 
-TWO_RANKS = (TINY, REPO / "tests" / "small_steps.yaml")  # the tiny example (its engine in a Ray actor), small steps
+TWO_RANKS = (TINY_PATH, REPO / "tests" / "small_steps.yaml")  # the tiny example (engine in a Ray actor), small steps
 ASYNC = ("--async_rl.max_buffered_rollouts", "8", "--async_rl.max_inflight_prompts", "8")  # one step ahead, as tiny
-
-
-def environment() -> dict[str, str]:
-    """This environment without a torch.distributed rendezvous the test process may have set up."""
-    return user_environment()
 
 
 def child_rank_pid(parent: int, local_rank: int) -> int | None:
@@ -54,7 +50,7 @@ def test_sigkill_of_one_rank_ends_the_run_naming_it_and_the_same_command_resumes
     write_dataset(tmp_path / "prompts.jsonl")
     sliced = ("--policy.megatron_cfg.use_distributed_optimizer", "true")  # AdamW state sliced over the replicas
     argv = command(tmp_path, TWO_RANKS, "--trainer.devices", "2", *ASYNC, "--checkpointing.save_period", "3", *sliced)
-    first = subprocess.Popen(argv, cwd=REPO, env=environment(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    first = start(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     bundles = tmp_path / "checkpoints"
     if not wait_for(lambda: len(list(bundles.glob("step_*"))) >= 2, first, "two bundles"):
         raise AssertionError(f"the run ended early: {first.communicate()[1].decode()[-3000:]}")
@@ -72,7 +68,7 @@ def test_sigkill_of_one_rank_ends_the_run_naming_it_and_the_same_command_resumes
         f"[rank: 1] Child process with PID {rank1} terminated with code -9",
     )
     assert any(message in stderr for message in named), stderr[-3000:]
-    resumed = subprocess.run(argv, cwd=REPO, env=environment(), capture_output=True, text=True, timeout=600)
+    resumed = subprocess.run(argv, cwd=REPO, env=user_environment(), capture_output=True, text=True, timeout=600)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "resuming from" in resumed.stderr
     assert_each_prompt_trained_once(tmp_path)
@@ -92,7 +88,7 @@ def test_bundles_resume_across_dp2_tp2_and_pp2_training_every_prompt_once(tmp_pa
     for steps, layout in ((4, ()), (8, tp2), (12, pp2)):
         extra = ("--grpo.max_num_steps", str(steps), "--checkpointing.save_period", "2", *layout)
         argv = command(tmp_path, TWO_RANKS, "--trainer.devices", "2", *ASYNC, *extra)
-        result = subprocess.run(argv, cwd=REPO, env=environment(), capture_output=True, text=True, timeout=400)
+        result = subprocess.run(argv, cwd=REPO, env=user_environment(), capture_output=True, text=True, timeout=400)
         assert result.returncode == 0, result.stderr[-3000:]
         assert f"trainer: 2 ranks = {split[layout]}" in result.stderr  # the layout asked for is the one trained
         assert (steps == 4) != (f"resuming from {tmp_path / 'checkpoints' / f'step_{steps - 4}'}" in result.stderr)

@@ -13,7 +13,8 @@ from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
 from sc_lightning.lightning.placement import training_device
 from sc_lightning.trainer.chunks import TrainChunk
-from tests.conftest import REPO, user_environment
+from tests.helpers.cli import user_environment
+from tests.helpers.configs import REPO
 
 
 def test_the_accelerator_names_the_device() -> None:
@@ -51,9 +52,9 @@ CPU_RUN_ON_A_GPU_BOX = textwrap.dedent(
     from lightning.pytorch import Callback
 
     from sc_lightning.lightning.module import GRPOModule
-    from tests.conftest import tiny_trainer
-    from tests.lightning.test_refit import engine_factory
-    from tests.lightning.test_train_pump import tiny_config
+    from tests.helpers.fits import tiny_trainer
+    from tests.helpers.fits import megatron_engine_factory
+    from tests.helpers.fits import tiny_config
 
     class Devices(Callback):
         def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
@@ -66,7 +67,7 @@ CPU_RUN_ON_A_GPU_BOX = textwrap.dedent(
 
     config = tiny_config("grpo.max_num_steps=2")
     devices = Devices()
-    trainer = tiny_trainer(config, engine_factory, [devices], accelerator="cpu")
+    trainer = tiny_trainer(config, megatron_engine_factory, [devices], accelerator="cpu")
     trainer.fit(GRPOModule(config))
     assert trainer.global_step == 2 and devices.seen == {"cpu"}, devices.seen
     print("stayed on the CPU")
@@ -74,6 +75,7 @@ CPU_RUN_ON_A_GPU_BOX = textwrap.dedent(
 )
 
 
+@pytest.mark.slow  # a fit in a child process, about a minute on 2 cores
 def test_a_cpu_run_on_a_machine_with_a_gpu_never_touches_it() -> None:
     env = user_environment()  # this process's port is taken
     done = subprocess.run(

@@ -7,7 +7,6 @@ losses, controller, data plane (in-process), Lightning Trainer and callbacks are
 from __future__ import annotations
 
 import asyncio
-import copy
 from pathlib import Path
 
 import pytest
@@ -17,8 +16,7 @@ from lightning.pytorch import Callback, Trainer
 from sc_lightning.algorithms import ClippedPGLoss
 from sc_lightning.callbacks.checkpoint import BundleCheckpoint
 from sc_lightning.checkpoint.bundle import TRAINER_FILE, latest_bundle
-from sc_lightning.config import SCConfig, load_config
-from sc_lightning.config.yaml_io import apply_override, load_yaml_layers, merge_into
+from sc_lightning.config import SCConfig
 from sc_lightning.controller.buffer import TQReplayBuffer
 from sc_lightning.controller.build import rollout_settings
 from sc_lightning.data_plane.memory import MemoryDataPlane
@@ -35,23 +33,11 @@ from sc_lightning.trainer.chunks import load_chunk
 from sc_lightning.trainer.critic_update import CriticUpdate, value_targets
 from sc_lightning.trainer.optim import adamw, optimizer_state_to
 from sc_lightning.trainer.policy_update import EmptyStepError, PolicyUpdate
-from tests.config.helpers import PPO_COMPANION
-from tests.conftest import TEST_BASE, tiny_trainer
-from tests.lightning.test_train_pump import TOKENIZER, Alternating, Recorder
-from tests.lightning.test_train_pump import fit as train_pump_fit
+from tests.helpers.fits import Recorder, ppo_config, tiny_trainer
+from tests.helpers.fits import fit as train_pump_fit
+from tests.helpers.scripts import TOKENIZER, Alternating
 
 CRITIC_METRICS = {"loss", "values_mean", "values_min", "values_max", "returns_mean", "vf_clipfrac", "explained_var"}
-
-
-def ppo_config(*overrides: str) -> SCConfig:
-    """The tests' tiny base as the spec's PPO run (4 prompts x 4 generations), in-process data plane."""
-    raw = load_yaml_layers(TEST_BASE, ["data_plane.backend=memory"])
-    merge_into(raw, copy.deepcopy(PPO_COMPANION))
-    raw["ppo"]["max_num_steps"] = 3
-    raw["value"]["model_name"] = raw["policy"]["model_name"]
-    for override in overrides:
-        apply_override(raw, override)
-    return load_config(raw, extra_top_level=("trainer", "seed_everything"))
 
 
 def fit(config: SCConfig, callbacks: list[Callback] = (), **kwargs) -> tuple[Trainer, PPOModule, ScriptedEngine]:
@@ -67,6 +53,7 @@ def initial_policy(config: SCConfig) -> dict[str, torch.Tensor]:
     return {name: value.clone() for name, value in policy.state_dict().items() if isinstance(value, torch.Tensor)}
 
 
+@pytest.mark.slow  # PPO fits with a critic, 15-40 s each on 2 cores
 def test_warm_up_trains_the_critic_only_and_pushes_no_weights() -> None:
     config = ppo_config("ppo.policy_training_start_step=2", "ppo.max_num_steps=3")
     recorder = Recorder()
@@ -163,6 +150,7 @@ def synchronous_reference(config: SCConfig, steps: int) -> list[tuple[float, flo
     return results
 
 
+@pytest.mark.slow  # PPO fits with a critic, 15-40 s each on 2 cores
 def test_staleness_zero_trains_exactly_what_a_synchronous_ppo_loop_would() -> None:
     config = ppo_config()
     recorder, critic = Recorder(), CriticMetrics()
@@ -177,6 +165,7 @@ def test_staleness_zero_trains_exactly_what_a_synchronous_ppo_loop_would() -> No
     assert all(step["values_min"] <= step["values_mean"] <= step["values_max"] for step in critic.steps)
 
 
+@pytest.mark.slow  # PPO fits with a critic, 15-40 s each on 2 cores
 def test_several_epochs_measure_the_ratio_against_the_policy_the_step_started_with() -> None:
     recorder = Recorder()
     fit(ppo_config("ppo.ppo_epochs=3", "ppo.critic_ppo_epochs=2", "ppo.max_num_steps=2"), [recorder])
@@ -184,6 +173,7 @@ def test_several_epochs_measure_the_ratio_against_the_policy_the_step_started_wi
     assert any(m["probs_ratio_max"] != pytest.approx(1.0, abs=1e-9) for m in recorder.step_metrics)
 
 
+@pytest.mark.slow  # PPO fits with a critic, 15-40 s each on 2 cores
 def test_several_epochs_mask_the_same_rows_by_logprob_error_and_report_them_once() -> None:
     """The mask depends on pi_old and pi_gen, both fixed over the step: every epoch masks the same rows, and the
     step reports them once (the last epoch's metrics), not once per epoch."""
@@ -206,6 +196,7 @@ def test_several_epochs_mask_the_same_rows_by_logprob_error_and_report_them_once
     assert free["num_masked_seqs_by_logprob_error"] == 0.0 and free["masked_correct_pct"] == 0.0
 
 
+@pytest.mark.slow  # PPO fits with a critic, 10-70 s on 2 cores
 def test_a_ppo_step_masked_whole_by_logprob_error_names_the_ppo_knob() -> None:
     config = ppo_config("ppo.max_num_steps=1", "ppo.seq_logprob_error_threshold=0.5")  # every error is >= 1
     with pytest.raises(EmptyStepError, match=r"ppo\.seq_logprob_error_threshold=0\.5 masked 16 of 16 sequences"):
@@ -225,6 +216,7 @@ def test_offloading_moves_the_adam_moments_and_leaves_the_step_counters() -> Non
         assert not state["step"].is_meta
 
 
+@pytest.mark.slow  # PPO fits with a critic, 15-40 s each on 2 cores
 def test_a_resume_in_the_middle_of_warm_up_continues_it(tmp_path: Path) -> None:
     knobs = [
         "ppo.policy_training_start_step=3",
@@ -254,6 +246,7 @@ def test_a_resume_in_the_middle_of_warm_up_continues_it(tmp_path: Path) -> None:
     assert all(torch.equal(critic_at_2[k], v) for k, v in module.critic.state_dict().items() if k in critic_at_2)
 
 
+@pytest.mark.slow  # PPO fits with a critic, 15-40 s each on 2 cores
 def test_a_warm_start_from_a_distributed_checkpoint_reshards_the_critic(tmp_path: Path) -> None:
     """A bundle written with megatron's distributed optimizer keeps its models in ``sharded/``: a fresh run seeds
     its critic from there, weights and AdamW moments equal to the saving run's."""

@@ -6,21 +6,13 @@ import pytest
 import torch
 from lightning.pytorch import Callback
 
-from sc_lightning.engines.megatron.engine import MegatronEngine
 from sc_lightning.lightning.module import GRPOModule
 from sc_lightning.models import token_logprobs
 from sc_lightning.models.megatron import megatron_weights
-from sc_lightning.models.warm_start import resolve_model_name
 from sc_lightning.types import SamplingParams
-from tests.conftest import tiny_trainer
-from tests.lightning.test_train_pump import tiny_config
+from tests.helpers.fits import megatron_engine_factory, tiny_config, tiny_trainer
 
 PROMPT = (2, 8, 13, 9, 16)  # "<s>5+6="
-
-
-def engine_factory(config, weights):
-    seed = config.algo.seed
-    return MegatronEngine.from_pretrained(resolve_model_name(config.policy.model_name, seed=seed), seed=seed)
 
 
 class EngineMatchesTrainer(Callback):
@@ -55,7 +47,7 @@ class EngineMatchesTrainer(Callback):
 def test_after_each_step_the_colocated_engine_stood_down_and_scores_like_the_trainer() -> None:
     config = tiny_config("grpo.max_num_steps=3")
     check = EngineMatchesTrainer()
-    trainer = tiny_trainer(config, engine_factory, [check])  # the check runs after the refit of the same step
+    trainer = tiny_trainer(config, megatron_engine_factory, [check])  # the check runs after the refit of the same step
     trainer.fit(GRPOModule(config))
     assert check.versions == [1, 2, 3]
     assert check.stood_down_while_training == [True, True, True]  # colocated: down for each train step, then woken
@@ -81,7 +73,7 @@ def test_the_rollout_monitor_logs_each_refit_and_names_a_wrong_order() -> None:
 
     config = tiny_config("grpo.max_num_steps=2")
     logged = LoggedEachStep()
-    tiny_trainer(config, engine_factory, [logged]).fit(GRPOModule(config))
+    tiny_trainer(config, megatron_engine_factory, [logged]).fit(GRPOModule(config))
     assert [step["rollout/selected_total"] for step in logged.steps] == [4.0, 8.0]  # 4 groups a step
     assert all(
         step["timing/train/weight_sync"] > 0 and step["timing/train/total_step_time"] > 0 for step in logged.steps
@@ -92,7 +84,7 @@ def test_the_rollout_monitor_logs_each_refit_and_names_a_wrong_order() -> None:
     assert all(0 <= step["train/token_staleness_max"] <= step["train/staleness_max"] for step in logged.steps)
 
     wrong = Trainer(
-        strategy=SingleControllerStrategy(config, engine_factory),
+        strategy=SingleControllerStrategy(config, megatron_engine_factory),
         callbacks=[RolloutMonitor(), RefitCallback()],
         max_steps=1,
         logger=False,

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import weakref
 from collections.abc import Iterable
 
 import pytest
@@ -22,34 +21,10 @@ from sc_lightning.models.megatron import megatron_weights
 from sc_lightning.models.warm_start import resolve_model_name
 from sc_lightning.testing.scripted_engine import ScriptedEngine
 from sc_lightning.types import SamplingParams
-from tests.conftest import tiny_trainer
-from tests.controller.test_controller import answer_correctly, config, make
-from tests.lightning.test_train_pump import tiny_config
-
-
-class HeldBytes:
-    """The bytes of the tensors handed out by watched gathers that are still alive, and their peak."""
-
-    def __init__(self) -> None:
-        self.alive = 0
-        self.peak = 0
-
-    def watch(self, gather):
-        """``gather`` (a unit's thunk), counting each tensor it returns until it is freed."""
-
-        def watched():
-            unit = gather()
-            for _, tensor in unit:
-                size = tensor.numel() * tensor.element_size()
-                self.alive += size
-                weakref.finalize(tensor, self._freed, size)
-            self.peak = max(self.peak, self.alive)
-            return unit
-
-        return watched
-
-    def _freed(self, size: int) -> None:
-        self.alive -= size
+from tests.helpers.controllers import config, make
+from tests.helpers.fits import tiny_config, tiny_trainer
+from tests.helpers.held_bytes import HeldBytes
+from tests.helpers.scripts import answer_correctly
 
 
 def announced(sizes: list[list[int]]) -> list[tuple[int, object]]:
@@ -89,7 +64,7 @@ def test_buckets_are_bounded_whole_units_covering_every_name_once(sizes: list[li
 
 
 def test_a_name_two_stages_hold_is_sent_by_the_last() -> None:
-    from tests.trainer.test_policy_update import SPEC
+    from tests.helpers.train_rows import SPEC
 
     tied = stage_owners(dataclasses.replace(SPEC, tie_word_embeddings=True), 2)
     assert tied["model.embed_tokens.weight"] == tied["lm_head.weight"] == 1  # the last stage's copy of the table

@@ -14,9 +14,9 @@ from sc_lightning.lightning.refit_stream import bucket_units, policy_units
 from sc_lightning.models import build_gpt_model, random_hf_state
 from sc_lightning.models.convert import hf_param_shapes
 from sc_lightning.trainer.rank_sync import RankGroup
-from tests.lightning.test_refit_buckets import HeldBytes
+from tests.helpers.held_bytes import HeldBytes
+from tests.helpers.train_rows import SPEC
 from tests.ranks import run_ranks
-from tests.trainer.test_policy_update import SPEC
 
 pytestmark = pytest.mark.slow
 BOUND = 40_000  # bytes: the tiny policy (340 kB; q/k/v 50 kB and gate/up 64 kB per layer) takes a dozen buckets

@@ -10,101 +10,28 @@ import json
 import urllib.error
 import urllib.request
 from collections import Counter
-from pathlib import Path
 
 import pytest
 import torch
-from lightning.pytorch import Callback, Trainer
+from lightning.pytorch import Callback
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from sc_lightning.algorithms import ClippedPGLoss
-from sc_lightning.config import SCConfig, load_config
-from sc_lightning.config.yaml_io import load_yaml_layers
+from sc_lightning.config import SCConfig
 from sc_lightning.controller.buffer import TQReplayBuffer
 from sc_lightning.controller.build import rollout_settings
 from sc_lightning.data_plane.memory import MemoryDataPlane
-from sc_lightning.lightning.module import GRPOModule
 from sc_lightning.models import load_policy
 from sc_lightning.models.warm_start import resolve_model_name
 from sc_lightning.rollout.datasets import build_dataset
 from sc_lightning.rollout.envs import build_environment
 from sc_lightning.rollout.manager import RolloutManager, ServedPolicy
 from sc_lightning.testing.scripted_engine import ScriptedEngine
-from sc_lightning.tokenizer import CharTokenizer
 from sc_lightning.trainer.chunks import load_chunk
 from sc_lightning.trainer.optim import adamw
 from sc_lightning.trainer.policy_update import PolicyUpdate
-from tests.conftest import TEST_BASE, tiny_trainer
-
-TOKENIZER = CharTokenizer()
-
-
-class Alternating:
-    """Script: the k-th generation of a prompt answers correctly when k is even, else one too many."""
-
-    def __init__(self) -> None:
-        self.seen: Counter = Counter()
-
-    def __call__(self, prompt: tuple[int, ...], call: int) -> tuple[int, ...]:
-        k = self.seen[prompt]
-        self.seen[prompt] += 1
-        a, b = TOKENIZER.decode(prompt).rstrip("=").split("+")
-        return tuple(TOKENIZER.encode(str(int(a) + int(b) + k % 2)))
-
-
-def tiny_config(*overrides: str) -> SCConfig:
-    raw = load_yaml_layers(TEST_BASE, ["data_plane.backend=memory", "grpo.max_num_steps=3", *overrides])
-    return load_config(raw, extra_top_level=("trainer", "seed_everything"))
-
-
-def fit(
-    config: SCConfig,
-    callbacks: list[Callback],
-    root: Path | None = None,
-    ckpt_path: str | None = None,
-    engine: ScriptedEngine | None = None,
-    module_class: type[GRPOModule] = GRPOModule,
-) -> tuple[Trainer, GRPOModule]:
-    engine = engine or ScriptedEngine(Alternating())
-    trainer = tiny_trainer(config, lambda c, w: engine, callbacks, root=root)
-    module = module_class(config)
-    trainer.fit(module, ckpt_path=ckpt_path)
-    return trainer, module
-
-
-class Recorder(Callback):
-    """Records every hook Lightning calls on a callback, in order, and the step metrics."""
-
-    HOOKS = (
-        "setup",
-        "on_fit_start",
-        "on_train_start",
-        "on_train_epoch_start",
-        "on_train_batch_start",
-        "on_before_backward",
-        "on_after_backward",
-        "on_before_optimizer_step",
-        "on_train_batch_end",
-        "on_train_epoch_end",
-        "on_train_end",
-        "on_fit_end",
-        "teardown",
-    )
-
-    def __init__(self) -> None:
-        self.calls: list[str] = []
-        self.step_metrics: list[dict[str, float]] = []
-        for name in self.HOOKS:
-            setattr(self, name, self._record(name))
-
-    def _record(self, name: str):
-        def hook(trainer, pl_module, *args, **kwargs) -> None:
-            if name == "on_train_batch_end":
-                self.step_metrics.append({k: float(v) for k, v in args[0].items()})
-            if not self.calls or self.calls[-1] != name:  # collapse per-micro-batch repeats
-                self.calls.append(name)
-
-        return hook
+from tests.helpers.fits import Recorder, fit, tiny_config
+from tests.helpers.scripts import TOKENIZER, Alternating
 
 
 def test_hook_order_for_two_rl_steps() -> None:

@@ -44,7 +44,7 @@ def parity(root: Path) -> dict[str, Path]:
     from sc_lightning.models.convert import export_hf_weights
     from sc_lightning.models.logprobs import logits_of, token_logprobs
     from sc_lightning.models.megatron import load_policy
-    from tests.models.conftest import make_tiny_model, random_ids
+    from tests.helpers.models import make_tiny_model, random_ids
 
     dirs = {}
     for name, (arch, tied, extra) in VARIANTS.items():
@@ -70,7 +70,7 @@ def speed() -> None:
     from sc_lightning.models.logprobs import token_logprobs
     from sc_lightning.models.megatron import build_gpt_model
     from sc_lightning.models.spec import ModelSpec, builtin_spec
-    from tests.models.conftest import random_ids
+    from tests.helpers.models import random_ids
 
     ids = random_ids(16, 32).cuda()
     for precision in ("fp32", "bf16"):

@@ -11,7 +11,7 @@ from sc_lightning.models.logprobs import token_logprobs
 from sc_lightning.models.megatron import build_gpt_model, init_model_parallel, load_policy
 from sc_lightning.models.spec import BUILTIN_SPECS, ModelSpec, builtin_spec
 from sc_lightning.tokenizer import CharTokenizer, load_tokenizer
-from tests.models.conftest import random_ids
+from tests.helpers.models import random_ids
 
 pytestmark = pytest.mark.usefixtures("model_parallel")
 

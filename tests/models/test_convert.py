@@ -20,7 +20,7 @@ from sc_lightning.models.convert import (
     read_hf_safetensors,
 )
 from sc_lightning.models.spec import BUILTIN_SPECS, ModelSpec
-from tests.models.conftest import TINY_VARIANTS, hf_causal_lm, random_ids
+from tests.helpers.models import TINY_VARIANTS, hf_causal_lm, random_ids
 
 pytestmark = pytest.mark.usefixtures("model_parallel")
 GQA = BUILTIN_SPECS["builtin:tiny"].replace(num_attention_heads=4)  # two query heads per KV group

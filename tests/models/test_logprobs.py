@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from sc_lightning.models.logprobs import logits_of, logprobs_from_logits, token_logprobs
-from tests.models.conftest import hf_causal_lm, random_ids
+from tests.helpers.models import hf_causal_lm, random_ids
 
 pytestmark = pytest.mark.usefixtures("model_parallel")
 

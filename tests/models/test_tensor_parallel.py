@@ -9,7 +9,7 @@ import torch
 
 from sc_lightning.models.convert import hf_to_megatron_state, megatron_to_hf_state, random_hf_state
 from sc_lightning.models.spec import builtin_spec
-from tests.models.conftest import hf_causal_lm, random_ids
+from tests.helpers.models import hf_causal_lm, random_ids
 from tests.models.tp_worker import save_rank_results
 from tests.ranks import run_ranks
 

@@ -14,7 +14,7 @@ import pytest
 from sc_lightning.models.megatron import load_policy
 from sc_lightning.models.tiny_tokenizer import save_char_tokenizer
 from sc_lightning.tokenizer import CharTokenizer, TokenizerMismatchError, check_tokenizer_fits_model, load_tokenizer
-from tests.models.conftest import make_tiny_model
+from tests.helpers.models import make_tiny_model
 
 pytestmark = pytest.mark.usefixtures("model_parallel")
 
@@ -69,7 +69,7 @@ def test_a_model_directory_whose_vocabulary_is_smaller_than_its_own_tokenizer_fa
 def test_a_ppo_critic_that_cannot_embed_the_policy_tokens_fails(tmp_path: Path) -> None:
     """The critic reads the policy's token ids: a 12-row critic under the 18-id policy tokenizer is refused."""
     from sc_lightning.lightning.ppo_module import PPOModule
-    from tests.lightning.test_ppo import ppo_config
+    from tests.helpers.fits import ppo_config
 
     small = make_tiny_model(tmp_path / "small-critic", vocab_size=12)
     module = PPOModule(ppo_config("policy.model_name=builtin:tiny", f"value.model_name={small}"))

@@ -24,7 +24,7 @@ def _run_model(path: str, tp: int) -> dict[str, object]:
     from sc_lightning.models.convert import export_hf_weights
     from sc_lightning.models.logprobs import logits_of, token_logprobs
     from sc_lightning.models.megatron import load_policy
-    from tests.models.conftest import random_ids
+    from tests.helpers.models import random_ids
 
     device = os.environ.get("TP_DEVICE", "cpu")
     model, spec, _ = load_policy(path, precision="fp32", seed=0, tp=tp, device=device)

@@ -3,8 +3,6 @@ covers the whole run even when a killed process's rows never reached metrics.csv
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -12,8 +10,8 @@ import pytest
 from sc_lightning.report import ReportError, build_report
 from sc_lightning.report.main import main
 from sc_lightning.report.run_info import RUN_INFO
-from tests.conftest import REPO, user_environment
-from tests.report.test_tables import write_version
+from tests.helpers.cli import run
+from tests.helpers.run_dirs import write_version
 
 
 @pytest.fixture
@@ -87,8 +85,7 @@ def test_the_advice_covers_every_step_when_earlier_rows_never_reached_the_csv(
 
 @pytest.mark.slow
 def test_the_report_command_refuses_an_existing_directory_as_out(run_dir: Path, tmp_path: Path) -> None:
-    argv = [sys.executable, "-m", "sc_lightning", "report", str(run_dir), "--out", str(tmp_path)]
-    result = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=120, env=user_environment())
+    result = run("report", str(run_dir), "--out", str(tmp_path), timeout_s=120)
     assert result.returncode == 2
     assert result.stderr.splitlines() == [
         f"error: --out {tmp_path} is a directory; give the HTML file to write, e.g. --out {tmp_path / 'report.html'}"

@@ -7,8 +7,6 @@ import base64
 import csv
 import json
 import shutil
-import subprocess
-import sys
 from collections import Counter
 from importlib import metadata
 from pathlib import Path
@@ -18,8 +16,8 @@ import pytest
 from matplotlib.image import imread
 
 from sc_lightning.report.main import build_report, main, plot_folder
-from tests.conftest import REPO
-from tests.report.conftest import STEPS
+from tests.helpers.cli import run
+from tests.helpers.run_dirs import TINY_RUN_STEPS
 
 pytestmark = pytest.mark.slow
 
@@ -77,7 +75,7 @@ def test_the_report_of_a_finished_run_draws_its_data(tiny_run: Path, tmp_path: P
         check_png(png, panels=1 if name == "goodput" and not plot.series else 2)
 
     logged = csv_columns(tiny_run)
-    steps = tuple(float(s) for s in range(STEPS))
+    steps = tuple(float(s) for s in range(TINY_RUN_STEPS))
     assert logged["train/reward"][0] == steps
     wall = tuple(np.cumsum(logged["timing/train/total_step_time"][1]))
     drawn = plots["reward"].series
@@ -87,7 +85,7 @@ def test_the_report_of_a_finished_run_draws_its_data(tiny_run: Path, tmp_path: P
     assert drawn["train/reward"][1] == pytest.approx([jsonl_reward(tiny_run)[s] for s in steps])  # same rewards
 
     staleness = Counter(sample["step"] - sample["start_weight"] for sample in samples(tiny_run))
-    assert staleness[0] >= 16 and sum(staleness.values()) == STEPS * 16  # step 0 trains version 0's rollouts
+    assert staleness[0] >= 16 and sum(staleness.values()) == TINY_RUN_STEPS * 16  # step 0 trains version 0's rollouts
     drawn = plots["staleness"].series
     values = sorted(staleness)
     assert drawn["samples per staleness"] == (tuple(map(float, values)), tuple(float(staleness[v]) for v in values))
@@ -109,7 +107,12 @@ def test_the_report_of_a_finished_run_draws_its_data(tiny_run: Path, tmp_path: P
     assert {"rollout/redispatch_total", "rollout/infra_failures_total", "train/dropped_prompt_groups"} <= set(failures)
     assert plots["failures"].series == failures
 
-    for shown in ("builtin:tiny-arith", "in_order", f"last step</td><td>{STEPS} of {STEPS}", "megatron-core"):
+    for shown in (
+        "builtin:tiny-arith",
+        "in_order",
+        f"last step</td><td>{TINY_RUN_STEPS} of {TINY_RUN_STEPS}",
+        "megatron-core",
+    ):
         assert shown in html
     assert metadata.version("torch") in html
 
@@ -121,11 +124,11 @@ def test_a_killed_run_without_metrics_csv_reports_from_train_data(tiny_run: Path
     plots = {plot.name: plot for plot in build_report(run_dir)}
     reward = jsonl_reward(run_dir)
     assert plots["reward"].series == {"train/reward": (tuple(reward), tuple(reward.values()))}
-    assert sum(plots["staleness"].series["samples per staleness"][1]) == STEPS * 16
+    assert sum(plots["staleness"].series["samples per staleness"][1]) == TINY_RUN_STEPS * 16
     assert all(not plots[name].series for name in ("step_time", "goodput", "throughput", "failures"))
     html = (run_dir / "report.html").read_text()
     assert "no <code>run_info.yaml</code>" in html and "no rows yet" in html
-    assert f"{STEPS * 16} samples over {STEPS} steps" in html
+    assert f"{TINY_RUN_STEPS * 16} samples over {TINY_RUN_STEPS} steps" in html
     for name in PLOTS:
         assert (run_dir / "report_plots" / f"{name}.png").stat().st_size > 5_000
 
@@ -137,9 +140,9 @@ def test_a_short_torn_csv_is_extended_by_train_data(tiny_run: Path, tmp_path: Pa
     plots = {plot.name: plot for plot in build_report(run_dir)}
     logged, reward = csv_columns(tiny_run), jsonl_reward(run_dir)
     drawn = plots["reward"].series
-    assert drawn["train/reward"][0] == tuple(float(s) for s in range(STEPS))
+    assert drawn["train/reward"][0] == tuple(float(s) for s in range(TINY_RUN_STEPS))
     assert drawn["train/reward"][1][:3] == logged["train/reward"][1][:3]
-    assert drawn["train/reward"][1][3:] == tuple(reward[float(s)] for s in range(3, STEPS))
+    assert drawn["train/reward"][1][3:] == tuple(reward[float(s)] for s in range(3, TINY_RUN_STEPS))
     assert drawn["train/reward vs wall time"][1] == logged["train/reward"][1][:3]  # step times: CSV only
     assert plots["step_time"].series["timing/train/total_step_time"] == tuple(
         values[:3] for values in logged["timing/train/total_step_time"]
@@ -164,7 +167,7 @@ def test_goodput_and_validation_columns_are_drawn_whatever_their_names(tiny_run:
         writer.writeheader()
         writer.writerows({**row, **{name: values[i] for name, values in extra.items()}} for i, row in enumerate(rows))
     plots = {plot.name: plot for plot in build_report(run_dir)}
-    steps = tuple(float(s) for s in range(STEPS))
+    steps = tuple(float(s) for s in range(TINY_RUN_STEPS))
     expected = {name: (steps, tuple(values)) for name, values in extra.items() if name.endswith("_total_s")}
     assert plots["goodput"].series == expected
     check_png(run_dir / "report_plots" / "goodput.png", panels=2)  # one panel per fleet
@@ -173,8 +176,7 @@ def test_goodput_and_validation_columns_are_drawn_whatever_their_names(tiny_run:
 
 def test_the_report_subcommand_writes_the_html_beside_the_run(tiny_run: Path, tmp_path: Path) -> None:
     run_dir = copy_run(tiny_run, tmp_path)
-    argv = [sys.executable, "-m", "sc_lightning", "report", str(run_dir)]
-    result = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=120)
+    result = run("report", str(run_dir), timeout_s=120)
     assert result.returncode == 0, result.stderr[-2000:]
     html = (run_dir / "report.html").read_text()
     assert str(run_dir / "report.html") in result.stdout

@@ -7,8 +7,6 @@ from __future__ import annotations
 import csv
 import re
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -17,7 +15,8 @@ import pytest
 from sc_lightning.report import build_report
 from sc_lightning.report.main import main
 from sc_lightning.report.tables import read_run
-from tests.conftest import REPO, TEST_BASE, user_environment
+from tests.helpers.cli import run
+from tests.helpers.configs import REPO, TEST_BASE
 
 pytestmark = pytest.mark.slow
 
@@ -38,8 +37,7 @@ def fit(run_dir: Path, steps: int) -> None:
     }
     configs = [arg for path in TEST_BASE for arg in ("--config", str(path))]
     flags = [arg for knob, value in overrides.items() for arg in (f"--{knob}", value)]
-    argv = [sys.executable, "-m", "sc_lightning", "fit", *configs, *flags]
-    result = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=300, env=user_environment())
+    result = run("fit", *configs, *flags)
     assert result.returncode == 0, result.stderr[-3000:]
 
 

@@ -9,7 +9,7 @@ import yaml
 
 from sc_lightning.cli.load import load_and_check, render_config
 from sc_lightning.report.run_info import RUN_INFO, read_run_info, write_run_info
-from tests.conftest import TEST_BASE
+from tests.helpers.configs import TEST_BASE
 
 
 def test_run_info_records_the_resolved_config_and_versions(tmp_path: Path) -> None:

@@ -6,14 +6,9 @@ import json
 from pathlib import Path
 
 from sc_lightning.report.tables import read_run
+from tests.helpers.run_dirs import write_version
 
 HEADER = "epoch,step,train/reward,timing/train/total_step_time\n"
-
-
-def write_version(run_dir: Path, number: int, text: str) -> None:
-    path = run_dir / "lightning_logs" / f"version_{number}" / "metrics.csv"
-    path.parent.mkdir(parents=True)
-    path.write_text(text)
 
 
 def test_a_resumed_run_joins_its_versions_and_the_later_one_replaces_replayed_steps(tmp_path: Path) -> None:

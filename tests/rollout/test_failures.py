@@ -13,7 +13,8 @@ from sc_lightning.rollout.envs.base import RewardError
 from sc_lightning.rollout.failures import RetryBudget, classify
 from sc_lightning.rollout.manager import RolloutError, RolloutTimeout
 from sc_lightning.testing.scripted_engine import ScriptedEngine
-from tests.controller.test_controller import answer_correctly, config, make
+from tests.helpers.controllers import config, make
+from tests.helpers.scripts import answer_correctly
 
 
 class HTTPFailure(Exception):

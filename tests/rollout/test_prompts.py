@@ -14,7 +14,7 @@ from sc_lightning.config.resume_rules import ResumeMismatch
 from sc_lightning.rollout.datasets import ArithmeticDataset, DatasetError
 from sc_lightning.rollout.prompts import PromptStream, check_dataset_fits_steps
 from sc_lightning.tokenizer import CharTokenizer
-from tests.conftest import variant
+from tests.helpers.configs import variant
 
 DATASET = ArithmeticDataset(10, seed=1, tokenizer=CharTokenizer())
 

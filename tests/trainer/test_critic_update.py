@@ -7,8 +7,8 @@ import torch
 
 from sc_lightning.config.algorithm import GAEAdvantage, ValueLossConfig
 from sc_lightning.models.value import load_critic
-from sc_lightning.trainer.chunks import TrainChunk
 from sc_lightning.trainer.critic_update import CriticUpdate, explained_variance, value_targets
+from tests.helpers.train_rows import critic_rows
 
 pytestmark = pytest.mark.usefixtures("model_parallel")
 
@@ -23,21 +23,6 @@ def test_explained_variance_by_hand() -> None:
     assert explained_variance(returns, torch.ones_like(returns), mask) == 0.0  # returns that do not vary
 
 
-def batch() -> TrainChunk:
-    ids = torch.randint(0, 18, (6, 7), generator=torch.Generator().manual_seed(0))
-    token_mask = torch.zeros(6, 7)
-    token_mask[:, 4:] = 1
-    token_mask[5, 6] = 0  # a shorter completion
-    return TrainChunk(
-        input_ids=ids,
-        token_mask=token_mask,
-        generation_logprobs=torch.zeros(6, 7),
-        sample_mask=torch.ones(6),
-        advantages=torch.zeros(6, 7),
-        rewards=torch.tensor([1.0, 0.0, 1.0, 0.0, 0.0, 1.0]),
-    )
-
-
 @pytest.mark.parametrize("micro_batch_size", [1, 4])
 def test_the_critic_update_does_not_depend_on_the_micro_batch_size(micro_batch_size: int) -> None:
     results = []
@@ -50,8 +35,8 @@ def test_the_critic_update_does_not_depend_on_the_micro_batch_size(micro_batch_s
             micro_batch_size=size,
             clip_grad=1.0,
         )
-        targets = value_targets(critic, batch(), GAEAdvantage(gae_lambda=1.0, gae_gamma=1.0), micro_batch_size=3)
-        metrics = update.train(batch(), targets, epochs=2)
+        targets = value_targets(critic, critic_rows(), GAEAdvantage(gae_lambda=1.0, gae_gamma=1.0), micro_batch_size=3)
+        metrics = update.train(critic_rows(), targets, epochs=2)
         results.append((metrics, critic.output_layer.weight.detach().clone()))
     (whole, w_whole), (split, w_split) = results
     assert split["loss"] == pytest.approx(whole["loss"], rel=1e-5)

@@ -5,11 +5,14 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from tests.conftest import REPO
+import pytest
+
+from tests.helpers.configs import REPO
 
 TRAINER = REPO / "sc_lightning" / "trainer"
 
 
+@pytest.mark.slow  # a child process importing every trainer module, tens of seconds
 def test_every_trainer_module_imports_with_lightning_blocked() -> None:
     modules = sorted(f"sc_lightning.trainer.{p.stem}" for p in TRAINER.glob("*.py") if p.stem != "__init__")
     assert len(modules) >= 7, modules

@@ -27,7 +27,7 @@ from sc_lightning.rollout.multiturn.source import conversation_generation
 from sc_lightning.tokenizer import CharTokenizer
 from sc_lightning.trainer.chunks import load_chunk
 from sc_lightning.types import Generation, Prompt, ScoredGroup
-from tests.trainer.test_policy_update import fresh, run_step
+from tests.helpers.train_rows import fresh, run_step
 
 TOK = CharTokenizer()
 TRAINER_VERSION = 5

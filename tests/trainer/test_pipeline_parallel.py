@@ -9,8 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.ranks import run_ranks
-from tests.trainer.test_data_parallel import (
+from tests.helpers.parallel import (
     KEYS,
     STEPS,
     assert_ppo_matches_one_process,
@@ -19,6 +18,7 @@ from tests.trainer.test_data_parallel import (
     train_ppo_three_steps,
     train_steps,
 )
+from tests.ranks import run_ranks
 
 
 def _pipeline_rank(rank: int, world_size: int, out: Path) -> None:
@@ -28,6 +28,7 @@ def _pipeline_rank(rank: int, world_size: int, out: Path) -> None:
     torch.save((metrics, stage_weights(model)), out / f"rank{rank}.pt")
 
 
+@pytest.mark.slow  # ranks in processes, minutes on 2 cores
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("world_size", [2, 4], ids=["pp2", "pp2xdp2"])
 def test_a_pipeline_parallel_policy_update_equals_the_single_process_one(tmp_path: Path, world_size: int) -> None:
@@ -52,6 +53,7 @@ def _ppo_pipeline_rank(rank: int, world_size: int, out: Path) -> None:
     torch.save(train_ppo_three_steps(pipeline_parallel_size=2), out / f"ppo{rank}.pt")
 
 
+@pytest.mark.slow  # ranks in processes, minutes on 2 cores
 @pytest.mark.timeout(900)
 def test_a_pipeline_parallel_ppo_step_equals_the_single_process_one(tmp_path: Path) -> None:
     run_ranks(_ppo_pipeline_rank, 2, tmp_path)

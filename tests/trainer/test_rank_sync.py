@@ -105,6 +105,7 @@ def results(out: Path, world_size: int) -> list[dict]:
     return [torch.load(out / f"rank{rank}.pt") for rank in range(world_size)]
 
 
+@pytest.mark.slow  # ranks in processes, a minute or more on 2 cores
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize(
     ("world_size", "tensor_parallel_size"), [(2, 1), (2, 2), (4, 2)], ids=["dp2", "tp2", "tp2xdp2"]
@@ -127,6 +128,7 @@ def test_each_data_parallel_replica_reads_only_the_rows_it_trains(
     assert all(rank["error"] is None for rank in seen)
 
 
+@pytest.mark.slow  # ranks in processes, a minute on 2 cores
 @pytest.mark.timeout(600)
 def test_a_failed_selection_on_the_leader_ends_every_rank_with_its_error(tmp_path: Path) -> None:
     run_ranks(_stream_rank, 2, 1, 3, tmp_path)  # the third select (step 1's first chunk) times out

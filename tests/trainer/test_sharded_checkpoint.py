@@ -9,14 +9,8 @@ import pytest
 import torch
 
 from sc_lightning.trainer.sharded_checkpoint import load_sharded, save_sharded
+from tests.helpers.parallel import STEPS, assert_matches_one_process, full_weights, new_policy, train_steps
 from tests.ranks import run_ranks
-from tests.trainer.test_data_parallel import (
-    STEPS,
-    assert_matches_one_process,
-    full_weights,
-    new_policy,
-    train_steps,
-)
 
 
 def _first_step(rank: int, world_size: int, tensor_parallel_size: int, distributed: bool, out: Path) -> None:
@@ -46,6 +40,7 @@ def _later_steps(rank: int, world_size: int, tensor_parallel_size: int, distribu
     torch.save((metrics, full_weights(model)), out / f"later{rank}.pt")
 
 
+@pytest.mark.slow  # ranks in processes, minutes on 2 cores
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize(
     ("saved_at", "resumed_at", "distributed"),

@@ -16,10 +16,9 @@ from sc_lightning.trainer.critic_update import CriticUpdate, value_targets
 from sc_lightning.trainer.grad_clip import clip_model_parallel_grads
 from sc_lightning.trainer.optim import adamw
 from sc_lightning.trainer.pipeline import per_token_forward
+from tests.helpers.parallel import assert_ppo_matches_one_process, train_ppo_three_steps, train_three_steps
+from tests.helpers.train_rows import SPEC, critic_rows, step_rows
 from tests.ranks import run_ranks
-from tests.trainer.test_critic_update import batch
-from tests.trainer.test_data_parallel import assert_ppo_matches_one_process, train_ppo_three_steps, train_three_steps
-from tests.trainer.test_policy_update import SPEC, step_rows
 
 STEPS = 3
 
@@ -52,6 +51,7 @@ def matching_rank_outputs(single_metrics: list[dict[str, float]], results: Path,
     return outputs
 
 
+@pytest.mark.slow  # its tp2_results start ranks in processes (a minute or more)
 @pytest.mark.timeout(600)
 def test_a_tp2_policy_update_equals_the_single_process_one(tp2_results: Path) -> None:
     single_metrics, single_weights, *_ = train_three_steps(tensor_parallel_size=1)
@@ -78,12 +78,13 @@ def train_critic_three_times(
     )
     metrics = []
     for _ in range(STEPS):
-        targets = value_targets(critic, batch(), GAEAdvantage(gae_lambda=0.95, gae_gamma=1.0), micro_batch_size=3)
-        metrics.append(update.train(batch(), targets, epochs=2))
+        targets = value_targets(critic, critic_rows(), GAEAdvantage(gae_lambda=0.95, gae_gamma=1.0), micro_batch_size=3)
+        metrics.append(update.train(critic_rows(), targets, epochs=2))
     probe = step_rows(0)  # all its weights, through the values at every position a loss reads
     return metrics, per_token_forward(critic, probe, probe.plan(4), lambda _, output: values_from_output(output))
 
 
+@pytest.mark.slow  # its tp2_results start ranks in processes (a minute or more)
 @pytest.mark.timeout(600)
 def test_a_tp2_critic_update_equals_the_single_process_one(tp2_results: Path) -> None:
     single_metrics, single_values = train_critic_three_times(tensor_parallel_size=1)
@@ -107,6 +108,7 @@ def _ppo_tensor_parallel_rank(rank: int, world_size: int, out: Path) -> None:
     torch.save(train_ppo_three_steps(tensor_parallel_size=2, gathered=True), out / f"ppo{rank}.pt")
 
 
+@pytest.mark.slow  # ranks in processes, a minute or more on 2 cores
 @pytest.mark.timeout(600)
 def test_a_tp2_ppo_step_equals_the_single_process_one(tmp_path: Path) -> None:
     """Value stage, critic and policy epochs, frozen pi_old and the KL term, all at TP=2."""

@@ -1,0 +1,85 @@
+"""Command-line processes as users start them: from the repository root, in a user's environment, and what they
+leave behind (the per-step metrics, the error lines)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from tests.helpers.configs import REPO, TINY
+
+# torch.distributed's rendezvous variables: a test process may have set them up, a child started as a user starts it
+# must not inherit them (it would join this process's taken port)
+RENDEZVOUS = ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK")
+# On top of the tiny config: the quickest real run (colocated engine, in-process data plane), quiet
+QUICK = ("--config", "configs/colocated.yaml", "--data_plane.backend", "memory", "--trainer.enable_progress_bar=false")
+
+
+def user_environment(*, without: Sequence[str] = (), without_prefix: str | None = None) -> dict[str, str]:
+    """This process's environment as a user's shell would hold it: no rendezvous, nor the names in ``without``."""
+    dropped = {*RENDEZVOUS, *without}
+    return {
+        k: v
+        for k, v in os.environ.items()
+        if k not in dropped and (without_prefix is None or not k.startswith(without_prefix))
+    }
+
+
+def run(*args: str, timeout_s: float = 300, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """``python -m sc_lightning *args`` to its end from the repository root, in ``env`` (a user's environment by
+    default); its exit code, stdout and stderr."""
+    return subprocess.run(
+        [sys.executable, "-m", "sc_lightning", *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+        env=user_environment() if env is None else env,
+    )
+
+
+def start(argv: Sequence[str], *, env: dict[str, str] | None = None, **popen: Any) -> subprocess.Popen:
+    """Start ``argv`` from the repository root in ``env`` (a user's environment by default); ``popen`` goes to
+    :class:`subprocess.Popen` (the pipes)."""
+    return subprocess.Popen(list(argv), cwd=REPO, env=user_environment() if env is None else env, **popen)
+
+
+def wait_for(predicate: Callable[[], bool], process: subprocess.Popen, what: str, timeout_s: float = 180) -> bool:
+    """Poll an outside observation of the run until it holds (True) or the run ended first (False)."""
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if process.poll() is not None:
+            return False
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.005)
+    return True
+
+
+def step_metrics(root: Path) -> list[dict[str, str]]:
+    """The per-step rows of the one run's CSV metrics under ``root``, as dicts."""
+    (metrics,) = root.glob("lightning_logs/version_*/metrics.csv")
+    header, *rows = metrics.read_text().splitlines()
+    return [dict(zip(header.split(","), row.split(","), strict=True)) for row in rows]
+
+
+def error_lines(stderr: str) -> list[str]:
+    """The ``error:`` lines of a command's stderr."""
+    return [line for line in stderr.splitlines() if line.startswith("error:")]
+
+
+def checkpointed(tmp_path: Path, *extra: str) -> list[str]:
+    """``fit`` of the tiny example with a bundle every 1000 steps (so only the end of a fit writes one)."""
+    return [
+        "fit", "--config", TINY, *QUICK,
+        "--checkpointing.enabled", "true",
+        "--checkpointing.save_data_plane", "true",
+        "--checkpointing.checkpoint_dir", str(tmp_path / "ckpt"),
+        "--checkpointing.save_period", "1000",
+        "--trainer.default_root_dir", str(tmp_path),
+        *extra,
+    ]  # fmt: skip
