@@ -7,7 +7,7 @@ import json
 import subprocess
 import sys
 
-from tests.conftest import REPO, TINY
+from tests.helpers.configs import REPO, TINY
 
 _PROBE = """
 import json, sys
