@@ -43,7 +43,6 @@ from sc_lightning.data_plane.base import DataPlane
 from sc_lightning.engines.base import GenerationEngine
 from sc_lightning.engines.factory import context_tokens
 from sc_lightning.lightning.banner import print_banner, run_facts
-from sc_lightning.lightning.refit_stream import policy_buckets
 from sc_lightning.rollout.datasets import build_dataset
 from sc_lightning.rollout.envs import answer_check, build_environment
 from sc_lightning.rollout.external import ExternalRollouts
@@ -52,6 +51,7 @@ from sc_lightning.rollout.serving.listen import listen_on_loopback
 from sc_lightning.rollout.serving.server import OpenAIEndpoint
 from sc_lightning.trainer.data_parallel import data_parallel_representative, parallel_layout
 from sc_lightning.trainer.rank_sync import FollowerSelect, LeaderSelect, RankGroup
+from sc_lightning.trainer.refit_gather import policy_buckets
 from sc_lightning.trainer.sharded_checkpoint import CheckpointMismatch, load_sharded, save_sharded
 from sc_lightning.trainer.step_stream import GroupSource, RLStepStream, StepSettings
 
@@ -182,7 +182,7 @@ class ControllerHost:
     def policy_buckets(self) -> Iterator[tuple[list[tuple[str, torch.Tensor]], bool]]:
         """The module's policy under HF names as ``(bucket, last)`` on the leader, each bucket at most
         :attr:`refit_bucket_bytes` (or one module's tensors), gathered only when asked for; nothing on the other
-        ranks. A collective: every rank must exhaust it (:mod:`~sc_lightning.lightning.refit_stream`: the first
+        ranks. A collective: every rank must exhaust it (:mod:`~sc_lightning.trainer.refit_gather`: the first
         data-parallel replica exports, tensor-parallel shards are gathered, later pipeline stages send theirs)."""
         module = self.lightning_module
         return policy_buckets(module.policy, module.spec, self.ranks, bound=self.refit_bucket_bytes)

@@ -26,7 +26,7 @@ plain torch over the controller's port (``controller/api.py``) and the data plan
         begin_refit(v + 1)                        release the step's rows, close dispatch, abort rollouts that
                                                    can never train
         push_weights(bucket, v + 1) per bucket    the policy in HF names, in bounded buckets
-                                                   (lightning/refit_stream.py); skipped while PPO's critic
+                                                   (refit_gather.py); skipped while PPO's critic
                                                    warms up (policy_trained False)
         finish_refit(v + 1)                       new rollouts are stamped v + 1; dispatch reopens
     if (v + 1) % save_period == 0 or last:         callbacks/checkpoint.py: trainer.ckpt + controller state +

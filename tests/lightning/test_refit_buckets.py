@@ -17,10 +17,10 @@ from lightning.pytorch import Callback
 from sc_lightning.engines.base import EngineError
 from sc_lightning.engines.megatron import MegatronEngine
 from sc_lightning.lightning.module import GRPOModule
-from sc_lightning.lightning.refit_stream import bucket_units, stage_owners
 from sc_lightning.models.megatron import megatron_weights
 from sc_lightning.models.warm_start import resolve_model_name
 from sc_lightning.testing.scripted_engine import ScriptedEngine
+from sc_lightning.trainer.refit_gather import bucket_units, stage_owners
 from sc_lightning.types import SamplingParams
 from tests.conftest import tiny_trainer
 from tests.controller.test_controller import answer_correctly, config, make
