@@ -17,7 +17,7 @@ from sc_lightning.cli import load_and_check, main
 from sc_lightning.config.reference import section_summaries
 from sc_lightning.config.reference_text import render_knobs
 from sc_lightning.console import quiet_libraries
-from sc_lightning.lightning.banner import RunFacts, banner
+from sc_lightning.rollout_side.banner import RunFacts, banner
 from tests.conftest import REPO, user_environment
 from tests.test_cli import TINY, run
 

@@ -203,7 +203,7 @@ class EngineHoldsTheTrainersWeights(Callback):
         self.versions: list[int] = []
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        engine = trainer.strategy.controller.controller.served.engine
+        engine = trainer.strategy.rollout_side.controller.controller.served.engine
         replica = dict(megatron_weights(engine.engine._model))
         self.exact.append(all(torch.equal(replica[name], p) for name, p in megatron_weights(pl_module.policy)))
         self.versions.append(engine.weight_version)
@@ -222,7 +222,7 @@ def test_each_refit_streams_bounded_buckets_and_the_engine_ends_with_the_trainer
     config = tiny_config("grpo.max_num_steps=2", f"policy.generation.refit_bucket_mb={BOUND / 2**20}")
     check = EngineHoldsTheTrainersWeights()
     trainer = tiny_trainer(config, engine_factory, [check])
-    assert trainer.strategy.refit_bucket_bytes == BOUND  # the knob, in bytes
+    assert trainer.strategy.rollout_side.refit_bucket_bytes == BOUND  # the knob, in bytes
     trainer.fit(GRPOModule(config))
     assert check.exact == [True, True] and check.versions == [1, 2]
     calls = built[0].calls
