@@ -4,9 +4,10 @@
     side.ranks = RankGroup(...)                      # several trainer ranks: their metadata channel (else None)
     side.listen()                                    # the endpoint's port, taken before anything starts
     side.start(model)                                # after the policy is built (a collective over the ranks)
-    for step in side.rl_steps(version=...):          # one item per RL step
+    for step in side.rl_steps(version=...):          # one item per RL step, until the rollouts run out
         ... train the step (sc_lightning/trainer/), one optimizer step ...
         side.refit(version)                          # push the new weights; dispatch reopens
+        ... stop after max_num_steps steps (the stream's len(); Lightning's max_steps) ...
     side.shutdown()                                  # also after an exception or Ctrl-C
 
 At :meth:`~RolloutSide.start` the leader rank — the only rank of a one-process run, global rank 0 of many — loads the
