@@ -97,7 +97,7 @@ class StepTimes(Callback):
         # below 1 on a window of 1: the step took groups of the batch dispatched for the next step
         row["staleness_mean"] = float(metrics["train/staleness_mean"])
         self.rows.append(row)
-        engine = trainer.strategy.controller.stats().engine_time
+        engine = trainer.strategy.rollout_side.controller.stats().engine_time
         self.tokens = {"wasted": engine.wasted_tokens, "trained": engine.trained_tokens}
 
 

@@ -164,7 +164,7 @@ def kill_frozen(router: FreezingRouter) -> None:
 
 def finished_requests(trainer: Trainer, engine: RayMegatronEngine) -> int:
     """How many requests ``engine`` has finished (asked on the controller's loop, which owns the client)."""
-    return trainer.strategy.controller.call(engine.stats())["finished_requests"]
+    return trainer.strategy.rollout_side.controller.call(engine.stats())["finished_requests"]
 
 
 def controller_over(config: SCConfig, engine: GenerationEngine) -> SingleController:

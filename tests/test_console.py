@@ -18,7 +18,7 @@ from sc_lightning.cli.main import main
 from sc_lightning.config.reference import section_summaries
 from sc_lightning.config.reference_text import render_knobs
 from sc_lightning.console import quiet_libraries
-from sc_lightning.lightning.banner import RunFacts, banner
+from sc_lightning.rollout_side.banner import RunFacts, banner
 from tests.helpers.cli import run, user_environment
 from tests.helpers.configs import REPO, TINY
 

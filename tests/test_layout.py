@@ -27,6 +27,9 @@ ALLOWED = {
     "controller": {"controller", "rollout", "engines", "data_plane", "config", "types", "tokenizer"},
     "checkpoint": {"checkpoint", "data_plane", "config", "types"},
     "trainer": {"trainer", "controller", "algorithms", "models", "data_plane", "config", "types", "tokenizer"},
+    # the rollout side assembles everything below the Lightning adapter, and imports no Lightning (LIGHTNING_USERS)
+    "rollout_side": {"rollout_side", "controller", "trainer", "rollout", "engines", "data_plane", "checkpoint"}
+    | {"models", "config", "types", "tokenizer"},
 }
 # Of some allowed parts, a part may import only these modules.
 ONLY_MODULES = {"trainer": {"controller": {"api"}, "data_plane": {"base"}}}
@@ -125,6 +128,9 @@ CLEAN_TREE = {
     "controller/runners.py": "from sc_lightning.controller.controller import SingleController\nfrom . import buffer\n",
     "models/warm_start.py": "from sc_lightning.models.spec import builtin_spec\nfrom sc_lightning.tokenizer import T\n",
     "testing/fake.py": "from sc_lightning.testing import helpers\n",
+    "rollout_side/side.py": "from sc_lightning.controller.build import build_controller\n"
+    "from sc_lightning.trainer.step_stream import RLStepStream\n"
+    "from sc_lightning.checkpoint.bundle import CONTROLLER_FILE\n",
 }
 PLANTED = {  # file -> (its text, the rules it breaks, by the start of their message)
     "trainer/uses_lightning.py": ("import lightning\n", ["only ['callbacks', 'cli', 'lightning'] may import"]),
@@ -144,6 +150,8 @@ PLANTED = {  # file -> (its text, the rules it breaks, by the start of their mes
     "callbacks/whole.py": ("import sc_lightning.controller\n", ["outside controller/ only"]),
     "callbacks/fake.py": ("from sc_lightning.testing.fakes import Fake\n", ["the package never imports its test"]),
     "lightning/cli_parser.py": ("from sc_lightning.cli.load import LIGHTNING_KEYS\n", ["cli/ is the composition root"]),
+    "rollout_side/hooks.py": ("from lightning.pytorch import Callback\n", ["only ['callbacks', 'cli', 'lightning']"]),
+    "rollout_side/strategy.py": ("from sc_lightning.lightning.strategy import S\n", ["rollout_side/ may import only"]),
 }
 
 

@@ -90,6 +90,10 @@ def test_a_resume_redoes_the_validation_of_its_step_only_if_it_was_not_logged(la
     monitor = ValidationMonitor(GRPOConfig(val_period=2, max_num_steps=10))
     monitor.load_state_dict({"last_logged_step": last_logged})
     controller = FakeController()
-    trainer: Any = SimpleNamespace(global_step=4, is_global_zero=True, strategy=SimpleNamespace(controller=controller))
+    trainer: Any = SimpleNamespace(
+        global_step=4,
+        is_global_zero=True,
+        strategy=SimpleNamespace(rollout_side=SimpleNamespace(controller=controller)),
+    )
     monitor.on_train_start(trainer, None)  # type: ignore[arg-type]
     assert controller.started == redone

@@ -74,7 +74,7 @@ class BundleCheckpoint(Checkpoint):
         if not trainer.is_global_zero:
             trainer.save_checkpoint(Path(strategy.broadcast(None)) / TRAINER_FILE, weights_only=weights_only)
             return final
-        controller = strategy.controller
+        controller = strategy.rollout_side.controller
         with write_atomically(final) as directory:
             strategy.broadcast(str(directory))  # where the other ranks write their shards
             trainer.save_checkpoint(directory / TRAINER_FILE, weights_only=weights_only)

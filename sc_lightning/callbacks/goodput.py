@@ -53,7 +53,7 @@ class GoodputMonitor(Callback):
         """Split the step's window and the engines' time since the last step; log both (on the leader)."""
         if not trainer.is_global_zero:
             return
-        record = trainer.strategy.last_refit
+        record = trainer.strategy.rollout_side.last_refit
         if record is None:
             return  # RolloutMonitor names the missing refit
         step = self._trainer_window(trainer, record.step_s, record.duration_s)

@@ -1,7 +1,7 @@
 """RolloutMonitor: logs each RL step's refit, step time and the controller's rollout counters.
 
 Per step, after the refit that :class:`~sc_lightning.callbacks.refit.RefitCallback` ran (read from
-``trainer.strategy.last_refit``):
+``trainer.strategy.rollout_side.last_refit``):
 
     timing/train/weight_sync        the refit's wall time (release, weight export and push, reopen)
     timing/train/total_step_time    from the previous refit's end (or the fit's start) to this one's; also the
@@ -41,7 +41,7 @@ class RolloutMonitor(Callback):
         """Log the refit of the step that just ended (on the leader rank: the others run no refit)."""
         if not trainer.is_global_zero:
             return
-        record = trainer.strategy.last_refit
+        record = trainer.strategy.rollout_side.last_refit
         if record is None or record.version != trainer.global_step:
             raise MisconfigurationException(
                 f"RolloutMonitor found no refit for RL step {trainer.global_step - 1}: list it after RefitCallback "

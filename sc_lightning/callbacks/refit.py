@@ -1,6 +1,6 @@
 """RefitCallback: after every RL step, push the policy's new weights to the generation engine.
 
-on_train_batch_end (the optimizer step is done, global_step = v): ``trainer.strategy.refit(v)``
+on_train_batch_end (the optimizer step is done, global_step = v): ``trainer.strategy.rollout_side.refit(v)``
     begin_refit(v)     close dispatch; abort in-flight rollouts that can never be trained; with the drain gate
                        (async_rl.in_flight_weight_updates: false) wait for the rest to finish; release the step's rows
     push_weights(v)    export the policy under HF names and load it into the engine, in buckets of bounded size
@@ -8,8 +8,8 @@ on_train_batch_end (the optimizer step is done, global_step = v): ``trainer.stra
                        unchanged (the module's ``policy_trained`` is False)
     finish_refit(v)    new rollouts are stamped with version v; dispatch reopens
 
-The strategy records the refit (``strategy.last_refit``); :class:`~sc_lightning.callbacks.monitor.RolloutMonitor`
-logs it.
+The rollout side records the refit (``rollout_side.last_refit``);
+:class:`~sc_lightning.callbacks.monitor.RolloutMonitor` logs it.
 """
 
 from __future__ import annotations
@@ -29,11 +29,13 @@ class RefitCallback(Callback):
     def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:
         """Colocated: the engine stands down for the whole train step (its requests and deadlines freeze); under the
         drain gate, once the rollouts in flight have finished."""
-        if trainer.strategy.colocated:
-            trainer.strategy.stand_down_engine()
+        side = trainer.strategy.rollout_side
+        if side.colocated:
+            side.stand_down_engine()
 
     def on_train_batch_end(
         self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
         """Refit the engine to the weights the step just produced."""
-        trainer.strategy.refit(trainer.global_step, wake=trainer.strategy.colocated)
+        side = trainer.strategy.rollout_side
+        side.refit(trainer.global_step, trained=pl_module.policy_trained, wake=side.colocated)

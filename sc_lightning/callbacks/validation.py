@@ -34,20 +34,20 @@ class ValidationMonitor(Callback):
         """Validate the version the run starts from when it is due and not logged yet (version 0, or a resume)."""
         step = trainer.global_step
         if trainer.is_global_zero and self._due(step) and step > self.last_logged_step:
-            trainer.strategy.controller.validate(step)
+            trainer.strategy.rollout_side.controller.validate(step)
 
     def on_train_batch_end(
         self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
         """Log the validations finished since the last step."""
         if trainer.is_global_zero:
-            self._log(trainer, trainer.strategy.controller.validation_results())
+            self._log(trainer, trainer.strategy.rollout_side.controller.validation_results())
 
     def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         """Wait for the last validation (``val_at_end``: of the final version, started now if no refit did)."""
-        if not trainer.is_global_zero or trainer.strategy.controller is None:
+        if not trainer.is_global_zero or trainer.strategy.rollout_side.controller is None:
             return
-        controller, step = trainer.strategy.controller, trainer.global_step
+        controller, step = trainer.strategy.rollout_side.controller, trainer.global_step
         self._log(trainer, controller.settle_validation())
         if self.algo.val_at_end and step > self.last_logged_step:
             controller.validate(step)
@@ -55,8 +55,8 @@ class ValidationMonitor(Callback):
 
     def on_save_checkpoint(self, trainer: Trainer, pl_module: LightningModule, checkpoint: dict[str, Any]) -> None:
         """Settle and log the validation in flight, so the saved state says whether this step's was logged."""
-        if trainer.is_global_zero and trainer.strategy.controller is not None:
-            self._log(trainer, trainer.strategy.controller.settle_validation())
+        if trainer.is_global_zero and trainer.strategy.rollout_side.controller is not None:
+            self._log(trainer, trainer.strategy.rollout_side.controller.settle_validation())
         checkpoint.setdefault("callbacks", {})[self.state_key] = self.state_dict()
 
     def state_dict(self) -> dict[str, Any]:
@@ -91,7 +91,7 @@ class ValidateOnce(Callback):
         """Run the validation and log it at its step."""
         if not trainer.is_global_zero:
             return
-        controller = trainer.strategy.controller
+        controller = trainer.strategy.rollout_side.controller
         controller.validate(controller.stats().trainer_version)
         self.results.extend(controller.settle_validation())
         for result in self.results:

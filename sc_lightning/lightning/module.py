@@ -156,8 +156,10 @@ class GRPOModule(LightningModule):
             self._train_data_log.close()
 
     def train_dataloader(self) -> Any:
-        """One item per RL step, from the Single-Controller strategy's running controller."""
-        return self.trainer.strategy.rl_steps()
+        """One item per RL step, from the Single-Controller strategy's rollout side; the version of each is the
+        optimizer steps taken so far (``global_step``)."""
+        trainer = self.trainer
+        return trainer.strategy.rollout_side.rl_steps(version=lambda: trainer.global_step)
 
     def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
         """Open the step's perf measurement."""
@@ -204,7 +206,7 @@ class GRPOModule(LightningModule):
         if self._perf is not None:
             self._perf.synchronize()  # the clock below must cover the device's work
         if self.config.data.train_data_log:
-            rows = self.trainer.strategy.trained_rows_on_leader(step.trained_rows)
+            rows = self.trainer.strategy.rollout_side.trained_rows_on_leader(step.trained_rows)
             if self._train_data_log is not None:
                 self._train_data_log.write(index, rows)
         timing = {

@@ -27,13 +27,12 @@ import torch
 
 from sc_lightning.config import SCConfig
 from sc_lightning.engines.sampling import scoring_temperature
-from sc_lightning.lightning.controller_host import SHARDED_KEY
 from sc_lightning.lightning.module import GRPOModule
 from sc_lightning.trainer.chunks import TrainChunk, concat_chunks
 from sc_lightning.trainer.critic_update import CriticUpdate, value_targets
 from sc_lightning.trainer.optim import adamw, optimizer_state_to
 from sc_lightning.trainer.policy_update import frozen_logprobs
-from sc_lightning.trainer.sharded_checkpoint import load_sharded, saved_part_names
+from sc_lightning.trainer.sharded_checkpoint import SHARDED_KEY, load_sharded, saved_part_names
 from sc_lightning.trainer.step_stream import RLStep
 
 

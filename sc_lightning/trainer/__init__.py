@@ -5,7 +5,7 @@ plain torch over the controller's port (``controller/api.py``) and the data plan
 (= ``trainer.global_step`` = the weight version it trains from), and where each phase runs:
 
     # --- select: Lightning's data fetcher asks the train dataloader for its next item (no hook) ---
-    step = next(RLStepStream)                      step_stream.py; the dataloader is strategy.rl_steps()
+    step = next(RLStepStream)                      step_stream.py; the dataloader is rollout_side.rl_steps()
         first = client.select(v, min, max)        the controller evicts what can never train at v, then waits
                                                    (None: rollouts exhausted, the epoch and the fit end)
     on_train_batch_start                           callbacks/refit.py: a colocated engine stands down
@@ -22,11 +22,11 @@ plain torch over the controller's port (``controller/api.py``) and the data plan
     train_data_log.write(v, step.trained_rows)     train_data_log.py (data.train_data_log)
     log train/*, timing/train/*
     # --- on_train_batch_end: refit, then bundle (Lightning runs Checkpoint callbacks after all others) ---
-    strategy.refit(v + 1)                          callbacks/refit.py -> lightning/controller_host.py
+    rollout_side.refit(v + 1)                      callbacks/refit.py -> rollout_side/side.py
         begin_refit(v + 1)                        release the step's rows, close dispatch, abort rollouts that
                                                    can never train
         push_weights(bucket, v + 1) per bucket    the policy in HF names, in bounded buckets
-                                                   (lightning/refit_stream.py); skipped while PPO's critic
+                                                   (refit_gather.py); skipped while PPO's critic
                                                    warms up (policy_trained False)
         finish_refit(v + 1)                       new rollouts are stamped v + 1; dispatch reopens
     if (v + 1) % save_period == 0 or last:         callbacks/checkpoint.py: trainer.ckpt + controller state +

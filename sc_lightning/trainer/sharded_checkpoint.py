@@ -11,6 +11,9 @@ common state. A load needs the form this run's optimizers keep: another fails na
     save_sharded(directory, parts)        # a collective: every rank calls it with its own shards
     load_sharded(directory, parts)        # the same parts, built for the new layout: loaded in place
 
+A trainer checkpoint (Lightning's ``trainer.ckpt``) whose models went to such a directory beside it keeps only a note
+of where (:data:`SHARDED_KEY`, written by :func:`shard_trainer_checkpoint`; :func:`sharded_directory` reads it back).
+
 megatron's ``torch_dist`` writer hands its write results through a queue it creates on first use in a
 ``multiprocessing.Manager`` server process (made for asynchronous saves, which run elsewhere). That server outlives a
 rank killed by a signal (Lightning's launcher SIGKILLs the leader when another rank dies), holding on to the rank's
@@ -21,7 +24,7 @@ the queue is written and read in the saving process, so an in-process queue serv
 from __future__ import annotations
 
 import queue
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +40,8 @@ from sc_lightning.models.cpu_compat import cuda_calls_on
 
 Part = tuple[torch.nn.Module, torch.optim.Optimizer | None]
 """A model and its optimizer (None: the model is not trained, e.g. the frozen reference)."""
+SHARDED_KEY = "sc_lightning_sharded"
+"""The trainer checkpoint's entry saying its models and optimizers are in a distributed checkpoint beside it."""
 
 _MOMENTS = ("exp_avg", "exp_avg_sq")
 
@@ -140,6 +145,40 @@ def load_sharded(directory: Path, parts: Mapping[str, Part]) -> None:
             )
         if optimizer is not None:
             _load_optimizer(optimizer, loaded[name]["optimizer"])
+
+
+def shard_trainer_checkpoint(
+    checkpoint: dict[str, Any], directory: Path, parts: Callable[[bool], Mapping[str, Part]]
+) -> None:
+    """Save a trainer checkpoint's models — and its optimizers, when it holds their states — to ``directory`` as a
+    distributed checkpoint (a collective: every rank writes its shards), leaving in ``checkpoint`` only a note of
+    where. ``parts(with_optimizers)``: the models by name, each with its optimizer when asked for."""
+    with_optimizers = "optimizer_states" in checkpoint
+    save_sharded(directory, parts(with_optimizers))
+    checkpoint["state_dict"] = {}  # Lightning checks the keys exist; the models load from the directory
+    if with_optimizers:
+        checkpoint["optimizer_states"] = []
+    checkpoint[SHARDED_KEY] = {"directory": directory.name, "optimizers": with_optimizers}
+
+
+def sharded_directory(checkpoint: Mapping[str, Any], path: str | Path) -> Path | None:
+    """The distributed checkpoint beside the trainer checkpoint at ``path`` that holds its models (``checkpoint``
+    is what ``path`` holds), or None when the models are in the trainer checkpoint itself."""
+    if SHARDED_KEY not in checkpoint:
+        return None
+    return Path(path).parent / checkpoint[SHARDED_KEY]["directory"]
+
+
+def trainer_checkpoint_mismatch(path: str | Path | None, what: str, err: Exception) -> CheckpointMismatch:
+    """The error for a trainer checkpoint whose ``what`` (models, optimizers) do not fit this run's, with torch's
+    reasons (3 at most) from ``err``."""
+    details = [line.strip()[:160] for line in str(err).splitlines()[1:] if line.strip()]  # torch: one per kind
+    reason = "; ".join(details[:3]) or str(err)
+    return CheckpointMismatch(
+        f"{path}: its {what} do not fit this run's ({reason}): resume with the model and optimizer settings of the "
+        "run that wrote it (policy.model_name, policy.megatron_cfg, value.*), or start afresh with a new "
+        "checkpointing.checkpoint_dir (nothing was deleted)"
+    )
 
 
 def _load_optimizer(optimizer: torch.optim.Optimizer, loaded: dict[str, Any]) -> None:

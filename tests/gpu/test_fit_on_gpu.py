@@ -31,7 +31,7 @@ class OnTheGpu(Callback):
         self.max_logprob_error = 0.0
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        controller = trainer.strategy.controller
+        controller = trainer.strategy.rollout_side.controller
         engine = controller.controller.served.engine
         policy, vocab = pl_module.policy, pl_module.spec.vocab_size
         self.devices |= {trainer.strategy.root_device.type, next(policy.parameters()).device.type}

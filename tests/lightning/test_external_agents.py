@@ -54,7 +54,8 @@ class Agent(Callback):
 
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
         """Start the agent on the strategy's endpoint."""
-        self._thread = threading.Thread(target=self.run, args=(trainer.strategy.endpoint_url,), daemon=True)
+        url = trainer.strategy.rollout_side.endpoint_url
+        self._thread = threading.Thread(target=self.run, args=(url,), daemon=True)
         self._thread.start()
 
     def teardown(self, trainer: Any, pl_module: Any, stage: str) -> None:

@@ -34,7 +34,7 @@ class PhaseRecorder(Callback):
 
     def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
         """The strategy has started the controller: record every train-side call on its way through."""
-        handle = trainer.strategy.controller
+        handle = trainer.strategy.rollout_side.controller
         invoke = handle._invoke
 
         def recording(method: str, *args: Any, **kwargs: Any) -> Any:

@@ -58,7 +58,7 @@ CPU_RUN_ON_A_GPU_BOX = textwrap.dedent(
 
     class Devices(Callback):
         def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
-            engine = trainer.strategy.controller.controller.served.engine
+            engine = trainer.strategy.rollout_side.controller.controller.served.engine
             self.seen = {
                 trainer.strategy.root_device.type,
                 next(pl_module.policy.parameters()).device.type,

@@ -26,10 +26,12 @@ class EngineMatchesTrainer(Callback):
         self.megatron_layout: list[bool] = []
 
     def on_before_optimizer_step(self, trainer, pl_module, optimizer) -> None:
-        self.stood_down_while_training.append(trainer.strategy.controller.controller.served.engine.stood_down)
+        self.stood_down_while_training.append(
+            trainer.strategy.rollout_side.controller.controller.served.engine.stood_down
+        )
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        controller = trainer.strategy.controller
+        controller = trainer.strategy.rollout_side.controller
         engine = controller.controller.served.engine
         greedy = SamplingParams(max_new_tokens=4, temperature=0.0)
         generation = controller.call(engine.generate(PROMPT, greedy))
@@ -41,7 +43,7 @@ class EngineMatchesTrainer(Callback):
         self.versions.append(engine.weight_version)
         replica = dict(megatron_weights(engine._model))  # the in-process engine took the live parameters as they are
         self.exact.append(all(torch.equal(replica[name], p) for name, p in megatron_weights(pl_module.policy)))
-        self.megatron_layout.append(trainer.strategy._engine_accepts_megatron_weights)
+        self.megatron_layout.append(trainer.strategy.rollout_side.accepts_megatron_weights)
 
 
 def test_after_each_step_the_colocated_engine_stood_down_and_scores_like_the_trainer() -> None:

@@ -16,10 +16,10 @@ from lightning.pytorch import Callback
 from sc_lightning.engines.base import EngineError
 from sc_lightning.engines.megatron.engine import MegatronEngine
 from sc_lightning.lightning.module import GRPOModule
-from sc_lightning.lightning.refit_stream import bucket_units, stage_owners
 from sc_lightning.models.megatron import megatron_weights
 from sc_lightning.models.warm_start import resolve_model_name
 from sc_lightning.testing.scripted_engine import ScriptedEngine
+from sc_lightning.trainer.refit_gather import bucket_units, stage_owners
 from sc_lightning.types import SamplingParams
 from tests.helpers.controllers import config, make
 from tests.helpers.fits import tiny_config, tiny_trainer
@@ -178,7 +178,7 @@ class EngineHoldsTheTrainersWeights(Callback):
         self.versions: list[int] = []
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        engine = trainer.strategy.controller.controller.served.engine
+        engine = trainer.strategy.rollout_side.controller.controller.served.engine
         replica = dict(megatron_weights(engine.engine._model))
         self.exact.append(all(torch.equal(replica[name], p) for name, p in megatron_weights(pl_module.policy)))
         self.versions.append(engine.weight_version)
@@ -197,7 +197,7 @@ def test_each_refit_streams_bounded_buckets_and_the_engine_ends_with_the_trainer
     config = tiny_config("grpo.max_num_steps=2", f"policy.generation.refit_bucket_mb={BOUND / 2**20}")
     check = EngineHoldsTheTrainersWeights()
     trainer = tiny_trainer(config, engine_factory, [check])
-    assert trainer.strategy.refit_bucket_bytes == BOUND  # the knob, in bytes
+    assert trainer.strategy.rollout_side.refit_bucket_bytes == BOUND  # the knob, in bytes
     trainer.fit(GRPOModule(config))
     assert check.exact == [True, True] and check.versions == [1, 2]
     calls = built[0].calls

@@ -162,7 +162,7 @@ class EndpointProbe(Callback):
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         """POST one completion request and keep the answer."""
-        self.url = trainer.strategy.endpoint_url
+        self.url = trainer.strategy.rollout_side.endpoint_url
         request = urllib.request.Request(
             f"{self.url}/completions",
             data=json.dumps({"prompt": "2+3=", "max_tokens": 2}).encode(),

@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from sc_lightning.lightning.refit_stream import bucket_units, policy_units
 from sc_lightning.models import build_gpt_model, random_hf_state
 from sc_lightning.models.convert import hf_param_shapes
 from sc_lightning.trainer.rank_sync import RankGroup
+from sc_lightning.trainer.refit_gather import bucket_units, policy_units
 from tests.helpers.held_bytes import HeldBytes
 from tests.helpers.train_rows import SPEC
 from tests.ranks import run_ranks
@@ -47,7 +47,7 @@ def _stream_rank(rank: int, world_size: int, out: Path, tp: int, pp: int, tied: 
         units = ((size, held.watch(gather)) for size, gather in policy_units(model, spec, ranks))
         for bucket, last in bucket_units(units, BOUND):
             engine.push(bucket, last)
-            del bucket  # dropped before the next bucket is gathered, as the strategy does
+            del bucket  # dropped before the next bucket is gathered, as the rollout side does
         # the next step's select: ranks that had nothing to send (another replica) got here long ago
         assert ranks.broadcast(f"after refit {refit}") == f"after refit {refit}"
         if ranks.leader:

@@ -12,23 +12,27 @@ For ``configs/grpo_tiny.yaml`` on a CPU box::
 
 ``endpoint:`` (the OpenAI-compatible URL; where agents take rollouts with env.name external) follows when one is
 served, and ``kernels:`` when a CUDA trainer runs without Apex or Transformer Engine (megatron then uses its torch
-fall-backs). :func:`banner` is pure; :func:`run_facts` reads what only the started run knows from its strategy.
+fall-backs). :func:`banner` is pure; :func:`run_facts` gathers what only the started run knows (the strategy passes
+its trainer's devices and loggers; nothing here imports Lightning).
 """
 
 from __future__ import annotations
 
 import importlib.util
+import math
 import os
 import sys
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from lightning.pytorch.utilities.model_summary import get_human_readable_count
+import torch
 
 from sc_lightning.config import SCConfig, resolve
 
 _SAMPLER_WINDOW_KNOBS = ("max_lookahead_versions", "max_staleness_versions", "over_sampling_ratio", "target")
 _FAST_KERNELS = {"apex": "Apex", "transformer_engine": "Transformer Engine"}
+_COUNT_UNITS = ("", "K", "M", "B", "T")
 
 
 @dataclass(frozen=True)
@@ -47,7 +51,7 @@ class RunFacts:
 
 def banner(config: SCConfig, facts: RunFacts) -> str:
     """The banner's text (no trailing newline)."""
-    counts = ", ".join(f"{name} {get_human_readable_count(n).strip()}" for name, n in facts.parameters.items())
+    counts = ", ".join(f"{name} {human_count(n)}" for name, n in facts.parameters.items())
     megatron = config.policy.megatron_cfg
     sharded = megatron.tensor_model_parallel_size * megatron.pipeline_model_parallel_size > 1
     whose = " in rank 0's shard" if sharded else ""
@@ -109,22 +113,39 @@ def _checkpoints(config: SCConfig) -> str:
     return text
 
 
-def run_facts(strategy: Any, layout: str, endpoint_url: str | None) -> RunFacts:
-    """The started run's facts, read on the leader from its strategy (nothing here is a collective)."""
-    module, trainer = strategy.lightning_module, strategy.lightning_module.trainer
-    parts = module.checkpoint_parts([])
-    device = strategy.root_device.type
+def human_count(number: int) -> str:
+    """``number`` in thousands, millions, billions or trillions, as a model summary writes it: ``84.9 K``,
+    ``1.3 B``, ``123`` (one decimal below 100 of a unit, none from 100 on)."""
+    digits = int(math.floor(math.log10(number)) + 1) if number > 0 else 1
+    index = min(math.ceil(digits / 3), len(_COUNT_UNITS)) - 1
+    scaled = number * 10 ** (-3 * index)
+    text = f"{int(scaled):,d}" if index < 1 or scaled >= 100 else f"{scaled:,.1f}"
+    return f"{text} {_COUNT_UNITS[index]}".strip()
+
+
+def run_facts(
+    models: Mapping[str, torch.nn.Module],
+    *,
+    layout: str,
+    device: str,
+    devices: int,
+    nodes: int,
+    loggers: Sequence[Any],
+    endpoint_url: str | None,
+) -> RunFacts:
+    """The started run's facts, on the leader (nothing here is a collective): the trained ones of ``models`` counted,
+    each of the trainer's ``loggers`` named with its directory, the fast kernels missing on a CUDA ``device``."""
     return RunFacts(
         parameters={
             name: sum(p.numel() for p in model.parameters())
-            for name, (model, _) in parts.items()
+            for name, model in models.items()
             if any(p.requires_grad for p in model.parameters())
         },
         layout=layout,
         device=device,
-        devices=trainer.num_devices,
-        nodes=trainer.num_nodes,
-        loggers=tuple(_logger_text(logger) for logger in trainer.loggers),  # not trainer.log_dir: a collective
+        devices=devices,
+        nodes=nodes,
+        loggers=tuple(_logger_text(logger) for logger in loggers),
         endpoint_url=endpoint_url,
         missing_kernels=_missing_kernels() if device == "cuda" else (),
     )

@@ -1,0 +1,89 @@
+"""The rollout side's small pieces: what it reads of the trained model, how it builds the engine, the optional parts
+a config asks for (the OpenAI-compatible endpoint, external agents' rollouts, periodic rollout snapshots), and the
+record of the last refit."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch
+
+from sc_lightning.checkpoint.periodic import RolloutSnapshotter
+from sc_lightning.checkpoint.snapshots import config_identity
+from sc_lightning.config import SCConfig
+from sc_lightning.controller.api import RefitReport
+from sc_lightning.engines.base import GenerationEngine
+from sc_lightning.rollout.external import ExternalRollouts
+
+EngineFactory = Callable[[SCConfig, list[tuple[str, torch.Tensor]]], GenerationEngine]
+"""Builds the generation engine from the config and the policy's initial (HF-named) weights."""
+
+
+class PolicyModel(Protocol):
+    """What the rollout side reads of the trained model (a ``GRPOModule`` is one): the policy, its spec, its
+    tokenizer."""
+
+    @property
+    def policy(self) -> torch.nn.Module | None:
+        """The megatron-core policy being trained (its weights are what a refit pushes)."""
+        ...
+
+    @property
+    def spec(self) -> Any:
+        """The policy's architecture (:class:`~sc_lightning.models.spec.ModelSpec`): how its weights map to HF."""
+        ...
+
+    @property
+    def tokenizer(self) -> Any:
+        """The policy's tokenizer: the dataset's prompts are encoded with it, its pad id pads the training rows."""
+        ...
+
+
+@dataclass(frozen=True)
+class RefitRecord:
+    """The last refit: the version it published, the controller's report, how long it took, when it ended, and
+    the RL step's wall time (from the previous refit's end, or the fit's start, to this one's end)."""
+
+    version: int
+    report: RefitReport
+    duration_s: float
+    finished_at: float  # time.monotonic()
+    step_s: float
+
+
+def http_server_port(config: SCConfig) -> int | None:
+    """The port of the OpenAI-compatible endpoint (0: a free one), or None when the config serves none (the knobs
+    of the chosen backend)."""
+    generation = config.policy.generation
+    settings = generation.vllm_cfg if generation.backend == "vllm" else generation.mcore_generation_config
+    return settings.http_port if settings.expose_http_server else None
+
+
+def http_port_knob(config: SCConfig) -> str:
+    """The dotpath of the endpoint's port knob of the chosen backend."""
+    block = "vllm_cfg" if config.policy.generation.backend == "vllm" else "mcore_generation_config"
+    return f"policy.generation.{block}.http_port"
+
+
+def external_rollouts(config: SCConfig, engine: GenerationEngine) -> ExternalRollouts | None:
+    """The external agents' rollout registry when ``env.name`` is ``external`` (served by the endpoint), else None."""
+    if config.env.name != "external":
+        return None
+    return ExternalRollouts(max_total_tokens=config.policy.max_total_sequence_length, engine_name=engine.name)
+
+
+def rollout_snapshotter(config: SCConfig) -> RolloutSnapshotter | None:
+    """The periodic rollout snapshotter ``rollout_checkpointing`` asks for, or None."""
+    settings = config.rollout_checkpointing
+    if settings.snapshot_attempt_interval_s is None:
+        return None
+    return RolloutSnapshotter(
+        checkpoint_dir=Path(config.checkpointing.checkpoint_dir),
+        interval_s=settings.snapshot_attempt_interval_s,
+        keep_latest_k=settings.keep_latest_k,
+        max_consecutive_failures=settings.max_consecutive_failures,
+        identity=config_identity(config),
+    )
