@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import REPO, TEST_BASE
+from tests.helpers.configs import REPO, TEST_BASE
 
 pytestmark = pytest.mark.slow
 STEPS = 2
