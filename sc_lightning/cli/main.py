@@ -13,7 +13,6 @@ from collections.abc import Callable, Sequence
 from sc_lightning.cli.args import KNOBS_USAGE, usage
 from sc_lightning.cli.exits import EXIT_INVALID_CONFIG, usage_error
 from sc_lightning.cli.fit import fit_command
-from sc_lightning.cli.lean_imports import leave_out_model_metrics
 from sc_lightning.cli.load import LIGHTNING_KEYS
 from sc_lightning.interrupt import EXIT_INTERRUPTED
 
@@ -27,7 +26,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     command = _SUBCOMMANDS.get(args[0])
     if command is None:
         return usage_error(usage(), f"unknown subcommand {args[0]!r}; the subcommands are {', '.join(_SUBCOMMANDS)}")
-    leave_out_model_metrics()  # before anything imports Lightning: seconds off every command's start
     try:
         return command(args[1:])
     except KeyboardInterrupt:  # Ctrl-C: whatever had started has been stopped on the way here
