@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from tests.helpers.cli import user_environment
 from tests.helpers.configs import REPO, TEST_BASE
 
 pytestmark = pytest.mark.slow
@@ -98,7 +99,11 @@ def drive_two_grpo_steps() -> dict[str, Any]:
 
 def test_the_rollout_side_trains_two_grpo_steps_from_plain_python_without_lightning() -> None:
     code = "import json, tests.test_rollout_side as t; print(json.dumps(t.drive_two_grpo_steps()))"
-    result = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=600)
+    # a user's environment: not the torch.distributed rendezvous this pytest worker may have set up
+    env = user_environment()
+    result = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, timeout=600
+    )
     assert result.returncode == 0, result.stderr[-4000:]
     facts = json.loads(result.stdout.strip().splitlines()[-1])
     assert facts["lightning"] == []  # nothing imported Lightning
