@@ -52,7 +52,7 @@ class BundleCheckpoint(Checkpoint):
             self.save(trainer, step)
             seconds = time.monotonic() - started
             self.total_save_s += seconds
-            pl_module.log("timing/train/checkpointing", seconds, on_step=True, batch_size=1)
+            pl_module.step_log.log(trainer, {"timing/train/checkpointing": seconds})
 
     def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         """However the fit ended, the bundle of its last finished step (kept as is when it exists already)."""

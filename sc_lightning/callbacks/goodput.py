@@ -70,7 +70,7 @@ class GoodputMonitor(Callback):
         logged["goodput/engine/wall_total_s"] = engine.wall_s
         logged["goodput/engine/trained_tokens_total"] = float(engine.trained_tokens)
         logged["goodput/engine/wasted_tokens_total"] = float(engine.wasted_tokens)
-        pl_module.log_dict(logged, on_step=True, batch_size=1)
+        pl_module.step_log.log(trainer, logged)
         wall = sum(step.values())
         pl_module.log("tok_s", trained_tokens / wall if wall > 0 else 0.0, prog_bar=True, logger=False, batch_size=1)
 

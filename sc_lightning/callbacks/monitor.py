@@ -47,8 +47,8 @@ class RolloutMonitor(Callback):
                 f"RolloutMonitor found no refit for RL step {trainer.global_step - 1}: list it after RefitCallback "
                 "in Trainer(callbacks=[...])"
             )
-        pl_module.log("timing/train/weight_sync", record.duration_s, on_step=True, batch_size=1)
-        pl_module.log("timing/train/total_step_time", record.step_s, on_step=True, batch_size=1)
+        log = pl_module.step_log
+        log.log(trainer, {"timing/train/weight_sync": record.duration_s, "timing/train/total_step_time": record.step_s})
         pl_module.log("step_s", record.step_s, prog_bar=True, logger=False, on_step=True, batch_size=1)
         stats = record.report.stats
         step = {
@@ -57,24 +57,18 @@ class RolloutMonitor(Callback):
             "replaced_prompt_groups": stats.last_step.replaced,
             "promoted_prompt_groups": stats.last_step.promoted,
         }
-        pl_module.log_dict({f"train/{k}": float(v) for k, v in step.items()}, on_step=True, batch_size=1)
+        log.log(trainer, {f"train/{k}": v for k, v in step.items()})
         filtering = {
             "dynamic_sampling/filtered_groups": float(len(stats.last_step.filtered)),
             "dynamic_sampling/extra_generations": float(stats.last_step.extra_generations),
         }
-        pl_module.log_dict(filtering, on_step=True, batch_size=1)
+        log.log(trainer, filtering)
         if isinstance(pl_module, GRPOModule):  # before the step's bundle: Lightning runs checkpoint callbacks last
             pl_module.log_filtered_groups(record.version - 1, stats.last_step.filtered)
         counters = rollout_counters(stats)
         self.totals = {k: self._resumed.get(k, 0.0) + v for k, v in counters.items() if k.endswith("_total")}
-        pl_module.log_dict(
-            {f"rollout/{k}": float(v) for k, v in (counters | self.totals).items()}, on_step=True, batch_size=1
-        )
-        pl_module.log_dict(
-            {f"survivorship/{k}": v for k, v in survivorship_metrics(stats.survivorship).items()},
-            on_step=True,
-            batch_size=1,
-        )
+        log.log(trainer, {f"rollout/{k}": v for k, v in (counters | self.totals).items()})
+        log.log(trainer, {f"survivorship/{k}": v for k, v in survivorship_metrics(stats.survivorship).items()})
 
     def state_dict(self) -> dict[str, Any]:
         """The run's ``rollout/*_total`` counters as of the last step (saved in each bundle's ``trainer.ckpt``)."""

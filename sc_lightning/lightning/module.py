@@ -22,6 +22,7 @@ from lightning.pytorch import LightningModule
 from sc_lightning.algorithms import ClippedPGLoss
 from sc_lightning.config import SCConfig
 from sc_lightning.engines.sampling import scoring_temperature
+from sc_lightning.lightning.step_log import StepLog
 from sc_lightning.trainer.data_parallel import data_parallel_group
 from sc_lightning.trainer.optim import adamw
 from sc_lightning.trainer.perf import StepPerf
@@ -50,6 +51,8 @@ class GRPOModule(LightningModule):
         self._train_data_log: TrainDataLog | None = None
         self._perf: StepPerf | None = None
         self._trained_lengths: list[int] = []  # the rows the policy ran this step (perf/*)
+        self.step_log = StepLog()
+        """The step's scalar metrics: the module's and the callbacks' (written once, after the step's callbacks)."""
         self.policy_trained = True
         """Whether the last training step changed the policy (the refit pushes weights only then); PPO's critic
         warm-up sets it False."""
@@ -164,6 +167,10 @@ class GRPOModule(LightningModule):
         if self._perf is not None:
             self._perf.start()
 
+    def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
+        """Write the step's metrics (Lightning calls this after every callback's ``on_train_batch_end``)."""
+        self.step_log.flush(self.trainer)
+
     def training_step(self, step: RLStep, batch_idx: int) -> dict[str, torch.Tensor]:
         """One RL step: accumulate every chunk of the step, then one optimizer step; logs train/* metrics."""
         started = time.monotonic()
@@ -206,10 +213,10 @@ class GRPOModule(LightningModule):
             "exposed_generation": step.first_wait_s + step.chunk_wait_s,
             "policy_training": time.monotonic() - started - step.chunk_wait_s,
         }
-        self.log_dict({f"timing/train/{k}": v for k, v in timing.items()}, on_step=True, batch_size=1)
+        self.step_log.log(self.trainer, {f"timing/train/{k}": v for k, v in timing.items()})
         if self._perf is not None and self._trained_lengths:
             perf = self._perf.finish(self._trained_lengths, timing["policy_training"])
-            self.log_dict({f"perf/{k}": v for k, v in perf.items()}, on_step=True, batch_size=1)
+            self.step_log.log(self.trainer, {f"perf/{k}": v for k, v in perf.items()})
         group = data_parallel_group()
         totals = StepTotals(_ROW_REDUCTIONS, process_group=group, sync=group is not None).to(self.model_device())
         totals.update(
@@ -228,7 +235,7 @@ class GRPOModule(LightningModule):
         metrics["model_turns_mean"] = read["model_turns"] / rows
         metrics["staleness_mean"] = read["staleness"] / rows
         metrics["staleness_max"] = read["staleness_max"]
-        self.log_dict({f"train/{k}": v for k, v in metrics.items()}, on_step=True, batch_size=rows)
+        self.step_log.log(self.trainer, {f"train/{k}": v for k, v in metrics.items()})
         self.log("reward", metrics["reward"], prog_bar=True, logger=False, batch_size=rows)
         self.log("lag", metrics["staleness_max"], prog_bar=True, logger=False, batch_size=rows)
         return {name: torch.tensor(value) for name, value in metrics.items()}

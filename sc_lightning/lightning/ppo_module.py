@@ -137,7 +137,7 @@ class PPOModule(GRPOModule):
         else:
             metrics = self._count_untrained_step()
         metrics["policy_trained"] = float(self.policy_trained)
-        self.log_dict({f"critic/{k}": v for k, v in critic_metrics.items()}, on_step=True, batch_size=len(batch))
+        self.step_log.log(self.trainer, {f"critic/{k}": v for k, v in critic_metrics.items()})
         return self.finish_step(step, index, started, metrics, batch.rewards, batch.model_turns(), staleness)
 
     @contextlib.contextmanager
