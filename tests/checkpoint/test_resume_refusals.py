@@ -35,10 +35,13 @@ def checkpointing(root: Path) -> list[str]:
 
 @pytest.fixture(scope="module")
 def finished(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A run's root after two steps with seed 7, 8 groups of 8 per step, its bundle in ``ckpt/step_2``."""
+    """A run's root after two steps with seed 7, 8 groups of 8 per step, its bundle in ``ckpt/step_2`` holding at least
+    one buffered group of step 3 (the group-size refusal needs one)."""
     root = tmp_path_factory.mktemp("finished")
-    result = run("fit", *QUICK, *checkpointing(root), "--grpo.max_num_steps=2")
+    holds = '--trainer.callbacks=[{"class_path": "tests.helpers.callbacks.BundleHoldsABufferedGroup"}]'
+    result = run("fit", *QUICK, *checkpointing(root), "--grpo.max_num_steps=2", holds)
     assert result.returncode == 0, result.stderr[-3000:]
+    assert held_groups(root / "ckpt" / "step_2")[0] >= 1, "the bundle holds a buffered group"
     return root
 
 
