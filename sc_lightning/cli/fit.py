@@ -23,7 +23,6 @@ from sc_lightning.cli.exits import (
     cannot_resume_errors,
     usage_error,
 )
-from sc_lightning.cli.lean_imports import leave_out_model_metrics
 from sc_lightning.cli.load import load_and_check, render_config
 from sc_lightning.config import ConfigError, SCConfig, resolve
 from sc_lightning.console import quiet_libraries
@@ -42,7 +41,6 @@ def fit_command(args: list[str]) -> int:
         return 0
     watch = InterruptWatch().install()
     quiet_libraries()  # before megatron, Lightning or Ray is imported
-    leave_out_model_metrics()  # before Lightning is imported: seconds off the start
     started = time.monotonic()
     try:
         config, lightning = load_and_check(request.configs, request.overrides)

@@ -1,4 +1,6 @@
-"""Import Lightning without torchmetrics' model-based metrics: seconds off the start of every command.
+"""Import Lightning without torchmetrics' model-based metrics or TorchDynamo: seconds off the start of every command.
+
+:func:`import_lightning` is how the CLI first imports Lightning (to check a config's ``trainer:`` keys).
 
 ``import lightning`` imports torchmetrics, whose package imports every metric it has. With ``transformers``
 installed (sc_lightning needs it for Hugging Face checkpoints and tokenizers) its BERTScore, InfoLM and CLIP metrics
@@ -8,6 +10,14 @@ first import the CLI tells torchmetrics, and only torchmetrics, that those optio
 ``transformers`` and ``matplotlib`` themselves stay whole: they are imported when sc_lightning uses them (a
 tokenizer, a model import, the run report). In such a process the left-out torchmetrics metrics raise torchmetrics'
 own "needs transformers" error.
+
+Lightning also imports ``torch._dynamo`` (about 2 s on the 2-core box, as long as torch itself) for one name,
+``OptimizedModule``, the wrapper ``torch.compile`` puts around a module, which Lightning checks modules against. The
+CLI builds its modules itself and never compiles one, so it imports Lightning against a stand-in ``torch._dynamo``
+whose ``OptimizedModule`` no module is an instance of, and whose ``disable`` (behind ``torch.compiler.disable``,
+which Lightning decorates a few logging methods with: "never compile this") returns the function as it is, which
+is what it means where nothing is compiled; the stand-in leaves ``sys.modules`` right after, and
+anything that needs TorchDynamo later imports the real one.
 """
 
 from __future__ import annotations
@@ -15,6 +25,10 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import sys
+import types
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
 
 LEFT_OUT = (
     "_TRANSFORMERS_AVAILABLE",
@@ -23,6 +37,43 @@ LEFT_OUT = (
     "_MATPLOTLIB_AVAILABLE",
 )
 """torchmetrics' availability flags (in ``torchmetrics.utilities.imports``) that the CLI sets false."""
+
+
+def import_lightning() -> None:
+    """Import ``lightning.pytorch`` as the CLI uses it: without torchmetrics' model-based metrics or TorchDynamo.
+
+    Does nothing once Lightning is imported.
+    """
+    if "lightning" in sys.modules:
+        return
+    leave_out_model_metrics()
+    with _dynamo_stand_in():
+        importlib.import_module("lightning.pytorch")
+
+
+class NeverCompiled:
+    """Stands in for ``torch._dynamo.OptimizedModule`` while Lightning imports: the CLI compiles no module."""
+
+
+@contextmanager
+def _dynamo_stand_in() -> Iterator[None]:
+    """A stand-in ``torch._dynamo`` in ``sys.modules`` for the block (unless the real one is imported already)."""
+    if "torch._dynamo" in sys.modules:
+        yield
+        return
+    stand_in = types.ModuleType("torch._dynamo", "sc_lightning's stand-in while Lightning imports (see lean_imports)")
+    stand_in.OptimizedModule = NeverCompiled  # type: ignore[attr-defined]
+    stand_in.disable = _left_uncompiled  # type: ignore[attr-defined]
+    sys.modules["torch._dynamo"] = stand_in
+    try:
+        yield
+    finally:
+        del sys.modules["torch._dynamo"]
+
+
+def _left_uncompiled(fn: Callable[..., Any] | None = None, recursive: bool = True, reason: str | None = None) -> Any:
+    """``torch._dynamo.disable``'s signature where nothing is compiled: the function itself, or a decorator."""
+    return fn if fn is not None else (lambda function: function)
 
 
 def leave_out_model_metrics() -> None:

@@ -15,6 +15,7 @@ from typing import Any
 
 import yaml
 
+from sc_lightning.cli.lean_imports import import_lightning
 from sc_lightning.config import ConfigError, SCConfig, config_to_dict, load_config, validate_single_controller_config
 from sc_lightning.config.yaml_io import load_yaml_layers
 
@@ -47,6 +48,7 @@ def load_and_check(configs: Sequence[str], overrides: Sequence[str] = ()) -> tup
 
 
 def _trainer_issues(raw: dict[str, Any]) -> list[Any]:
+    import_lightning()
     from sc_lightning.cli.parser import trainer_key_issues
 
     return trainer_key_issues(raw.get("trainer") or {})
@@ -54,6 +56,7 @@ def _trainer_issues(raw: dict[str, Any]) -> list[Any]:
 
 def parse_lightning_side(raw: dict[str, Any], config: SCConfig) -> dict[str, Any]:
     """Check ``trainer:`` / ``seed_everything:`` through LightningCLI's own parser; returns them resolved."""
+    import_lightning()
     from sc_lightning.cli.parser import parse_trainer_arguments
 
     lightning = {key: raw[key] for key in LIGHTNING_KEYS if key in raw}

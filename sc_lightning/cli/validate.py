@@ -39,7 +39,6 @@ def validate_command(args: list[str]) -> int:
     """``validate``: load the policy, bring up the engine, run one validation, print its metrics."""
     from sc_lightning.checkpoint.atomic import verify_bundle
     from sc_lightning.checkpoint.resume_fit import check_resume_fits
-    from sc_lightning.cli.lean_imports import leave_out_model_metrics
     from sc_lightning.console import quiet_libraries
 
     try:
@@ -51,7 +50,6 @@ def validate_command(args: list[str]) -> int:
         print(VALIDATE_USAGE)
         return 0
     quiet_libraries()
-    leave_out_model_metrics()
     try:
         config, lightning = load_and_check(request.configs, request.overrides)
         config = _validating(config)  # the run's validation knobs, whether or not it validates while training

@@ -1,5 +1,5 @@
-"""The CLI's lean imports: Lightning without transformers or matplotlib (both still work when used), megatron-core
-without TorchInductor."""
+"""The CLI's lean imports: Lightning without transformers, matplotlib or TorchDynamo (each still works when used),
+megatron-core without TorchInductor."""
 
 from __future__ import annotations
 
@@ -49,6 +49,39 @@ def test_checking_a_config_imports_no_heavy_backend() -> None:
     imported = {line.rsplit("|", 1)[-1].strip() for line in done.stderr.splitlines() if line.startswith("import time")}
     assert "lightning.pytorch" in imported  # the trainer: keys were checked
     assert imported & {"transformers", "matplotlib", "ray", "vllm", "megatron", "megatron.core"} == set()
+    assert "torch._dynamo" not in imported
+
+
+_DYNAMO_PROBE = """
+import json, sys
+import torch
+from sc_lightning.cli.lean_imports import NeverCompiled, import_lightning
+import_lightning()
+from lightning.pytorch.utilities.compile import OptimizedModule
+from lightning.pytorch.trainer.connectors.logger_connector.result import _ResultCollection
+after_lightning = "torch._dynamo" in sys.modules
+import torch._dynamo
+compiled = torch.compile(torch.nn.Linear(2, 2))
+print(json.dumps({
+    "after_lightning": after_lightning,
+    "stand_in_checked": OptimizedModule is NeverCompiled,
+    "real_dynamo_after": isinstance(compiled, torch._dynamo.OptimizedModule),
+    "logging_method_eager": not hasattr(_ResultCollection.log, "_torchdynamo_disable"),
+}))
+"""
+
+
+def test_lightning_imports_without_dynamo_which_imports_whole_afterwards() -> None:
+    """Lightning's import leaves TorchDynamo out (its compile checks see a stand-in class, its ``@disable``d methods
+    are the plain functions); the real ``torch._dynamo`` imports and compiles afterwards."""
+    done = subprocess.run([sys.executable, "-c", _DYNAMO_PROBE], capture_output=True, text=True, cwd=REPO, check=True)
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result == {
+        "after_lightning": False,
+        "stand_in_checked": True,
+        "real_dynamo_after": True,
+        "logging_method_eager": True,
+    }
 
 
 _MEGATRON_PROBE = """
