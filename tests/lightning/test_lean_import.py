@@ -1,5 +1,5 @@
 """The CLI's lean imports: Lightning without transformers, matplotlib or TorchDynamo (each still works when used),
-megatron-core without TorchInductor."""
+megatron-core without TorchInductor or wandb."""
 
 from __future__ import annotations
 
@@ -92,16 +92,28 @@ import_megatron_without_compile()
 import megatron.core.jit
 def f(x):
     return x
+import megatron.core.inference.contexts.dynamic_context as dynamic_context
+wandb_left_out = "wandb" not in sys.modules and not dynamic_context.HAVE_WANDB
+import wandb
 print(json.dumps({
     "inductor": "torch._inductor.compile_fx" in sys.modules,
     "fuser_is_a_no_op": megatron.core.jit.jit_fuser(f) is f,
     "compile_restored": torch.compile is compile_,
+    "wandb_left_out": wandb_left_out,
+    "wandb_imports_after": hasattr(wandb, "init"),
 }))
 """
 
 
 def test_megatron_imports_without_compiling_its_fusers() -> None:
-    """megatron-core's jit fuser becomes a no-op, TorchInductor stays unimported, torch.compile is torch's again."""
+    """megatron-core's jit fuser becomes a no-op, TorchInductor and wandb stay unimported (megatron sees no wandb),
+    torch.compile is torch's again, and wandb imports as usual afterwards."""
     done = subprocess.run([sys.executable, "-c", _MEGATRON_PROBE], capture_output=True, text=True, cwd=REPO, check=True)
     result = json.loads(done.stdout.strip().splitlines()[-1])
-    assert result == {"inductor": False, "fuser_is_a_no_op": True, "compile_restored": True}
+    assert result == {
+        "inductor": False,
+        "fuser_is_a_no_op": True,
+        "compile_restored": True,
+        "wandb_left_out": True,
+        "wandb_imports_after": True,
+    }
