@@ -3,9 +3,9 @@
 The config rules (:mod:`sc_lightning.config.validate`) check a config against itself; preflight checks it against
 the box it is about to run on: the trainer's hardware request (``trainer.accelerator`` / ``trainer.devices``, seen
 through torch), the model and tokenizer names (a built-in, a warm start, a local directory or the local Hugging Face
-cache), the dataset files, vLLM when generation uses it, and the directories the run writes. It is cheap — no Ray,
-no model build, no Lightning Trainer, nothing created — and reports every problem at once as a ConfigError whose
-issues name the dotpath, the value and the fix.
+cache), the dataset files and the columns their schemas hold, vLLM when generation uses it, and the directories the
+run writes. It is cheap — no Ray, no model build, no Lightning Trainer, no dataset row read, nothing created — and
+reports every problem at once as a ConfigError whose issues name the dotpath, the value and the fix.
 """
 
 from __future__ import annotations
@@ -165,34 +165,19 @@ def _local_dir(name: str) -> Path | None:
 
 
 def _dataset_issues(config: SCConfig) -> list[ConfigIssue]:
-    """Dataset names the loader does not know, and prompt files that are missing or unreadable."""
-    from sc_lightning.rollout.datasets import BUILTIN_DATASETS
+    """Dataset files that are missing, unreadable or of no known format, or whose schema lacks a column the key knobs
+    name (``data.prompt_key``: ``'question' is not a column of ...``); no row is read."""
+    from sc_lightning.rollout.datasets import BUILTIN_NAMES, prompt_file_issues
 
     data = config.data
-    names = [("data.dataset_name", data.dataset_name, BUILTIN_DATASETS)]
+    names = [("data.dataset_name", data.dataset_name)]
     if config.algo.validates() and data.val_dataset_name is not None:
-        names.append(("data.val_dataset_name", data.val_dataset_name, ("arithmetic-val",)))
+        names.append(("data.val_dataset_name", data.val_dataset_name))
     issues = []
-    for knob, name, builtins in names:
-        if name in builtins:
-            continue
-        if not name.endswith(".jsonl"):
-            problem = f"unknown dataset; known: {', '.join(builtins)}, or the path of a local .jsonl file"
-        else:
-            problem = _readable_file_problem(Path(name))
-        if problem:
-            issues.append(ConfigIssue(knob, f"is {name!r}: {problem}"))
+    for knob, name in names:
+        if name not in BUILTIN_NAMES[knob]:
+            issues += prompt_file_issues(name, data, knob)[1]
     return issues
-
-
-def _readable_file_problem(path: Path) -> str | None:
-    if not path.exists():
-        return f"no such file (looked in {path.absolute().parent}); give the path of an existing .jsonl file"
-    if not path.is_file():
-        return "is not a file; give the path of a .jsonl file"
-    if not os.access(path, os.R_OK):
-        return "cannot be read (permission denied); make it readable"
-    return None
 
 
 def _generation_issues(config: SCConfig) -> list[ConfigIssue]:

@@ -191,44 +191,70 @@ class RolloutRecoveryConfig:
         return any(v != "sibling" for v in values + list(self.agent_granularity_overrides.values()))
 
 
+BUILTIN_DATASETS = ("arithmetic", "calculator")
+DATASET_FILES = "a .jsonl or .parquet file, or a directory written by datasets' save_to_disk"
+"""What ``data.dataset_name`` may name besides a built-in task (docs/datasets.md)."""
+AnswerFormat = Literal["plain", "gsm8k"]
+
+
 @section
 class DataConfig:
-    """The prompt dataset."""
+    """The prompt dataset: a built-in task, or a dataset file whose columns the key knobs map (docs/datasets.md)."""
 
     dataset_name: str = knob(
         "arithmetic",
         "Built-in task name (arithmetic; calculator: two-digit products rendered by the chat template, for "
-        "env.name: calculator) or a path to a JSONL file of prompts.",
+        f"env.name: calculator) or the path of the prompts: {DATASET_FILES}.",
+    )
+    prompt_key: str = knob(
+        "problem", "Column (JSONL key) of a dataset file holding each prompt's text; unread with data.messages_key."
+    )
+    messages_key: str | None = knob(
+        None,
+        "Column holding each prompt as a chat: a list of {role, content} messages, rendered by the tokenizer's chat "
+        "template (generation prompt added); null = prompts are text, from data.prompt_key.",
+    )
+    answer_key: str = knob(
+        "expected_answer", "Column holding each prompt's reference answer (a string or a number), for the reward."
+    )
+    answer_format: AnswerFormat = knob(
+        "plain",
+        "How the answer column holds the answer: plain = the whole value; gsm8k = the text after its last '####' "
+        "(GSM8K's worked solutions), commas dropped.",
     )
     shuffle: bool = knob(True, "Shuffle prompts each epoch (seeded by the algorithm block's seed).")
     max_prompt_length: int = knob(
         256,
-        "Prompts longer than this are rejected when loading (a JSONL row is skipped within data.max_skipped_rows).",
+        "Prompts longer than this are rejected when loading (a dataset file's row is skipped within max_skipped_rows).",
         unit="tokens",
         ge=1,
     )
     apply_chat_template: bool = knob(
         False,
-        "Render each .jsonl prompt as a user message with the tokenizer's chat template (generation prompt added), "
-        "as multi-turn environments and external agents' chat calls need; false: bos and the raw text.",
+        "Render each text prompt of a dataset file as a user message with the tokenizer's chat template (generation "
+        "prompt added), as multi-turn environments and external agents' chat calls need; false: bos and the raw text.",
     )
     max_skipped_rows: int = knob(
         0,
-        "Malformed or over-long dataset rows that may be skipped (each logged with file:line and reason); one more "
-        "is an error.",
+        "Malformed or over-long dataset rows that may be skipped (each logged with its place in the file and the "
+        "reason); one more is an error.",
         unit="rows",
         ge=0,
     )
     val_dataset_name: str | None = knob(
         None,
-        "Validation prompts: a .jsonl path, or arithmetic-val (every distinct a+b problem, once); null = "
-        "arithmetic-val when dataset_name is arithmetic (validation on another dataset needs a path).",
+        "Validation prompts: a dataset file's path (read with the same key knobs), or arithmetic-val (every distinct "
+        "a+b problem, once); null = arithmetic-val when dataset_name is arithmetic (another dataset needs a path).",
     )
     train_data_log: bool = knob(
         False,
         "Write <trainer.default_root_dir>/train_data.jsonl, one JSON object per trained row (step, prompt_index, "
         "prompt_id, generation_index, start_weight, end_weight, reward); a resume rolls it back to its checkpoint.",
     )
+
+    def builtin_dataset(self) -> bool:
+        """Whether ``dataset_name`` names a built-in task, not a dataset file."""
+        return self.dataset_name in BUILTIN_DATASETS
 
 
 BUILTIN_MULTITURN_ENVIRONMENTS = ("calculator",)

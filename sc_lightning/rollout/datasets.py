@@ -1,22 +1,24 @@
-"""Prompt datasets: the synthetic arithmetic set, local JSONL files, and ``build_dataset`` that picks one."""
+"""Prompt datasets: the synthetic built-in tasks, dataset files (JSONL, Parquet, saved ``datasets``), and
+``build_dataset`` that picks one (docs/datasets.md)."""
 
 from __future__ import annotations
 
-import json
 import logging
 import random
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import Protocol, runtime_checkable
 
+from sc_lightning.config.knobs import ConfigIssue
+from sc_lightning.config.runtime import BUILTIN_DATASETS, DATASET_FILES, DataConfig
+from sc_lightning.rollout.dataset_files import BadRow, DatasetFileError, Record, RecordFile, open_records
+from sc_lightning.rollout.dataset_rows import Chat, column_issues, read_row
 from sc_lightning.tokenizer import Tokenizer, UnrepresentableTextError, prompt_token_ids
 from sc_lightning.types import Prompt
 
-if TYPE_CHECKING:
-    from sc_lightning.config.runtime import DataConfig
-
 ARITHMETIC_DATASET_SIZE = 512
-BUILTIN_DATASETS = ("arithmetic", "calculator")
+BUILTIN_NAMES = {"data.dataset_name": BUILTIN_DATASETS, "data.val_dataset_name": ("arithmetic-val",)}
+"""The built-in datasets each dataset knob may name instead of a path."""
 AnswerCheck = Callable[[str | None], object]
 """An environment's ``check_answer``: raises a ValueError (its RewardError) for an answer it could never score."""
 LISTED_BAD_ROWS = 5
@@ -58,7 +60,7 @@ def unspellable_task(task: str, err: UnrepresentableTextError) -> DatasetError:
     """The DatasetError of a built-in ``task`` whose prompts the run's tokenizer cannot represent."""
     return DatasetError(
         f"the built-in {task} dataset (data.dataset_name) needs a tokenizer that can spell its prompts: {err}; set "
-        "policy.tokenizer_name (or policy.model_name) to one that can, or use a .jsonl dataset"
+        "policy.tokenizer_name (or policy.model_name) to one that can, or use a dataset file"
     )
 
 
@@ -130,59 +132,76 @@ class CalculatorDataset(_ListDataset):
             check_prompt_length(prompt, max_prompt_length, "the calculator dataset")
 
 
-class JsonlPromptDataset(_ListDataset):
-    """Prompts read from a local JSONL file: one JSON object per line, blank lines skipped.
+class FilePromptDataset(_ListDataset):
+    """Prompts read from a dataset file: a JSONL file, a Parquet file, or a directory written by ``datasets``'
+    save_to_disk (:mod:`~sc_lightning.rollout.dataset_files`), its columns mapped by ``data``'s key knobs
+    (:mod:`~sc_lightning.rollout.dataset_rows`; docs/datasets.md).
 
-    Each object needs ``prompt_key`` (a non-empty string) and ``answer_key`` (a string or a number); any other
-    fields go to ``Prompt.extra``. A bad row — not UTF-8, not JSON, not an object, a key missing or of a wrong type,
-    an answer ``check_answer`` (the environment's, see :func:`~sc_lightning.rollout.envs.base.answer_check`) refuses,
-    a prompt the tokenizer cannot represent, or longer than ``max_prompt_length`` tokens — is skipped when the file
-    holds at most ``max_skipped_rows`` of them (each logged as a warning with its ``file:line`` and reason, and listed
-    in :attr:`skipped_rows`); one more and loading fails with a DatasetError that lists the first few. Prompt ``i``
-    (counting kept records, not lines) has id ``{task}-{i:06d}`` and index ``i``. With ``apply_chat_template`` a
-    prompt's token ids are its text rendered as a user message by the tokenizer's chat template (``text`` stays the
-    raw text); otherwise bos and the encoded text.
+    A file whose schema lacks a column the knobs name fails at once, naming the knob, the key and the file. A bad
+    row — not UTF-8, not JSON, not an object (JSONL), a key missing or of a wrong type, an answer ``check_answer`` (the
+    environment's, see :func:`~sc_lightning.rollout.envs.base.answer_check`) refuses, a prompt the tokenizer cannot
+    represent, or longer than ``data.max_prompt_length`` tokens — is skipped when the file holds at most
+    ``data.max_skipped_rows`` of them (each logged as a warning with its place, ``file:line`` or ``path[row]``, and
+    reason, and listed in :attr:`skipped_rows`); one more and loading fails with a DatasetError that lists the first
+    few. Prompt ``i`` (counting kept rows) has id ``{task}-{i:06d}`` and index ``i``. A text prompt's token ids are
+    bos and the encoded text, or with ``data.apply_chat_template`` the text rendered as a user message by the
+    tokenizer's chat template (``text`` stays the raw text); a chat prompt (``data.messages_key``) is always rendered
+    by the template, and its ``text`` is its last message's content. The row's other columns go to ``Prompt.extra``.
     """
 
     skipped_rows: list[tuple[str, str]]
-    """``(file:line, reason)`` of every bad row skipped, in file order."""
+    """``(where, reason)`` of every bad row skipped, in file order."""
 
     def __init__(
         self,
         path: str | Path,
         tokenizer: Tokenizer,
-        prompt_key: str = "problem",
-        answer_key: str = "expected_answer",
+        data: DataConfig | None = None,
         task: str = "math",
         *,
-        max_prompt_length: int | None = None,
-        max_skipped_rows: int = 0,
-        apply_chat_template: bool = False,
         check_answer: AnswerCheck | None = None,
+        knob: str = "data.dataset_name",
     ) -> None:
+        data = data or DataConfig()
         self.path = Path(path)
-        encode = prompt_encoder(tokenizer, apply_chat_template)
         self.task = task
-        try:
-            lines = self.path.read_bytes().splitlines()
-        except OSError as err:
-            raise DatasetError(f"cannot read the prompt file {self.path}: {err}") from err
+        records = open_prompt_file(self.path, data, knob)
+        encode = prompt_encoder(tokenizer, data)
         self._prompts = []
         self.skipped_rows = []
-        keys = (prompt_key, answer_key)
-        for lineno, line in enumerate(lines, start=1):
-            if not line.strip():
-                continue
+        try:
+            for where, record in records.records():
+                try:
+                    prompt = self._prompt(record, data, encode, check_answer)
+                except BadRow as bad:
+                    self.skipped_rows.append((where, str(bad)))
+                else:
+                    self._prompts.append(prompt)
+        except DatasetFileError as err:
+            raise DatasetError(f"cannot read the prompt file {self.path}: {err}") from err
+        self._enforce_skip_budget(data.max_skipped_rows)
+
+    def _prompt(self, record: Record, data: DataConfig, encode: Encode, check_answer: AnswerCheck | None) -> Prompt:
+        """The next prompt, from ``record``; BadRow naming the reason when the row cannot be used."""
+        if isinstance(record, BadRow):
+            raise record
+        row = read_row(record, data)
+        if check_answer is not None:
             try:
-                text, answer, token_ids, extra = _parse_row(line, lineno, encode, keys, max_prompt_length, check_answer)
-            except _BadRow as bad:
-                self.skipped_rows.append((f"{self.path}:{lineno}", str(bad)))
-                continue
-            i = len(self._prompts)
-            self._prompts.append(
-                Prompt(f"{task}-{i:06d}", token_ids, text=text, answer=answer, task=task, extra=extra, index=i)
-            )
-        self._enforce_skip_budget(max_skipped_rows)
+                check_answer(row.answer)
+            except ValueError as err:  # the environment's RewardError
+                raise BadRow(f"key {data.answer_key!r}: {err}") from None
+        try:
+            token_ids = encode(row.prompt)
+        except ValueError as err:
+            raise BadRow(f"cannot tokenize the prompt: {err}") from None
+        too_long = prompt_length_problem(token_ids, data.max_prompt_length)
+        if too_long:
+            raise BadRow(f"the prompt {too_long}")
+        i, task = len(self._prompts), self.task
+        return Prompt(
+            f"{task}-{i:06d}", token_ids, text=row.text, answer=row.answer, task=task, extra=row.extra, index=i
+        )
 
     def _enforce_skip_budget(self, max_skipped_rows: int) -> None:
         """Log the skipped rows when they fit ``max_skipped_rows``; else a DatasetError listing the first few."""
@@ -210,103 +229,75 @@ class JsonlPromptDataset(_ListDataset):
             raise DatasetError(f"the prompt file {self.path} holds no records{skipped_all}")
 
 
-def prompt_encoder(tokenizer: Tokenizer, apply_chat_template: bool) -> Callable[[str], tuple[int, ...]]:
-    """A prompt text's token ids: as a user message rendered by ``tokenizer``'s chat template, or bos and the text."""
-    if not apply_chat_template:
-        return lambda text: prompt_token_ids(tokenizer, text)
-    from sc_lightning.rollout.multiturn.chat import chat_template_for, user_prompt_ids  # the heavier package
+def prompt_file_issues(name: str | Path, data: DataConfig, knob: str) -> tuple[RecordFile | None, list[ConfigIssue]]:
+    """The reader of the dataset file ``name`` (the value of ``knob``) and every reason it cannot give ``data``'s
+    prompts: it is no dataset file this package reads, or its schema lacks a column the key knobs name (a JSONL file
+    has no schema: its rows are checked one by one as it loads). No rows are read."""
+    try:
+        records = open_records(name)
+    except DatasetFileError as err:
+        builtins = ", ".join(BUILTIN_NAMES[knob])
+        fix = f"give a built-in name ({builtins}) or the path of {DATASET_FILES}"
+        return None, [ConfigIssue(knob, f"is {str(name)!r}: {err}; {fix}")]
+    columns = records.columns
+    return records, [] if columns is None else column_issues(data, columns, Path(name))
+
+
+def open_prompt_file(name: str | Path, data: DataConfig, knob: str) -> RecordFile:
+    """The reader of the dataset file ``name`` (the value of ``knob``); DatasetError listing
+    :func:`prompt_file_issues` when there is any."""
+    records, issues = prompt_file_issues(name, data, knob)
+    if records is None or issues:
+        raise DatasetError("; ".join(map(str, issues)))
+    return records
+
+
+Encode = Callable[[str | Chat], tuple[int, ...]]
+"""A prompt's token ids, from its text or its chat messages."""
+
+
+def prompt_encoder(tokenizer: Tokenizer, data: DataConfig) -> Encode:
+    """A prompt's token ids: a text is bos and the text, or with ``data.apply_chat_template`` a user message rendered
+    by ``tokenizer``'s chat template; chat messages (``data.messages_key``) are always rendered by that template (the
+    generation prompt added). DatasetError when the template is needed and the tokenizer has none."""
+    if data.messages_key is not None:
+        needs = f"data.messages_key is {data.messages_key!r}"
+    elif data.apply_chat_template:
+        needs = "data.apply_chat_template is true"
+    else:
+        return lambda prompt: prompt_token_ids(tokenizer, str(prompt))  # a text: no chat without messages_key
+    from sc_lightning.rollout.multiturn.chat import Message, chat_template_for, user_prompt_ids  # the heavier package
 
     try:
         template = chat_template_for(tokenizer)
     except ValueError as err:
-        raise DatasetError(f"data.apply_chat_template is true, but {err}") from err
-    return lambda text: user_prompt_ids(template, text)
+        raise DatasetError(f"{needs}, but {err}") from err
 
+    def encode(prompt: str | Chat) -> tuple[int, ...]:
+        if isinstance(prompt, str):
+            return user_prompt_ids(template, prompt)
+        messages = [Message(role, content) for role, content in prompt]
+        return tuple(template.render(messages, add_generation_prompt=True))
 
-class _BadRow(ValueError):
-    """One dataset row cannot be used; the message is the reason (the caller adds ``file:line``)."""
-
-
-def _parse_row(
-    line: bytes,
-    lineno: int,
-    encode: Callable[[str], tuple[int, ...]],
-    keys: tuple[str, str],
-    max_prompt_length: int | None,
-    check_answer: AnswerCheck | None,
-) -> tuple[str, str, tuple[int, ...], Mapping[str, Any]]:
-    """``(text, answer, token_ids, extra)`` of one JSONL row; _BadRow naming the reason when it cannot be used."""
-    prompt_key, answer_key = keys
-    try:
-        decoded = line.decode("utf-8-sig" if lineno == 1 else "utf-8")  # a byte-order mark may open the file
-    except UnicodeDecodeError as err:
-        raise _BadRow(f"not valid UTF-8: {err}") from None
-    try:
-        record = json.loads(decoded)
-    except json.JSONDecodeError as err:
-        raise _BadRow(f"not valid JSON: {err}") from None
-    if not isinstance(record, dict):
-        raise _BadRow(f"expected a JSON object, got {type(record).__name__}")
-    text = _field(record, prompt_key, allow_numbers=False)
-    if not text:
-        raise _BadRow(f"key {prompt_key!r} is an empty string")
-    answer = _field(record, answer_key, allow_numbers=True)
-    if check_answer is not None:
-        try:
-            check_answer(answer)
-        except ValueError as err:  # the environment's RewardError
-            raise _BadRow(f"key {answer_key!r}: {err}") from None
-    try:
-        token_ids = encode(text)
-    except ValueError as err:
-        raise _BadRow(f"cannot tokenize the prompt: {err}") from None
-    too_long = prompt_length_problem(token_ids, max_prompt_length)
-    if too_long:
-        raise _BadRow(f"the prompt {too_long}")
-    return text, answer, token_ids, {k: v for k, v in record.items() if k not in keys}
-
-
-def _field(record: dict[str, Any], key: str, *, allow_numbers: bool) -> str:
-    """``record[key]`` as a string; _BadRow when it is missing or of a wrong type."""
-    if key not in record:
-        raise _BadRow(f"missing key {key!r} (keys present: {', '.join(map(repr, record)) or 'none'})")
-    value = record[key]
-    if isinstance(value, str):
-        return value
-    if allow_numbers and isinstance(value, int | float) and not isinstance(value, bool):
-        return str(value)
-    kind = "a string or a number" if allow_numbers else "a string"
-    raise _BadRow(f"key {key!r} must be {kind}, got {type(value).__name__}")
+    return encode
 
 
 def build_dataset(
     cfg: DataConfig, tokenizer: Tokenizer, *, seed: int, check_answer: AnswerCheck | None = None
 ) -> PromptDataset:
     """The dataset named by ``cfg.dataset_name``: ``"arithmetic"`` or ``"calculator"`` (512 prompts from ``seed``)
-    or a ``.jsonl`` path.
+    or the path of a dataset file (:class:`FilePromptDataset`).
 
-    Every prompt is checked against ``cfg.max_prompt_length`` and the tokenizer here, and every JSONL answer against
-    ``check_answer``, so a bad prompt fails at load time; a JSONL file may have up to ``cfg.max_skipped_rows`` bad
-    rows, which are skipped (and logged).
+    Every prompt is checked against ``cfg.max_prompt_length`` and the tokenizer here, and every file's answer against
+    ``check_answer``, so a bad prompt fails at load time; a file may have up to ``cfg.max_skipped_rows`` bad rows,
+    which are skipped (and logged).
     """
     name = cfg.dataset_name
     if name == "arithmetic":
         return ArithmeticDataset(ARITHMETIC_DATASET_SIZE, seed, tokenizer, max_prompt_length=cfg.max_prompt_length)
     if name == "calculator":
         return CalculatorDataset(ARITHMETIC_DATASET_SIZE, seed, tokenizer, max_prompt_length=cfg.max_prompt_length)
-    if name.endswith(".jsonl"):
-        return JsonlPromptDataset(
-            name,
-            tokenizer,
-            max_prompt_length=cfg.max_prompt_length,
-            max_skipped_rows=cfg.max_skipped_rows,
-            apply_chat_template=cfg.apply_chat_template,
-            check_answer=check_answer,
-        )
-    raise DatasetError(
-        f"unknown dataset {name!r} (data.dataset_name); known: {', '.join(BUILTIN_DATASETS)}, "
-        f"or a path to a local .jsonl file"
-    )
+    return FilePromptDataset(name, tokenizer, cfg, check_answer=check_answer)
 
 
 class ArithmeticValidationSet(_ListDataset):
@@ -331,24 +322,18 @@ class ArithmeticValidationSet(_ListDataset):
 def build_validation_set(
     cfg: DataConfig, tokenizer: Tokenizer, *, max_samples: int | None, check_answer: AnswerCheck | None = None
 ) -> list[Prompt]:
-    """The validation prompts: ``cfg.val_dataset_name`` (``arithmetic-val`` or a ``.jsonl`` path, its answers
+    """The validation prompts: ``cfg.val_dataset_name`` (``arithmetic-val`` or a dataset file's path, its answers
     checked by ``check_answer``; None = the arithmetic task's own set), the first ``max_samples`` of them (None =
     all)."""
     name = cfg.val_dataset_name or ("arithmetic-val" if cfg.dataset_name == "arithmetic" else None)
     if name == "arithmetic-val":
         dataset: PromptDataset = ArithmeticValidationSet(tokenizer, max_prompt_length=cfg.max_prompt_length)
-    elif name is not None and name.endswith(".jsonl"):
-        dataset = JsonlPromptDataset(
-            name,
-            tokenizer,
-            max_prompt_length=cfg.max_prompt_length,
-            max_skipped_rows=cfg.max_skipped_rows,
-            apply_chat_template=cfg.apply_chat_template,
-            check_answer=check_answer,
-        )
+    elif name is not None:
+        dataset = FilePromptDataset(name, tokenizer, cfg, check_answer=check_answer, knob="data.val_dataset_name")
     else:
         raise DatasetError(
-            f"unknown validation set {name!r} (data.val_dataset_name); known: arithmetic-val, or a local .jsonl path"
+            "data.val_dataset_name is null and data.dataset_name is no built-in task with a validation set; "
+            f"give the path of {DATASET_FILES}"
         )
     count = len(dataset) if max_samples is None else min(max_samples, len(dataset))
     return [dataset[i] for i in range(count)]

@@ -44,7 +44,7 @@ ALGORITHM_CASES: list[tuple[str, dict[str, Any], dict[str, Any], str, str]] = [
         variant({"grpo": {"val_at_end": True}}),
         variant({"grpo": {"val_at_end": True}, "data": {"dataset_name": "prompts.jsonl"}}),
         "data.val_dataset_name",
-        "set a .jsonl path",
+        "set the path of a dataset file",
     ),
     ("val_period negative", variant(), variant({"grpo": {"val_period": -1}}), "grpo.val_period", ">= 0"),
     ("val_batch_size zero", variant(), variant({"grpo": {"val_batch_size": 0}}), "grpo.val_batch_size", ">= 1"),

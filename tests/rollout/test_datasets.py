@@ -1,4 +1,5 @@
-"""Prompt datasets: the synthetic arithmetic set, JSONL files, the length limit and build_dataset."""
+"""Prompt datasets: the synthetic arithmetic set, JSONL files, the length limit and build_dataset (the other file
+formats and the key knobs: test_dataset_files.py)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from sc_lightning.rollout.datasets import (
     LISTED_BAD_ROWS,
     ArithmeticDataset,
     DatasetError,
-    JsonlPromptDataset,
+    FilePromptDataset,
     PromptDataset,
     build_dataset,
 )
@@ -67,7 +68,7 @@ def test_jsonl_reads_records(tmp_path: Path) -> None:
             json.dumps({"problem": "4*5=", "expected_answer": 20}),
         ],
     )
-    ds = JsonlPromptDataset(path, TOK)
+    ds = FilePromptDataset(path, TOK)
     assert len(ds) == 2
     first, second = ds[0], ds[1]
     assert (first.prompt_id, first.text, first.answer, first.task) == ("math-000000", "1+2=", "3", "math")
@@ -78,7 +79,7 @@ def test_jsonl_reads_records(tmp_path: Path) -> None:
 
 def test_jsonl_custom_keys_and_task(tmp_path: Path) -> None:
     path = write_jsonl(tmp_path / "q.jsonl", [json.dumps({"q": "9-4=", "a": "5"})])
-    ds = JsonlPromptDataset(path, TOK, prompt_key="q", answer_key="a", task="arithmetic")
+    ds = FilePromptDataset(path, TOK, DataConfig(prompt_key="q", answer_key="a"), task="arithmetic")
     assert (ds[0].prompt_id, ds[0].answer, ds[0].task) == ("arithmetic-000000", "5", "arithmetic")
 
 
@@ -99,12 +100,12 @@ def test_jsonl_custom_keys_and_task(tmp_path: Path) -> None:
 def test_jsonl_errors_name_the_file_and_line(tmp_path: Path, lines: list[str], match: str) -> None:
     path = write_jsonl(tmp_path / "p.jsonl", lines)
     with pytest.raises(DatasetError, match=match):
-        JsonlPromptDataset(path, TOK)
+        FilePromptDataset(path, TOK)
 
 
 def test_jsonl_missing_file_is_named(tmp_path: Path) -> None:
     with pytest.raises(DatasetError, match="absent.jsonl"):
-        JsonlPromptDataset(tmp_path / "absent.jsonl", TOK)
+        FilePromptDataset(tmp_path / "absent.jsonl", TOK)
 
 
 def test_jsonl_over_the_length_limit_names_the_prompt(tmp_path: Path) -> None:
@@ -116,7 +117,7 @@ def test_jsonl_over_the_length_limit_names_the_prompt(tmp_path: Path) -> None:
         ],
     )
     with pytest.raises(DatasetError, match=r"p\.jsonl:2: the prompt has 7 tokens, more than data\.max_prompt_length=6"):
-        JsonlPromptDataset(path, TOK, max_prompt_length=6)
+        FilePromptDataset(path, TOK, DataConfig(max_prompt_length=6))
 
 
 def test_build_dataset_arithmetic() -> None:
@@ -131,7 +132,7 @@ def test_build_dataset_arithmetic() -> None:
 def test_build_dataset_jsonl(tmp_path: Path) -> None:
     path = write_jsonl(tmp_path / "p.jsonl", [json.dumps({"problem": "1+1=", "expected_answer": "2"})])
     ds = build_dataset(DataConfig(dataset_name=str(path)), TOK, seed=0)
-    assert isinstance(ds, JsonlPromptDataset)
+    assert isinstance(ds, FilePromptDataset)
     assert ds[0].answer == "2"
     with pytest.raises(DatasetError, match=r"p\.jsonl:1: the prompt has 5 tokens"):
         build_dataset(DataConfig(dataset_name=str(path), max_prompt_length=2), TOK, seed=0)
@@ -168,7 +169,7 @@ def test_bad_rows_within_the_budget_are_skipped_logged_and_counted(tmp_path: Pat
     """Every kind of bad row is skipped with its file:line and reason; ids and indices stay dense."""
     path = mixed_file(tmp_path)
     with caplog.at_level("WARNING", logger="sc_lightning.rollout.datasets"):
-        ds = JsonlPromptDataset(path, TOK, max_prompt_length=10, max_skipped_rows=len(BAD))
+        ds = FilePromptDataset(path, TOK, DataConfig(max_prompt_length=10, max_skipped_rows=len(BAD)))
     assert [(p.prompt_id, p.index, p.text) for p in ds] == [
         (f"math-{i:06d}", i, json.loads(GOOD[i])["problem"]) for i in range(4)
     ]
@@ -185,7 +186,7 @@ def test_one_bad_row_over_the_budget_fails_listing_the_first_few(tmp_path: Path,
     """Budget + 1 bad rows: a DatasetError with the total, the knob, and the first LISTED_BAD_ROWS rows."""
     path = mixed_file(tmp_path)
     with caplog.at_level("WARNING"), pytest.raises(DatasetError) as raised:
-        JsonlPromptDataset(path, TOK, max_prompt_length=10, max_skipped_rows=len(BAD) - 1)
+        FilePromptDataset(path, TOK, DataConfig(max_prompt_length=10, max_skipped_rows=len(BAD) - 1))
     message = str(raised.value)
     assert f"{path} has 7 bad row(s), more than data.max_skipped_rows=6 allows" in message
     listed = [line for line in message.splitlines() if line.startswith("  - ")]
@@ -200,15 +201,15 @@ def test_budget_zero_is_an_error_naming_the_knob(tmp_path: Path) -> None:
     """The default budget (0) keeps a bad row an error; a budget of 1 skips it."""
     path = write_jsonl(tmp_path / "p.jsonl", [GOOD[0], "{not json", GOOD[1]])
     with pytest.raises(DatasetError, match=r"(?s)1 bad row\(s\), more than data\.max_skipped_rows=0.*p\.jsonl:2: not"):
-        JsonlPromptDataset(path, TOK)
-    assert len(JsonlPromptDataset(path, TOK, max_skipped_rows=1)) == 2
+        FilePromptDataset(path, TOK)
+    assert len(FilePromptDataset(path, TOK, DataConfig(max_skipped_rows=1))) == 2
 
 
 def test_rows_that_are_not_utf8_are_bad_rows_and_a_byte_order_mark_is_not(tmp_path: Path) -> None:
     """A line of invalid UTF-8 is one bad row (not a failed file); a BOM before the first line is ignored."""
     path = tmp_path / "p.jsonl"
     path.write_bytes(b"\xef\xbb\xbf" + GOOD[0].encode() + b"\n" + b'{"problem": "\xff"}\n' + GOOD[1].encode() + b"\n")
-    ds = JsonlPromptDataset(path, TOK, max_skipped_rows=1)
+    ds = FilePromptDataset(path, TOK, DataConfig(max_skipped_rows=1))
     assert [p.text for p in ds] == ["0+0=", "1+1="]
     ((where, reason),) = ds.skipped_rows
     assert where == f"{path}:2" and reason.startswith("not valid UTF-8")
@@ -218,7 +219,7 @@ def test_a_file_of_only_bad_rows_holds_no_records_even_within_the_budget(tmp_pat
     """Skipping may not leave an empty dataset."""
     path = write_jsonl(tmp_path / "p.jsonl", ["{not json", "[]"])
     with pytest.raises(DatasetError, match=r"p\.jsonl holds no records \(all 2 rows were bad and skipped\)"):
-        JsonlPromptDataset(path, TOK, max_skipped_rows=5)
+        FilePromptDataset(path, TOK, DataConfig(max_skipped_rows=5))
 
 
 def test_build_dataset_skips_over_long_prompts_per_data_max_skipped_rows(tmp_path: Path) -> None:
@@ -230,7 +231,7 @@ def test_build_dataset_skips_over_long_prompts_per_data_max_skipped_rows(tmp_pat
         build_dataset(strict, TOK, seed=0)
     lenient = DataConfig(dataset_name=str(path), max_prompt_length=6, max_skipped_rows=1)
     ds = build_dataset(lenient, TOK, seed=0)
-    assert isinstance(ds, JsonlPromptDataset)
+    assert isinstance(ds, FilePromptDataset)
     assert [(p.prompt_id, p.text) for p in ds] == [("math-000000", "0+0="), ("math-000001", "1+1=")]
     assert ds.skipped_rows == [(f"{path}:2", "the prompt has 7 tokens, more than data.max_prompt_length=6")]
 
@@ -295,7 +296,7 @@ def test_a_prompt_with_unknown_tokens_is_a_bad_row(tmp_path: Path) -> None:
     rows = [json.dumps({"problem": text, "expected_answer": "4"}) for text in ("two plus two", "two plus three")]
     path = write_jsonl(tmp_path / "p.jsonl", rows)
     with pytest.raises(DatasetError, match=r"p\.jsonl:2: cannot tokenize the prompt: .*cannot represent 'three' of"):
-        JsonlPromptDataset(path, load_tokenizer(str(tmp_path / "tok")))
+        FilePromptDataset(path, load_tokenizer(str(tmp_path / "tok")))
 
 
 def test_an_answer_the_environment_could_never_score_is_a_bad_row_at_load(tmp_path: Path) -> None:

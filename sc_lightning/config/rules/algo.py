@@ -60,7 +60,8 @@ def validation_has_data(config: SCConfig, report: Report) -> None:
         report.error(
             "data.val_dataset_name",
             f"is null but validation is on ({config.algo_name}.val_period / val_at_start / val_at_end) and "
-            f"data.dataset_name={config.data.dataset_name!r} has no builtin validation set; set a .jsonl path",
+            f"data.dataset_name={config.data.dataset_name!r} has no builtin validation set; set the path of a "
+            "dataset file",
         )
 
 

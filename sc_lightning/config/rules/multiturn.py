@@ -57,7 +57,7 @@ def multiturn_prompts_are_chat_rendered(config: SCConfig, report: Report) -> Non
     data = config.data
     if not config.env.is_multiturn() or data.dataset_name == "calculator":
         return
-    if data.dataset_name.endswith(".jsonl") and not data.apply_chat_template:
+    if not data.builtin_dataset() and not data.apply_chat_template:
         report.error(
             "data.apply_chat_template",
             f"is false, but the multi-turn environment {config.env.name!r} opens each conversation with the prompt "
@@ -67,25 +67,40 @@ def multiturn_prompts_are_chat_rendered(config: SCConfig, report: Report) -> Non
         report.error(
             "data.dataset_name",
             f"(arithmetic) holds raw prompts, but the multi-turn environment {config.env.name!r} needs prompts "
-            "rendered by the chat template; use calculator, or a .jsonl file with data.apply_chat_template: true",
+            "rendered by the chat template; use calculator, or a dataset file with data.apply_chat_template: true",
         )
 
 
 @ties("data.apply_chat_template", "data.dataset_name")
-def chat_template_applies_to_jsonl(config: SCConfig, report: Report) -> None:
-    """data.apply_chat_template renders .jsonl prompts; the built-in datasets have their own rendering."""
+def chat_template_applies_to_files(config: SCConfig, report: Report) -> None:
+    """data.apply_chat_template renders a dataset file's prompts; the built-in datasets have their own rendering."""
     data = config.data
-    if data.apply_chat_template and not data.dataset_name.endswith(".jsonl"):
+    if data.apply_chat_template and data.builtin_dataset():
         report.error(
             "data.apply_chat_template",
             f"is true, but data.dataset_name ({data.dataset_name}) is a built-in dataset, which renders its own "
-            "prompts; set it false (it applies to .jsonl datasets)",
+            "prompts; set it false (it applies to dataset files)",
+        )
+
+
+@ties("data.messages_key", "env.name")
+def chat_prompts_open_no_conversation(config: SCConfig, report: Report) -> None:
+    """A multi-turn environment or an external agent starts from the prompt's text as one user message, so a
+    prompt given as several chat messages (data.messages_key) would reach it cut to its last message."""
+    data, env = config.data, config.env
+    if data.messages_key is not None and (env.is_multiturn() or env.name == "external"):
+        report.error(
+            "data.messages_key",
+            f"is {data.messages_key!r}, but env.name {env.name!r} opens each conversation with the prompt's text "
+            "as one user message, so chat prompts are not supported there yet; set data.messages_key: null and "
+            "give the prompt's text in data.prompt_key (with data.apply_chat_template: true)",
         )
 
 
 MULTITURN_RULES = (
     multiturn_prompts_are_chat_rendered,
-    chat_template_applies_to_jsonl,
+    chat_template_applies_to_files,
+    chat_prompts_open_no_conversation,
     conversations_fit_the_rows,
     multiturn_needs_grpo,
     multiturn_without_validation,
