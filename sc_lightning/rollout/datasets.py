@@ -274,6 +274,7 @@ def prompt_encoder(tokenizer: Tokenizer, data: DataConfig) -> Encode:
         raise DatasetError(f"{needs}, but {err}") from err
 
     def encode(prompt: str | Chat) -> tuple[int, ...]:
+        """A text as one user message, or the chat's messages, rendered with the generation prompt."""
         if isinstance(prompt, str):
             return user_prompt_ids(template, prompt)
         messages = [Message(role, content) for role, content in prompt]
