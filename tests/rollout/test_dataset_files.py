@@ -6,9 +6,12 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import json
+import re
 from pathlib import Path
 
 import pytest
+import yaml
 
 from sc_lightning.cli.load import LIGHTNING_KEYS
 from sc_lightning.config import ConfigError, load_config
@@ -16,7 +19,7 @@ from sc_lightning.config.runtime import DataConfig
 from sc_lightning.preflight import check_preflight
 from sc_lightning.rollout.datasets import DatasetError, FilePromptDataset, build_dataset, build_validation_set
 from sc_lightning.tokenizer import CharTokenizer, Tokenizer, load_tokenizer
-from tests.helpers.configs import variant
+from tests.helpers.configs import REPO, variant
 from tests.helpers.dataset_files import FORMATS, save_byte_level_tokenizer, write_rows
 
 TOK = CharTokenizer()
@@ -242,3 +245,25 @@ def test_a_validation_set_reads_any_format_with_the_same_keys(tmp_path: Path) ->
         data, load_tokenizer(str(save_byte_level_tokenizer(tmp_path / "tok"))), max_samples=1
     )
     assert [(p.prompt_id, p.answer) for p in prompts] == [("math-000000", "72")]
+
+
+DOC_EXAMPLES = re.findall(r"```json\n(.*?)```\n\n```yaml\n(.*?)```", (REPO / "docs" / "datasets.md").read_text(), re.S)
+
+
+@pytest.mark.parametrize(
+    ("example", "answer"), list(zip(DOC_EXAMPLES, ["72", "5", "7"], strict=True)), ids=["gsm8k", "openmath", "chat"]
+)
+def test_the_documented_examples_load_as_printed(
+    tmp_path: Path, example: tuple[str, str], answer: str, byte_tokenizer: Tokenizer
+) -> None:
+    """docs/datasets.md's examples: each row, written in its config's format, loads by that config as printed."""
+    row_text, config_text = example
+    config = load_config(variant(yaml.safe_load(config_text)), extra_top_level=LIGHTNING_KEYS)
+    path = tmp_path / config.data.dataset_name
+    fmt = {".jsonl": "jsonl", ".parquet": "parquet"}.get(path.suffix, "saved")
+    written = write_rows(path.parent, [json.loads(row_text)], fmt, name=path.stem if fmt != "saved" else path.name)
+    assert written == path
+    data = dataclasses.replace(config.data, dataset_name=str(path), max_prompt_length=512)  # not the tiny base's 16
+    (prompt,) = build_dataset(data, byte_tokenizer, seed=0)
+    assert prompt.answer == answer
+    assert prompt.text in row_text.replace("\\\\", "\\")
