@@ -9,6 +9,13 @@ import sys
 
 from tests.helpers.configs import REPO, TINY
 
+
+def probe(code: str) -> dict:
+    """Run ``code`` in a fresh interpreter from the repository root; the JSON object its last line prints."""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, check=True)
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
 _PROBE = """
 import json, sys
 from sc_lightning.cli.lean_imports import leave_out_model_metrics
@@ -30,8 +37,7 @@ print(json.dumps({"after_lightning": after_lightning, "bert_error": bert_error})
 def test_lightning_imports_without_transformers_or_matplotlib() -> None:
     """After leave_out_model_metrics, Lightning's import pulls in neither; torchmetrics' BERTScore says it needs
     transformers; transformers and matplotlib themselves import as usual."""
-    done = subprocess.run([sys.executable, "-c", _PROBE], capture_output=True, text=True, cwd=REPO, check=True)
-    result = json.loads(done.stdout.strip().splitlines()[-1])
+    result = probe(_PROBE)
     assert result["after_lightning"] == []
     assert result["bert_error"] is not None and "transformers" in result["bert_error"]
 
@@ -74,8 +80,7 @@ print(json.dumps({
 def test_lightning_imports_without_dynamo_which_imports_whole_afterwards() -> None:
     """Lightning's import leaves TorchDynamo out (its compile checks see a stand-in class, its ``@disable``d methods
     are the plain functions); the real ``torch._dynamo`` imports and compiles afterwards."""
-    done = subprocess.run([sys.executable, "-c", _DYNAMO_PROBE], capture_output=True, text=True, cwd=REPO, check=True)
-    result = json.loads(done.stdout.strip().splitlines()[-1])
+    result = probe(_DYNAMO_PROBE)
     assert result == {
         "after_lightning": False,
         "stand_in_checked": True,
@@ -108,8 +113,7 @@ print(json.dumps({
 def test_megatron_imports_without_compiling_its_fusers() -> None:
     """megatron-core's jit fuser becomes a no-op, TorchInductor and wandb stay unimported (megatron sees no wandb),
     torch.compile is torch's again, and wandb imports as usual afterwards."""
-    done = subprocess.run([sys.executable, "-c", _MEGATRON_PROBE], capture_output=True, text=True, cwd=REPO, check=True)
-    result = json.loads(done.stdout.strip().splitlines()[-1])
+    result = probe(_MEGATRON_PROBE)
     assert result == {
         "inductor": False,
         "fuser_is_a_no_op": True,
