@@ -21,11 +21,12 @@ import re
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from sc_lightning.config.runtime import DataConfig
 from sc_lightning.controller.api import RolloutPumpError
 from sc_lightning.controller.build import build_controller
 from sc_lightning.controller.controller import SingleController
 from sc_lightning.data_plane.memory import MemoryDataPlane
-from sc_lightning.rollout.datasets import DatasetError, JsonlPromptDataset
+from sc_lightning.rollout.datasets import DatasetError, FilePromptDataset
 from sc_lightning.rollout.envs.arithmetic import ArithmeticEnvironment
 from sc_lightning.rollout.envs.base import RewardError, Score
 from sc_lightning.testing.scripted_engine import ScriptedEngine
@@ -180,7 +181,7 @@ def test_any_dataset_file_loads_its_valid_rows_or_fails_clearly_and_trains_only_
     valid = [json.loads(line)["problem"] for kind, line in rows if kind == "valid"]
     bad = len(rows) - len(valid)
     try:
-        dataset = JsonlPromptDataset(path, TOKENIZER, max_prompt_length=16, max_skipped_rows=budget)
+        dataset = FilePromptDataset(path, TOKENIZER, DataConfig(max_prompt_length=16, max_skipped_rows=budget))
     except DatasetError as error:
         assert bad > budget or not valid
         assert ("data.max_skipped_rows" in str(error) and f"{path}:" in str(error)) or "holds no records" in str(error)
