@@ -1,4 +1,4 @@
-"""Write a tiny random Qwen2- or Llama-style Hugging Face model directory, with a character-level tokenizer.
+"""Write a tiny random Qwen2-, Qwen3- or Llama-style Hugging Face model directory, with a character-level tokenizer.
 
 The directory holds ``config.json``, ``model.safetensors`` and a ``tokenizers`` WordLevel tokenizer over single
 characters with exactly the ids of :class:`sc_lightning.tokenizer.CharTokenizer` (pad 0, eos 1, bos 2, then
@@ -17,17 +17,19 @@ from typing import Any
 
 import torch
 
-from sc_lightning.models.convert import hf_config_dict, random_hf_state
+from sc_lightning.models.convert import random_hf_state
+from sc_lightning.models.hf_config import ARCHITECTURES, QKV_BIAS, hf_config_dict
 from sc_lightning.models.spec import BUILTIN_SPECS, ModelSpec
 from sc_lightning.models.tiny_tokenizer import save_char_tokenizer
 from sc_lightning.tokenizer import CharTokenizer
 
 
 def tiny_spec(arch: str = "qwen2", **overrides: Any) -> ModelSpec:
-    """The ``builtin:tiny`` architecture as a Qwen2 (q/k/v biases) or Llama (no biases) model, with ``overrides``."""
-    if arch not in ("qwen2", "llama"):
-        raise ValueError(f"arch must be 'qwen2' or 'llama', got {arch!r}")
-    base = BUILTIN_SPECS["builtin:tiny"].replace(arch=arch, qkv_bias=arch == "qwen2")
+    """The ``builtin:tiny`` architecture as a Qwen2 (q/k/v biases), Qwen3 (QK-norm) or Llama model, with
+    ``overrides``."""
+    if arch not in ARCHITECTURES.values():
+        raise ValueError(f"arch must be one of {sorted(ARCHITECTURES.values())}, got {arch!r}")
+    base = BUILTIN_SPECS["builtin:tiny"].replace(arch=arch, qkv_bias=QKV_BIAS[arch])
     return base.replace(**overrides)
 
 
@@ -75,10 +77,10 @@ def make_tiny_model(
 
 
 def main() -> None:
-    """Command line: ``make_tiny_model.py PATH [--arch qwen2|llama] [--seed N] [--tied]``."""
+    """Command line: ``make_tiny_model.py PATH [--arch qwen2|qwen3|llama] [--seed N] [--tied]``."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("path")
-    parser.add_argument("--arch", choices=("qwen2", "llama"), default="qwen2")
+    parser.add_argument("--arch", choices=sorted(ARCHITECTURES.values()), default="qwen2")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--tied", action="store_true", help="tie the input embedding and the LM head")
     args = parser.parse_args()

@@ -113,16 +113,20 @@ class SDPACoreAttention(MegatronModule):
         return context.permute(2, 0, 1, 3).reshape(sq, context.size(0), self.hidden_size_per_partition)
 
 
-def gpt_layer_spec_sdpa(*, fused_swiglu: bool = False) -> ModuleSpec:
+def gpt_layer_spec_sdpa(*, fused_swiglu: bool = False, qk_layernorm: bool = False) -> ModuleSpec:
     """megatron-core's local GPT layer spec (RMSNorm, column/row-parallel linears) with SDPA core attention and
     :class:`~sc_lightning.models.norms.TorchNorm` norms (which allow sequence parallelism).
+
+    With ``qk_layernorm`` each head's query and key pass through a TorchNorm over ``head_dim`` before RoPE (Qwen3's
+    QK-norm; the config must set ``qk_layernorm`` too).
 
     With ``fused_swiglu`` the MLP's activation is :class:`~sc_lightning.models.fused.FusedSwiGLU` (the config must
     then set ``use_te_activation_func``, the MLP's switch for an activation submodule).
     """
-    spec = get_gpt_layer_local_spec(normalization="RMSNorm")
+    spec = get_gpt_layer_local_spec(normalization="RMSNorm", qk_layernorm=qk_layernorm)
     attention = spec.submodules.self_attention
-    attention_submodules = dataclasses.replace(attention.submodules, core_attention=SDPACoreAttention)
+    norms = {"q_layernorm": TorchNorm, "k_layernorm": TorchNorm} if qk_layernorm else {}
+    attention_submodules = dataclasses.replace(attention.submodules, core_attention=SDPACoreAttention, **norms)
     changes = {
         "self_attention": dataclasses.replace(attention, submodules=attention_submodules),
         "input_layernorm": TorchNorm,

@@ -1,4 +1,4 @@
-"""Hugging Face (Llama / Qwen2) <-> megatron-core ``GPTModel`` weights, in both directions, tensor- and pipeline-aware.
+"""Hugging Face (Llama / Qwen2 / Qwen3) <-> megatron-core ``GPTModel`` weights, both ways, tensor- and pipeline-aware.
 
 Layout of the megatron side (local layer spec), per TP rank ``r`` of ``tp``:
 
@@ -7,6 +7,8 @@ Layout of the megatron side (local layer spec), per TP rank ``r`` of ``tp``:
   ``output_layer`` (except on a last pipeline stage that is not also the first, which holds a copy).
 - ``self_attention.linear_qkv``: q, k, v interleaved per KV group, ``[g0: q_0..q_{h/g-1} k v | g1: ... ]``,
   split in row blocks of whole groups (weights ``[rows, hidden]`` and Qwen2 biases ``[rows]``).
+- ``self_attention.q_layernorm`` / ``k_layernorm`` (Qwen3's ``q_norm`` / ``k_norm``): one ``[head_dim]`` RMSNorm
+  weight shared by every head, replicated like the other norms.
 - ``mlp.linear_fc1``: ``[gate_r; up_r]`` where ``gate_r``/``up_r`` are this rank's row blocks of gate/up.
 - ``self_attention.linear_proj`` / ``mlp.linear_fc2``: column blocks. Norms are replicated.
 - Pipeline stage ``p`` of ``pp`` numbers its layers from 0; global layer = ``p * num_layers // pp + local``.
@@ -21,7 +23,7 @@ import json
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 import torch
 from torch import Tensor
@@ -45,96 +47,6 @@ class ParamMapping:
     kind: Kind
 
 
-def mcore_spec_from_hf_config(hf_config: Any) -> ModelSpec:
-    """The :class:`ModelSpec` of a Llama/Qwen2 ``transformers`` config (object, or its ``config.json`` dict)."""
-    cfg = hf_config if not isinstance(hf_config, Mapping) else _config_from_dict(hf_config)
-    model_type = getattr(cfg, "model_type", None)
-    if model_type not in ("llama", "qwen2"):
-        raise NotImplementedError(f"unsupported model_type {model_type!r}; sc_lightning converts llama and qwen2")
-    if getattr(cfg, "hidden_act", "silu") != "silu":
-        raise NotImplementedError(f"unsupported hidden_act {cfg.hidden_act!r}; only SwiGLU (silu) models convert")
-    if getattr(cfg, "mlp_bias", False) or (model_type == "llama" and getattr(cfg, "attention_bias", False)):
-        raise NotImplementedError("Llama with attention_bias/mlp_bias has o_proj/MLP biases megatron cannot hold")
-    if model_type == "qwen2" and getattr(cfg, "use_sliding_window", False):
-        raise NotImplementedError("Qwen2 sliding-window attention is not supported")
-    theta, scaling = _rope_settings(cfg)
-    heads = cfg.num_attention_heads
-    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
-    return ModelSpec(
-        vocab_size=cfg.vocab_size,
-        hidden_size=cfg.hidden_size,
-        num_layers=cfg.num_hidden_layers,
-        num_attention_heads=heads,
-        num_query_groups=getattr(cfg, "num_key_value_heads", None) or heads,
-        ffn_hidden_size=cfg.intermediate_size,
-        max_position_embeddings=cfg.max_position_embeddings,
-        rope_theta=theta,
-        qkv_bias=model_type == "qwen2",
-        tie_word_embeddings=bool(getattr(cfg, "tie_word_embeddings", False)),
-        norm_eps=cfg.rms_norm_eps,
-        head_dim=head_dim if head_dim != cfg.hidden_size // heads else None,
-        rope_scaling_factor=scaling,
-        arch=model_type,
-    )
-
-
-def _config_from_dict(raw: Mapping[str, Any]) -> Any:
-    """A ``transformers`` config object for a ``config.json`` dict (fills the architecture's defaults)."""
-    from transformers import AutoConfig
-
-    fields = dict(raw)
-    return AutoConfig.for_model(fields.pop("model_type"), **fields)
-
-
-def _rope_settings(cfg: Any) -> tuple[float, float | None]:
-    """``(rope_theta, llama3 scaling factor or None)`` from a transformers 4.x or 5.x config."""
-    params = dict(getattr(cfg, "rope_parameters", None) or getattr(cfg, "rope_scaling", None) or {})
-    theta = float(params.get("rope_theta", getattr(cfg, "rope_theta", 10000.0)))
-    rope_type = params.get("rope_type", params.get("type", "default"))
-    if rope_type == "default":
-        return theta, None
-    expected = {"low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
-    if rope_type != "llama3" or any(float(params.get(k, -1)) != v for k, v in expected.items()):
-        raise NotImplementedError(f"unsupported RoPE scaling {params}; only llama3 with {expected} is supported")
-    return theta, float(params["factor"])
-
-
-def hf_config_dict(spec: ModelSpec, **extra: Any) -> dict[str, Any]:
-    """A ``config.json`` dict describing ``spec`` for ``transformers`` (``extra`` adds or overrides keys)."""
-    rope: dict[str, Any] = {"rope_type": "default", "rope_theta": spec.rope_theta}
-    if spec.rope_scaling_factor is not None:
-        rope = {
-            "rope_type": "llama3",
-            "rope_theta": spec.rope_theta,
-            "factor": spec.rope_scaling_factor,
-            "low_freq_factor": 1.0,
-            "high_freq_factor": 4.0,
-            "original_max_position_embeddings": 8192,
-        }
-    cfg: dict[str, Any] = {
-        "architectures": ["Qwen2ForCausalLM" if spec.arch == "qwen2" else "LlamaForCausalLM"],
-        "model_type": spec.arch,
-        "vocab_size": spec.vocab_size,
-        "hidden_size": spec.hidden_size,
-        "intermediate_size": spec.ffn_hidden_size,
-        "num_hidden_layers": spec.num_layers,
-        "num_attention_heads": spec.num_attention_heads,
-        "num_key_value_heads": spec.num_query_groups,
-        "head_dim": spec.kv_channels,
-        "hidden_act": "silu",
-        "max_position_embeddings": spec.max_position_embeddings,
-        "rms_norm_eps": spec.norm_eps,
-        "tie_word_embeddings": spec.tie_word_embeddings,
-        "rope_parameters": rope,  # transformers >= 5 spelling of rope_theta / rope_scaling
-    }
-    if spec.arch == "llama":
-        cfg.update(attention_bias=False, mlp_bias=False)
-    elif spec.qkv_bias is False:
-        raise ValueError("a qwen2 ModelSpec must have qkv_bias=True (Qwen2 always has q/k/v biases)")
-    cfg.update(extra)
-    return cfg
-
-
 def hf_param_shapes(spec: ModelSpec) -> dict[str, tuple[int, ...]]:
     """Every Hugging Face parameter of ``spec`` and its shape, in export order (``lm_head`` last, even if tied)."""
     h, d, f = spec.hidden_size, spec.kv_channels, spec.ffn_hidden_size
@@ -147,6 +59,8 @@ def hf_param_shapes(spec: ModelSpec) -> dict[str, tuple[int, ...]]:
         shapes.update({f"{p}self_attn.{name}.weight": (rows, h) for name, rows in projections})
         if spec.qkv_bias:
             shapes.update({f"{p}self_attn.{name}.bias": (rows,) for name, rows in projections})
+        if spec.qk_layernorm:
+            shapes.update({f"{p}self_attn.{name}_norm.weight": (d,) for name in "qk"})
         shapes[p + "self_attn.o_proj.weight"] = (h, q_rows)
         shapes[p + "post_attention_layernorm.weight"] = (h,)
         shapes[p + "mlp.gate_proj.weight"] = (f, h)
@@ -196,6 +110,12 @@ def parameter_mappings(spec: ModelSpec, *, pp_rank: int = 0, pp_size: int = 1) -
         if spec.qkv_bias:
             bias = tuple(name.replace(".weight", ".bias") for name in qkv)
             out.append(ParamMapping(m + "self_attention.linear_qkv.bias", bias, "qkv"))
+        if spec.qk_layernorm:
+            qk_norms = [(f"{n}_layernorm", f"{n}_norm") for n in "qk"]
+            out += [
+                ParamMapping(f"{m}self_attention.{a}.weight", (f"{p}self_attn.{b}.weight",), "norm")
+                for a, b in qk_norms
+            ]
         out += [
             ParamMapping(m + "self_attention.linear_proj.weight", (p + "self_attn.o_proj.weight",), "row"),
             ParamMapping(m + "pre_mlp_layernorm.weight", (p + "post_attention_layernorm.weight",), "norm"),

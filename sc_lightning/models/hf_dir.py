@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from sc_lightning.models.convert import hf_config_dict
+from sc_lightning.models.hf_config import hf_config_dict
 from sc_lightning.models.spec import ModelSpec
 from sc_lightning.tokenizer import CharTokenizer
 

@@ -1,4 +1,4 @@
-"""Build megatron-core ``GPTModel`` policies (Llama/Qwen2 family) and set up the process groups they need.
+"""Build megatron-core ``GPTModel`` policies (Llama/Qwen family) and set up the process groups they need.
 
 - :func:`init_model_parallel` starts ``torch.distributed`` (gloo without CUDA, nccl with it) for a lone process
   when nothing did, then megatron's ``parallel_state``; idempotent.
@@ -25,15 +25,10 @@ from megatron.core.transformer.transformer_config import TransformerConfig
 from torch import Tensor
 
 from sc_lightning.models.attention import gpt_layer_spec_sdpa
-from sc_lightning.models.convert import (
-    hf_to_megatron_state,
-    mcore_spec_from_hf_config,
-    random_hf_state,
-    read_hf_safetensors,
-    unwrapped_name,
-)
+from sc_lightning.models.convert import hf_to_megatron_state, random_hf_state, read_hf_safetensors, unwrapped_name
 from sc_lightning.models.cpu_compat import apply_cpu_compat, seed_cpu_rng_tracker
 from sc_lightning.models.fused import install_fused_rope
+from sc_lightning.models.hf_config import mcore_spec_from_hf_config
 from sc_lightning.models.hf_dir import resolve_model_dir
 from sc_lightning.models.logprobs import REAL_VOCAB_ATTR
 from sc_lightning.models.norms import TorchNorm
@@ -118,7 +113,7 @@ def transformer_config(
     activation_checkpointing: bool = False,
     fused_kernels: bool = False,
 ) -> TransformerConfig:
-    """The megatron ``TransformerConfig`` of ``spec``: RMSNorm, SwiGLU, no dropout.
+    """The megatron ``TransformerConfig`` of ``spec``: RMSNorm, SwiGLU, no dropout, QK-norm where ``spec`` has it.
 
     With ``fused_kernels`` SwiGLU and RoPE are :mod:`sc_lightning.models.fused`'s (megatron's activation-submodule
     switch and its ``apply_rope_fusion``; the layer spec must carry :class:`~sc_lightning.models.fused.FusedSwiGLU`).
@@ -142,6 +137,7 @@ def transformer_config(
         activation_func=F.silu,
         add_bias_linear=False,
         add_qkv_bias=spec.qkv_bias,
+        qk_layernorm=spec.qk_layernorm,  # megatron sums the q/k norm gradients over TP ranks (finalize_model_grads)
         hidden_dropout=0.0,
         attention_dropout=0.0,
         tensor_model_parallel_size=tensor_parallel_size,
@@ -217,7 +213,8 @@ def _quiet_megatron() -> Iterator[None]:
 def _gpt_model(spec: ModelSpec, config: TransformerConfig, tensor_parallel_size: int) -> GPTModel:
     """The (uninitialised) ``GPTModel`` of ``spec`` for this pipeline stage: local spec + SDPA, RoPE."""
     layers = TransformerBlockSubmodules(  # this stage's layers and the final norm, all with sequence-parallel norms
-        layer_specs=[gpt_layer_spec_sdpa(fused_swiglu=config.use_te_activation_func)] * get_num_layers_to_build(config),
+        layer_specs=[gpt_layer_spec_sdpa(fused_swiglu=config.use_te_activation_func, qk_layernorm=config.qk_layernorm)]
+        * get_num_layers_to_build(config),
         layer_norm=TorchNorm,
     )
     model = GPTModel(
@@ -315,7 +312,10 @@ def model_spec(model_name: str) -> ModelSpec:
     from transformers import AutoConfig
 
     root = resolve_model_dir(model_name)
-    return mcore_spec_from_hf_config(AutoConfig.from_pretrained(str(root), local_files_only=True))
+    try:
+        return mcore_spec_from_hf_config(AutoConfig.from_pretrained(str(root), local_files_only=True))
+    except NotImplementedError as err:
+        raise NotImplementedError(f"{root / 'config.json'}: {err}") from None
 
 
 def load_policy(

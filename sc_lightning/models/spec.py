@@ -1,4 +1,4 @@
-"""Architecture numbers of a Llama/Qwen2-family decoder (:class:`ModelSpec`) and the built-in model registry.
+"""Architecture numbers of a Llama/Qwen-family decoder (:class:`ModelSpec`) and the built-in model registry.
 
 Plain data, no torch or megatron import, so configs, engines and tests can read a model's shape cheaply.
 """
@@ -9,14 +9,16 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Literal
 
-Arch = Literal["llama", "qwen2"]
+Arch = Literal["llama", "qwen2", "qwen3"]
+"""The Hugging Face ``model_type`` of a :class:`ModelSpec` (docs/config-reference.md lists the architectures)."""
 
 
 @dataclass(frozen=True)
 class ModelSpec:
     """Architecture of a RMSNorm + SwiGLU + RoPE + GQA decoder, in Hugging Face terms.
 
-    ``vocab_size`` is the real vocabulary (the HF embedding rows); megatron may pad it (see
+    ``arch`` is the Hugging Face ``model_type`` the model came from (and is written back as); Qwen3 adds QK-norm
+    (:attr:`qk_layernorm`). ``vocab_size`` is the real vocabulary (the HF embedding rows); megatron may pad it (see
     :meth:`padded_vocab_size`). ``head_dim`` defaults to ``hidden_size // num_attention_heads``.
     ``rope_scaling_factor`` enables Llama-3 style RoPE scaling (low/high frequency factors 1 and 4, original
     context 8192, the values megatron-core hard-codes).
@@ -54,12 +56,21 @@ class ModelSpec:
             )
 
     @property
+    def qk_layernorm(self) -> bool:
+        """Whether each attention head's query and key pass through an RMSNorm before RoPE (Qwen3's QK-norm)."""
+        return self.arch == "qwen3"
+
+    @property
     def kv_channels(self) -> int:
         """Size of one attention head (megatron's ``kv_channels``)."""
         return self.head_dim if self.head_dim is not None else self.hidden_size // self.num_attention_heads
 
     def padded_vocab_size(self, tensor_parallel_size: int = 1) -> int:
-        """Embedding rows megatron allocates: ``vocab_size`` rounded up to a multiple of ``tensor_parallel_size``."""
+        """Embedding rows megatron allocates: ``vocab_size`` rounded up to a multiple of ``tensor_parallel_size``.
+
+        The padding rows are zeros that nothing reads: the trainer masks their logits out of every softmax
+        (:mod:`sc_lightning.models.logprobs`), the Megatron engine samples from the first ``vocab_size`` logits only,
+        and an export drops them."""
         tp = tensor_parallel_size
         return -(-self.vocab_size // tp) * tp
 

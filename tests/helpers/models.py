@@ -25,6 +25,8 @@ TINY_VARIANTS: dict[str, tuple[str, bool, dict]] = {
         {"rope_theta": 5e5, "rope_scaling_factor": 32.0, "num_query_groups": 1, "max_position_embeddings": 16384},
     ),
     "qwen2-vocab19": ("qwen2", False, {"vocab_size": 19}),
+    "qwen3": ("qwen3", False, {}),
+    "qwen3-tied-gqa": ("qwen3", True, {"num_attention_heads": 4, "head_dim": 32}),
 }
 
 

@@ -10,15 +10,14 @@ import torch
 
 from sc_lightning.models.convert import (
     export_hf_weights,
-    hf_config_dict,
     hf_param_shapes,
     hf_to_megatron_state,
-    mcore_spec_from_hf_config,
     megatron_to_hf_state,
     parameter_mappings,
     random_hf_state,
     read_hf_safetensors,
 )
+from sc_lightning.models.hf_config import hf_config_dict, hf_config_problems, mcore_spec_from_hf_config
 from sc_lightning.models.spec import BUILTIN_SPECS, ModelSpec
 from tests.helpers.models import TINY_VARIANTS, hf_causal_lm, random_ids
 
@@ -54,7 +53,7 @@ def test_hf_megatron_hf_round_trip_is_exact(variant: str, tiny_dirs: dict[str, P
     assert all(torch.equal(back[k], hf[k]) for k in hf)
 
 
-@pytest.mark.parametrize("variant", ["qwen2", "llama-tied"])
+@pytest.mark.parametrize("variant", ["qwen2", "llama-tied", "qwen3-tied-gqa"])
 def test_export_hf_weights_streams_the_checkpoint_back(variant: str, tiny_dirs: dict[str, Path]) -> None:
     from sc_lightning.models.megatron import load_policy
 
@@ -137,6 +136,12 @@ def test_config_mapping_both_ways(tiny_dirs: dict[str, Path]) -> None:
     qwen = BUILTIN_SPECS["builtin:tiny"]
     assert mcore_spec_from_hf_config(hf_config_dict(qwen)) == qwen
     assert mcore_spec_from_hf_config(hf_config_dict(qwen.replace(head_dim=8))).kv_channels == 8
+    qwen3 = qwen.replace(arch="qwen3", qkv_bias=False, head_dim=48)
+    config = hf_config_dict(qwen3)
+    assert (config["architectures"], config["attention_bias"], config["head_dim"]) == (["Qwen3ForCausalLM"], False, 48)
+    assert mcore_spec_from_hf_config(config) == qwen3 and qwen3.qk_layernorm and not qwen.qk_layernorm
+    with pytest.raises(ValueError, match="qkv_bias=False"):
+        hf_config_dict(qwen.replace(arch="qwen3"))
 
 
 def test_config_mapping_rejects_what_megatron_cannot_hold() -> None:
@@ -150,6 +155,32 @@ def test_config_mapping_rejects_what_megatron_cannot_hold() -> None:
     yarn = {"rope_type": "yarn", "rope_theta": 1e4, "factor": 4.0, "original_max_position_embeddings": 64}
     with pytest.raises(NotImplementedError, match="RoPE"):
         mcore_spec_from_hf_config({**base, "rope_parameters": yarn})
+
+
+def test_config_problems_name_the_architecture_or_the_key() -> None:
+    """One line per problem of a config.json, read as written (the checks fit --dry_run runs)."""
+    llama = hf_config_dict(BUILTIN_SPECS["builtin:tiny"].replace(arch="llama", qkv_bias=False))
+    qwen2 = hf_config_dict(BUILTIN_SPECS["builtin:tiny"])
+    assert hf_config_problems(llama) == hf_config_problems(qwen2) == []
+    assert hf_config_problems({**llama, "architectures": ["MistralForCausalLM"], "model_type": "mistral"}) == [
+        "has architectures ['MistralForCausalLM']; sc_lightning trains LlamaForCausalLM, Qwen2ForCausalLM, "
+        "Qwen3ForCausalLM"
+    ]
+    assert hf_config_problems({"model_type": "gpt2"}) == [
+        "has model_type 'gpt2' and no architectures; sc_lightning trains LlamaForCausalLM, Qwen2ForCausalLM, "
+        "Qwen3ForCausalLM"
+    ]
+    assert "model_type 'llama'" in hf_config_problems({**qwen2, "model_type": "llama"})[0]
+    sliding = {**qwen2, "use_sliding_window": True, "layer_types": ["full_attention", "sliding_attention"]}
+    assert [line.split(";")[0] for line in hf_config_problems(sliding)] == [
+        "has use_sliding_window: true",
+        "has layer_types ['sliding_attention']",
+    ]
+    assert hf_config_problems({**qwen2, "attention_bias": True}) == []  # Qwen2's q/k/v biases
+    legacy = {"type": "linear", "factor": 2.0}  # transformers 4.x spelling
+    assert hf_config_problems({**llama, "rope_parameters": None, "rope_scaling": legacy})[0].startswith(
+        "has rope_scaling {'type': 'linear', 'factor': 2.0}; of RoPE scalings only llama3"
+    )
 
 
 def test_read_hf_safetensors_reads_single_and_sharded(tiny_dirs: dict[str, Path], tmp_path: Path) -> None:

@@ -50,7 +50,8 @@ def test_tp2_logits_and_logprobs_equal_tp1(variant: str, tp2: list[dict], tiny_d
 
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_tp2_shards_round_trip_and_export(variant: str, tp2: list[dict], tiny_dirs: dict[str, Path]) -> None:
-    from sc_lightning.models.convert import mcore_spec_from_hf_config, read_hf_safetensors
+    from sc_lightning.models.convert import read_hf_safetensors
+    from sc_lightning.models.hf_config import mcore_spec_from_hf_config
 
     hf_model = hf_causal_lm(tiny_dirs[variant])
     spec = mcore_spec_from_hf_config(hf_model.config)
