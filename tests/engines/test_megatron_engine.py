@@ -50,8 +50,9 @@ def test_greedy_equals_full_forward_argmax_at_every_position(tiny_dirs: dict, gr
         assert all(follows_argmax(ref, prompt, generation.token_ids)), (prompt, generation.token_ids)
 
 
+@pytest.mark.parametrize("model", ["llama", "qwen3"])
 @pytest.mark.parametrize("temperature", [1.0, 0.7, 0.0])
-def test_logprobs_equal_the_trainers_token_logprobs(tiny_dirs: dict, temperature: float) -> None:
+def test_logprobs_equal_the_trainers_token_logprobs(tiny_dirs: dict, temperature: float, model: str) -> None:
     settings = [
         SamplingParams(16, temperature=temperature, seed=1),
         SamplingParams(16, temperature=temperature, top_k=6, seed=2),
@@ -60,13 +61,13 @@ def test_logprobs_equal_the_trainers_token_logprobs(tiny_dirs: dict, temperature
     ]
 
     async def scenario() -> list:
-        engine = engine_on(tiny_dirs["llama"])
+        engine = engine_on(tiny_dirs[model])
         try:
             return await asyncio.gather(*(engine.generate(p, s) for p, s in zip(PROMPTS, settings, strict=False)))
         finally:
             await engine.shutdown()
 
-    ref = reference(tiny_dirs["llama"])
+    ref = reference(tiny_dirs[model])
     for prompt, generation in zip(PROMPTS, asyncio.run(scenario()), strict=False):
         ids = torch.tensor([prompt + generation.token_ids])
         with torch.no_grad():

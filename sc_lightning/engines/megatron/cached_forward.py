@@ -1,9 +1,10 @@
 """A megatron ``GPTModel``'s forward over a slot KV cache, rows at any position.
 
 :class:`CachedForward` runs the model's own modules, with its weights (nothing is copied, so a weight update or a
-CUDA graph sees the same tensors): the word embedding, then per layer ``input_layernorm`` → ``linear_qkv`` → RoPE →
-write K/V into the cache → attention over the cache → ``linear_proj`` + residual → ``pre_mlp_layernorm`` → ``mlp`` +
-residual, then ``final_layernorm`` and ``output_layer``. It is the computation of ``GPTModel.forward`` (local layer
+CUDA graph sees the same tensors): the word embedding, then per layer ``input_layernorm`` → ``linear_qkv`` →
+(``q_layernorm`` / ``k_layernorm``, a QK-norm model's per-head norms) → RoPE → write K/V into the cache → attention
+over the cache → ``linear_proj`` + residual → ``pre_mlp_layernorm`` → ``mlp`` + residual, then ``final_layernorm``
+and ``output_layer``. It is the computation of ``GPTModel.forward`` (local layer
 spec, TP=1, no dropout) for ``T`` new tokens per row:
 
 - **Positions are device tensors** ``(R, T)``, one per token, so rows of one call sit at different positions and
@@ -84,7 +85,6 @@ def _check_supported(model: torch.nn.Module) -> None:
         "position_embedding_type": getattr(model, "position_embedding_type", "rope") != "rope",
         "rotary_interleaved": config.rotary_interleaved,
         "multi_latent_attention": config.multi_latent_attention,
-        "qk_layernorm": getattr(config, "qk_layernorm", False),
         "attention_output_gate": getattr(config, "attention_output_gate", False),
         "fp32_residual_connection": config.fp32_residual_connection,
         "num_moe_experts": bool(getattr(config, "num_moe_experts", None)),
@@ -145,6 +145,7 @@ class CachedForward:
         self.groups = attention.num_query_groups_per_partition
         self.heads_per_group = attention.num_attention_heads_per_partition // self.groups
         self.head_dim = attention.hidden_size_per_attention_head
+        self.qk_norm = model.config.qk_layernorm
         core = attention.core_attention
         self.scale = float(getattr(core, "softmax_scale", None) or self.head_dim**-0.5)
         param = next(model.parameters())
@@ -257,6 +258,7 @@ class CachedForward:
         if qkv_bias is not None:
             qkv = qkv + qkv_bias
         qkv = qkv.view(rows, width, self.groups, self.heads_per_group + 2, self.head_dim)
+        self._normalise_qk(attention, qkv)
         query = kernels.rope_write_kv(qkv, self.angles, call.positions, call.flat_index, cache.flat(index))
         if cache_only:
             return x, None
@@ -284,6 +286,7 @@ class CachedForward:
         if qkv_bias is not None:
             qkv = qkv + qkv_bias
         qkv = qkv.view(rows, width, groups, hpg + 2, dim)  # megatron's layout: per group, its query heads, K, V
+        self._normalise_qk(attention, qkv)
         qk = qkv[:, :, :, : hpg + 1]  # query heads and key: RoPE in place (t * cos + rotate_half(t) * sin)
         halves_swapped = qk.unflatten(-1, (2, dim // 2)).flip(-2).flatten(-2)
         cos, sin = call.rope
@@ -300,6 +303,14 @@ class CachedForward:
         x = x + (out if out_bias is None else out + out_bias)
         out, out_bias = layer.mlp(layer.pre_mlp_layernorm(x))
         return x + (out if out_bias is None else out + out_bias)
+
+    def _normalise_qk(self, attention: torch.nn.Module, qkv: Tensor) -> None:
+        """Apply a QK-norm model's per-head norms to the query heads and keys of ``qkv`` ``(R, T, G, hpg + 2, D)``, in
+        place (before RoPE, as megatron's attention does); nothing for a model without them."""
+        if self.qk_norm:
+            hpg = self.heads_per_group
+            qkv[..., :hpg, :] = attention.q_layernorm(qkv[..., :hpg, :])
+            qkv[..., hpg, :] = attention.k_layernorm(qkv[..., hpg, :])
 
     def _decode_flash(self, qkv: Tensor, flat: Tensor, length: int, call: _Call) -> Tensor | None:
         """Flash attention of each row's new token over its slot's positions ``0..p`` (None if the kernel refuses).
