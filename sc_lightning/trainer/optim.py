@@ -27,9 +27,12 @@ def decays(name: str, param: torch.Tensor) -> bool:
 
 def needs_grad_finalising(model: torch.nn.Module) -> bool:
     """Whether ``model``'s gradients need megatron's DDP buffer and ``finalize_model_grads``: a sum over data-parallel
-    replicas, tied embeddings across pipeline stages, or sequence-parallel norm weights summed over TP."""
-    sequence_parallel = getattr(getattr(model, "config", None), "sequence_parallel", False)
-    return data_parallel_size() > 1 or pipeline_parallel_size() > 1 or sequence_parallel
+    replicas, tied embeddings across pipeline stages, or norm weights summed over TP (sequence-parallel norms; a
+    QK-norm model's q/k norms, each TP rank seeing only its own heads)."""
+    config = getattr(model, "config", None)
+    sequence_parallel = getattr(config, "sequence_parallel", False)
+    split_qk_norms = getattr(config, "qk_layernorm", False) and getattr(config, "tensor_model_parallel_size", 1) > 1
+    return data_parallel_size() > 1 or pipeline_parallel_size() > 1 or sequence_parallel or split_qk_norms
 
 
 def adamw(
