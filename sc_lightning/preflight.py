@@ -3,14 +3,16 @@
 The config rules (:mod:`sc_lightning.config.validate`) check a config against itself; preflight checks it against
 the box it is about to run on: the trainer's hardware request (``trainer.accelerator`` / ``trainer.devices``, seen
 through torch), the model and tokenizer names (a built-in, a warm start, a local directory or the local Hugging Face
-cache), the dataset files and the columns their schemas hold, vLLM when generation uses it, and the directories the
-run writes. It is cheap — no Ray, no model build, no Lightning Trainer, no dataset row read, nothing created — and
-reports every problem at once as a ConfigError whose issues name the dotpath, the value and the fix.
+cache; a directory's ``config.json`` must describe an architecture sc_lightning trains), the dataset files and the
+columns their schemas hold, vLLM when generation uses it, and the directories the run writes. It is cheap — no Ray,
+no model build, no Lightning Trainer, no dataset row read, nothing created — and reports every problem at once as a
+ConfigError whose issues name the dotpath, the value and the fix.
 """
 
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 from pathlib import Path
 from typing import Any
@@ -105,7 +107,8 @@ def _requested_indices(devices: Any) -> set[int] | None:
 
 
 def _model_issues(config: SCConfig) -> list[ConfigIssue]:
-    """Model and tokenizer names that resolve to nothing here (nothing is downloaded at run time)."""
+    """Model and tokenizer names that resolve to nothing here (nothing is downloaded at run time), and model
+    directories whose ``config.json`` describes a model that cannot train (one issue per problem)."""
     names = [("policy.model_name", config.policy.model_name, _model_problem)]
     if config.policy.tokenizer_name is not None:
         names.append(("policy.tokenizer_name", config.policy.tokenizer_name, _tokenizer_problem))
@@ -116,6 +119,8 @@ def _model_issues(config: SCConfig) -> list[ConfigIssue]:
         problem = problem_of(name)
         if problem:
             issues.append(ConfigIssue(knob, f"is {name!r}: {problem}"))
+        elif problem_of is _model_problem and not name.startswith("builtin:"):
+            issues += [ConfigIssue(knob, line) for line in _architecture_problems(name)]
     return issues
 
 
@@ -137,6 +142,22 @@ def _model_problem(name: str) -> str | None:
     if not (root / "config.json").is_file():
         return f"{root} has no config.json, so it is not a Hugging Face model directory; point at the one that has"
     return None
+
+
+def _architecture_problems(name: str) -> list[str]:
+    """Why the model directory ``name`` (which has a config.json) cannot train, each naming its config.json and the
+    architecture or key at fault."""
+    from sc_lightning.models.hf_config import hf_config_problems
+
+    root = _local_dir(name)
+    if root is None:
+        return []
+    config_json = root / "config.json"
+    try:
+        raw = json.loads(config_json.read_text())
+    except (OSError, ValueError) as err:
+        return [f"{config_json} is not readable JSON: {err}"]
+    return [f"{config_json} {problem}" for problem in hf_config_problems(raw)]
 
 
 def _tokenizer_problem(name: str) -> str | None:

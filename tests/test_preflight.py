@@ -8,6 +8,7 @@ depend on the machine the tests run on.
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -88,6 +89,28 @@ def test_unknown_built_in_models_and_missing_model_paths_are_refused(
     assert f"value.model_name: is '{tmp_path / 'no-model'}': neither a local directory" in err
     assert "3 problems" in err
     assert not (tmp_path / "lightning_logs").exists()
+
+
+def test_a_model_directory_of_an_architecture_or_feature_not_trained_is_refused_at_dry_run(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """config.json names another architecture, or a feature megatron-core cannot hold: one line naming the file and
+    the architecture (with the supported list) or the key."""
+    configs = {
+        "mistral": {"architectures": ["MistralForCausalLM"], "model_type": "mistral"},
+        "sliding": {"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "use_sliding_window": True},
+    }
+    for name, config in configs.items():
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "config.json").write_text(json.dumps(config))
+    mistral, sliding = (tmp_path / name / "config.json" for name in configs)
+    err = refused(capsys, "fit", *QUICK, f"--policy.model_name={mistral.parent}", "--dry_run")
+    assert (
+        f"policy.model_name: {mistral} has architectures ['MistralForCausalLM']; sc_lightning trains "
+        "LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM"
+    ) in err
+    err = refused(capsys, "fit", *QUICK, f"--policy.model_name={sliding.parent}", "--dry_run")
+    assert f"policy.model_name: {sliding} has use_sliding_window: true; sliding-window attention is not" in err
 
 
 def test_a_checkpoint_directory_that_cannot_be_created_is_refused_before_any_step(
