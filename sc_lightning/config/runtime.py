@@ -234,6 +234,11 @@ class DataConfig:
         "Render each text prompt of a dataset file as a user message with the tokenizer's chat template (generation "
         "prompt added), as multi-turn environments and external agents' chat calls need; false: bos and the raw text.",
     )
+    system_prompt: str | None = knob(
+        None,
+        "A system message rendered before each text prompt's user message by the chat template (needs "
+        "data.apply_chat_template; chat prompts from data.messages_key carry their own); null = no system message.",
+    )
     max_skipped_rows: int = knob(
         0,
         "Malformed or over-long dataset rows that may be skipped (each logged with its place in the file and the "

@@ -257,27 +257,32 @@ Encode = Callable[[str | Chat], tuple[int, ...]]
 
 
 def prompt_encoder(tokenizer: Tokenizer, data: DataConfig) -> Encode:
-    """A prompt's token ids: a text is bos and the text, or with ``data.apply_chat_template`` a user message rendered
-    by ``tokenizer``'s chat template; chat messages (``data.messages_key``) are always rendered by that template (the
-    generation prompt added). DatasetError when the template is needed and the tokenizer has none."""
+    """A prompt's token ids: a text is bos and the text, or with ``data.apply_chat_template`` a user message (after
+    ``data.system_prompt`` as a system message, when set) rendered by ``tokenizer``'s chat template; chat messages
+    (``data.messages_key``) are always rendered by that template, as they are (the generation prompt added).
+    DatasetError when the template is needed and the tokenizer has none."""
     if data.messages_key is not None:
         needs = f"data.messages_key is {data.messages_key!r}"
     elif data.apply_chat_template:
         needs = "data.apply_chat_template is true"
     else:
         return lambda prompt: prompt_token_ids(tokenizer, str(prompt))  # a text: no chat without messages_key
-    from sc_lightning.rollout.multiturn.chat import Message, chat_template_for, user_prompt_ids  # the heavier package
+    from sc_lightning.rollout.multiturn.chat import Message, chat_template_for  # the heavier package
 
     try:
         template = chat_template_for(tokenizer)
     except ValueError as err:
         raise DatasetError(f"{needs}, but {err}") from err
 
+    system = [Message("system", data.system_prompt)] if data.system_prompt is not None else []
+
     def encode(prompt: str | Chat) -> tuple[int, ...]:
-        """A text as one user message, or the chat's messages, rendered with the generation prompt."""
+        """A text as a user message (after the system prompt), or the chat's messages, rendered with the generation
+        prompt."""
         if isinstance(prompt, str):
-            return user_prompt_ids(template, prompt)
-        messages = [Message(role, content) for role, content in prompt]
+            messages = [*system, Message("user", prompt)]
+        else:
+            messages = [Message(role, content) for role, content in prompt]
         return tuple(template.render(messages, add_generation_prompt=True))
 
     return encode

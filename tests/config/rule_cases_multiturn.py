@@ -74,4 +74,25 @@ MULTITURN_CASES: list[tuple[str, dict[str, Any], dict[str, Any], str, str]] = [
         "data.messages_key",
         "opens each conversation with the prompt's text",
     ),
+    (
+        "a system prompt needs the chat template",
+        variant({"data": {"dataset_name": "p.jsonl", "apply_chat_template": True, "system_prompt": "Add."}}),
+        variant({"data": {"dataset_name": "p.jsonl", "system_prompt": "Add."}}),
+        "data.system_prompt",
+        "data.apply_chat_template is false",
+    ),
+    (
+        "a system prompt leaves chat prompts as they are",
+        variant({"data": {"dataset_name": "p.jsonl", "messages_key": "messages"}}),
+        variant({"data": {"dataset_name": "p.jsonl", "messages_key": "messages", "system_prompt": "Add."}}),
+        "data.system_prompt",
+        "chat prompts carry their own system message",
+    ),
+    (
+        "a system prompt opens no multi-turn conversation",
+        variant(MULTITURN, {"data": {"dataset_name": "p.jsonl", "apply_chat_template": True}}),
+        variant(MULTITURN, {"data": {"dataset_name": "p.jsonl", "apply_chat_template": True, "system_prompt": "x"}}),
+        "data.system_prompt",
+        "opens each conversation with the prompt's text alone",
+    ),
 ]

@@ -139,6 +139,18 @@ def test_chat_prompts_are_rendered_by_the_chat_template(tmp_path: Path, fmt: str
     assert [p.token_ids for p in char] == [(TOK.bos_token_id, *TOK.encode("1+1="))]  # its template: <bos>1+1=
 
 
+def test_a_system_prompt_opens_each_text_prompt_the_chat_template_renders(
+    tmp_path: Path, byte_tokenizer: Tokenizer
+) -> None:
+    """data.system_prompt: a system message before the text prompt's user message; the prompt's text stays its own."""
+    data = DataConfig(dataset_name=str(write_rows(tmp_path, ARITHMETIC[:1], "jsonl")), apply_chat_template=True)
+    (plain,) = build_dataset(data, byte_tokenizer, seed=0)
+    (system,) = build_dataset(dataclasses.replace(data, system_prompt="Add."), byte_tokenizer, seed=0)
+    assert byte_tokenizer.decode(list(plain.token_ids)) == "<|user|>0+0=\n<|assistant|>"
+    assert byte_tokenizer.decode(list(system.token_ids)) == "<|system|>Add.\n<|user|>0+0=\n<|assistant|>"
+    assert plain.text == system.text == "0+0="
+
+
 @pytest.mark.parametrize(
     ("messages", "reason"),
     [

@@ -97,7 +97,25 @@ def chat_prompts_open_no_conversation(config: SCConfig, report: Report) -> None:
         )
 
 
+@ties("data.system_prompt", "data.apply_chat_template", "data.messages_key", "env.name")
+def system_prompt_opens_chat_rendered_text_prompts(config: SCConfig, report: Report) -> None:
+    """data.system_prompt opens text prompts rendered by the chat template; elsewhere it is refused, never dropped."""
+    data, env = config.data, config.env
+    if data.system_prompt is None:
+        return
+    if data.messages_key is not None:
+        why = f"data.messages_key is {data.messages_key!r}: chat prompts carry their own system message"
+    elif not data.apply_chat_template:
+        why = "data.apply_chat_template is false: prompts are the raw text, with no chat template to render it"
+    elif env.is_multiturn() or env.name == "external":
+        why = f"env.name {env.name!r} opens each conversation with the prompt's text alone (not supported there yet)"
+    else:
+        return
+    report.error("data.system_prompt", f"is set, but {why}; set data.system_prompt: null")
+
+
 MULTITURN_RULES = (
+    system_prompt_opens_chat_rendered_text_prompts,
     multiturn_prompts_are_chat_rendered,
     chat_template_applies_to_files,
     chat_prompts_open_no_conversation,
