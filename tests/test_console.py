@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import re
@@ -18,6 +19,7 @@ from sc_lightning.cli.main import main
 from sc_lightning.config.reference import section_summaries
 from sc_lightning.config.reference_text import render_knobs
 from sc_lightning.console import quiet_libraries
+from sc_lightning.models.spec import builtin_spec
 from sc_lightning.rollout_side.banner import RunFacts, banner
 from tests.helpers.cli import run, user_environment
 from tests.helpers.configs import REPO, TINY
@@ -43,6 +45,22 @@ def test_the_banner_says_what_runs_where() -> None:
         "  data plane: memory\n"
         "  logs: CSVLogger lightning_logs/version_0\n"
         "  checkpoints: off (checkpointing.enabled: false)"
+    )
+
+
+def test_the_banner_states_the_architecture_and_the_vocabularys_padding_for_tensor_parallelism() -> None:
+    """The model: line names the architecture, the vocabulary and its embedding rows at the TP size (the padding
+    never sampled or trained), and the tokenizer."""
+    spec = builtin_spec("builtin:tiny").replace(vocab_size=19, arch="qwen3", qkv_bias=False)
+    facts = dataclasses.replace(TINY_FACTS, spec=spec, tokenizer="/m with its chat template")
+    config, _ = load_and_check([TINY])
+    assert banner(config, facts).splitlines()[1] == (
+        "  model: Qwen3ForCausalLM, vocabulary 19 (19 embedding rows at TP 1); tokenizer /m with its chat template"
+    )
+    two_ranks = ["policy.megatron_cfg.tensor_model_parallel_size=2", "trainer.devices=2", "data_plane.backend=simple"]
+    tp2, _ = load_and_check([TINY], two_ranks)
+    assert "vocabulary 19 (20 embedding rows at TP 2: the padding rows are never sampled or trained)" in (
+        banner(tp2, facts)
     )
 
 

@@ -12,7 +12,12 @@ class MegatronConfig:
     """megatron-core training settings of a model."""
 
     enabled: bool = knob(True, "Train with megatron-core (the only supported trainer).")
-    tensor_model_parallel_size: int = knob(1, "Tensor-parallel ranks.", ge=1)
+    tensor_model_parallel_size: int = knob(
+        1,
+        "Tensor-parallel ranks. The embedding and output layer are zero-padded to a multiple of it (the start banner "
+        "says the padded size); the padding rows are masked, never sampled or trained, and dropped on export.",
+        ge=1,
+    )
     pipeline_model_parallel_size: int = knob(1, "Pipeline-parallel stages (megatron-core's 1F1B schedule).", ge=1)
     sequence_parallel: bool = knob(
         False, "Megatron sequence parallelism: norms and residuals on each TP rank's slice of the sequence (TP > 1)."
@@ -131,9 +136,13 @@ class PolicyConfig:
     """The policy model: how it is built, trained and served for generation."""
 
     model_name: str = knob(
-        "builtin:tiny", 'Hugging Face id or local path to import, or "builtin:<name>" for a built-in random-init model.'
+        "builtin:tiny",
+        "Hugging Face model directory (or an id in the local HF cache) of a LlamaForCausalLM, Qwen2ForCausalLM or "
+        'Qwen3ForCausalLM to import, or "builtin:<name>" for a built-in random-init model.',
     )
-    tokenizer_name: str | None = knob(None, "Tokenizer id or path (null = model_name).")
+    tokenizer_name: str | None = knob(
+        None, "Tokenizer id or path (null = model_name's own: its tokenizer files, special tokens and chat template)."
+    )
     train_global_batch_size: int = knob(
         512, "Sequences per optimizer step; must equal num_prompts_per_step * num_generations_per_prompt.", ge=1
     )

@@ -76,6 +76,8 @@ class SingleControllerHooks(Strategy):
                 nodes=trainer.num_nodes,
                 loggers=trainer.loggers,  # not trainer.log_dir: a collective
                 endpoint_url=side.endpoint_url,
+                spec=getattr(self.lightning_module, "spec", None),
+                tokenizer=getattr(self.lightning_module, "tokenizer", None),
             )
             print_banner(side.config, facts)
 

@@ -3,6 +3,8 @@
 For ``configs/grpo_tiny.yaml`` on a CPU box::
 
     sc_lightning grpo: builtin:tiny-arith (policy 84.9 K parameters)
+      model: Qwen2ForCausalLM, vocabulary 18 (18 embedding rows at TP 1); tokenizer results/.cache/tiny-arith-seed7-…
+      with its chat template
       trainer: 1 rank on cpu (1 device x 1 node), seed 7
       generation: megatron engine in its own Ray actor
       sampler: in_order (max_lookahead_versions 1), 8 groups x 8 generations per step, buffer 16 groups
@@ -10,7 +12,9 @@ For ``configs/grpo_tiny.yaml`` on a CPU box::
       logs: CSVLogger lightning_logs/version_0
       checkpoints: off (checkpointing.enabled: false)
 
-``endpoint:`` (the OpenAI-compatible URL; where agents take rollouts with env.name external) follows when one is
+The ``model:`` line says the policy's architecture and vocabulary: at TP > 1 the embedding rows are padded to a
+multiple of TP, and the line says so (the padding is never sampled or trained). ``endpoint:`` (the OpenAI-compatible
+URL; where agents take rollouts with env.name external) follows when one is
 served, and ``kernels:`` when a CUDA trainer runs without Apex or Transformer Engine (megatron then uses its torch
 fall-backs). :func:`banner` is pure; :func:`run_facts` gathers what only the started run knows (the strategy passes
 its trainer's devices and loggers; nothing here imports Lightning).
@@ -29,6 +33,8 @@ from typing import Any
 import torch
 
 from sc_lightning.config import SCConfig, resolve
+from sc_lightning.models.hf_config import architecture_name
+from sc_lightning.models.spec import ModelSpec
 
 _SAMPLER_WINDOW_KNOBS = ("max_lookahead_versions", "max_staleness_versions", "over_sampling_ratio", "target")
 _FAST_KERNELS = {"apex": "Apex", "transformer_engine": "Transformer Engine"}
@@ -47,6 +53,8 @@ class RunFacts:
     loggers: tuple[str, ...]  # "CSVLogger lightning_logs/version_0"
     endpoint_url: str | None = None
     missing_kernels: tuple[str, ...] = ()  # fast-kernel libraries megatron falls back from (CUDA only)
+    spec: ModelSpec | None = None  # the policy's architecture
+    tokenizer: str = ""  # the policy's tokenizer, as its name says where it came from
 
 
 def banner(config: SCConfig, facts: RunFacts) -> str:
@@ -58,6 +66,7 @@ def banner(config: SCConfig, facts: RunFacts) -> str:
     plural = "s" if facts.devices != 1 else ""
     lines = [
         f"sc_lightning {config.algo_name}: {config.policy.model_name} ({counts} parameters{whose})",
+        *([f"model: {_model(facts.spec, megatron.tensor_model_parallel_size, facts.tokenizer)}"] if facts.spec else []),
         f"trainer: {facts.layout} on {facts.device} ({facts.devices} device{plural} x {facts.nodes} node"
         f"{'s' if facts.nodes != 1 else ''}), seed {config.algo.seed}",
         f"generation: {_placement(config, facts.device)}",
@@ -72,6 +81,14 @@ def banner(config: SCConfig, facts: RunFacts) -> str:
     if facts.missing_kernels:
         lines.append(f"kernels: megatron's torch fall-backs (not installed: {', '.join(facts.missing_kernels)})")
     return "\n  ".join(lines)
+
+
+def _model(spec: ModelSpec, tensor_parallel_size: int, tokenizer: str) -> str:
+    """The architecture, the vocabulary and the embedding rows it takes at this TP size, and the tokenizer."""
+    vocab, rows = spec.vocab_size, spec.padded_vocab_size(tensor_parallel_size)
+    padding = "" if rows == vocab else ": the padding rows are never sampled or trained"
+    rows_text = f"{rows} embedding rows at TP {tensor_parallel_size}{padding}"
+    return f"{architecture_name(spec.arch)}, vocabulary {vocab} ({rows_text}); tokenizer {tokenizer}"
 
 
 def _placement(config: SCConfig, device: str) -> str:
@@ -132,9 +149,12 @@ def run_facts(
     nodes: int,
     loggers: Sequence[Any],
     endpoint_url: str | None,
+    spec: ModelSpec | None = None,
+    tokenizer: Any = None,
 ) -> RunFacts:
     """The started run's facts, on the leader (nothing here is a collective): the trained ones of ``models`` counted,
-    each of the trainer's ``loggers`` named with its directory, the fast kernels missing on a CUDA ``device``."""
+    each of the trainer's ``loggers`` named with its directory, the fast kernels missing on a CUDA ``device``, the
+    policy's ``spec`` and ``tokenizer`` (named as it was loaded, with its chat template if it has one)."""
     return RunFacts(
         parameters={
             name: sum(p.numel() for p in model.parameters())
@@ -148,7 +168,15 @@ def run_facts(
         loggers=tuple(_logger_text(logger) for logger in loggers),
         endpoint_url=endpoint_url,
         missing_kernels=_missing_kernels() if device == "cuda" else (),
+        spec=spec,
+        tokenizer=_tokenizer_text(tokenizer),
     )
+
+
+def _tokenizer_text(tokenizer: Any) -> str:
+    name = getattr(tokenizer, "name", None) or repr(tokenizer)
+    chat = getattr(getattr(tokenizer, "transformers_tokenizer", None), "chat_template", None)
+    return f"{name} with its chat template" if chat else name
 
 
 def _logger_text(logger: Any) -> str:
