@@ -19,17 +19,19 @@ from sc_lightning.models.convert import (
 )
 from sc_lightning.models.hf_config import hf_config_dict, hf_config_problems, mcore_spec_from_hf_config
 from sc_lightning.models.spec import BUILTIN_SPECS, ModelSpec
+from tests.helpers.hf_models import HF_VARIANTS
 from tests.helpers.models import TINY_VARIANTS, hf_causal_lm, random_ids
 
 pytestmark = pytest.mark.usefixtures("model_parallel")
 GQA = BUILTIN_SPECS["builtin:tiny"].replace(num_attention_heads=4)  # two query heads per KV group
+VARIANTS = [*TINY_VARIANTS, *HF_VARIANTS]  # ours (random norms and biases) and transformers-written directories
 
 
 def _spec_of(path: Path) -> ModelSpec:
     return mcore_spec_from_hf_config(json.loads((path / "config.json").read_text()))
 
 
-@pytest.mark.parametrize("variant", list(TINY_VARIANTS))
+@pytest.mark.parametrize("variant", VARIANTS)
 def test_megatron_logits_match_transformers(variant: str, tiny_dirs: dict[str, Path]) -> None:
     from sc_lightning.models.logprobs import logits_of
     from sc_lightning.models.megatron import load_policy
@@ -44,7 +46,7 @@ def test_megatron_logits_match_transformers(variant: str, tiny_dirs: dict[str, P
     assert diff < 1e-4, f"{variant}: max |logits diff| = {diff:.3g} (logits up to {expected.abs().max():.3g})"
 
 
-@pytest.mark.parametrize("variant", list(TINY_VARIANTS))
+@pytest.mark.parametrize("variant", VARIANTS)
 def test_hf_megatron_hf_round_trip_is_exact(variant: str, tiny_dirs: dict[str, Path]) -> None:
     hf = hf_causal_lm(tiny_dirs[variant]).state_dict()  # tied models list lm_head too (same tensor)
     spec = _spec_of(tiny_dirs[variant])
