@@ -3,7 +3,10 @@ starts from the repository root, so ``tests`` imports there)."""
 
 from __future__ import annotations
 
+import json
 import time
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 from lightning.pytorch import Callback, LightningModule, Trainer
@@ -29,3 +32,25 @@ class BundleHoldsABufferedGroup(Callback):
             if time.monotonic() > deadline:
                 raise TimeoutError(f"no buffered group after {self.timeout_s} s at step {trainer.global_step}'s cut")
             time.sleep(0.005)
+
+
+class TrainedTokens(Callback):
+    """Writes every row the policy trains to ``<trainer.default_root_dir>/trained_tokens.jsonl``: one line per row,
+    ``{"step", "input_ids", "token_mask"}`` (right-padded ids; the mask marks the completion's tokens).
+
+    The step's chunks are produced lazily inside ``training_step``, so the callback wraps the step's ``chunks`` and
+    records each chunk as it is handed to training.
+    """
+
+    def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:
+        """Record the chunks of this step (``batch`` is the RL step) as training takes them."""
+        chunks, path, step = batch.chunks, Path(trainer.default_root_dir) / "trained_tokens.jsonl", trainer.global_step
+
+        def recorded() -> Iterator[Any]:
+            for chunk in chunks():
+                rows = zip(chunk.input_ids.tolist(), chunk.token_mask.tolist(), strict=True)
+                with path.open("a") as out:
+                    out.writelines(json.dumps({"step": step, "input_ids": i, "token_mask": m}) + "\n" for i, m in rows)
+                yield chunk
+
+        batch.chunks = recorded

@@ -69,6 +69,7 @@ HF_ARCHITECTURES: dict[str, HFArchitecture] = {
         LLAMA3_STYLE,
         {
             "tie_word_embeddings": False,
+            "max_position_embeddings": 16384,  # above the scaling's original context, as in Llama-3.x
             "rope_parameters": {
                 "rope_type": "llama3",
                 "rope_theta": 500000.0,
@@ -132,8 +133,7 @@ def make_hf_model_dir(path: Path, name: str, *, seed: int = 0) -> Path:
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
-        **TINY_SHAPE,
-        **arch.config,
+        **(TINY_SHAPE | arch.config),
     )
     with torch.random.fork_rng():  # transformers' random init draws from the global generator
         torch.manual_seed(seed)

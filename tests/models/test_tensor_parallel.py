@@ -14,7 +14,7 @@ from tests.models.tp_worker import save_rank_results
 from tests.ranks import run_ranks
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("model_parallel")]
-VARIANTS = ("qwen2-vocab19", "llama-tied")  # vocab 19 is padded to 20 at TP=2
+VARIANTS = ("qwen2-vocab19", "llama-tied", "qwen3-tied-gqa")  # vocab 19 is padded to 20 at TP=2
 
 
 @pytest.fixture(scope="module")
