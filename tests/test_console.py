@@ -52,10 +52,10 @@ def test_the_banner_states_the_architecture_and_the_vocabularys_padding_for_tens
     """The model: line names the architecture, the vocabulary and its embedding rows at the TP size (the padding
     never sampled or trained), and the tokenizer."""
     spec = builtin_spec("builtin:tiny").replace(vocab_size=19, arch="qwen3", qkv_bias=False)
-    facts = dataclasses.replace(TINY_FACTS, spec=spec, tokenizer="/m with its chat template")
+    facts = dataclasses.replace(TINY_FACTS, spec=spec, tokenizer="/m (chat template)")
     config, _ = load_and_check([TINY])
     assert banner(config, facts).splitlines()[1] == (
-        "  model: Qwen3ForCausalLM, vocabulary 19 (19 embedding rows at TP 1); tokenizer /m with its chat template"
+        "  model: Qwen3ForCausalLM, vocabulary 19 (19 embedding rows at TP 1); tokenizer /m (chat template)"
     )
     two_ranks = ["policy.megatron_cfg.tensor_model_parallel_size=2", "trainer.devices=2", "data_plane.backend=simple"]
     tp2, _ = load_and_check([TINY], two_ranks)

@@ -46,7 +46,7 @@ def test_fit_trains_three_steps_from_a_transformers_directory(tmp_path: Path, na
     assert [row["step"] for row in step_metrics(tmp_path)] == ["0", "1", "2"]
     architecture = json.loads((model_dir / "config.json").read_text())["architectures"][0]
     assert f"model: {architecture}, vocabulary " in result.stderr
-    assert f"tokenizer {model_dir} with its chat template" in result.stderr
+    assert f"tokenizer {model_dir} (chat template)" in result.stderr
 
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
     rendered = {

@@ -3,8 +3,7 @@
 For ``configs/grpo_tiny.yaml`` on a CPU box::
 
     sc_lightning grpo: builtin:tiny-arith (policy 84.9 K parameters)
-      model: Qwen2ForCausalLM, vocabulary 18 (18 embedding rows at TP 1); tokenizer results/.cache/tiny-arith-seed7-…
-      with its chat template
+      model: Qwen2ForCausalLM, vocabulary 18 (18 embedding rows at TP 1); tokenizer results/.cache/… (chat template)
       trainer: 1 rank on cpu (1 device x 1 node), seed 7
       generation: megatron engine in its own Ray actor
       sampler: in_order (max_lookahead_versions 1), 8 groups x 8 generations per step, buffer 16 groups
@@ -54,7 +53,7 @@ class RunFacts:
     endpoint_url: str | None = None
     missing_kernels: tuple[str, ...] = ()  # fast-kernel libraries megatron falls back from (CUDA only)
     spec: ModelSpec | None = None  # the policy's architecture
-    tokenizer: str = ""  # the policy's tokenizer, as its name says where it came from
+    tokenizer: str = ""  # the policy's tokenizer: where it was loaded from, and "(chat template)" if it has one
 
 
 def banner(config: SCConfig, facts: RunFacts) -> str:
@@ -154,7 +153,7 @@ def run_facts(
 ) -> RunFacts:
     """The started run's facts, on the leader (nothing here is a collective): the trained ones of ``models`` counted,
     each of the trainer's ``loggers`` named with its directory, the fast kernels missing on a CUDA ``device``, the
-    policy's ``spec`` and ``tokenizer`` (named as it was loaded, with its chat template if it has one)."""
+    policy's ``spec`` and ``tokenizer`` (named as it was loaded; whether it has a chat template)."""
     return RunFacts(
         parameters={
             name: sum(p.numel() for p in model.parameters())
@@ -176,7 +175,7 @@ def run_facts(
 def _tokenizer_text(tokenizer: Any) -> str:
     name = getattr(tokenizer, "name", None) or repr(tokenizer)
     chat = getattr(getattr(tokenizer, "transformers_tokenizer", None), "chat_template", None)
-    return f"{name} with its chat template" if chat else name
+    return f"{name} (chat template)" if chat else name
 
 
 def _logger_text(logger: Any) -> str:
