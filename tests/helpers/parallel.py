@@ -14,6 +14,7 @@ from sc_lightning.config.algorithm import GAEAdvantage, ValueLossConfig
 from sc_lightning.config.model import OptimizerConfig
 from sc_lightning.controller.api import GroupMeta
 from sc_lightning.models import build_gpt_model, export_hf_weights
+from sc_lightning.models.spec import ModelSpec
 from sc_lightning.models.value import load_critic, values_from_output
 from sc_lightning.trainer.chunks import TrainChunk, concat_chunks
 from sc_lightning.trainer.critic_update import CriticUpdate, value_targets
@@ -59,11 +60,12 @@ def new_policy(
     pipeline_parallel_size: int = 1,
     sequence_parallel: bool = False,
     distributed_optimizer: bool = False,
+    spec: ModelSpec = SPEC,
 ) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
-    """The seeded tiny policy at this layout and its AdamW (over megatron DDP's buffer with several replicas or
-    stages, or sequence parallelism; megatron's distributed optimizer with ``distributed_optimizer``)."""
+    """The seeded tiny policy (or ``spec``) at this layout and its AdamW (over megatron DDP's buffer with several
+    replicas or stages, or sequence parallelism; megatron's distributed optimizer with ``distributed_optimizer``)."""
     model = build_gpt_model(
-        SPEC,
+        spec,
         precision="fp32",
         seed=seed,
         tensor_parallel_size=tensor_parallel_size,
@@ -88,24 +90,30 @@ def train_steps(model: torch.nn.Module, optimizer: torch.optim.Optimizer, steps:
     return metrics
 
 
-def full_weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+def full_weights(model: torch.nn.Module, spec: ModelSpec = SPEC) -> dict[str, torch.Tensor]:
     """The model's whole weights under HF names (gathered over tensor-parallel ranks)."""
-    return {name: tensor.clone() for name, tensor in export_hf_weights(model, SPEC)}
+    return {name: tensor.clone() for name, tensor in export_hf_weights(model, spec)}
 
 
 def train_three_steps(
-    tensor_parallel_size: int = 1, sequence_parallel: bool = False, distributed_optimizer: bool = False
+    tensor_parallel_size: int = 1,
+    sequence_parallel: bool = False,
+    distributed_optimizer: bool = False,
+    spec: ModelSpec = SPEC,
 ) -> tuple[list[dict[str, float]], dict[str, torch.Tensor], bool, float]:
-    """Three GRPO steps of the seeded tiny policy (two chunks each), this rank training its share of each chunk;
-    the metrics, the full weights, whether megatron's DDP summed the gradients, and the share of this rank's
-    parameters whose AdamW moments this rank keeps."""
+    """Three GRPO steps of the seeded tiny policy (or ``spec``; two chunks each), this rank training its share of
+    each chunk; the metrics, the full weights, whether megatron's DDP summed the gradients, and the share of this
+    rank's parameters whose AdamW moments this rank keeps."""
     model, optimizer = new_policy(
-        tensor_parallel_size, sequence_parallel=sequence_parallel, distributed_optimizer=distributed_optimizer
+        tensor_parallel_size,
+        sequence_parallel=sequence_parallel,
+        distributed_optimizer=distributed_optimizer,
+        spec=spec,
     )
     metrics = train_steps(model, optimizer, range(STEPS))
     moments = sum(state["exp_avg"].numel() for state in optimizer.state.values())
     kept = moments / sum(p.numel() for p in model.parameters())
-    return metrics, full_weights(model), isinstance(optimizer, SummedGradients), kept
+    return metrics, full_weights(model, spec), isinstance(optimizer, SummedGradients), kept
 
 
 def assert_matches_one_process(

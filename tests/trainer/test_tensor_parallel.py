@@ -21,6 +21,7 @@ from tests.helpers.train_rows import SPEC, critic_rows, step_rows
 from tests.ranks import run_ranks
 
 STEPS = 3
+QK_NORM = SPEC.replace(arch="qwen3", qkv_bias=False)  # Qwen3: per-head q/k norms, shared by the heads of all ranks
 
 
 def _tensor_parallel_rank(rank: int, world_size: int, sequence_parallel: bool, out: Path) -> None:
@@ -63,6 +64,26 @@ def test_a_tp2_policy_update_equals_the_single_process_one(tp2_results: Path) ->
             # near-zero gradient into a visible move (measured: at most 1.2e-6 on one element in 4096), so 0.2% of
             # lr (1e-3) absolute, where a wrong gradient moves weights by up to lr a step
             torch.testing.assert_close(weights[name], tensor, rtol=1e-5, atol=2e-6, msg=f"rank {rank}: {name}")
+
+
+def _qk_norm_rank(rank: int, world_size: int, out: Path) -> None:
+    """A rank of the TP=2 QK-norm run: train the Qwen3-style policy, save its metrics and weights."""
+    torch.save(train_three_steps(tensor_parallel_size=world_size, spec=QK_NORM)[:2], out / f"qk{rank}.pt")
+
+
+@pytest.mark.slow  # starts ranks in processes
+@pytest.mark.timeout(600)
+def test_a_tp2_qk_norm_policy_update_equals_the_single_process_one(tmp_path: Path) -> None:
+    """Each TP rank's q/k norm gradient covers only its own heads; summed over the ranks, the update is one
+    process's (without the sum the norms would drift apart between ranks)."""
+    run_ranks(_qk_norm_rank, 2, tmp_path)
+    single_metrics, single_weights, *_ = train_three_steps(tensor_parallel_size=1, spec=QK_NORM)
+    for rank, weights in enumerate(matching_rank_outputs(single_metrics, tmp_path, "qk", ("loss", "grad_norm"))):
+        assert any("q_norm" in name for name in weights)
+        for name, tensor in single_weights.items():
+            # order noise through AdamW as above (measured here: one element of 4096 moved 3.4e-6); a q/k norm whose
+            # gradient lacks the other rank's heads moves by up to lr (1e-3) a step
+            torch.testing.assert_close(weights[name], tensor, rtol=1e-5, atol=5e-6, msg=f"rank {rank}: {name}")
 
 
 def train_critic_three_times(
