@@ -71,10 +71,15 @@ def _rope_parameters(raw: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
     return "rope_parameters", {}
 
 
+def _rope_type(params: Mapping[str, Any]) -> str:
+    """The RoPE scaling a config's RoPE settings name (``rope_type``, or 4.x's ``type``); ``"default"`` for none."""
+    return params.get("rope_type", params.get("type", "default"))
+
+
 def _rope_problem(raw: Mapping[str, Any]) -> str | None:
     """Why ``raw``'s RoPE is not plain RoPE or Llama-3 scaling with megatron's fixed parameters, or None."""
     key, params = _rope_parameters(raw)
-    rope_type = params.get("rope_type", params.get("type", "default"))
+    rope_type = _rope_type(params)
     if rope_type == "default":
         return None
     if rope_type == "llama3" and all(float(params.get(k, -1)) == v for k, v in LLAMA3_ROPE.items()):
@@ -97,7 +102,7 @@ def mcore_spec_from_hf_config(hf_config: Any) -> ModelSpec:
     _, rope = _rope_parameters(cfg)
     heads = cfg["num_attention_heads"]
     head_dim = cfg.get("head_dim") or cfg["hidden_size"] // heads
-    scaled = rope.get("rope_type", rope.get("type", "default")) == "llama3"
+    scaled = _rope_type(rope) == "llama3"
     return ModelSpec(
         vocab_size=cfg["vocab_size"],
         hidden_size=cfg["hidden_size"],
