@@ -27,6 +27,7 @@ from sc_lightning.controller.validation import ValidationSettings, Validator
 from sc_lightning.controller.watchdog import StallWatchdog
 from sc_lightning.data_plane.base import DataPlane
 from sc_lightning.engines.base import GenerationEngine
+from sc_lightning.rollout.answers import AnswerSettings
 from sc_lightning.rollout.datasets import PromptDataset, build_validation_set
 from sc_lightning.rollout.envs.base import Environment, answer_check
 from sc_lightning.rollout.manager import RolloutManager, RolloutSettings, ServedPolicy
@@ -39,6 +40,7 @@ from sc_lightning.types import SamplingParams
 __all__ = [
     "BeforeStart",
     "LocalController",
+    "answer_settings",
     "build_controller",
     "build_validator",
     "controller_settings",
@@ -153,13 +155,22 @@ def build_validator(config: SCConfig, environment: Environment, tokenizer: Token
     )
     settings = ValidationSettings(
         due=lambda step: algo.validation_due(step, last_step=algo.max_num_steps),
-        batch_size=algo.val_batch_size,
         timeout_s=algo.val_timeout_s,
-        sampling=rollout_settings(config).sampling,
-        seed=algo.seed,
-        generation_timeout_s=config.async_rl.rollout_failure.generation_timeout_s,
+        answering=answer_settings(config),
     )
     return Validator(prompts, environment, tokenizer, settings)
+
+
+def answer_settings(config: SCConfig) -> AnswerSettings:
+    """How a pass outside the training stream (a validation, ``generate``) answers its prompts: sampling as the
+    rollouts do, ``{algo}.val_batch_size`` requests at once, seeded by ``{algo}.seed``, each request under
+    ``async_rl.rollout_failure.generation_timeout_s``."""
+    return AnswerSettings(
+        sampling=rollout_settings(config).sampling,
+        concurrency=config.algo.val_batch_size,
+        seed=config.algo.seed,
+        generation_timeout_s=config.async_rl.rollout_failure.generation_timeout_s,
+    )
 
 
 def _replacement_reserve(config: SCConfig) -> ReplacementReserve:

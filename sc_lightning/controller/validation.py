@@ -9,7 +9,9 @@ starts and ends on version N, whether refits leave rollouts in flight or drain t
 ``Generation.weight_version`` is checked against the engine's version at the start all the same. A colocated
 engine stands down for each train step, so the stand-down settles the validation first too.
 
-Rollouts keep flowing: at most ``{algo}.val_batch_size`` validation requests are in flight at once, beside the
+The pass itself — one seeded completion per prompt, scored by the environment — is
+:func:`~sc_lightning.rollout.answers.answer_prompts`, which the ``generate`` command runs too. Rollouts keep
+flowing: at most ``{algo}.val_batch_size`` validation requests are in flight at once, beside the
 rollouts' ``max_inflight_prompts`` groups; the refit after a validation's step waits only for what is left of it.
 
 Validation is a separate path: its prompts never come from the training stream, and its completions never reach
@@ -20,17 +22,16 @@ the replay buffer, the data plane, the recovery ledger or ``train_data.jsonl``. 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
-import hashlib
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from sc_lightning.controller.api import ValidationResult
 from sc_lightning.engines.base import GenerationEngine
-from sc_lightning.rollout.envs.base import Environment, as_score
+from sc_lightning.rollout.answers import AnswerError, AnswerSettings, answer_prompts
+from sc_lightning.rollout.envs.base import Environment
 from sc_lightning.tokenizer import Tokenizer
-from sc_lightning.types import Generation, Prompt, SamplingParams
+from sc_lightning.types import Prompt
 
 
 class ValidationError(RuntimeError):
@@ -43,14 +44,12 @@ class ValidationTimeout(ValidationError):
 
 @dataclass
 class ValidationSettings:
-    """How validations run: which steps, how many requests at once, under which deadlines."""
+    """How validations run: which steps, under which deadline, and how each answers its prompts (sampling, requests
+    at once, seed, each request's deadline)."""
 
     due: Callable[[int], bool]
-    batch_size: int
     timeout_s: float
-    sampling: SamplingParams
-    seed: int = 0
-    generation_timeout_s: float | None = None
+    answering: AnswerSettings
 
 
 class Validator:
@@ -118,36 +117,11 @@ class Validator:
 
     async def _run(self, step: int, engine: GenerationEngine) -> ValidationResult:
         version, started = engine.weight_version, time.monotonic()
-        slots = asyncio.Semaphore(self.settings.batch_size)
-
-        async def one(prompt: Prompt) -> tuple[Generation, float]:
-            async with slots:
-                sampling = dataclasses.replace(self.settings.sampling, seed=self._seed(prompt))
-                try:
-                    generation = await asyncio.wait_for(
-                        engine.generate(prompt.token_ids, sampling), self.settings.generation_timeout_s
-                    )
-                except TimeoutError:
-                    raise ValidationError(
-                        f"step {step}: validation prompt {prompt.prompt_id} on engine {engine.name!r} exceeded "
-                        f"generation_timeout_s={self.settings.generation_timeout_s}"
-                    ) from None
-            text = self.tokenizer.decode(generation.token_ids)
-            score = await asyncio.to_thread(lambda: as_score(self.environment.score(prompt, text)))
-            return generation, score.reward
-
         try:
-            async with asyncio.TaskGroup() as group:
-                tasks = [group.create_task(one(prompt)) for prompt in self.prompts]
-        except ExceptionGroup as failures:  # the first failure cancelled the rest; report that one
-            first = failures.exceptions[0]
-            if isinstance(first, ValidationError):
-                raise first from None
-            raise ValidationError(
-                f"step {step}: the validation on engine {engine.name!r} failed: {type(first).__name__}: {first}"
-            ) from first
-        done = [task.result() for task in tasks]
-        off = sorted({g.weight_version for g, _ in done} - {version})
+            done = await answer_prompts(self.prompts, engine, self.environment, self.tokenizer, self.settings.answering)
+        except AnswerError as failure:
+            raise ValidationError(f"step {step}: the validation failed: {failure}") from failure
+        off = sorted({answer.generation.weight_version for answer in done} - {version})
         if off:
             raise ValidationError(
                 f"step {step}: validation completions on engine {engine.name!r} were generated at weight version(s) "
@@ -156,13 +130,8 @@ class Validator:
         return ValidationResult(
             step=step,
             weight_version=version,
-            rewards=tuple(reward for _, reward in done),
-            completion_lengths=tuple(len(g.token_ids) for g, _ in done),
-            generation_versions=tuple(g.weight_version for g, _ in done),
+            rewards=tuple(answer.score.reward for answer in done),
+            completion_lengths=tuple(len(answer.generation.token_ids) for answer in done),
+            generation_versions=tuple(answer.generation.weight_version for answer in done),
             seconds=time.monotonic() - started,
         )
-
-    def _seed(self, prompt: Prompt) -> int:
-        """A sampling seed fixed by (run seed, prompt): each validation samples a prompt the same way."""
-        key = f"val/{self.settings.seed}/{prompt.prompt_id}".encode()
-        return int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "little") >> 1

@@ -72,7 +72,7 @@ class CountingEngine(ScriptedEngine):
 def mark_validation_seeds(controller: SingleController, engine: CountingEngine) -> None:
     validator = controller.validator
     assert validator is not None
-    engine.val_seeds = {validator._seed(prompt) for prompt in validator.prompts}
+    engine.val_seeds = {validator.settings.answering.sampling_for(prompt).seed for prompt in validator.prompts}
 
 
 async def train(controller: SingleController, steps: int) -> None:
@@ -165,5 +165,6 @@ def test_a_failing_validation_request_stops_the_refit_naming_step_and_engine() -
         finally:
             await controller.shutdown()
 
-    with pytest.raises(ValidationError, match=r"step 0: the validation on engine 'scripted' failed: EngineError"):
+    failed = r"step 0: the validation failed: answering prompt \S+ on engine 'scripted' failed: EngineError"
+    with pytest.raises(ValidationError, match=failed):
         asyncio.run(scenario())
