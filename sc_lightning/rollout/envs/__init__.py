@@ -7,7 +7,14 @@ from typing import TYPE_CHECKING
 
 from sc_lightning.config.imports import import_class
 from sc_lightning.rollout.envs.arithmetic import ArithmeticEnvironment
-from sc_lightning.rollout.envs.base import Environment, RewardError, Score, answer_check, as_score
+from sc_lightning.rollout.envs.base import (
+    Environment,
+    RewardError,
+    Score,
+    answer_check,
+    answer_extractor,
+    as_score,
+)
 from sc_lightning.rollout.envs.external import ExternalRewards
 from sc_lightning.rollout.envs.math import MathEnvironment
 
@@ -56,6 +63,7 @@ __all__ = [
     "RewardError",
     "Score",
     "answer_check",
+    "answer_extractor",
     "as_score",
     "build_environment",
 ]

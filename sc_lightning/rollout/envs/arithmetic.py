@@ -52,5 +52,10 @@ class ArithmeticEnvironment:
         expected = expected_integer(prompt)
         return 1.0 if leading_integer(completion_text) == expected else 0.0
 
+    def extract_answer(self, completion_text: str) -> str | None:
+        """The leading integer the score compares, as text; None when the completion starts with none."""
+        found = leading_integer(completion_text)
+        return None if found is None else str(found)
+
     def __repr__(self) -> str:
         return "ArithmeticEnvironment()"

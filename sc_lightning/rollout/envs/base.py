@@ -61,3 +61,14 @@ def answer_check(environment: object) -> Callable[[str | None], object] | None:
     """
     check = getattr(environment, "check_answer", None)
     return check if callable(check) else None
+
+
+def answer_extractor(environment: object) -> Callable[[str], str | None] | None:
+    """The environment's optional ``extract_answer(completion_text)``, or None when it has none.
+
+    An environment that can say which answer it read in a completion (the arithmetic verifier's leading integer, the
+    math verifier's last boxed answer) defines ``extract_answer``, returning that answer as text, or None when the
+    completion states none; ``generate`` writes it beside each answer's reward.
+    """
+    extract = getattr(environment, "extract_answer", None)
+    return extract if callable(extract) else None

@@ -120,6 +120,15 @@ class MathEnvironment:
         except Exception:
             return []
 
+    def extract_answer(self, completion_text: str) -> str | None:
+        """The completion's final answer as text: its last box's contents, else the text math-verify extracted from
+        the whole completion; None when nothing parses."""
+        boxed = last_boxed_content(completion_text)
+        if boxed is not None and boxed.strip():
+            return boxed.strip()
+        parsed = self.extract(completion_text)
+        return str(parsed[-1]) if parsed else None
+
     def score(self, prompt: Prompt, completion_text: str) -> float:
         """1.0 when the completion's answer is mathematically equal to the prompt's, else 0.0."""
         gold = self.gold(prompt)
