@@ -12,6 +12,7 @@ from sc_lightning.config.reference import section_summaries
 SUBCOMMANDS_HELP = {
     "fit": "train: validate the whole config, then run it (fit --help lists the config sections)",
     "validate": "validate one policy (initial, or --ckpt_path BUNDLE's) on the run's validation set, then exit",
+    "generate": "answer a split's prompts with one policy (initial or --ckpt_path BUNDLE's): JSONL rows, summary",
     "knobs": "print each knob of a config section: type, default, unit, meaning and the rules that tie it",
     "report": "write RUN_DIR's HTML report with PNG plots (reward, staleness, step time, goodput, throughput)",
 }

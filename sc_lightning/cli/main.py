@@ -1,8 +1,8 @@
 """``python -m sc_lightning SUBCOMMAND ...``: the subcommands and their dispatch.
 
 The subcommands are ``fit`` (:mod:`sc_lightning.cli.fit`), ``validate`` (:mod:`sc_lightning.cli.validate`),
-``knobs`` (the config reference in a terminal) and ``report`` (a run's HTML report); :mod:`sc_lightning.cli.args`
-holds the usage texts and ``fit``'s argument parser.
+``knobs`` (the config reference in a terminal), ``report`` (a run's HTML report) and ``generate``
+(:mod:`sc_lightning.cli.generate`); :mod:`sc_lightning.cli.args` holds the usage texts and ``fit``'s argument parser.
 """
 
 from __future__ import annotations
@@ -54,6 +54,13 @@ def knobs_command(args: list[str]) -> int:
     return 0
 
 
+def generate_command(args: list[str]) -> int:
+    """``generate --config X [--ckpt_path BUNDLE]``: one policy's answers to a split's prompts, scored."""
+    from sc_lightning.cli.generate import generate_command as run_generation
+
+    return run_generation(args)
+
+
 def report_command(args: list[str]) -> int:
     """``report RUN_DIR [--out PATH]``: the run's self-contained HTML report with its PNG plots."""
     from sc_lightning.report.main import main as report_main
@@ -71,6 +78,7 @@ def validate_command(args: list[str]) -> int:
 _SUBCOMMANDS: dict[str, Callable[[list[str]], int]] = {
     "fit": fit_command,
     "validate": validate_command,
+    "generate": generate_command,
     "knobs": knobs_command,
     "report": report_command,
 }

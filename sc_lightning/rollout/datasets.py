@@ -325,13 +325,19 @@ class ArithmeticValidationSet(_ListDataset):
             self._prompts.append(prompt)
 
 
+def validation_set_name(cfg: DataConfig) -> str | None:
+    """The validation set ``cfg`` names: ``data.val_dataset_name``, else the arithmetic task's own
+    ``arithmetic-val``; None when it has none."""
+    return cfg.val_dataset_name or ("arithmetic-val" if cfg.dataset_name == "arithmetic" else None)
+
+
 def build_validation_set(
     cfg: DataConfig, tokenizer: Tokenizer, *, max_samples: int | None, check_answer: AnswerCheck | None = None
 ) -> list[Prompt]:
     """The validation prompts: ``cfg.val_dataset_name`` (``arithmetic-val`` or a dataset file's path, its answers
     checked by ``check_answer``; None = the arithmetic task's own set), the first ``max_samples`` of them (None =
     all)."""
-    name = cfg.val_dataset_name or ("arithmetic-val" if cfg.dataset_name == "arithmetic" else None)
+    name = validation_set_name(cfg)
     if name == "arithmetic-val":
         dataset: PromptDataset = ArithmeticValidationSet(tokenizer, max_prompt_length=cfg.max_prompt_length)
     elif name is not None:

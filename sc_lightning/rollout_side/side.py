@@ -10,6 +10,9 @@
         ... stop after max_num_steps steps (the stream's len(); Lightning's max_steps) ...
     side.shutdown()                                  # also after an exception or Ctrl-C
 
+(``side.answer(prompts, environment, settings)`` answers prompts outside the training stream, with the weights the
+engine holds: the ``generate`` command's pass.)
+
 At :meth:`~RolloutSide.start` the leader rank — the only rank of a one-process run, global rank 0 of many — loads the
 prompt dataset (a bad one fails here, before anything starts), then starts, in order: the data plane, the generation
 engine (seeded with the policy's current weights), and the controller with its rollout pump (on a background
@@ -25,9 +28,10 @@ own rows by key. :meth:`~RolloutSide.shutdown` stops what the leader started, in
 
 from __future__ import annotations
 
+import asyncio
 import socket
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -45,9 +49,11 @@ from sc_lightning.controller.build import (
 )
 from sc_lightning.data_plane import build_data_plane
 from sc_lightning.data_plane.base import DataPlane
+from sc_lightning.engines.base import GenerationEngine
 from sc_lightning.engines.factory import context_tokens
+from sc_lightning.rollout.answers import Answer, AnswerSettings, answer_prompts
 from sc_lightning.rollout.datasets import build_dataset
-from sc_lightning.rollout.envs import answer_check, build_environment
+from sc_lightning.rollout.envs import Environment, answer_check, build_environment
 from sc_lightning.rollout.prompts import check_dataset_fits_steps
 from sc_lightning.rollout.serving.listen import listen_on_loopback
 from sc_lightning.rollout.serving.server import OpenAIEndpoint
@@ -64,6 +70,7 @@ from sc_lightning.trainer.data_parallel import data_parallel_representative
 from sc_lightning.trainer.rank_sync import FollowerSelect, LeaderSelect, RankGroup
 from sc_lightning.trainer.refit_gather import policy_buckets
 from sc_lightning.trainer.step_stream import GroupSource, RLStepStream, StepSettings
+from sc_lightning.types import Prompt
 
 Named = list[tuple[str, torch.Tensor]]
 
@@ -81,6 +88,7 @@ class RolloutSide:
         self.ranks: RankGroup | None = None  # with several trainer ranks: their metadata channel
         self.data_plane: DataPlane | None = None
         self.controller: LocalController | None = None
+        self.engine: GenerationEngine | None = None  # the leader's generation engine, once started
         self.endpoint: OpenAIEndpoint | None = None
         self.endpoint_url: str | None = None
         self.last_refit: RefitRecord | None = None
@@ -137,7 +145,7 @@ class RolloutSide:
         dataset = build_dataset(config.data, tokenizer, seed=config.algo.seed, check_answer=answer_check(environment))
         check_dataset_fits_steps(config, len(dataset))  # bad rows and a too-small dataset fail before anything starts
         self.data_plane = data_plane = build_data_plane(config.data_plane)
-        engine = self.engine_factory(config, weights)  # here, on the main thread (it may start Ray)
+        self.engine = engine = self.engine_factory(config, weights)  # here, on the main thread (it may start Ray)
         self.accepts_megatron_weights = bool(getattr(engine, "accepts_megatron_weights", False))
         snapshotter = rollout_snapshotter(config)
         external = external_rollouts(config, engine)
@@ -261,6 +269,25 @@ class RolloutSide:
         controller.finish_refit(version)
         return RefitReport(aborted, controller.stats())
 
+    def answer(
+        self,
+        prompts: Sequence[Prompt],
+        environment: Environment,
+        settings: AnswerSettings,
+        *,
+        timeout_s: float,
+        on_answer: Callable[[Answer], None] | None = None,
+    ) -> list[Answer]:
+        """One answer per prompt from the engine, with the weights it holds now, scored by ``environment``
+        (:func:`~sc_lightning.rollout.answers.answer_prompts` on the controller's loop, beside the rollouts, as a
+        validation runs); a TimeoutError when the whole pass outlives ``timeout_s``. The leader's call."""
+        controller = self._running_controller()
+        assert self.engine is not None, "the engine starts with the controller"
+        tokenizer = self._started_model().tokenizer
+        passing = answer_prompts(prompts, self.engine, environment, tokenizer, settings, on_answer)
+        limit = timeout_s + controller.call_timeout_s  # the pass's own deadline comes first
+        return controller.call(asyncio.wait_for(passing, timeout_s), limit, name="answer_prompts")
+
     def stand_down_engine(self) -> None:
         """Colocated: the engine releases the accelerator for the train step (its requests and deadlines freeze)."""
         if self.leader:
@@ -295,7 +322,7 @@ class RolloutSide:
                     self.controller.call(self.endpoint.stop())
                 self.controller.shutdown()
         finally:
-            self.controller, self.endpoint, self.endpoint_url = None, None, None
+            self.controller, self.endpoint, self.endpoint_url, self.engine = None, None, None, None
             if self._endpoint_socket is not None:  # closed already if the endpoint served on it
                 self._endpoint_socket.close()
                 self._endpoint_socket = None
