@@ -1,4 +1,4 @@
-"""Environments: arithmetic exact match, math-verify answers, and build_environment."""
+"""Environments: arithmetic exact match, math-verify answers, the answers they read, and build_environment."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from sc_lightning.rollout.envs import (
     RewardError,
     Score,
     answer_check,
+    answer_extractor,
     as_score,
     build_environment,
 )
@@ -199,3 +200,20 @@ def test_environments_that_verify_answers_check_them_alone() -> None:
     with pytest.raises(RewardError, match="needs an answer"):
         math_check(" ")
     assert answer_check(ExternalRewards()) is None
+
+
+@pytest.mark.parametrize(("completion", "read"), [(" 12=3", "12"), ("-4 ", "-4"), ("123", "123"), ("x1", None)])
+def test_arithmetic_reads_the_leading_integer_it_scores(completion: str, read: str | None) -> None:
+    extract = answer_extractor(ArithmeticEnvironment())
+    assert extract is not None and extract(completion) == read
+    scored = ArithmeticEnvironment().score(prompt("12"), completion)
+    assert scored == (1.0 if read == "12" else 0.0)
+
+
+def test_math_reads_the_last_box_else_what_math_verify_extracts() -> None:
+    extract = answer_extractor(MathEnvironment())
+    assert extract is not None
+    assert extract(r"first \boxed{1}, then \boxed{\frac{1}{2}}") == r"\frac{1}{2}"
+    assert extract("The answer is 42.") == "42"
+    assert extract("nothing here") is None
+    assert answer_extractor(ExternalRewards()) is None  # agents post the rewards: no answer is read
