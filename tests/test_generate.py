@@ -2,8 +2,9 @@
 JSONL, summed up; bad input refused in one line before anything starts.
 
 The slow tests run the real tiny example (megatron-core policy, colocated Megatron engine): greedy answers of the
-initial policy twice (the same answers), and a one-step bundle's sampled answers against ``validate`` on the same
-bundle (the same pass, so the same mean reward).
+initial policy twice (the same answers), a one-step bundle's sampled answers against ``validate`` on the same
+bundle (the same pass, so the same mean reward), and a Hugging Face directory's answers to a dataset file's prompts
+(its tokenizer and chat template).
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ from sc_lightning.rollout.envs.arithmetic import leading_integer
 from sc_lightning.types import Prompt
 from tests.helpers.cli import checkpointed, run
 from tests.helpers.configs import TINY
+from tests.helpers.dataset_files import write_rows
+from tests.helpers.hf_models import make_hf_model_dir
 from tests.helpers.scripts import TOKENIZER
 
 TINY_COLOCATED = ("--config", TINY, "--config", "configs/colocated.yaml", "--data_plane.backend", "memory")
@@ -172,3 +175,36 @@ def test_a_bundles_sampled_answers_score_as_its_validation_does(one_step: Path, 
     assert metrics["val/reward"] == pytest.approx(summary.mean_reward)
     assert metrics["val/accuracy"] == pytest.approx(summary.correct / 100)
     assert metrics["val/completion_len_mean"] == pytest.approx(summary.mean_tokens)
+
+
+@pytest.mark.long(minutes=2)
+@pytest.mark.slow
+def test_a_hugging_face_directorys_answers_to_a_dataset_files_prompts(tmp_path: Path) -> None:
+    """``--policy.model_name`` a transformers directory (random Qwen3), prompts from a JSONL file rendered by its chat
+    template: without a validation set the training split is answered, each prompt as the directory's tokenizer
+    renders it, each answer scored by the verifier."""
+    from transformers import AutoTokenizer
+
+    model_dir = make_hf_model_dir(tmp_path / "qwen3", "qwen3")
+    sums = [(a, b) for a in range(3) for b in range(3)]
+    prompts = write_rows(tmp_path, [{"problem": f"{a}+{b}=", "expected_answer": a + b} for a, b in sums], "jsonl")
+    result = run(
+        "generate", *TINY_COLOCATED, "--greedy",
+        f"--policy.model_name={model_dir}",
+        f"--data.dataset_name={prompts}",
+        "--data.apply_chat_template=true",
+        "--data.max_prompt_length=48",
+        "--policy.max_total_sequence_length=64",
+        f"--trainer.default_root_dir={tmp_path}",
+        "--trainer.enable_progress_bar=false",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.startswith(f"generate: 9 prompts of the train split ({prompts}), greedy, the initial policy")
+    rows = rows_of(tmp_path / "generations.jsonl")
+    assert [row["prompt"] for row in rows] == [f"{a}+{b}=" for a, b in sums]
+    assert_scored_by_the_verifier(rows)
+    tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+    for row in rows:
+        chat = [{"role": "user", "content": row["prompt"]}]
+        rendered = tokenizer.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
+        assert row["prompt_tokens"] == len(tokenizer(rendered, add_special_tokens=False)["input_ids"])
