@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from sc_lightning.cli.main import main
+from sc_lightning.cli.policy_run import take_options
 from sc_lightning.rollout.answer_sheet import AnswerSummary
 from sc_lightning.rollout.datasets import ArithmeticValidationSet
 from sc_lightning.rollout.envs import ArithmeticEnvironment
@@ -55,6 +56,15 @@ def refused(capsys: pytest.CaptureFixture[str], *args: str) -> str:
     assert "Traceback" not in err, err
     (line,) = [line for line in err.splitlines() if line.startswith("error:")]
     return line + "\n" + err
+
+
+def test_a_commands_own_options_are_taken_out_of_fits_arguments() -> None:
+    args = ["--greedy", "--config", "x.yaml", "--ckpt_path=b", "--split", "val", "--a.b", "1"]
+    options, rest = take_options(args, ("--ckpt_path", "--split"), ("--greedy",))
+    assert options == {"--greedy": "true", "--ckpt_path": "b", "--split": "val"}
+    assert rest == ["--config", "x.yaml", "--a.b", "1"]
+    assert take_options(["--greedy", "false", "x"], (), ("--greedy",)) == ({"--greedy": "false"}, ["x"])
+    assert take_options(["--greedy=no"], (), ("--greedy",)) == ({"--greedy": "false"}, [])
 
 
 def test_bad_options_are_usage_errors(capsys: pytest.CaptureFixture[str]) -> None:

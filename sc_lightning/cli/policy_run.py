@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from sc_lightning.checkpoint.bundle import TRAINER_FILE
-from sc_lightning.cli.args import FitRequest, UsageError, is_option, take_value
+from sc_lightning.cli.args import FitRequest, UsageError, take_value
 from sc_lightning.cli.exits import EXIT_CANNOT_RESUME, EXIT_INVALID_CONFIG, bad_input_errors, cannot_resume_errors
 from sc_lightning.cli.load import load_and_check
 from sc_lightning.config import ConfigError, SCConfig
@@ -70,11 +70,11 @@ def take_options(
         if key in valued:
             options[key] = value if eq else take_value(key, pending)
         elif key in flags:
-            if not eq and pending and not is_option(pending[0]) and pending[0].lower() in _FLAG_WORDS:
+            if not eq and pending and pending[0].lower() in _FLAG_WORDS:
                 value, eq = pending.pop(0), "="
             if eq and value.lower() not in _FLAG_WORDS:
                 raise UsageError(f"{key} takes true or false, got {value!r}")
-            options[key] = str(_FLAG_WORDS[value.lower()]).lower() if eq else "true"
+            options[key] = "true" if not eq or _FLAG_WORDS[value.lower()] else "false"
         else:
             rest.append(arg)
     return options, rest
