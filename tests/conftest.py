@@ -16,8 +16,11 @@ from hypothesis import settings
 # before the helper modules load: their asserts report as a test's own do (pytest rewrites test modules and conftests)
 pytest.register_assert_rewrite("tests.helpers")
 
+from sc_lightning.models.megatron_import import import_megatron_without_compile  # noqa: E402
 from tests.exclusive import machine_lock  # noqa: E402
 from tests.helpers.configs import REPO  # noqa: E402
+
+import_megatron_without_compile()  # before the test modules import it: no TorchInductor or wandb (seconds a worker)
 
 # Hypothesis's per-example deadline measures the machine, not the code: on a loaded 2-core CI box an example that
 # takes 30 ms may take 300 ms, and hypothesis then reports a flaky failure. Every property still runs in full.

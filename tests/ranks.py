@@ -12,6 +12,12 @@ import torch
 import torch.distributed
 import torch.multiprocessing
 
+from sc_lightning.models.megatron_import import import_megatron_without_compile
+
+# A spawned rank imports this module before the test module that holds its function (which imports megatron-core):
+# megatron then comes without TorchInductor or wandb, as in the CLI's processes (a few seconds of every rank's start).
+import_megatron_without_compile()
+
 
 def run_ranks(fn: Callable[..., None], world_size: int, *args: Any, timeout_s: float = 300.0) -> None:
     """Run ``fn(rank, world_size, *args)`` on ``world_size`` spawned processes after each joins a gloo group.
