@@ -28,6 +28,11 @@ from sc_lightning.data_plane.memory import MemoryDataPlane
 from tests.helpers.configs import REPO
 from tests.helpers.rows import assert_columns_equal, assert_rows_equal, rand_rows
 
+# One pytest-xdist worker runs the whole module, so the module's TransferQueue starts once: the simple-backend tests
+# reach ``tq_owner`` through ``request.getfixturevalue``, which the conftest's grouping by declared fixtures cannot see
+# (two workers each started it, 70-90 s apiece on a loaded box).
+pytestmark = pytest.mark.xdist_group("tests/data_plane/test_contract.py")
+
 TQ_CAPACITY = 256
 """Rows the shared TransferQueue holds (all partitions together); the overflow tests fill it."""
 
