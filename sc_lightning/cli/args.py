@@ -15,6 +15,7 @@ SUBCOMMANDS_HELP = {
     "generate": "answer a split's prompts with one policy (initial or --ckpt_path BUNDLE's): JSONL rows, summary",
     "knobs": "print each knob of a config section: type, default, unit, meaning and the rules that tie it",
     "report": "write RUN_DIR's HTML report with PNG plots (reward, staleness, step time, goodput, throughput)",
+    "export": "write a bundle's policy (--ckpt_path BUNDLE) as a Hugging Face model directory (--output DIR)",
 }
 """One line per subcommand, for ``python -m sc_lightning --help``; cli/main.py dispatches the same names."""
 

@@ -85,10 +85,10 @@ def fit(config: SCConfig, lightning: dict[str, Any], watch: InterruptWatch | Non
                 return EXIT_CANNOT_RESUME
             if finished is not None:
                 print(finished, file=sys.stderr)
-                return 0
+                return _export_at_end(config, 0)
             if resume is not None and _launching_process():  # once, not once per trainer rank
                 print(f"resuming from {resume.describe()}", file=sys.stderr)
-            return _train(config, lightning, resume, watch)
+            return _export_at_end(config, _train(config, lightning, resume, watch))
     except CheckpointDirInUse as err:
         print(f"error: {err}", file=sys.stderr)
         return EXIT_INVALID_CONFIG
@@ -157,6 +157,16 @@ def _train(config: SCConfig, lightning: dict[str, Any], resume: Any, watch: Inte
         print(f"error: cannot resume: {err}", file=sys.stderr)
         return EXIT_CANNOT_RESUME
     return stop.exit_code  # 0, or 128 + the signal that stopped the fit
+
+
+def _export_at_end(config: SCConfig, exit_code: int) -> int:
+    """With ``checkpointing.export_hf_at_end``, after a fit that ended well (``exit_code`` 0; not by a stop signal),
+    the launching process exports the final bundle's policy; returns the command's exit code."""
+    if exit_code != 0 or not config.checkpointing.export_hf_at_end or not _launching_process():
+        return exit_code
+    from sc_lightning.cli.export import export_final_bundle
+
+    return export_final_bundle(Path(config.checkpointing.checkpoint_dir))
 
 
 def _resume_point(config: Any) -> Any:

@@ -1,8 +1,9 @@
 """``python -m sc_lightning SUBCOMMAND ...``: the subcommands and their dispatch.
 
 The subcommands are ``fit`` (:mod:`sc_lightning.cli.fit`), ``validate`` (:mod:`sc_lightning.cli.validate`),
-``knobs`` (the config reference in a terminal), ``report`` (a run's HTML report) and ``generate``
-(:mod:`sc_lightning.cli.generate`); :mod:`sc_lightning.cli.args` holds the usage texts and ``fit``'s argument parser.
+``knobs`` (the config reference in a terminal), ``report`` (a run's HTML report), ``generate``
+(:mod:`sc_lightning.cli.generate`) and ``export`` (:mod:`sc_lightning.cli.export`: a bundle's policy as a Hugging Face
+directory); :mod:`sc_lightning.cli.args` holds the usage texts and ``fit``'s argument parser.
 """
 
 from __future__ import annotations
@@ -68,6 +69,13 @@ def report_command(args: list[str]) -> int:
     return report_main(args)
 
 
+def export_command(args: list[str]) -> int:
+    """``export --ckpt_path BUNDLE --output DIR``: a bundle's policy as a Hugging Face model directory."""
+    from sc_lightning.cli.export import export_command as run_export
+
+    return run_export(args)
+
+
 def validate_command(args: list[str]) -> int:
     """``validate --config X [--ckpt_path BUNDLE]``: one validation of the initial or a bundle's policy."""
     from sc_lightning.cli.validate import validate_command as run_validation
@@ -81,5 +89,6 @@ _SUBCOMMANDS: dict[str, Callable[[list[str]], int]] = {
     "generate": generate_command,
     "knobs": knobs_command,
     "report": report_command,
+    "export": export_command,
 }
 """Each subcommand's function, given the arguments after its name; args.SUBCOMMANDS_HELP says what each does."""

@@ -142,6 +142,9 @@ class CheckpointingConfig:
         None, 'Metric ranking bundles: "train:<metric>" (train/<metric>) or "val:<metric>" (val/<metric>).'
     )
     higher_is_better: bool = knob(True, "Whether a larger metric_name is better.")
+    export_hf_at_end: bool = knob(
+        False, "At the end of a fit, write its final bundle's policy as a Hugging Face directory: hf_export/step_N."
+    )
 
 
 @section

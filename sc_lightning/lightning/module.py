@@ -23,6 +23,8 @@ from sc_lightning.algorithms import ClippedPGLoss
 from sc_lightning.config import SCConfig
 from sc_lightning.engines.sampling import scoring_temperature
 from sc_lightning.lightning.step_log import StepLog
+from sc_lightning.models.hf_export import PolicySource
+from sc_lightning.trainer.bundle_policy import POLICY_SOURCE_KEY, policy_source_for
 from sc_lightning.trainer.data_parallel import data_parallel_group
 from sc_lightning.trainer.optim import adamw
 from sc_lightning.trainer.perf import StepPerf
@@ -46,6 +48,8 @@ class GRPOModule(LightningModule):
         self.policy: torch.nn.Module | None = None
         self.reference: torch.nn.Module | None = None
         self.spec: Any = None
+        self.policy_source: PolicySource | None = None
+        """What the policy was built from; every trainer checkpoint records it, for ``export``."""
         self.tokenizer: Any = None
         self.loss_fn = ClippedPGLoss.from_config(config.loss_fn)
         self._train_data_log: TrainDataLog | None = None
@@ -83,8 +87,14 @@ class GRPOModule(LightningModule):
             )
 
         self.policy, self.spec, self.tokenizer = load()
+        self.policy_source = policy_source_for(policy_cfg, model_name, self.spec)
         if self.loss_fn.reference_policy_kl_penalty > 0:
             self.reference = load()[0].requires_grad_(False).eval()
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        """Record the policy's source in the checkpoint, so ``python -m sc_lightning export`` can rebuild it."""
+        if self.policy_source is not None:
+            checkpoint[POLICY_SOURCE_KEY] = self.policy_source.to_dict()
 
     def model_device(self) -> torch.device:
         """Where configure_model builds the models: the strategy's device (the CPU outside a Trainer)."""

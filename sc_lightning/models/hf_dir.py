@@ -1,4 +1,4 @@
-"""Hugging Face model directories: write a megatron-core policy as one, and find the one a model name means.
+"""Hugging Face model directories: write a built-in policy as one, and find the one a model name means.
 
 Engines that load models by path (vLLM) and the cached warm start of the tiny example write them; the directory loads
 back with :func:`~sc_lightning.models.megatron.load_policy` and with ``transformers``. :func:`resolve_model_dir` finds
@@ -12,27 +12,19 @@ from pathlib import Path
 
 import torch
 
-from sc_lightning.models.hf_config import hf_config_dict
 from sc_lightning.models.spec import ModelSpec
-from sc_lightning.tokenizer import CharTokenizer
 
 
 def save_hf_directory(spec: ModelSpec, weights: Iterable[tuple[str, torch.Tensor]], path: Path) -> Path:
-    """Save HF-named ``weights`` of a ``spec`` model with the character tokenizer as an HF directory at ``path``.
+    """Save HF-named ``weights`` of a built-in ``spec`` model with the character tokenizer as an HF directory at
+    ``path`` (created, or written into), as :func:`~sc_lightning.models.hf_export.write_hf_files` lays it out.
 
     ``weights`` is what :func:`~sc_lightning.models.convert.export_hf_weights` yields for a TP=1 ``GPTModel``.
     """
-    from safetensors.torch import save_file
-    from transformers import AutoConfig
+    from sc_lightning.models.hf_export import PolicySource, write_hf_files
 
-    from sc_lightning.models.tiny_tokenizer import save_char_tokenizer
-
-    tok = CharTokenizer()
     path.mkdir(parents=True, exist_ok=True)
-    config = hf_config_dict(spec, pad_token_id=tok.PAD, eos_token_id=tok.EOS, bos_token_id=tok.BOS)
-    AutoConfig.for_model(**config).save_pretrained(str(path))
-    save_file({name: t.detach().contiguous().clone() for name, t in weights}, path / "model.safetensors")
-    save_char_tokenizer(path)
+    write_hf_files(path, PolicySource("builtin:char", None, "fp32", spec), weights)
     return path
 
 

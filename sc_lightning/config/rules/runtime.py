@@ -202,6 +202,17 @@ def data_plane_checkpoints(config: SCConfig, report: Report) -> None:
     )
 
 
+@ties("checkpointing.export_hf_at_end", "checkpointing.enabled")
+def export_at_end(config: SCConfig, report: Report) -> None:
+    """The end-of-fit export is made from the fit's final bundle: it needs checkpointing."""
+    if config.checkpointing.export_hf_at_end and not config.checkpointing.enabled:
+        report.error(
+            "checkpointing.export_hf_at_end",
+            "is true but checkpointing.enabled is false; the export is written from the fit's final bundle, "
+            "enable checkpointing too (or export a bundle later with python -m sc_lightning export)",
+        )
+
+
 @ties("checkpointing.metric_name", "checkpointing.keep_top_k", "checkpointing.save_period", "{algo}.val_period")
 def checkpoint_ranking(config: SCConfig, report: Report) -> None:
     """metric_name is a train metric, or a validation metric of a run that validates at every save_period step (so
@@ -305,6 +316,7 @@ RUNTIME_RULES = (
     watchdog_deadlines,
     drain_deadline,
     data_plane_checkpoints,
+    export_at_end,
     checkpoint_ranking,
     periodic_snapshots,
     recovery_granularity,
