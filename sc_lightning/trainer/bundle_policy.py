@@ -30,6 +30,7 @@ from sc_lightning.trainer.sharded_checkpoint import load_sharded, sharded_direct
 POLICY_SOURCE_KEY = "sc_lightning_policy"
 """The trainer checkpoint's entry recording its policy's :class:`PolicySource` (as plain data)."""
 _DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+_EMBEDDING = "policy.embedding.word_embeddings.weight"
 
 
 def policy_source_for(policy: PolicyConfig, model_name: str, spec: ModelSpec) -> PolicySource:
@@ -61,19 +62,24 @@ def load_bundle_policy(
     trainer_checkpoint: Path, fallback: PolicySource | None = None
 ) -> tuple[torch.nn.Module, PolicySource]:
     """The policy of the trainer checkpoint at ``trainer_checkpoint``, unsharded (TP = PP = 1) on the CPU, and its
-    source (``fallback`` when the checkpoint records none). Initialises megatron's parallel state at TP = PP = 1."""
+    source (``fallback`` when the checkpoint records none). Initialises megatron's parallel state at TP = PP = 1.
+
+    A sharded policy keeps the embedding rows it was saved with (its vocabulary padded for the saving run's TP size):
+    read its first ``source.spec.vocab_size`` logits, as :func:`export_bundle` keeps that many rows."""
     from sc_lightning.models.megatron import build_gpt_model, load_megatron_state
 
     checkpoint = torch.load(trainer_checkpoint, map_location="cpu", weights_only=False, mmap=True)
     source = policy_source_of(checkpoint, trainer_checkpoint, fallback)
-    spec, dtype = source.spec, _DTYPES[source.precision]
+    directory = sharded_directory(checkpoint, trainer_checkpoint)
+    # the vocabulary as saved: padded to a multiple of the saving run's TP size (an export drops the padding rows)
+    spec = source.spec.replace(vocab_size=_saved_vocab_rows(directory)) if directory else source.spec
+    dtype = _DTYPES[source.precision]
     placeholder = {  # every weight comes from the checkpoint: allocate, do not initialise
         name: torch.empty(shape, dtype=dtype)
         for name, shape in hf_param_shapes(spec).items()
         if not (spec.tie_word_embeddings and name == "lm_head.weight")
     }
     model = build_gpt_model(spec, precision=source.precision, hf_state=placeholder, device="cpu")
-    directory = sharded_directory(checkpoint, trainer_checkpoint)
     if directory is not None:
         load_sharded(directory, {"policy": (model, None)})
     else:
@@ -84,6 +90,13 @@ def load_bundle_policy(
         }
         load_megatron_state(model, state)
     return model.eval(), source
+
+
+def _saved_vocab_rows(directory: Path) -> int:
+    """The embedding rows of the policy in the distributed checkpoint ``directory`` (its vocabulary, padded)."""
+    from megatron.core import dist_checkpointing
+
+    return int(dist_checkpointing.load_tensors_metadata(str(directory))[_EMBEDDING].global_shape[0])
 
 
 def export_bundle(

@@ -121,19 +121,18 @@ def save_bpe_tokenizer(path: Path, style: TokenizerStyle, vocab_size: int = 320)
 
 def make_hf_model_dir(path: Path, name: str, *, seed: int = 0, **overrides: Any) -> Path:
     """A tiny random :data:`HF_ARCHITECTURES` ``name`` model with its BPE tokenizer, written to ``path`` by
-    ``transformers``, its config changed by ``overrides`` (``tie_word_embeddings=True``); returns ``path``."""
+    ``transformers``, its config changed by ``overrides`` (``tie_word_embeddings=True``, ``vocab_size`` above the
+    tokenizer's); returns ``path``."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
     arch = HF_ARCHITECTURES[name]
     path.mkdir(parents=True, exist_ok=True)
     tokenizer = save_bpe_tokenizer(path, arch.style)
+    ids = {"bos_token_id": tokenizer.bos_token_id, "eos_token_id": tokenizer.eos_token_id}
     config = AutoConfig.for_model(
         arch.model_type,
-        vocab_size=len(tokenizer),
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
-        **(TINY_SHAPE | arch.config | overrides),
+        **(ids | {"vocab_size": len(tokenizer)} | TINY_SHAPE | arch.config | overrides),
     )
     with torch.random.fork_rng():  # transformers' random init draws from the global generator
         torch.manual_seed(seed)
