@@ -1,6 +1,7 @@
 """What a trainer bundle ``checkpointing.checkpoint_dir/step_N/`` holds, and how the controller's part is stored.
 
-    trainer.ckpt            Lightning's checkpoint: model, optimizer and scheduler state, loop progress (global_step)
+    trainer.ckpt            Lightning's checkpoint: model, optimizer and scheduler state, loop progress (global_step),
+                            and the policy's source (trainer/bundle_policy.py; what ``export`` rebuilds it from)
     sharded/                with several trainer ranks, the models and optimizers instead, as megatron-core's
                             distributed checkpoint (every rank writes its shards; a resume on another layout
                             reshards); trainer.ckpt then holds the rest

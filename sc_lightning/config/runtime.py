@@ -143,7 +143,7 @@ class CheckpointingConfig:
     )
     higher_is_better: bool = knob(True, "Whether a larger metric_name is better.")
     export_hf_at_end: bool = knob(
-        False, "At the end of a fit, write its final bundle's policy as a Hugging Face directory: hf_export/step_N."
+        False, "After a fit, export its final bundle as a Hugging Face directory: checkpoint_dir/hf_export/step_N."
     )
 
 

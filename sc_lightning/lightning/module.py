@@ -23,7 +23,6 @@ from sc_lightning.algorithms import ClippedPGLoss
 from sc_lightning.config import SCConfig
 from sc_lightning.engines.sampling import scoring_temperature
 from sc_lightning.lightning.step_log import StepLog
-from sc_lightning.models.hf_export import PolicySource
 from sc_lightning.trainer.bundle_policy import POLICY_SOURCE_KEY, policy_source_for
 from sc_lightning.trainer.data_parallel import data_parallel_group
 from sc_lightning.trainer.optim import adamw
@@ -48,8 +47,7 @@ class GRPOModule(LightningModule):
         self.policy: torch.nn.Module | None = None
         self.reference: torch.nn.Module | None = None
         self.spec: Any = None
-        self.policy_source: PolicySource | None = None
-        """What the policy was built from; every trainer checkpoint records it, for ``export``."""
+        self.policy_source: Any = None  # a PolicySource: what the policy was built from, which checkpoints record
         self.tokenizer: Any = None
         self.loss_fn = ClippedPGLoss.from_config(config.loss_fn)
         self._train_data_log: TrainDataLog | None = None

@@ -156,6 +156,7 @@ def write_safetensors(
     shard_bytes, total_bytes, dtype = 0, 0, torch.float32
 
     def flush() -> None:
+        """Write the tensors gathered so far as the next shard."""
         save_file(shard, str(directory / f"shard-{len(files)}.tmp"), metadata={"format": "pt"})
         files.append(list(shard))
         shard.clear()

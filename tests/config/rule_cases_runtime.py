@@ -197,6 +197,13 @@ RUNTIME_CASES: list[tuple[str, dict[str, Any], dict[str, Any], str, str]] = [
         "checkpointing.enabled is false",
     ),
     (
+        "the end-of-fit export needs checkpoints",
+        variant(ckpt(enabled=True, save_data_plane=True, export_hf_at_end=True)),
+        variant(ckpt(export_hf_at_end=True)),
+        "checkpointing.export_hf_at_end",
+        "the export is written from the fit's final bundle",
+    ),
+    (
         "ranking metric is a train or validation metric",
         variant(ckpt(metric_name="train:reward", keep_top_k=3)),
         variant(ckpt(metric_name="reward")),
