@@ -136,7 +136,6 @@ def test_the_exports_tokenizer_round_trips_the_dataset(hf_fit: HFFit) -> None:
     assert_tokenizer_round_trips(hf_fit.export, hf_fit.model_dir, texts)
 
 
-@pytest.mark.parametrize("hf_fit", ["qwen3"], indirect=True)
 def test_export_splits_the_weights_above_the_shard_size_and_refuses_bad_paths(
     hf_fit: HFFit, model_parallel, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -162,7 +161,6 @@ def test_export_splits_the_weights_above_the_shard_size_and_refuses_bad_paths(
     assert not (tmp_path / "x").exists()
 
 
-@pytest.mark.parametrize("hf_fit", ["qwen3"], indirect=True)
 def test_export_refuses_an_incomplete_bundle(hf_fit: HFFit, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     import shutil
 
@@ -176,6 +174,8 @@ def test_export_refuses_an_incomplete_bundle(hf_fit: HFFit, tmp_path: Path, caps
     assert not (tmp_path / "out").exists()
 
 
+# one architecture: fit reads an export as any HF directory. CASES' first, whose parameter index (0) pytest groups
+# this test's with, so it runs beside that fit's other tests and no fit is repeated
 @pytest.mark.parametrize("hf_fit", ["llama3"], indirect=True)
 def test_fit_trains_on_from_an_export(hf_fit: HFFit, tmp_path: Path) -> None:
     code, stderr = fit_from(hf_fit.export, tmp_path, "--grpo.max_num_steps=1")
