@@ -141,12 +141,9 @@ def ray_cluster() -> Iterator[Any]:
     """
     import ray
 
-    ray.init(
-        num_cpus=4,
-        include_dashboard=False,
-        log_to_driver=False,
-        runtime_env={"env_vars": {"PYTHONPATH": str(REPO)}},
-    )
+    from sc_lightning.local_ray import init_local_ray
+
+    init_local_ray(4, log_to_driver=False, runtime_env={"env_vars": {"PYTHONPATH": str(REPO)}})
     try:
         yield ray
     finally:

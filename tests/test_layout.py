@@ -19,10 +19,10 @@ PACKAGE = REPO / "sc_lightning"
 # runs the policy's own model code). lightning/, callbacks/ and cli/ may import everything.
 ALLOWED = {
     "config": {"config"},
-    "data_plane": {"data_plane", "config", "types"},
+    "data_plane": {"data_plane", "config", "types", "local_ray"},
     "models": {"models", "types", "tokenizer"},
     "algorithms": {"algorithms", "config"},
-    "engines": {"engines", "models", "config", "types", "tokenizer"},
+    "engines": {"engines", "models", "config", "types", "tokenizer", "local_ray"},
     "rollout": {"rollout", "engines", "data_plane", "config", "types", "tokenizer"},
     "controller": {"controller", "rollout", "engines", "data_plane", "config", "types", "tokenizer"},
     "checkpoint": {"checkpoint", "data_plane", "config", "types"},

@@ -47,6 +47,7 @@ from sc_lightning.data_plane.tq_runtime import (
 )
 from sc_lightning.data_plane.tq_strict import empty_rows, existing_keys, raise_missing, remove_quietly
 from sc_lightning.data_plane.wire import from_wire, packed_to_wire, to_wire
+from sc_lightning.local_ray import init_local_ray
 
 log = logging.getLogger(__name__)
 _T = TypeVar("_T")
@@ -329,7 +330,7 @@ class TransferQueueDataPlane:
             ray.init(address=address, runtime_env={"env_vars": env})
             return
         num_cpus = self.ray_num_cpus or cpu_cores() + 1 + self.num_storage_units
-        ray.init(num_cpus=num_cpus, include_dashboard=False, runtime_env={"env_vars": env})
+        init_local_ray(num_cpus, runtime_env={"env_vars": env})
         self._owns_ray = True
 
     def _tq_config(self) -> dict[str, Any]:

@@ -23,6 +23,7 @@ import torch
 
 from sc_lightning.config import SCConfig
 from sc_lightning.engines.base import GenerationEngine
+from sc_lightning.local_ray import init_local_ray
 from sc_lightning.models.warm_start import resolve_model_name
 
 
@@ -71,7 +72,7 @@ def _start_ray() -> None:
     if os.environ.get("RAY_ADDRESS"):
         ray.init(address=os.environ["RAY_ADDRESS"], log_to_driver=False)  # a cluster's resources are its own
     else:
-        ray.init(num_cpus=(os.cpu_count() or 1) + 1, include_dashboard=False, log_to_driver=False)
+        init_local_ray((os.cpu_count() or 1) + 1, log_to_driver=False)
 
 
 _DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}

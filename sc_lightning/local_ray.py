@@ -1,0 +1,23 @@
+"""How sc_lightning starts a local Ray instance (when no ``RAY_ADDRESS`` names a cluster to join).
+
+No dashboard, and no worker processes started ahead of need: by default Ray's node starts as many idle Python
+workers as it has CPUs when the first driver connects, each importing Ray (about a CPU second apiece on the 2-core
+box, 128 of them on a 128-core node), while sc_lightning's actors (engines, TransferQueue) start their own worker
+processes anyway. Stdlib only, imported where Ray is started.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def init_local_ray(num_cpus: int, **options: Any) -> None:
+    """``ray.init`` of a new local instance with ``num_cpus`` logical CPUs; ``options`` go to ``ray.init``."""
+    import ray
+
+    ray.init(
+        num_cpus=num_cpus,
+        include_dashboard=False,
+        _system_config={"prestart_worker_first_driver": False},
+        **options,
+    )
