@@ -85,7 +85,7 @@ def test_the_tiny_ppo_example_visibly_learns(tmp_path) -> None:
 @pytest.mark.exclusive  # its 10-minute bar is for the example alone on the 2-core box
 @pytest.mark.timeout(900)  # the subprocess's own 600 s deadline is the bar; this only outlasts it
 def test_the_tiny_multiturn_example_visibly_learns(tmp_path) -> None:
-    """configs/grpo_tiny_multiturn.yaml, unchanged (calculator conversations, about 2 minutes): the same bar."""
+    """configs/grpo_tiny_multiturn.yaml, unchanged (calculator conversations, about 1.5 minutes): the same bar."""
     steps = train_unchanged("configs/grpo_tiny_multiturn.yaml", tmp_path)
     assert max(float(step["train/staleness_max"]) for step in steps) == 1  # it really ran one version ahead
     assert_reward_climbs(steps)
