@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import time
-
 import pytest
 import torch
 
@@ -16,22 +14,21 @@ from tests.helpers.models import random_ids
 pytestmark = pytest.mark.usefixtures("model_parallel")
 
 
-def test_builtin_tiny_forward_backward_is_fast() -> None:
-    start = time.perf_counter()
+def test_builtin_tiny_builds_and_trains() -> None:
+    """builtin:tiny builds with its character tokenizer, and three AdamW steps reach every parameter.
+
+    Its speed is not a wall-clock assertion here (a loaded 2-core box took 1.05 s for a 20 ms step):
+    benchmarks/ measures speed."""
     model, spec, tokenizer = load_policy("builtin:tiny", precision="fp32", seed=0)
-    built = time.perf_counter() - start
     assert isinstance(tokenizer, CharTokenizer) and spec.vocab_size == tokenizer.vocab_size == 18
     ids = random_ids(16, 32, seed=0)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    start = time.perf_counter()
     for _ in range(3):
         optimizer.zero_grad()
         loss = -token_logprobs(model, ids).mean()
         loss.backward()
         optimizer.step()
-    step = (time.perf_counter() - start) / 3
     assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in model.parameters())
-    assert built < 5.0 and step < 1.0, f"build {built:.2f}s, step {step:.3f}s"
 
 
 def test_seed_fixes_the_weights() -> None:
