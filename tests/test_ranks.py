@@ -1,10 +1,12 @@
-"""The multi-rank tests' launcher fails loudly: a rank's error names the rank, hung ranks meet the deadline."""
+"""The multi-rank tests' launcher fails loudly: a rank's error or death names the rank, hung ranks meet the deadline."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch.distributed
-from torch.multiprocessing import ProcessRaisedException
+from torch.multiprocessing import ProcessExitedException, ProcessRaisedException
 
 from tests.ranks import run_ranks
 
@@ -33,3 +35,20 @@ def test_a_failing_rank_fails_the_run_with_its_index_and_error() -> None:
 def test_ranks_that_hang_are_killed_at_the_deadline_and_named() -> None:
     with pytest.raises(TimeoutError, match=r"ranks \[0, 1\] of 2 still running after 10 s"):
         run_ranks(_ranks_wait_for_each_other, 2, timeout_s=10)
+
+
+def _second_rank_dies(rank: int, world_size: int) -> None:
+    """Rank 1's process ends with exit code 3 (as a crash would), rank 0 returns."""
+    if rank == 1:
+        os._exit(3)
+
+
+def test_a_rank_that_dies_fails_the_run_with_its_index_and_exit_code_and_the_next_run_starts_fresh() -> None:
+    with pytest.raises(ProcessExitedException, match=r"process 1 terminated with exit code 3"):
+        run_ranks(_second_rank_dies, 2, timeout_s=60)
+    run_ranks(_both_meet, 2)
+
+
+def _both_meet(rank: int, world_size: int) -> None:
+    """Both ranks meet once (the pool that lost a rank was retired: these are new processes)."""
+    torch.distributed.barrier()
