@@ -126,7 +126,7 @@ def _config_source(configs: list[str]) -> PolicySource:
     from sc_lightning.cli.load import LIGHTNING_KEYS
     from sc_lightning.config import load_config
     from sc_lightning.config.yaml_io import load_yaml_layers
-    from sc_lightning.models.megatron import model_spec
+    from sc_lightning.models.policy_source import model_spec
     from sc_lightning.models.warm_start import resolve_model_name
     from sc_lightning.trainer.bundle_policy import policy_source_for
 

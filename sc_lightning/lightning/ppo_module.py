@@ -53,7 +53,7 @@ class PPOModule(GRPOModule):
         super().configure_model()
         if self.critic is not None:
             return
-        from sc_lightning.models.megatron import model_spec
+        from sc_lightning.models.policy_source import model_spec
         from sc_lightning.models.value import load_critic
         from sc_lightning.models.warm_start import resolve_model_name
         from sc_lightning.tokenizer import check_tokenizer_fits_model

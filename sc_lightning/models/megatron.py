@@ -28,12 +28,12 @@ from sc_lightning.models.attention import gpt_layer_spec_sdpa
 from sc_lightning.models.convert import hf_to_megatron_state, random_hf_state, read_hf_safetensors, unwrapped_name
 from sc_lightning.models.cpu_compat import apply_cpu_compat, seed_cpu_rng_tracker
 from sc_lightning.models.fused import install_fused_rope
-from sc_lightning.models.hf_config import mcore_spec_from_hf_config
 from sc_lightning.models.hf_dir import resolve_model_dir
 from sc_lightning.models.logprobs import REAL_VOCAB_ATTR
 from sc_lightning.models.norms import TorchNorm
-from sc_lightning.models.spec import ModelSpec, builtin_spec
-from sc_lightning.tokenizer import Tokenizer, check_tokenizer_fits_model, load_tokenizer
+from sc_lightning.models.policy_source import model_spec, policy_tokenizer
+from sc_lightning.models.spec import ModelSpec
+from sc_lightning.tokenizer import Tokenizer, check_tokenizer_fits_model
 
 _DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
@@ -304,20 +304,6 @@ def build_gpt_model(
     return model
 
 
-def model_spec(model_name: str) -> ModelSpec:
-    """The architecture ``model_name`` names (a ``"builtin:<name>"`` or an HF directory/id's config), read without
-    building the model."""
-    if model_name.startswith("builtin:"):
-        return builtin_spec(model_name)
-    from transformers import AutoConfig
-
-    root = resolve_model_dir(model_name)
-    try:
-        return mcore_spec_from_hf_config(AutoConfig.from_pretrained(str(root), local_files_only=True))
-    except NotImplementedError as err:
-        raise NotImplementedError(f"{root / 'config.json'}: {err}") from None
-
-
 def load_policy(
     model_name: str,
     *,
@@ -338,16 +324,42 @@ def load_policy(
     raised before the model is built. The model lives on ``device``.
     """
     spec = model_spec(model_name)
-    if model_name.startswith("builtin:"):
-        hf_state = None
-        tokenizer = load_tokenizer(tokenizer_name or model_name)
-    else:
-        root = resolve_model_dir(model_name)
-        hf_state = read_hf_safetensors(root)
-        tokenizer = load_tokenizer(tokenizer_name or str(root))
+    tokenizer = policy_tokenizer(model_name, tokenizer_name)
     if check_tokenizer:
         check_tokenizer_fits_model(tokenizer, spec.vocab_size, model_name=model_name, tokenizer_name=tokenizer_name)
-    model = build_gpt_model(
+    model = build_policy(
+        model_name,
+        spec,
+        precision=precision,
+        seed=seed,
+        tp=tp,
+        pp=pp,
+        sequence_parallel=sequence_parallel,
+        activation_checkpointing=activation_checkpointing,
+        device=device,
+    )
+    return model, spec, tokenizer
+
+
+def build_policy(
+    model_name: str,
+    spec: ModelSpec,
+    *,
+    precision: str = "fp32",
+    seed: int = 0,
+    tp: int = 1,
+    pp: int = 1,
+    sequence_parallel: bool = False,
+    activation_checkpointing: bool = False,
+    device: str | torch.device = "cpu",
+) -> GPTModel:
+    """The model of ``spec`` (:func:`model_spec` of ``model_name``) with the weights ``model_name`` names.
+
+    A ``"builtin:<name>"`` model is seeded random, an HF directory/id gets its safetensors. Neither the config nor a
+    tokenizer is read, so a process that is handed ``spec`` (an engine actor) never imports ``transformers``.
+    """
+    hf_state = None if model_name.startswith("builtin:") else read_hf_safetensors(resolve_model_dir(model_name))
+    return build_gpt_model(
         spec,
         precision=precision,
         seed=seed,
@@ -358,4 +370,3 @@ def load_policy(
         hf_state=hf_state,
         device=device,
     )
-    return model, spec, tokenizer

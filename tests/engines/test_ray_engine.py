@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+import sys
 import time
 
 import pytest
@@ -44,6 +45,8 @@ def test_ray_engine_end_to_end(ray_cluster: None, tiny_dirs: dict) -> None:
         engine = RayMegatronEngine(str(tiny_dirs["a"]), name="ray-gen", actor_name="ray-gen-actor", stop_on_eos=False)
         assert isinstance(engine, GenerationEngine)
         await engine.ready()
+        # the driver read the HF directory's config and tokenizer: the actor built its replica without transformers
+        assert not await engine.actor.__ray_call__.remote(lambda _: "transformers" in sys.modules)
         greedy, sampled = await asyncio.gather(
             engine.generate(PROMPT, SamplingParams(10, temperature=0.0)),
             engine.generate(PROMPT, SamplingParams(10, temperature=0.7, seed=3)),

@@ -12,7 +12,7 @@ import torch
 from sc_lightning.checkpoint.bundle import SHARDED_DIR, TRAINER_FILE
 from sc_lightning.models.convert import export_hf_weights, read_hf_safetensors
 from sc_lightning.models.hf_export import PolicySource
-from sc_lightning.models.megatron import model_spec
+from sc_lightning.models.policy_source import model_spec
 from sc_lightning.trainer.bundle_policy import POLICY_SOURCE_KEY, export_bundle
 from sc_lightning.trainer.sharded_checkpoint import shard_trainer_checkpoint
 from tests.helpers.exports import assert_export_matches_bundle, assert_tokenizer_round_trips

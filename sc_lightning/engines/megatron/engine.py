@@ -66,7 +66,7 @@ from sc_lightning.engines.megatron.cached_forward import CachedForward
 from sc_lightning.engines.megatron.clock import ActiveClock
 from sc_lightning.engines.megatron.decode_sampling import noise_stream
 from sc_lightning.engines.megatron.worker import Command, CommandKind, DecodeWorker, EngineStats, request_error
-from sc_lightning.models.megatron import load_policy
+from sc_lightning.models.megatron import build_policy, load_policy
 from sc_lightning.models.spec import ModelSpec
 from sc_lightning.types import Generation, SamplingParams
 
@@ -165,6 +165,27 @@ class MegatronEngine:
         )
         kwargs.setdefault("seed", seed)
         return cls(model, spec, eos_token_id=tokenizer.eos_token_id, **kwargs)
+
+    @classmethod
+    def from_spec(
+        cls,
+        model_name: str,
+        spec: ModelSpec,
+        *,
+        eos_token_id: int | None,
+        precision: str = "fp32",
+        seed: int = 0,
+        device: str | torch.device = "cpu",
+        **kwargs: Any,
+    ) -> MegatronEngine:
+        """An engine on a fresh replica of ``model_name`` whose architecture ``spec`` and stop token the caller read.
+
+        The replica equals :meth:`from_pretrained`'s (same weights for the same ``precision`` and ``seed``), but no
+        config or tokenizer is read: an engine actor is handed both by the driver that read them.
+        """
+        model = build_policy(model_name, spec, precision=precision, seed=seed, device=device)
+        kwargs.setdefault("seed", seed)
+        return cls(model, spec, eos_token_id=eos_token_id, **kwargs)
 
     @classmethod
     def from_policy_config(cls, policy: Any, *, seed: int = 0, **kwargs: Any) -> MegatronEngine:

@@ -23,6 +23,8 @@ import torch
 
 from sc_lightning.engines.actor_client import ActorEngineClient, BatchedGenerateActor
 from sc_lightning.engines.megatron.clock import ActiveClock
+from sc_lightning.models.policy_source import model_spec, policy_tokenizer
+from sc_lightning.models.spec import ModelSpec
 from sc_lightning.types import Generation, SamplingParams
 
 T = TypeVar("T")
@@ -36,7 +38,9 @@ _INHERITED_DIST_VARS = ("MASTER_PORT", "WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCA
 class MegatronEngineActor(BatchedGenerateActor):
     """The Ray actor body: one :class:`MegatronEngine` built in the actor process, its protocol as async methods."""
 
-    def __init__(self, model_name: str, precision: str, seed: int, tokenizer_name: str | None, kwargs: dict) -> None:
+    def __init__(
+        self, model_name: str, spec: ModelSpec, eos_token_id: int | None, precision: str, seed: int, kwargs: dict
+    ) -> None:
         from sc_lightning.models.megatron_import import import_megatron_without_compile
 
         import_megatron_without_compile()  # this actor process's first megatron import
@@ -47,8 +51,8 @@ class MegatronEngineActor(BatchedGenerateActor):
                 os.environ.pop(var, None)
 
         super().__init__()
-        self.engine = MegatronEngine.from_pretrained(
-            model_name, precision=precision, seed=seed, tokenizer_name=tokenizer_name, **kwargs
+        self.engine = MegatronEngine.from_spec(
+            model_name, spec, eos_token_id=eos_token_id, precision=precision, seed=seed, **kwargs
         )
 
     async def ready(self) -> int:
@@ -116,7 +120,11 @@ class RayMegatronEngine(ActorEngineClient):
         options: dict[str, Any] = {"num_cpus": num_cpus, "num_gpus": num_gpus, "max_concurrency": 10_000}
         if actor_name is not None:
             options["name"] = actor_name
-        actor = actor_class.options(**options).remote(model_name, precision, seed, tokenizer_name, engine_kwargs)
+        # the architecture and the stop token are read here, where transformers is imported anyway: the actor
+        # process builds its replica from them and never imports transformers (seconds of every engine start)
+        spec = model_spec(model_name)
+        eos_token_id = policy_tokenizer(model_name, tokenizer_name).eos_token_id
+        actor = actor_class.options(**options).remote(model_name, spec, eos_token_id, precision, seed, engine_kwargs)
         super().__init__(name, actor, int(engine_kwargs.get("weight_version", 0)))
 
     def active_deadline(self, seconds: float | None) -> contextlib.AbstractAsyncContextManager[None]:
