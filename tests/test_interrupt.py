@@ -30,8 +30,14 @@ def interrupt_on(line: str, *args: str, verbose: bool) -> tuple[int, str]:
     if verbose:  # every library's own output: lines that show where the start-up is
         env["SC_LIGHTNING_VERBOSE"] = "1"
     command = [sys.executable, "-m", "sc_lightning", "fit", *args, "--trainer.enable_progress_bar=false"]
-    process = start(
-        command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True
+    process = start(  # the verbose case interrupts a fresh interpreter's imports: a new process
+        command,
+        env=env,
+        fresh=verbose,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
     )
     before: list[str] = []
     try:

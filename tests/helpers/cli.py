@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.helpers.configs import REPO, TINY
+from tests.helpers.warm_cli import WarmProcess, run_warm
 
 # torch.distributed's rendezvous variables: a test process may have set them up, a child started as a user starts it
 # must not inherit them (it would join this process's taken port)
@@ -30,26 +31,40 @@ def user_environment(*, without: Sequence[str] = (), without_prefix: str | None 
     }
 
 
-def run(*args: str, timeout_s: float = 300, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+def run(
+    *args: str, timeout_s: float = 300, env: dict[str, str] | None = None, fresh: bool = False
+) -> subprocess.CompletedProcess:
     """``python -m sc_lightning *args`` to its end from the repository root, in ``env`` (a user's environment by
-    default); its exit code, stdout and stderr."""
-    return subprocess.run(
-        [sys.executable, "-m", "sc_lightning", *args],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=timeout_s,
-        env=user_environment() if env is None else env,
-    )
+    default); its exit code, stdout and stderr.
+
+    The process is a fork of a preloaded interpreter (:mod:`tests.helpers.warm_cli`: seconds of imports saved), or
+    with ``fresh`` a new interpreter, for what only a fresh start shows (its imports, their output and time).
+    """
+    env = user_environment() if env is None else env
+    if not fresh:
+        return run_warm(args, cwd=str(REPO), env=env, timeout_s=timeout_s)
+    command = [sys.executable, "-m", "sc_lightning", *args]
+    return subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=timeout_s, env=env)
 
 
-def start(argv: Sequence[str], *, env: dict[str, str] | None = None, **popen: Any) -> subprocess.Popen:
+def start(
+    argv: Sequence[str], *, env: dict[str, str] | None = None, fresh: bool = False, **popen: Any
+) -> subprocess.Popen | WarmProcess:
     """Start ``argv`` from the repository root in ``env`` (a user's environment by default); ``popen`` goes to
-    :class:`subprocess.Popen` (the pipes)."""
-    return subprocess.Popen(list(argv), cwd=REPO, env=user_environment() if env is None else env, **popen)
+    :class:`subprocess.Popen` (the pipes, ``text``, ``start_new_session``).
+
+    ``python -m sc_lightning ...`` starts as a fork of the preloaded interpreter (:class:`WarmProcess`, as
+    :func:`run`) unless ``fresh``; any other command as a new process.
+    """
+    env = user_environment() if env is None else env
+    if not fresh and list(argv[:3]) == [sys.executable, "-m", "sc_lightning"]:
+        return WarmProcess(argv[3:], cwd=str(REPO), env=env, **popen)
+    return subprocess.Popen(list(argv), cwd=REPO, env=env, **popen)
 
 
-def wait_for(predicate: Callable[[], bool], process: subprocess.Popen, what: str, timeout_s: float = 180) -> bool:
+def wait_for(
+    predicate: Callable[[], bool], process: subprocess.Popen | WarmProcess, what: str, timeout_s: float = 180
+) -> bool:
     """Poll an outside observation of the run until it holds (True) or the run ended first (False)."""
     deadline = time.monotonic() + timeout_s
     while not predicate():

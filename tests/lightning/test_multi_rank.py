@@ -50,7 +50,7 @@ def test_sigkill_of_one_rank_ends_the_run_naming_it_and_the_same_command_resumes
     write_dataset(tmp_path / "prompts.jsonl")
     sliced = ("--policy.megatron_cfg.use_distributed_optimizer", "true")  # AdamW state sliced over the replicas
     argv = command(tmp_path, TWO_RANKS, "--trainer.devices", "2", *ASYNC, "--checkpointing.save_period", "3", *sliced)
-    first = start(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    first = start(argv, fresh=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)  # its launcher starts rank 1
     bundles = tmp_path / "checkpoints"
     if not wait_for(lambda: len(list(bundles.glob("step_*"))) >= 2, first, "two bundles"):
         raise AssertionError(f"the run ended early: {first.communicate()[1].decode()[-3000:]}")
