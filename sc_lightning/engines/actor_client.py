@@ -22,10 +22,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import warnings
 from collections.abc import AsyncIterator, Iterable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
+
+if TYPE_CHECKING:
+    import numpy as np
 
 from sc_lightning.engines.base import EngineError
 from sc_lightning.types import Generation, SamplingParams
@@ -167,12 +171,14 @@ class ActorEngineClient:
     async def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
         """Ship HF-named tensors to the actor by value (one ``ray.put``) and load them there as ``version``."""
         self._version = await self._call(
-            f"refit to version {version}", "update_weights", _by_value(named_tensors), version
+            f"refit to version {version}", "update_weights", ship_by_value(named_tensors), version
         )
 
     async def stage_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
         """Ship one bucket of ``version``'s HF-named tensors to the actor (more follow); the version stays."""
-        await self._call(f"refit to version {version} (a bucket)", "stage_weights", _by_value(named_tensors), version)
+        await self._call(
+            f"refit to version {version} (a bucket)", "stage_weights", ship_by_value(named_tensors), version
+        )
 
     async def stats(self) -> dict[str, int]:
         """The actor engine's counters."""
@@ -190,11 +196,40 @@ class ActorEngineClient:
         ray.kill(actor, no_restart=True)
 
 
-def _by_value(named_tensors: Iterable[tuple[str, torch.Tensor]]) -> Any:
-    """The tensors as one object in Ray's store, on the CPU (what an actor's refit method receives)."""
+ShippedWeights = list[tuple[str, "np.ndarray", str]]
+"""What an actor's refit method receives: ``(name, array, torch dtype name)`` per tensor (:func:`received_weights`)."""
+
+
+def ship_by_value(named_tensors: Iterable[tuple[str, torch.Tensor]]) -> Any:
+    """The tensors as one object in Ray's store, on the CPU, as numpy arrays (what an actor's refit method receives).
+
+    Ray stores numpy arrays as out-of-band buffers and the actor maps them without a copy, where torch tensors go
+    through torch's pickler: a refit of the tiny model's 32 tensors took 29 ms that way and 10 ms this way on the
+    2-core box. Dtypes numpy lacks (bf16) travel as integers of their width.
+    """
     import ray
 
-    return ray.put([(name, tensor.detach().to("cpu", copy=True).contiguous()) for name, tensor in named_tensors])
+    shipped: ShippedWeights = []
+    for name, tensor in named_tensors:
+        cpu = tensor.detach().to("cpu", copy=True).contiguous()
+        bits = cpu if cpu.dtype in _NUMPY_DTYPES else cpu.view(_SAME_WIDTH_INT[cpu.element_size()])
+        shipped.append((name, bits.numpy(), str(cpu.dtype).removeprefix("torch.")))
+    return ray.put(shipped)
+
+
+def received_weights(shipped: ShippedWeights) -> list[tuple[str, torch.Tensor]]:
+    """The tensors :func:`ship_by_value` shipped, in the actor: CPU tensors that are read-only views of Ray's store.
+
+    The engines only read them (convert, copy into their parameters, write a file).
+    """
+    with warnings.catch_warnings():  # torch warns once that it cannot write to a read-only array: nothing does
+        warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+        return [(name, torch.from_numpy(array).view(getattr(torch, dtype))) for name, array, dtype in shipped]
+
+
+_NUMPY_DTYPES = {torch.float64, torch.float32, torch.float16, torch.int64, torch.int32, torch.int16, torch.int8}
+_NUMPY_DTYPES |= {torch.uint8, torch.bool}
+_SAME_WIDTH_INT = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 
 class BatchedGenerateActor:

@@ -43,9 +43,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import torch
-
-from sc_lightning.engines.actor_client import ActorEngineClient, BatchedGenerateActor
+from sc_lightning.engines.actor_client import (
+    ActorEngineClient,
+    BatchedGenerateActor,
+    ShippedWeights,
+    received_weights,
+)
 from sc_lightning.engines.base import EngineError
 from sc_lightning.types import FinishReason, Generation, SamplingParams
 
@@ -180,11 +183,11 @@ class VLLMEngineActor(BatchedGenerateActor):
         )  # empty (the admission version for every token) when vLLM labelled none
         return Generation(tokens, logprobs, _FINISH.get(completion.finish_reason, "abort"), version, token_versions)
 
-    async def update_weights(self, named_tensors: list[tuple[str, torch.Tensor]], version: int) -> int:
+    async def update_weights(self, shipped: ShippedWeights, version: int) -> int:
         """Reload the weights in place between two engine steps and adopt ``version``; returns it. After
         :meth:`stage_weights` this is the last bucket: generation resumes once it is in."""
         staged, recompute = self._staged is not None, self.settings.recompute_kv_cache_after_weight_updates
-        with self._written(named_tensors, version) as payload:
+        with self._written(shipped, version) as payload:
             if not staged:  # freeze the requests: no step runs mid-reload, and the version label moves in between
                 await self._llm.pause_generation(mode="keep", clear_cache=False)
             try:
@@ -199,26 +202,26 @@ class VLLMEngineActor(BatchedGenerateActor):
         self._stats["refits"] += 1
         return version
 
-    async def stage_weights(self, named_tensors: list[tuple[str, torch.Tensor]], version: int) -> None:
+    async def stage_weights(self, shipped: ShippedWeights, version: int) -> None:
         """Reload one bucket of ``version``'s weights in place (more follow); generation pauses from the first
         bucket until :meth:`update_weights` brings the last, so no step runs on a half-loaded model."""
         if self._staged not in (None, version):
             raise EngineError(f"a bucket of version {version} while version {self._staged}'s buckets are loading")
-        with self._written(named_tensors, version) as payload:
+        with self._written(shipped, version) as payload:
             if self._staged is None:
                 await self._llm.pause_generation(mode="keep", clear_cache=False)
                 self._staged = version
             await self._reload(payload)
 
     @contextlib.contextmanager
-    def _written(self, named_tensors: list[tuple[str, torch.Tensor]], version: int) -> Iterator[Path]:
-        """``named_tensors`` as a safetensors directory in the refit drop, removed afterwards."""
+    def _written(self, shipped: ShippedWeights, version: int) -> Iterator[Path]:
+        """The shipped tensors as a safetensors directory in the refit drop, removed afterwards."""
         from safetensors.torch import save_file
 
         payload = self._drop / f"v{version}"
         payload.mkdir(parents=True, exist_ok=True)
         try:
-            save_file(dict(named_tensors), payload / "model.safetensors")
+            save_file(dict(received_weights(shipped)), payload / "model.safetensors")
             yield payload
         finally:
             shutil.rmtree(payload, ignore_errors=True)

@@ -100,3 +100,19 @@ def test_ray_engine_end_to_end(ray_cluster: None, tiny_dirs: dict) -> None:
     while actor_alive("ray-gen-actor") and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not actor_alive("ray-gen-actor")
+
+
+def test_weights_ship_as_arrays_and_arrive_with_their_names_dtypes_and_values(ray_cluster: None) -> None:
+    from sc_lightning.engines.actor_client import received_weights, ship_by_value
+
+    sent = [
+        ("fp32", torch.randn(3, 4)),
+        ("bf16", torch.randn(5).to(torch.bfloat16)),  # no numpy dtype: travels as int16 bits
+        ("fp16", torch.randn(2, 2).half()),
+        ("int64", torch.arange(4)),
+        ("transposed", torch.randn(4, 3).t()),  # not contiguous
+    ]
+    received = received_weights(ray.get(ship_by_value(sent)))
+    assert [name for name, _ in received] == [name for name, _ in sent]
+    for (_, before), (_, after) in zip(sent, received, strict=True):
+        assert after.dtype == before.dtype and torch.equal(after, before)

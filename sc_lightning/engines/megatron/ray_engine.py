@@ -4,8 +4,9 @@
 the driver: it starts one actor (``num_cpus`` / ``num_gpus`` of it; CPU-only by default) that builds its own replica
 from ``(model_name, precision, seed)`` and serves the same protocol, many requests concurrently (an async actor).
 Requests travel in batches (see :mod:`~sc_lightning.engines.actor_client`). Weights travel by value:
-``update_weights`` copies the tensors to CPU and ships them in one ``ray.put``. Errors of the actor come back as
-:class:`~sc_lightning.engines.base.EngineError` naming the engine and the request; ``shutdown()`` kills the actor.
+``update_weights`` copies the tensors to CPU and ships them in one ``ray.put`` (as numpy arrays). Errors of the actor
+come back as :class:`~sc_lightning.engines.base.EngineError` naming the engine and the request; ``shutdown()`` kills
+the actor.
 Ray must be initialised by the caller (``ray.init``) before the client is built.
 
 The client keeps its own :class:`~sc_lightning.engines.megatron.clock.ActiveClock` (paused by ``stand_down``), so
@@ -21,7 +22,12 @@ from typing import Any, TypeVar
 
 import torch
 
-from sc_lightning.engines.actor_client import ActorEngineClient, BatchedGenerateActor
+from sc_lightning.engines.actor_client import (
+    ActorEngineClient,
+    BatchedGenerateActor,
+    ShippedWeights,
+    received_weights,
+)
 from sc_lightning.engines.megatron.clock import ActiveClock
 from sc_lightning.models.policy_source import model_spec, policy_tokenizer
 from sc_lightning.models.spec import ModelSpec
@@ -65,14 +71,14 @@ class MegatronEngineActor(BatchedGenerateActor):
         """``MegatronEngine.generate`` in the actor (one request of a ``generate_batch`` call)."""
         return await self.engine.generate(prompt_token_ids, sampling, stop_token_ids=stop_token_ids)
 
-    async def update_weights(self, named_tensors: list[tuple[str, torch.Tensor]], version: int) -> int:
+    async def update_weights(self, shipped: ShippedWeights, version: int) -> int:
         """``MegatronEngine.update_weights`` in the actor; returns the version now loaded."""
-        await self.engine.update_weights(named_tensors, version)
+        await self.engine.update_weights(received_weights(shipped), version)
         return self.engine.weight_version
 
-    async def stage_weights(self, named_tensors: list[tuple[str, torch.Tensor]], version: int) -> None:
+    async def stage_weights(self, shipped: ShippedWeights, version: int) -> None:
         """``MegatronEngine.stage_weights`` in the actor."""
-        await self.engine.stage_weights(named_tensors, version)
+        await self.engine.stage_weights(received_weights(shipped), version)
 
     async def stand_down(self) -> None:
         """``MegatronEngine.stand_down`` in the actor."""
