@@ -17,27 +17,29 @@ def group_to_columns(
     group_id: str, group: ScoredGroup, *, start_weight: int, end_weight: int
 ) -> tuple[list[str], dict[str, list[torch.Tensor]], list[dict[str, object]]]:
     """Keys, field columns (one tensor per row) and tags for the N rows of a scored group."""
-    prompt, dtype = group.prompt.token_ids, ROW_DTYPES
-    columns: dict[str, list[torch.Tensor]] = {name: [] for name in ROW_FIELDS}
-    for index, (generation, reward) in enumerate(zip(group.generations, group.rewards, strict=True)):
-        completion = generation.token_ids
-        length = len(prompt) + len(completion)
-        columns["input_ids"].append(torch.tensor(prompt + completion, dtype=dtype["input_ids"]))
-        mask = torch.zeros(length, dtype=dtype["token_mask"])
-        mask[len(prompt) :] = torch.tensor(generation.trainable, dtype=dtype["token_mask"])  # environment tokens: 0
-        columns["token_mask"].append(mask)
-        logprobs = torch.zeros(length, dtype=dtype["generation_logprobs"])
-        logprobs[len(prompt) :] = torch.tensor(generation.logprobs, dtype=dtype["generation_logprobs"])
-        columns["generation_logprobs"].append(logprobs)
-        versions = torch.full((length,), -1, dtype=dtype["token_versions"])
-        versions[len(prompt) :] = torch.tensor(generation.token_versions, dtype=dtype["token_versions"])
-        columns["token_versions"].append(versions)
-        columns["input_lengths"].append(torch.tensor(length, dtype=dtype["input_lengths"]))
-        columns["prompt_lengths"].append(torch.tensor(len(prompt), dtype=dtype["prompt_lengths"]))
-        columns["total_reward"].append(torch.tensor(reward, dtype=dtype["total_reward"]))
-        sample_mask = 0.0 if index in group.masked else 1.0
-        columns["sample_mask"].append(torch.tensor(sample_mask, dtype=dtype["sample_mask"]))
-        columns["truncated"].append(torch.tensor(generation.finish_reason == "length", dtype=dtype["truncated"]))
+    prompt, generations = group.prompt.token_ids, group.generations
+    if len(group.rewards) != len(generations):
+        raise ValueError(f"group {group_id}: {len(group.rewards)} rewards for {len(generations)} generations")
+    before = len(prompt)  # per-token fields hold the prompt's value on its tokens: one tensor per row and field
+
+    def tensor(name: str, values: list) -> torch.Tensor:
+        return torch.tensor(values, dtype=ROW_DTYPES[name])
+
+    columns = {
+        "input_ids": [tensor("input_ids", [*prompt, *g.token_ids]) for g in generations],
+        "token_mask": [tensor("token_mask", [0] * before + [*g.trainable]) for g in generations],  # env tokens: 0
+        "generation_logprobs": [tensor("generation_logprobs", [0.0] * before + [*g.logprobs]) for g in generations],
+        "token_versions": [tensor("token_versions", [-1] * before + [*g.token_versions]) for g in generations],
+    }
+    per_row = {  # one tensor per field for the whole group, then a view per row
+        "input_lengths": [before + len(g.token_ids) for g in generations],
+        "prompt_lengths": [before] * len(generations),
+        "total_reward": list(group.rewards),
+        "sample_mask": [0.0 if i in group.masked else 1.0 for i in range(len(generations))],
+        "truncated": [g.finish_reason == "length" for g in generations],
+    }
+    columns.update({name: list(tensor(name, values).unbind()) for name, values in per_row.items()})
+    columns = {name: columns[name] for name in ROW_FIELDS}
     keys = [row_key(group_id, i) for i in range(len(group.generations))]
     tags = [
         {
