@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from megatron.core import dist_checkpointing
 
-from tests.helpers.cli import start, user_environment, wait_for
+from tests.helpers.cli import run, start, wait_for
 from tests.helpers.configs import REPO, TINY_PATH
 from tests.helpers.recovery import assert_each_prompt_trained_once, command, write_dataset
 
@@ -50,7 +50,7 @@ def test_sigkill_of_one_rank_ends_the_run_naming_it_and_the_same_command_resumes
     write_dataset(tmp_path / "prompts.jsonl")
     sliced = ("--policy.megatron_cfg.use_distributed_optimizer", "true")  # AdamW state sliced over the replicas
     argv = command(tmp_path, TWO_RANKS, "--trainer.devices", "2", *ASYNC, "--checkpointing.save_period", "3", *sliced)
-    first = start(argv, fresh=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)  # its launcher starts rank 1
+    first = start(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     bundles = tmp_path / "checkpoints"
     if not wait_for(lambda: len(list(bundles.glob("step_*"))) >= 2, first, "two bundles"):
         raise AssertionError(f"the run ended early: {first.communicate()[1].decode()[-3000:]}")
@@ -68,7 +68,7 @@ def test_sigkill_of_one_rank_ends_the_run_naming_it_and_the_same_command_resumes
         f"[rank: 1] Child process with PID {rank1} terminated with code -9",
     )
     assert any(message in stderr for message in named), stderr[-3000:]
-    resumed = subprocess.run(argv, cwd=REPO, env=user_environment(), capture_output=True, text=True, timeout=600)
+    resumed = run(*argv[3:], timeout_s=600)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "resuming from" in resumed.stderr
     assert_each_prompt_trained_once(tmp_path)
@@ -88,7 +88,7 @@ def test_bundles_resume_across_dp2_tp2_and_pp2_training_every_prompt_once(tmp_pa
     for steps, layout in ((4, ()), (8, tp2), (12, pp2)):
         extra = ("--grpo.max_num_steps", str(steps), "--checkpointing.save_period", "2", *layout)
         argv = command(tmp_path, TWO_RANKS, "--trainer.devices", "2", *ASYNC, *extra)
-        result = subprocess.run(argv, cwd=REPO, env=user_environment(), capture_output=True, text=True, timeout=400)
+        result = run(*argv[3:], timeout_s=400)
         assert result.returncode == 0, result.stderr[-3000:]
         assert f"trainer: 2 ranks = {split[layout]}" in result.stderr  # the layout asked for is the one trained
         assert (steps == 4) != (f"resuming from {tmp_path / 'checkpoints' / f'step_{steps - 4}'}" in result.stderr)
