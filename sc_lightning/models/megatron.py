@@ -15,6 +15,7 @@ import os
 import socket
 import warnings
 from collections.abc import Iterator
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -332,8 +333,8 @@ def load_policy(
         spec,
         precision=precision,
         seed=seed,
-        tp=tp,
-        pp=pp,
+        tensor_parallel_size=tp,
+        pipeline_parallel_size=pp,
         sequence_parallel=sequence_parallel,
         activation_checkpointing=activation_checkpointing,
         device=device,
@@ -341,32 +342,12 @@ def load_policy(
     return model, spec, tokenizer
 
 
-def build_policy(
-    model_name: str,
-    spec: ModelSpec,
-    *,
-    precision: str = "fp32",
-    seed: int = 0,
-    tp: int = 1,
-    pp: int = 1,
-    sequence_parallel: bool = False,
-    activation_checkpointing: bool = False,
-    device: str | torch.device = "cpu",
-) -> GPTModel:
-    """The model of ``spec`` (:func:`model_spec` of ``model_name``) with the weights ``model_name`` names.
+def build_policy(model_name: str, spec: ModelSpec, **options: Any) -> GPTModel:
+    """The model of ``spec`` (:func:`model_spec` of ``model_name``) with the weights ``model_name`` names; ``options``
+    go to :func:`build_gpt_model` (precision, seed, parallel sizes, device).
 
     A ``"builtin:<name>"`` model is seeded random, an HF directory/id gets its safetensors. Neither the config nor a
     tokenizer is read, so a process that is handed ``spec`` (an engine actor) never imports ``transformers``.
     """
     hf_state = None if model_name.startswith("builtin:") else read_hf_safetensors(resolve_model_dir(model_name))
-    return build_gpt_model(
-        spec,
-        precision=precision,
-        seed=seed,
-        tensor_parallel_size=tp,
-        pipeline_parallel_size=pp,
-        sequence_parallel=sequence_parallel,
-        activation_checkpointing=activation_checkpointing,
-        hf_state=hf_state,
-        device=device,
-    )
+    return build_gpt_model(spec, hf_state=hf_state, **options)
