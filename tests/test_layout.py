@@ -20,10 +20,11 @@ PACKAGE = REPO / "sc_lightning"
 ALLOWED = {
     "config": {"config"},
     "data_plane": {"data_plane", "config", "types", "local_ray"},
-    "models": {"models", "types", "tokenizer"},
+    "models": {"models", "types", "tokenizer", "tasks"},
     "algorithms": {"algorithms", "config"},
     "engines": {"engines", "models", "config", "types", "tokenizer", "local_ray"},
-    "rollout": {"rollout", "engines", "data_plane", "config", "types", "tokenizer"},
+    "rollout": {"rollout", "engines", "data_plane", "config", "types", "tokenizer", "tasks"},
+    "tasks": {"tasks"},  # the synthetic tasks as text: what datasets and environments pose, warm starts teach
     "controller": {"controller", "rollout", "engines", "data_plane", "config", "types", "tokenizer"},
     "checkpoint": {"checkpoint", "data_plane", "config", "types"},
     "trainer": {"trainer", "controller", "algorithms", "models", "data_plane", "config", "types", "tokenizer"},

@@ -194,7 +194,7 @@ class RolloutRecoveryConfig:
         return any(v != "sibling" for v in values + list(self.agent_granularity_overrides.values()))
 
 
-BUILTIN_DATASETS = ("arithmetic", "calculator")
+BUILTIN_DATASETS = ("arithmetic", "calculator", "worked_arithmetic")
 DATASET_FILES = "a .jsonl or .parquet file, or a directory written by datasets' save_to_disk"
 """What ``data.dataset_name`` may name besides a built-in task (docs/datasets.md)."""
 AnswerFormat = Literal["plain", "gsm8k"]
@@ -207,7 +207,8 @@ class DataConfig:
     dataset_name: str = knob(
         "arithmetic",
         "Built-in task name (arithmetic; calculator: two-digit products rendered by the chat template, for "
-        f"env.name: calculator) or the path of the prompts: {DATASET_FILES}.",
+        "env.name: calculator; worked_arithmetic: remainders by repeated subtraction, worked in 65 to 2,045 tokens, "
+        f"for env.name: worked_arithmetic) or the path of the prompts: {DATASET_FILES}.",
     )
     prompt_key: str = knob(
         "problem", "Column (JSONL key) of a dataset file holding each prompt's text; unread with data.messages_key."
@@ -274,9 +275,9 @@ class EnvConfig:
 
     name: str = knob(
         "arithmetic",
-        "Built-in verifier (arithmetic, math), built-in multi-turn environment (calculator), external (agents "
-        "drive the rollouts over the HTTP endpoint and post their rewards: docs/multiturn.md), or a custom "
-        'Environment or MultiTurnEnvironment class "package.module:ClassName".',
+        "Built-in verifier (arithmetic, math, worked_arithmetic), built-in multi-turn environment (calculator), "
+        "external (agents drive the rollouts over the HTTP endpoint and post their rewards: docs/multiturn.md), or a "
+        'custom Environment or MultiTurnEnvironment class "package.module:ClassName".',
     )
     max_turns: int = knob(4, "Multi-turn environments: model turns per conversation (then reward 0).", ge=1)
     max_conversation_tokens: int = knob(

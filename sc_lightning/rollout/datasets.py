@@ -13,10 +13,12 @@ from sc_lightning.config.knobs import ConfigIssue
 from sc_lightning.config.runtime import BUILTIN_DATASETS, DATASET_FILES, DataConfig
 from sc_lightning.rollout.dataset_files import BadRow, DatasetFileError, Record, RecordFile, open_records
 from sc_lightning.rollout.dataset_rows import Chat, column_issues, read_row
+from sc_lightning.tasks.worked_arithmetic import draw_problems
 from sc_lightning.tokenizer import Tokenizer, UnrepresentableTextError, prompt_token_ids
 from sc_lightning.types import Prompt
 
 ARITHMETIC_DATASET_SIZE = 512
+WORKED_DATASET_SIZE = 4096  # a one-GPU run trains on about 3,000 of them: no prompt repeats
 BUILTIN_NAMES = {"data.dataset_name": BUILTIN_DATASETS, "data.val_dataset_name": ("arithmetic-val",)}
 """The built-in datasets each dataset knob may name instead of a path."""
 AnswerCheck = Callable[[str | None], object]
@@ -130,6 +132,33 @@ class CalculatorDataset(_ListDataset):
             raise unspellable_task("calculator", err) from None
         for prompt in self._prompts:
             check_prompt_length(prompt, max_prompt_length, "the calculator dataset")
+
+
+class WorkedArithmeticDataset(_ListDataset):
+    """Worked-arithmetic problems ``"0023-7="`` drawn from ``seed`` (:mod:`sc_lightning.tasks.worked_arithmetic`):
+    answers worked in 65 to 2,045 tokens with a long tail, the last line ``a mod b``.
+
+    Prompt ``i`` has id ``worked_arithmetic-{i:06d}``, text ``"0023-7="``, answer ``"2"`` and task
+    ``"worked_arithmetic"``; its token ids are the tokenizer's bos (if any) and the text (8 tokens with CharTokenizer).
+    """
+
+    def __init__(self, size: int, seed: int, tokenizer: Tokenizer, *, max_prompt_length: int | None = None) -> None:
+        self._prompts = []
+        for i, problem in enumerate(draw_problems(size, seed)):
+            try:
+                token_ids = prompt_token_ids(tokenizer, problem.prompt)
+            except UnrepresentableTextError as err:
+                raise unspellable_task("worked_arithmetic", err) from None
+            prompt = Prompt(
+                f"worked_arithmetic-{i:06d}",
+                token_ids,
+                text=problem.prompt,
+                answer=problem.answer,
+                task="worked_arithmetic",
+                index=i,
+            )
+            check_prompt_length(prompt, max_prompt_length, "the worked_arithmetic dataset")
+            self._prompts.append(prompt)
 
 
 class FilePromptDataset(_ListDataset):
@@ -291,8 +320,8 @@ def prompt_encoder(tokenizer: Tokenizer, data: DataConfig) -> Encode:
 def build_dataset(
     cfg: DataConfig, tokenizer: Tokenizer, *, seed: int, check_answer: AnswerCheck | None = None
 ) -> PromptDataset:
-    """The dataset named by ``cfg.dataset_name``: ``"arithmetic"`` or ``"calculator"`` (512 prompts from ``seed``)
-    or the path of a dataset file (:class:`FilePromptDataset`).
+    """The dataset named by ``cfg.dataset_name``: ``"arithmetic"`` or ``"calculator"`` (512 prompts from ``seed``),
+    ``"worked_arithmetic"`` (4,096) or the path of a dataset file (:class:`FilePromptDataset`).
 
     Every prompt is checked against ``cfg.max_prompt_length`` and the tokenizer here, and every file's answer against
     ``check_answer``, so a bad prompt fails at load time; a file may have up to ``cfg.max_skipped_rows`` bad rows,
@@ -303,6 +332,8 @@ def build_dataset(
         return ArithmeticDataset(ARITHMETIC_DATASET_SIZE, seed, tokenizer, max_prompt_length=cfg.max_prompt_length)
     if name == "calculator":
         return CalculatorDataset(ARITHMETIC_DATASET_SIZE, seed, tokenizer, max_prompt_length=cfg.max_prompt_length)
+    if name == "worked_arithmetic":
+        return WorkedArithmeticDataset(WORKED_DATASET_SIZE, seed, tokenizer, max_prompt_length=cfg.max_prompt_length)
     return FilePromptDataset(name, tokenizer, cfg, check_answer=check_answer)
 
 

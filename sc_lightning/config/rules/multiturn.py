@@ -63,11 +63,12 @@ def multiturn_prompts_are_chat_rendered(config: SCConfig, report: Report) -> Non
             f"is false, but the multi-turn environment {config.env.name!r} opens each conversation with the prompt "
             "rendered by the tokenizer's chat template; set data.apply_chat_template: true",
         )
-    elif data.dataset_name == "arithmetic":
+    elif data.dataset_name in ("arithmetic", "worked_arithmetic"):
         report.error(
             "data.dataset_name",
-            f"(arithmetic) holds raw prompts, but the multi-turn environment {config.env.name!r} needs prompts "
-            "rendered by the chat template; use calculator, or a dataset file with data.apply_chat_template: true",
+            f"({data.dataset_name}) holds raw prompts, but the multi-turn environment {config.env.name!r} needs "
+            "prompts rendered by the chat template; use calculator, or a dataset file with data.apply_chat_template: "
+            "true",
         )
 
 

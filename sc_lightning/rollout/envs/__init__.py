@@ -17,6 +17,7 @@ from sc_lightning.rollout.envs.base import (
 )
 from sc_lightning.rollout.envs.external import ExternalRewards
 from sc_lightning.rollout.envs.math import MathEnvironment
+from sc_lightning.rollout.envs.worked_arithmetic import WorkedArithmeticEnvironment
 
 if TYPE_CHECKING:
     from sc_lightning.config.runtime import EnvConfig
@@ -25,6 +26,7 @@ if TYPE_CHECKING:
 ENVIRONMENTS: dict[str, Callable[[], Environment]] = {
     "arithmetic": ArithmeticEnvironment,
     "math": MathEnvironment,
+    "worked_arithmetic": WorkedArithmeticEnvironment,  # worked solutions of long-tailed lengths
     "external": ExternalRewards,  # agents post the rewards (rollout/external.py)
 }
 
@@ -62,6 +64,7 @@ __all__ = [
     "MathEnvironment",
     "RewardError",
     "Score",
+    "WorkedArithmeticEnvironment",
     "answer_check",
     "answer_extractor",
     "as_score",

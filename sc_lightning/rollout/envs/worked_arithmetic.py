@@ -1,0 +1,51 @@
+"""The worked-arithmetic verifier: reward 1 when the completion is the whole worked solution, ending in the answer.
+
+The task (:mod:`sc_lightning.tasks.worked_arithmetic`): ``"0023-7="`` asks for 23 minus 7 while at least 7 remains,
+one line per subtraction, ``0016 0009 0002``; the last line is the answer (``23 mod 7``).
+"""
+
+from __future__ import annotations
+
+from sc_lightning.rollout.envs.arithmetic import expected_integer, integer_answer
+from sc_lightning.rollout.envs.base import RewardError
+from sc_lightning.tasks.worked_arithmetic import WorkedProblem, is_right, last_line, parse_prompt
+from sc_lightning.types import Prompt
+
+
+def worked_problem(prompt: Prompt) -> WorkedProblem:
+    """The problem a prompt poses, checked against its answer; RewardError naming the prompt when its text is no
+    worked-arithmetic problem or its answer is not that problem's."""
+    try:
+        problem = parse_prompt(prompt.text)
+    except ValueError as err:
+        raise RewardError(f"prompt {prompt.prompt_id}: {err}") from None
+    if expected_integer(prompt) != int(problem.answer):
+        raise RewardError(
+            f"prompt {prompt.prompt_id}: its answer {prompt.answer!r} is not {problem.prompt!r}'s ({problem.answer})"
+        )
+    return problem
+
+
+class WorkedArithmeticEnvironment:
+    """Reward 1.0 when the completion's lines (split at whitespace) are exactly the worked solution, else 0.0.
+
+    Its last line is then the answer; a right last line without the work before it (or after wrong work) scores 0,
+    so no shortcut shortens the answers.
+    """
+
+    name: str = "worked_arithmetic"
+
+    def check_answer(self, answer: str | None) -> None:
+        """RewardError when ``answer`` is not an integer (checked as the dataset loads)."""
+        integer_answer(answer)
+
+    def score(self, prompt: Prompt, completion_text: str) -> float:
+        """1.0 for the whole worked solution, 0.0 otherwise."""
+        return 1.0 if is_right(worked_problem(prompt), completion_text) else 0.0
+
+    def extract_answer(self, completion_text: str) -> str | None:
+        """The completion's last line (its final answer), or None for an empty completion."""
+        return last_line(completion_text)
+
+    def __repr__(self) -> str:
+        return "WorkedArithmeticEnvironment()"
