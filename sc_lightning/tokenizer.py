@@ -10,7 +10,12 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any, Protocol, runtime_checkable
 
-BUILTIN_TOKENIZER_NAMES = ("builtin:char", "builtin:tiny", "builtin:small")  # every built-in model uses it
+BUILTIN_TOKENIZER_NAMES = (
+    "builtin:char",
+    "builtin:tiny",
+    "builtin:small",
+    "builtin:medium",
+)  # every built-in model uses it
 MAX_LISTED_CHARACTERS = 12
 """How many unrepresentable characters (or pieces) an UnrepresentableTextError lists (with the total count)."""
 

@@ -65,6 +65,17 @@ class ModelSpec:
         """Size of one attention head (megatron's ``kv_channels``)."""
         return self.head_dim if self.head_dim is not None else self.hidden_size // self.num_attention_heads
 
+    @property
+    def num_parameters(self) -> int:
+        """Parameters of the model in Hugging Face terms (the real vocabulary, no padding), counted from the shape."""
+        hidden, head = self.hidden_size, self.kv_channels
+        query, key_value = self.num_attention_heads * head, self.num_query_groups * head
+        attention = 2 * hidden * query + 2 * hidden * key_value  # q, o; k, v
+        attention += (query + 2 * key_value) * self.qkv_bias + 2 * head * self.qk_layernorm
+        layer = attention + 3 * hidden * self.ffn_hidden_size + 2 * hidden  # + gate, up, down; two norms
+        embeddings = self.vocab_size * hidden * (1 if self.tie_word_embeddings else 2)
+        return self.num_layers * layer + embeddings + hidden  # + the final norm
+
     def padded_vocab_size(self, tensor_parallel_size: int = 1) -> int:
         """Embedding rows megatron allocates: ``vocab_size`` rounded up to a multiple of ``tensor_parallel_size``.
 
@@ -114,6 +125,17 @@ BUILTIN_SPECS: dict[str, ModelSpec] = {
         num_attention_heads=16,  # head_dim 64
         num_query_groups=8,
         ffn_hidden_size=2816,
+    ),
+    # 302M parameters (12 x 25.2M per layer) with a 4,096-token context, for the worked-arithmetic answers of up to
+    # 2,045 tokens (configs/grpo_1gpu_long.yaml). Wide and shallow: a decode step's time grows with the layers, and
+    # the long tail of the answers is decoded a few rows at a time, one step per token.
+    "builtin:medium": _TINY.replace(
+        hidden_size=1536,
+        num_layers=12,
+        num_attention_heads=12,  # head_dim 128
+        num_query_groups=4,
+        ffn_hidden_size=4096,
+        max_position_embeddings=4096,
     ),
 }
 

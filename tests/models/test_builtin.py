@@ -88,3 +88,21 @@ def test_the_small_builtin_is_in_the_100m_to_500m_range_a_gpu_example_needs() ->
     model = build_gpt_model(builtin_spec("builtin:small"), seed=0)
     count = sum(p.numel() for p in model.parameters())
     assert 100e6 <= count <= 500e6, count
+
+
+@pytest.mark.parametrize(
+    "changes",
+    [{}, {"arch": "qwen3", "qkv_bias": False, "tie_word_embeddings": True, "head_dim": 16}, {"arch": "llama"}],
+    ids=["qwen2", "qwen3-tied", "llama"],
+)
+def test_a_spec_counts_the_parameters_its_model_has(changes: dict) -> None:
+    spec = builtin_spec("builtin:tiny").replace(**changes)
+    model = build_gpt_model(spec, seed=0)
+    assert spec.num_parameters == sum(p.numel() for p in model.parameters())
+
+
+def test_the_medium_builtin_has_300m_parameters_and_room_for_the_long_answers() -> None:
+    """Counted from the spec: building 302M parameters would take a CPU box most of a minute."""
+    spec = builtin_spec("builtin:medium")
+    assert 300e6 <= spec.num_parameters <= 400e6, spec.num_parameters
+    assert spec.max_position_embeddings >= 8 + 2048  # the worked-arithmetic prompt and the longest completion
