@@ -4,9 +4,10 @@ A random policy almost never answers "a+b=" correctly, so GRPO would see all-zer
 built-in model with cross-entropy on a few hundred worked examples until its greedy accuracy reaches
 ``target_accuracy`` (deliberately partial: RL must do the rest), then writes a Hugging Face directory that
 ``policy.model_name`` can point at. :data:`WARM_STARTS` names them: ``builtin:tiny-arith`` (the 85k-parameter CPU
-example), ``builtin:small-arith`` (142M parameters, the one-GPU example) and ``builtin:tiny-calc`` (the tiny model on
-the multi-turn calculator conversations of docs/multiturn.md); :func:`resolve_model_name` builds one on first use
-(seconds on a CPU, or on a GPU for the small one) and caches it.
+example), ``builtin:small-arith`` (142M parameters, the one-GPU example), ``builtin:tiny-calc`` (the tiny model on
+the multi-turn calculator conversations of docs/multiturn.md) and ``builtin:medium-worked`` (302M parameters on the
+long worked-arithmetic answers, :mod:`~sc_lightning.models.warm_worked`); :func:`resolve_model_name` builds one on
+first use (seconds on a CPU, or on a GPU for the larger ones; about a minute for the 302M one) and caches it.
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ import torch
 from sc_lightning.models.convert import export_hf_weights
 from sc_lightning.models.hf_dir import save_hf_directory
 from sc_lightning.models.spec import builtin_spec
+from sc_lightning.models.warm_worked import WorkedBudget, warm_start_worked
+from sc_lightning.tasks import worked_arithmetic
 from sc_lightning.tokenizer import CharTokenizer
 
 
@@ -33,13 +36,18 @@ class WarmRecipe:
     lr: float  # AdamW learning rate: the 142M model needs ten times less than the 85k one
     check_every: int  # steps between greedy-accuracy checks: a large model passes the target in a few steps, so
     # it is checked every step (a coarser check overshoots the target by a varying amount, and the RL start with it)
-    task: Literal["addition", "calculator"] = "addition"  # which worked examples it trains on
+    task: Literal["addition", "calculator", "worked_arithmetic"] = "addition"  # which worked examples it trains on
+    budget: WorkedBudget | None = None  # worked_arithmetic: its token budget and target (None: the default budget)
 
 
 WARM_STARTS: dict[str, WarmRecipe] = {
     "builtin:tiny-arith": WarmRecipe("builtin:tiny", lr=3e-3, check_every=25),
     "builtin:small-arith": WarmRecipe("builtin:small", lr=3e-4, check_every=1),
     "builtin:tiny-calc": WarmRecipe("builtin:tiny", lr=1e-2, check_every=2, task="calculator"),
+    # trains until sampling would earn reward 0.3, within a token budget (models/warm_worked.py)
+    "builtin:medium-worked": WarmRecipe(
+        "builtin:medium", lr=3e-4, check_every=5, task="worked_arithmetic", budget=WorkedBudget()
+    ),
 }
 DEFAULT_CACHE = Path("results") / ".cache"
 log = logging.getLogger(__name__)
@@ -61,9 +69,12 @@ def resolve_model_name(
 
 
 def _recipe_digest(recipe: WarmRecipe) -> str:
-    """A short digest of the recipe, its architecture and the warm-start code, so a changed recipe never reuses a
-    stale cache."""
-    text = repr(recipe) + repr(builtin_spec(recipe.base)) + Path(__file__).read_text()
+    """A short digest of the recipe, its architecture and the warm-start code (with the worked-arithmetic task's own
+    warm start and task), so a changed recipe never reuses a stale cache."""
+    sources = [Path(__file__)]
+    if recipe.task == "worked_arithmetic":
+        sources += [Path(__file__).with_name("warm_worked.py"), Path(worked_arithmetic.__file__)]
+    text = repr(recipe) + repr(builtin_spec(recipe.base)) + "".join(path.read_text() for path in sources)
     return hashlib.blake2b(text.encode(), digest_size=4).hexdigest()
 
 
@@ -116,9 +127,16 @@ def warm_start(
 ) -> float:
     """Train ``recipe``'s model on ``device`` until greedy accuracy reaches ``target_accuracy``; save it as an HF dir
     at ``path``. A GPU run warms up on its GPU: building a model on the CPU would patch megatron for the CPU in a
-    process whose models live on CUDA."""
+    process whose models live on CUDA. The worked-arithmetic recipe measures and bounds itself instead
+    (:mod:`~sc_lightning.models.warm_worked`: the reward sampling would earn, within a token budget) and returns that
+    reward."""
     from sc_lightning.models import build_gpt_model, token_logprobs  # megatron-core, only when a model is built
 
+    if recipe.task == "worked_arithmetic":
+        spec, budget = builtin_spec(recipe.base), recipe.budget or WorkedBudget()
+        return warm_start_worked(
+            path, spec, lr=recipe.lr, seed=seed, check_every=recipe.check_every, device=device, budget=budget
+        )
     tokenizer, spec = CharTokenizer(), builtin_spec(recipe.base)
     model = build_gpt_model(spec, precision="fp32", seed=seed, device=device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=recipe.lr)
