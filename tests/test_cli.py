@@ -39,6 +39,7 @@ GPU_CONFIGS = [  # GPUs, and models and datasets to download: a dry run here ref
     *[["configs/grpo_math_1B_megatron.yaml", f"configs/layouts/grpo_math_1B_{n}nodes.yaml"] for n in (2, 8)],
     ["configs/grpo_1gpu.yaml"],
     ["configs/ppo_1gpu.yaml"],
+    ["configs/grpo_1gpu_long.yaml"],
 ]
 
 
@@ -60,6 +61,17 @@ def test_every_shipped_gpu_config_is_valid(config: list[str], monkeypatch: pytes
 
     monkeypatch.chdir(REPO)
     load_and_check(config)
+
+
+def test_the_long_answer_gpu_config_passes_a_dry_run_on_a_cpu(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The check its header gives for a CPU box: the GPU switched off, the rest as shipped (the worked-arithmetic
+    dataset and environment, the 302M warm start, the 2,056-token limits, the colocated engine)."""
+    monkeypatch.chdir(REPO)
+    args = ["--config", "configs/grpo_1gpu_long.yaml", "--trainer.accelerator", "cpu", "--policy.precision", "fp32"]
+    assert main(["fit", *args, "--dry_run"]) == 0, capsys.readouterr().err
+    assert "32 groups x 8 generations per step" in capsys.readouterr().out
 
 
 @pytest.mark.slow  # a `python -m sc_lightning` process (a few seconds to start)
