@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # On the GPU machine: issue 37's long-answer example, timed as one device call. Installs what the image lacks
-# (scripts/gpu_env.sh), builds the 302M warm start afresh (printing its time; KEEP_WARM=1 reuses a cached one), then
+# (scripts/gpu_env.sh), builds the 312M warm start afresh (printing its time; KEEP_WARM=1 reuses a cached one), then
 # runs `fit` on configs/grpo_1gpu_long.yaml in what is left of LIMIT_S (default 540 s, the whole script's wall),
 # and writes into $OUT (or ./results/gpu_long): warm.txt, fit.log, metrics.csv and summary.txt, whose first line is
 # "first5 X last5 Y climb Z steps N wall S" (S: seconds since the script started). Every step has a deadline: a
@@ -26,7 +26,7 @@ timeout -k 10 "$(( $(left) - 150 ))" python3 scripts/gpu_learn.py warm "$config"
   || rc=$?
 (( rc == 0 )) || fail "the warm start failed or ran out of time (rc $rc): see $out/warm.txt"
 
-# fit's own clock (trainer.max_time) starts after its start-up (the 302M policy, the engine, the dataset: 60 s
+# fit's own clock (trainer.max_time) starts after its start-up (the 312M policy, the engine, the dataset: 60 s
 # are kept for it and the teardown); SIGINT at the hard deadline makes it finish its step and stop, SIGKILL 20 s later
 train=$(( $(left) - 60 ))
 (( train >= 60 )) || fail "only $(left) s left after the warm start, too little to train"

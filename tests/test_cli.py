@@ -67,7 +67,7 @@ def test_the_long_answer_gpu_config_passes_a_dry_run_on_a_cpu(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The check its header gives for a CPU box: the GPU switched off, the rest as shipped (the worked-arithmetic
-    dataset and environment, the 302M warm start, the 2,056-token limits, the colocated engine)."""
+    dataset and environment, the 312M warm start, the 2,056-token limits, the colocated engine)."""
     monkeypatch.chdir(REPO)
     args = ["--config", "configs/grpo_1gpu_long.yaml", "--trainer.accelerator", "cpu", "--policy.precision", "fp32"]
     assert main(["fit", *args, "--dry_run"]) == 0, capsys.readouterr().err

@@ -126,14 +126,14 @@ BUILTIN_SPECS: dict[str, ModelSpec] = {
         num_query_groups=8,
         ffn_hidden_size=2816,
     ),
-    # 302M parameters (12 x 25.2M per layer) with a 4,096-token context, for the worked-arithmetic answers of up to
+    # 312M parameters (12 x 26.0M per layer) with a 4,096-token context, for the worked-arithmetic answers of up to
     # 2,045 tokens (configs/grpo_1gpu_long.yaml). Wide and shallow: a decode step's time grows with the layers, and
     # the long tail of the answers is decoded a few rows at a time, one step per token.
     "builtin:medium": _TINY.replace(
         hidden_size=1536,
         num_layers=12,
         num_attention_heads=12,  # head_dim 128
-        num_query_groups=4,
+        num_query_groups=6,  # 2 query heads a KV group, as builtin:small and the 1.26B benchmark shape
         ffn_hidden_size=4096,
         max_position_embeddings=4096,
     ),

@@ -5,9 +5,9 @@ built-in model with cross-entropy on a few hundred worked examples until its gre
 ``target_accuracy`` (deliberately partial: RL must do the rest), then writes a Hugging Face directory that
 ``policy.model_name`` can point at. :data:`WARM_STARTS` names them: ``builtin:tiny-arith`` (the 85k-parameter CPU
 example), ``builtin:small-arith`` (142M parameters, the one-GPU example), ``builtin:tiny-calc`` (the tiny model on
-the multi-turn calculator conversations of docs/multiturn.md) and ``builtin:medium-worked`` (302M parameters on the
+the multi-turn calculator conversations of docs/multiturn.md) and ``builtin:medium-worked`` (312M parameters on the
 long worked-arithmetic answers, :mod:`~sc_lightning.models.warm_worked`); :func:`resolve_model_name` builds one on
-first use (seconds on a CPU, or on a GPU for the larger ones; about a minute for the 302M one) and caches it.
+first use (seconds on a CPU, or on a GPU for the larger ones; about a minute for the 312M one) and caches it.
 """
 
 from __future__ import annotations

@@ -102,7 +102,7 @@ def test_a_spec_counts_the_parameters_its_model_has(changes: dict) -> None:
 
 
 def test_the_medium_builtin_has_300m_parameters_and_room_for_the_long_answers() -> None:
-    """Counted from the spec: building 302M parameters would take a CPU box most of a minute."""
+    """Counted from the spec: building 312M parameters would take a CPU box most of a minute."""
     spec = builtin_spec("builtin:medium")
     assert 300e6 <= spec.num_parameters <= 400e6, spec.num_parameters
     assert spec.max_position_embeddings >= 8 + 2048  # the worked-arithmetic prompt and the longest completion
