@@ -127,7 +127,7 @@ class MasterAdamW:
     def step(self) -> None:
         """One AdamW step on the masters from the parameters' gradients (then cleared), copied into the parameters."""
         for master, param in zip(self.masters, self.params, strict=True):
-            master.grad = param.grad.float()
+            master.grad = None if param.grad is None else param.grad.float()  # AdamW skips a master without one
             param.grad = None
         self.optimizer.step()
         self.schedule.step()
