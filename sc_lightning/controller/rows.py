@@ -23,6 +23,7 @@ def group_to_columns(
     before = len(prompt)  # per-token fields hold the prompt's value on its tokens: one tensor per row and field
 
     def tensor(name: str, values: list) -> torch.Tensor:
+        """``values`` as field ``name``'s data-plane dtype."""
         return torch.tensor(values, dtype=ROW_DTYPES[name])
 
     columns = {
