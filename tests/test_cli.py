@@ -11,6 +11,7 @@ import yaml
 
 from sc_lightning.cli.main import main
 from sc_lightning.config import ConfigError
+from sc_lightning.trainer.perf import SPLIT
 from tests.helpers.cli import run, step_metrics
 from tests.helpers.configs import REPO, TEST_BASE, TINY
 
@@ -184,6 +185,8 @@ def test_colocated_fit_trains_on_policy_with_a_faithful_refit(tmp_path) -> None:
         "memory",
         "--grpo.max_num_steps",
         "2",
+        "--loss_fn.reference_policy_kl_penalty",
+        "0.01",  # a reference logprob pass: perf/split_logprob_s times it
         f"--trainer.default_root_dir={tmp_path}",
         "--trainer.enable_progress_bar=false",
     )
@@ -207,6 +210,18 @@ def test_colocated_fit_trains_on_policy_with_a_faithful_refit(tmp_path) -> None:
     assert all(float(r["train/num_masked_seqs_by_logprob_error"]) == 0 for r in steps)
     assert all(float(r["train/masked_correct_pct"]) == 0 for r in steps)  # 0 when nothing was masked
     assert all(float(r["train/staleness_max"]) == 0 for r in steps)  # colocated and synchronous: on-policy
+    for r in ({k: float(v) for k, v in row.items() if v != ""} for row in steps):
+        wall = r["timing/train/total_step_time"]
+        split = {part: r[f"perf/split_{part}_s"] for part in SPLIT}
+        assert sum(split.values()) == pytest.approx(wall, rel=0.02)  # the split adds up to the step's wall time
+        assert min(split.values()) > 0, split  # each part took time (other: Lightning's loop)
+        assert split["logprob"] + split["train"] == pytest.approx(r["timing/train/policy_training"], rel=1e-6)
+        # prompt + response tokens of the step's rows: what the training step ran (perf/tokens_per_s over its time)
+        tokens = r["perf/step_tokens"]
+        assert tokens == pytest.approx(r["perf/tokens_per_s"] * r["timing/train/policy_training"], rel=1e-6)
+        assert 0 < r["perf/step_generated_tokens"] < tokens
+        assert r["perf/tokens_per_s_per_gpu"] == pytest.approx(tokens / wall / 1, rel=0.02)  # NeMo-RL's, 1 device
+        assert r["perf/generated_tokens_per_s"] == pytest.approx(r["perf/step_generated_tokens"] / wall, rel=0.02)
 
 
 @pytest.mark.slow  # a `python -m sc_lightning` process (a few seconds to start)

@@ -16,6 +16,11 @@ trained, wasted, pending, stood_down and idle. Logged as ``goodput/<fleet>/<part
 tokens per second. At the end of the fit the leader prints
 :func:`~sc_lightning.trainer.goodput.allocation_advice` (``report`` prints it too, from the logged totals).
 
+From the same window, the step's throughput (:func:`~sc_lightning.trainer.perf.step_throughput`):
+``perf/tokens_per_s_per_gpu`` (NeMo-RL's: prompt + response tokens / step wall time / the run's GPUs),
+``perf/generated_tokens_per_s``, ``perf/step_tokens``, ``perf/step_generated_tokens`` and the split
+``perf/split_{generation,logprob,train,refit,other}_s``, which adds up to the wall time.
+
 The totals are the run's, not the process's: they are the callback's state, which Lightning saves in every bundle's
 ``trainer.ckpt``, so a resumed run continues them from the bundle's step (the engines' accounts restart with the
 process, and are added to the bundle's).
@@ -31,13 +36,16 @@ from lightning.pytorch.utilities import rank_zero_info
 
 from sc_lightning.callbacks.checkpoint import BundleCheckpoint
 from sc_lightning.config import SCConfig
+from sc_lightning.lightning.module import GRPOModule
 from sc_lightning.rollout.goodput import EngineTime
 from sc_lightning.trainer.goodput import TRAINER_PARTS, allocation_advice
+from sc_lightning.trainer.perf import StepWork, step_throughput
 
 
 class GoodputMonitor(Callback):
-    """Logs ``goodput/*`` for both fleets each RL step and ``tok_s`` on the progress bar; list it after
-    RefitCallback. ``devices``: (generation, training) device counts of a non-colocated run, for the advice."""
+    """Logs ``goodput/*`` for both fleets and the step's ``perf/tokens_per_s_per_gpu`` and split each RL step, and
+    ``tok_s`` on the progress bar; list it after RefitCallback. ``devices``: (generation, training) device counts of
+    a non-colocated run, for the advice and the GPU count (None: the trainer's world size)."""
 
     def __init__(self, devices: tuple[int, int] | None = None) -> None:
         self.devices = devices
@@ -70,6 +78,10 @@ class GoodputMonitor(Callback):
         logged["goodput/engine/wall_total_s"] = engine.wall_s
         logged["goodput/engine/trained_tokens_total"] = float(engine.trained_tokens)
         logged["goodput/engine/wasted_tokens_total"] = float(engine.wasted_tokens)
+        work = pl_module.step_work if isinstance(pl_module, GRPOModule) else None
+        gpus = sum(self.devices) if self.devices is not None else trainer.world_size
+        perf = step_throughput(step, work or StepWork(0, 0.0), trained_tokens, gpus)
+        logged |= {f"perf/{name}": value for name, value in perf.items()}
         pl_module.step_log.log(trainer, logged)
         wall = sum(step.values())
         pl_module.log("tok_s", trained_tokens / wall if wall > 0 else 0.0, prog_bar=True, logger=False, batch_size=1)

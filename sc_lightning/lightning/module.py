@@ -11,8 +11,10 @@ The step's pieces are Lightning-free, in ``sc_lightning/trainer/`` (its docstrin
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Mapping, Sequence
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
@@ -24,17 +26,13 @@ from sc_lightning.config import SCConfig
 from sc_lightning.engines.sampling import scoring_temperature
 from sc_lightning.lightning.step_log import StepLog
 from sc_lightning.trainer.bundle_policy import POLICY_SOURCE_KEY, policy_source_for
-from sc_lightning.trainer.data_parallel import data_parallel_group
 from sc_lightning.trainer.optim import adamw
-from sc_lightning.trainer.perf import StepPerf
+from sc_lightning.trainer.perf import StepPerf, StepWork
 from sc_lightning.trainer.policy_update import PolicyUpdate
 from sc_lightning.trainer.step_stream import RLStep
-from sc_lightning.trainer.step_totals import StepTotals
+from sc_lightning.trainer.step_totals import row_totals
 from sc_lightning.trainer.train_data_log import FILENAME as TRAIN_DATA_FILENAME
 from sc_lightning.trainer.train_data_log import TrainDataLog
-
-_ROW_REDUCTIONS = {"rows": "sum", "reward": "sum", "model_turns": "sum", "staleness": "sum", "staleness_max": "max"}
-"""How a step's per-row values combine over the data-parallel ranks."""
 
 
 class GRPOModule(LightningModule):
@@ -53,6 +51,7 @@ class GRPOModule(LightningModule):
         self._train_data_log: TrainDataLog | None = None
         self._perf: StepPerf | None = None
         self._trained_lengths: list[int] = []  # the rows the policy ran this step (perf/*)
+        self.step_work: StepWork | None = None  # the last step's tokens and logprob passes (GoodputMonitor's perf/*)
         self.step_log = StepLog()
         """The step's scalar metrics: the module's and the callbacks' (written once, after the step's callbacks)."""
         self.policy_trained = True
@@ -144,7 +143,12 @@ class GRPOModule(LightningModule):
             seq_logprob_error_threshold=self.config.algo.seq_logprob_error_threshold,
             seq_logprob_error_knob=f"{self.config.algo_name}.seq_logprob_error_threshold",
             max_token_staleness=self.config.loss_fn.max_token_staleness,
+            frozen_pass=self.logprob_pass,
         )
+
+    def logprob_pass(self) -> AbstractContextManager[object]:
+        """A context timing one frozen logprob pass into the step's perf (a no-op before training starts)."""
+        return self._perf.logprob_pass() if self._perf is not None else contextlib.nullcontext()
 
     def on_train_start(self) -> None:
         """Open train_data.jsonl (``data.train_data_log``), rolled back to the step training starts at."""
@@ -225,24 +229,10 @@ class GRPOModule(LightningModule):
         if self._perf is not None and self._trained_lengths:
             perf = self._perf.finish(self._trained_lengths, timing["policy_training"])
             self.step_log.log(self.trainer, {f"perf/{k}": v for k, v in perf.items()})
-        group = data_parallel_group()
-        totals = StepTotals(_ROW_REDUCTIONS, process_group=group, sync=group is not None).to(self.model_device())
-        totals.update(
-            {
-                "rows": len(staleness),
-                "reward": rewards.sum(),
-                "model_turns": model_turns.sum(),
-                "staleness": sum(staleness),
-            }
-        )
-        if staleness:
-            totals.update({"staleness_max": max(staleness)})
-        read = totals.compute()
-        rows = int(read["rows"])
-        metrics["reward"] = read["reward"] / rows
-        metrics["model_turns_mean"] = read["model_turns"] / rows
-        metrics["staleness_mean"] = read["staleness"] / rows
-        metrics["staleness_max"] = read["staleness_max"]
+        read = row_totals(rewards, model_turns, staleness, sum(self._trained_lengths), self.model_device())
+        rows = int(read.pop("rows"))
+        self.step_work = StepWork(int(read.pop("tokens")), self._perf.logprob_s if self._perf is not None else 0.0)
+        metrics |= read
         self.step_log.log(self.trainer, {f"train/{k}": v for k, v in metrics.items()})
         self.log("reward", metrics["reward"], prog_bar=True, logger=False, batch_size=rows)
         self.log("lag", metrics["staleness_max"], prog_bar=True, logger=False, batch_size=rows)

@@ -179,14 +179,15 @@ class PPOModule(GRPOModule):
         """
         epochs = self.config.ppo.ppo_epochs
         if epochs > 1:  # later epochs must measure their ratio against the policy the step started with
-            prev_logprobs = frozen_logprobs(
-                self.policy,
-                batch,
-                micro_batch_size=self.config.policy.train_micro_batch_size,
-                micro_batch_tokens=self.config.policy.train_micro_batch_tokens,
-                vocab_size=self.spec.vocab_size,
-                temperature=scoring_temperature(self.config.policy.generation.temperature),
-            )
+            with self.logprob_pass():
+                prev_logprobs = frozen_logprobs(
+                    self.policy,
+                    batch,
+                    micro_batch_size=self.config.policy.train_micro_batch_size,
+                    micro_batch_tokens=self.config.policy.train_micro_batch_tokens,
+                    vocab_size=self.spec.vocab_size,
+                    temperature=scoring_temperature(self.config.policy.generation.temperature),
+                )
             batch = dataclasses.replace(batch, prev_logprobs=prev_logprobs)
         metrics: dict[str, float] = {}
         for epoch in range(epochs):

@@ -1,4 +1,5 @@
-"""Training throughput of each RL step: ``perf/tokens_per_s``, ``perf/mfu`` and ``perf/peak_memory_gib``.
+"""Throughput of each RL step: the training step's ``perf/tokens_per_s``, ``perf/mfu`` and ``perf/peak_memory_gib``,
+and the whole step's ``perf/tokens_per_s_per_gpu`` with the split of its wall time (:func:`step_throughput`).
 
 Model FLOPs of one trained row of ``L`` tokens (forward + backward, the usual dense-transformer count)::
 
@@ -10,9 +11,20 @@ length ends at its last loss-counted token and padding is excluded. MFU is those
 and the device's dense bf16 peak (:data:`DENSE_BF16_PEAK_TFLOPS`, matched on the device name; no MFU is logged on a
 CPU or an unknown GPU). The time is the step's policy-training time (waits for rollouts excluded), read after the
 device has finished its work. For PPO the critic's work is in that time but not in the FLOPs.
+
+The whole step's throughput is NeMo-RL's figure: prompt + response tokens of the step (every rank's trained rows,
+counted as above) / the step's wall time (from the previous refit's end to this one's) / the GPUs of the run
+(training and generation). The wall time splits into generation (the trainer waiting for rollouts), logprob
+passes (the frozen forwards inside the training step: a reference policy's, PPO's pi_old), training (the rest of
+the training step), refit and other (the step's bundle, Lightning's loop, logging), which add up to it.
 """
 
 from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
 
 import torch
 
@@ -44,11 +56,24 @@ class StepPerf:
         self.parameters = sum(p.numel() for p in model.parameters())
         self.device = next(model.parameters()).device
         self.peak = peak_tflops(self.device)
+        self.logprob_s = 0.0  # seconds of this step's frozen logprob passes (logprob_pass)
 
     def start(self) -> None:
-        """Open a step: reset the device's peak-memory counter."""
+        """Open a step: reset the device's peak-memory counter and the step's logprob-pass time."""
+        self.logprob_s = 0.0
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)
+
+    @contextlib.contextmanager
+    def logprob_pass(self) -> Iterator[None]:
+        """Time a frozen logprob pass (device work included) into :attr:`logprob_s`, the step's total."""
+        self.synchronize()
+        started = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.synchronize()
+            self.logprob_s += time.perf_counter() - started
 
     def synchronize(self) -> None:
         """Wait for the device's queued work, so a clock read after it covers the step."""
@@ -63,3 +88,40 @@ class StepPerf:
         if self.peak is not None and seconds > 0:
             metrics["mfu"] = training_flops(self.spec, self.parameters, lengths) / seconds / (self.peak * 1e12)
         return metrics
+
+
+@dataclass(frozen=True)
+class StepWork:
+    """What one RL step's training did, for its throughput: the tokens it trained and its logprob passes' time."""
+
+    tokens: int  # prompt + response tokens of the step's trained rows, every data-parallel rank's
+    logprob_s: float  # seconds of the frozen logprob passes inside the training step (the leader's)
+
+
+SPLIT = ("generation", "logprob", "train", "refit", "other")
+"""The parts of an RL step's wall time, logged as ``perf/split_<part>_s``."""
+
+
+def step_throughput(window: Mapping[str, float], work: StepWork, generated_tokens: int, gpus: int) -> dict[str, float]:
+    """An RL step's ``tokens_per_s_per_gpu`` (NeMo-RL's definition), ``generated_tokens_per_s`` and its split.
+
+    ``window`` is the trainer's step window as :class:`~sc_lightning.callbacks.goodput.GoodputMonitor` splits it
+    (``productive``, ``wait_rollouts``, ``refit``, ``checkpoint``, ``other``: they add up to the wall time);
+    ``generated_tokens`` the completion tokens the step trained; ``gpus`` the run's devices (training and
+    generation). The ``split_*_s`` parts add up to the wall time.
+    """
+    wall = sum(window.values())
+    logprob = min(work.logprob_s, window["productive"])
+    split = {
+        "generation": window["wait_rollouts"],
+        "logprob": logprob,
+        "train": window["productive"] - logprob,
+        "refit": window["refit"],
+        "other": window["checkpoint"] + window["other"],
+    }
+    metrics = {f"split_{part}_s": split[part] for part in SPLIT}
+    metrics |= {"step_tokens": float(work.tokens), "step_generated_tokens": float(generated_tokens)}
+    if wall > 0:
+        metrics["tokens_per_s_per_gpu"] = work.tokens / wall / max(gpus, 1)
+        metrics["generated_tokens_per_s"] = generated_tokens / wall
+    return metrics

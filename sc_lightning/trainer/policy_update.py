@@ -22,8 +22,10 @@ that leave the loss first, the same way (before the counts), so the step normali
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from functools import partial
 
@@ -163,6 +165,7 @@ class PolicyUpdate:
         seq_logprob_error_threshold: float | None = None,
         seq_logprob_error_knob: str = "grpo.seq_logprob_error_threshold",
         max_token_staleness: int | None = None,
+        frozen_pass: Callable[[], AbstractContextManager[object]] = contextlib.nullcontext,
     ) -> None:
         if loss_fn.reference_policy_kl_penalty > 0 and reference_model is None:
             raise ValueError("loss_fn.reference_policy_kl_penalty > 0 needs a reference model for the KL term")
@@ -177,6 +180,7 @@ class PolicyUpdate:
         self.max_token_staleness = max_token_staleness  # older tokens leave the loss; None: measure only
         self.micro_batch_tokens = micro_batch_tokens  # padded-token budget of a micro-batch; None: rows only
         self.trained_lengths = [] if trained_lengths is None else trained_lengths  # each run row's length (perf)
+        self.frozen_pass = frozen_pass  # wraps each frozen logprob pass (the step's perf times them)
         self._totals: _StepTotals | None = None
 
     def begin(self, step: int | None = None, version: int | None = None) -> None:
@@ -205,7 +209,9 @@ class PolicyUpdate:
         for plan in plans:
             self.trained_lengths.extend(plan.lengths)
         if self.reference_model is not None:  # read first: with pipeline stages it runs through its own schedule
-            chunk = dataclasses.replace(chunk, reference_logprobs=self._frozen_logprobs(self.reference_model, chunk))
+            with self.frozen_pass():
+                reference = self._frozen_logprobs(self.reference_model, chunk)
+            chunk = dataclasses.replace(chunk, reference_logprobs=reference)
         train_microbatches(
             self.model,
             ((rows.input_ids, rows) for plan in plans for rows in [chunk.select(plan)]),

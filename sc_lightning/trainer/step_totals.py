@@ -15,6 +15,8 @@ from typing import Any
 import torch
 from torchmetrics import Metric
 
+from sc_lightning.trainer.data_parallel import data_parallel_group
+
 _ROW = {"sum": 0, "min": 1, "max": 2}
 _SEEN = 3
 
@@ -67,3 +69,39 @@ class StepTotals(Metric):
         """Every value some rank added, as a Python float (one device-to-host copy)."""
         table = self.values.tolist()
         return {name: table[self.rows[name]][i] for name, i in self.columns.items() if table[_SEEN][i]}
+
+
+ROW_REDUCTIONS = {"rows": "sum", "tokens": "sum", "reward": "sum", "model_turns": "sum", "staleness": "sum"} | {
+    "staleness_max": "max"
+}
+"""How a step's per-row values combine over the data-parallel ranks (:func:`row_totals`)."""
+
+
+def row_totals(
+    rewards: torch.Tensor, model_turns: torch.Tensor, staleness: list[int], tokens: int, device: torch.device
+) -> dict[str, float]:
+    """A step's ``rows``, trained ``tokens`` and per-row means (``reward``, ``model_turns_mean``,
+    ``staleness_mean``) and ``staleness_max`` over every data-parallel rank, from this rank's rows (one reduction)."""
+    group = data_parallel_group()
+    totals = StepTotals(ROW_REDUCTIONS, process_group=group, sync=group is not None).to(device)
+    totals.update(
+        {
+            "rows": len(staleness),
+            "tokens": tokens,
+            "reward": rewards.sum(),
+            "model_turns": model_turns.sum(),
+            "staleness": sum(staleness),
+        }
+    )
+    if staleness:
+        totals.update({"staleness_max": max(staleness)})
+    read = totals.compute()
+    rows = read["rows"]
+    return {
+        "rows": rows,
+        "tokens": read["tokens"],
+        "reward": read["reward"] / rows,
+        "model_turns_mean": read["model_turns"] / rows,
+        "staleness_mean": read["staleness"] / rows,
+        "staleness_max": read["staleness_max"],
+    }
