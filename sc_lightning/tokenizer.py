@@ -10,12 +10,14 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any, Protocol, runtime_checkable
 
-BUILTIN_TOKENIZER_NAMES = (
+BUILTIN_TOKENIZER_NAMES = (  # every built-in model uses it
     "builtin:char",
     "builtin:tiny",
     "builtin:small",
     "builtin:medium",
-)  # every built-in model uses it
+    "builtin:bench-1.26b",
+    "builtin:bench-llama1b",
+)
 MAX_LISTED_CHARACTERS = 12
 """How many unrepresentable characters (or pieces) an UnrepresentableTextError lists (with the total count)."""
 

@@ -52,6 +52,7 @@ class SamplingParams:
     top_p: float = 1.0
     top_k: int | None = None
     seed: int | None = None
+    ignore_eos: bool = False  # sample past the eos token: only max_new_tokens (and other stop tokens) end it
 
 
 @dataclass(frozen=True)

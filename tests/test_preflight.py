@@ -82,8 +82,9 @@ def test_unknown_built_in_models_and_missing_model_paths_are_refused(
     )
     err = refused(capsys, *args, *(["--dry_run"] if dry_run else []))
     assert (
-        "policy.model_name: is 'builtin:tiny-arithmetic': unknown built-in model; known: builtin:medium, "
-        "builtin:medium-worked, builtin:small, builtin:small-arith, builtin:tiny, builtin:tiny-arith, builtin:tiny-calc"
+        "policy.model_name: is 'builtin:tiny-arithmetic': unknown built-in model; known: builtin:bench-1.26b, "
+        "builtin:bench-llama1b, builtin:medium, builtin:medium-worked, builtin:small, builtin:small-arith, "
+        "builtin:tiny, builtin:tiny-arith, builtin:tiny-calc"
     ) in err
     assert f"policy.tokenizer_name: is '{tmp_path / 'no-tokenizer'}': neither a local directory" in err
     assert f"value.model_name: is '{tmp_path / 'no-model'}': neither a local directory" in err

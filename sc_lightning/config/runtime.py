@@ -275,7 +275,8 @@ class EnvConfig:
 
     name: str = knob(
         "arithmetic",
-        "Built-in verifier (arithmetic, math, worked_arithmetic), built-in multi-turn environment (calculator), "
+        "Built-in verifier (arithmetic, math, worked_arithmetic), the throughput benchmark's fixed_length (each "
+        "answer's length drawn, eos ignored: benchmarks/e2e.py), built-in multi-turn environment (calculator), "
         "external (agents drive the rollouts over the HTTP endpoint and post their rewards: docs/multiturn.md), or a "
         'custom Environment or MultiTurnEnvironment class "package.module:ClassName".',
     )

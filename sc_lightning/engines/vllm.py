@@ -147,7 +147,7 @@ class VLLMEngineActor(BatchedGenerateActor):
 
         version = self.version
         stops = set(stop_token_ids)
-        if self.settings.eos_token_id is not None:
+        if self.settings.eos_token_id is not None and not sampling.ignore_eos:
             stops.add(self.settings.eos_token_id)
         params = VSamplingParams(
             n=1,

@@ -137,6 +137,32 @@ BUILTIN_SPECS: dict[str, ModelSpec] = {
         ffn_hidden_size=4096,
         max_position_embeddings=4096,
     ),
+    # Benchmark shapes (benchmarks/e2e.py), seeded random over the character tokenizer; an 8K context:
+    # the 1.26B Llama-style bench shape of the component benchmarks (issue 16) ...
+    "builtin:bench-1.26b": ModelSpec(
+        vocab_size=32000,
+        hidden_size=2048,
+        num_layers=24,
+        num_attention_heads=16,
+        num_query_groups=8,
+        ffn_hidden_size=5632,
+        max_position_embeddings=8192,
+        arch="llama",
+    ),
+    # ... and Llama-3.2-1B's shape (128K vocabulary, tied embeddings; its RoPE scaling left out: it moves no work)
+    "builtin:bench-llama1b": ModelSpec(
+        vocab_size=128256,
+        hidden_size=2048,
+        num_layers=16,
+        num_attention_heads=32,
+        num_query_groups=8,
+        ffn_hidden_size=8192,
+        max_position_embeddings=8192,
+        rope_theta=500000.0,
+        tie_word_embeddings=True,
+        norm_eps=1e-5,
+        arch="llama",
+    ),
 }
 
 

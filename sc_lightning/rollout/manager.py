@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from sc_lightning.engines.base import GenerationEngine
-from sc_lightning.rollout.envs.base import Environment, Score, as_score
+from sc_lightning.rollout.envs.base import Environment, Score, as_score, request_sampling
 from sc_lightning.rollout.failures import RetryBudget, classify
 from sc_lightning.rollout.goodput import EngineGoodput
 from sc_lightning.tokenizer import Tokenizer
@@ -281,7 +281,9 @@ class RolloutManager:
         return int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "little") >> 1
 
     async def _generate(self, prompt: Prompt, group_id: str, seed: int) -> Generation:
-        request = self.engine.generate(prompt.token_ids, dataclasses.replace(self.settings.sampling, seed=seed))
+        sampling = dataclasses.replace(self.settings.sampling, seed=seed)
+        shape = request_sampling(self.environment)  # an environment may set each request's sampling
+        request = self.engine.generate(prompt.token_ids, sampling if shape is None else shape(prompt, sampling))
         # an engine with an active-time clock excludes the time it is stood down (colocated) from the deadline
         wait_for = getattr(self.engine, "active_wait_for", asyncio.wait_for)
         try:

@@ -119,6 +119,26 @@ def test_stop_tokens_end_the_completion_and_are_included(tiny_dirs: dict) -> Non
     asyncio.run(scenario())
 
 
+def test_a_request_ignoring_eos_runs_to_its_length_and_keeps_the_other_stop_tokens(tiny_dirs: dict) -> None:
+    prompt = (4, 5, 6)
+
+    async def scenario() -> None:
+        full = (await engine_on(tiny_dirs["a"]).generate(prompt, SamplingParams(20, temperature=0.0))).token_ids
+        eos, other = full[2], full[6]  # greedy from the same weights: both come up, eos first
+        model, spec, _ = load_policy(str(tiny_dirs["a"]))
+        engine = MegatronEngine(model, spec, eos_token_id=eos)
+        stopped = await engine.generate(prompt, SamplingParams(20, temperature=0.0))
+        assert stopped.token_ids == full[: full.index(eos) + 1] and stopped.finish_reason == "stop"
+        past_eos = SamplingParams(20, temperature=0.0, ignore_eos=True)
+        ignoring = await engine.generate(prompt, past_eos)
+        assert ignoring.token_ids == full and ignoring.finish_reason == "length"
+        cut = await engine.generate(prompt, past_eos, stop_token_ids=[other])
+        assert cut.token_ids == full[: full.index(other) + 1] and cut.finish_reason == "stop"
+        await engine.shutdown()
+
+    asyncio.run(scenario())
+
+
 def test_default_stop_tokens_are_the_tokenizer_eos_plus_extras(tiny_dirs: dict) -> None:
     model, spec, tokenizer = load_policy(str(tiny_dirs["a"]))
     engine = MegatronEngine(model, spec, eos_token_id=tokenizer.eos_token_id, extra_stop_token_ids=[7, 9])

@@ -137,7 +137,8 @@ class MegatronEngine:
             cuda_graphs=graphs,
         )
         eos = {eos_token_id} if stop_on_eos and eos_token_id is not None else set()
-        self._stop_ids = frozenset(eos | {int(t) for t in extra_stop_token_ids})
+        self._extra_stop_ids = frozenset(int(t) for t in extra_stop_token_ids)  # what a request ignoring eos keeps
+        self._stop_ids = frozenset(eos) | self._extra_stop_ids
         self._seeds = random.Random(seed)
         self._clock = ActiveClock()
         self._ids = itertools.count()
@@ -256,7 +257,8 @@ class MegatronEngine:
     async def generate(
         self, prompt_token_ids: tuple[int, ...], sampling: SamplingParams, *, stop_token_ids: Iterable[int] = ()
     ) -> Generation:
-        """Sample one completion of the prompt (``stop_token_ids`` add to the engine's stop tokens for this call)."""
+        """Sample one completion of the prompt (``stop_token_ids`` add to the engine's stop tokens for this call; with
+        ``sampling.ignore_eos`` the eos token is not one of them)."""
         rid = f"req-{next(self._ids)}"
         prompt = tuple(int(t) for t in prompt_token_ids)
         self._check(rid, prompt, sampling)
@@ -264,7 +266,7 @@ class MegatronEngine:
             return Generation((), (), "length", self._worker.version)
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Generation] = loop.create_future()
-        stops = self._stop_ids | {int(t) for t in stop_token_ids}
+        stops = (self._extra_stop_ids if sampling.ignore_eos else self._stop_ids) | {int(t) for t in stop_token_ids}
         noise = noise_stream(sampling, self._seeds, self._device, self._spec.vocab_size)
         request = Request(rid, prompt, sampling, stops, noise, replier(loop, future))
         if not self._worker.submit(request):

@@ -14,8 +14,10 @@ from sc_lightning.rollout.envs.base import (
     answer_check,
     answer_extractor,
     as_score,
+    request_sampling,
 )
 from sc_lightning.rollout.envs.external import ExternalRewards
+from sc_lightning.rollout.envs.fixed_length import FixedLengthEnvironment
 from sc_lightning.rollout.envs.math import MathEnvironment
 from sc_lightning.rollout.envs.worked_arithmetic import WorkedArithmeticEnvironment
 
@@ -28,6 +30,7 @@ ENVIRONMENTS: dict[str, Callable[[], Environment]] = {
     "math": MathEnvironment,
     "worked_arithmetic": WorkedArithmeticEnvironment,  # worked solutions of long-tailed lengths
     "external": ExternalRewards,  # agents post the rewards (rollout/external.py)
+    "fixed_length": FixedLengthEnvironment,  # the throughput benchmark's (benchmarks/e2e.py)
 }
 
 
@@ -61,6 +64,7 @@ __all__ = [
     "ArithmeticEnvironment",
     "Environment",
     "ExternalRewards",
+    "FixedLengthEnvironment",
     "MathEnvironment",
     "RewardError",
     "Score",
@@ -69,4 +73,5 @@ __all__ = [
     "answer_extractor",
     "as_score",
     "build_environment",
+    "request_sampling",
 ]

@@ -7,7 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
-from sc_lightning.types import Prompt
+from sc_lightning.types import Prompt, SamplingParams
 
 
 class RewardError(ValueError):
@@ -72,3 +72,14 @@ def answer_extractor(environment: object) -> Callable[[str], str | None] | None:
     """
     extract = getattr(environment, "extract_answer", None)
     return extract if callable(extract) else None
+
+
+def request_sampling(environment: object) -> Callable[[Prompt, SamplingParams], SamplingParams] | None:
+    """The environment's optional ``request_sampling(prompt, sampling)``, or None when it has none.
+
+    An environment that decides how each training rollout is sampled (the ``fixed_length`` benchmark's answer
+    lengths) defines it: given the prompt and the request's sampling (the run's, with the request's seed), it returns
+    the sampling to use instead.
+    """
+    shape = getattr(environment, "request_sampling", None)
+    return shape if callable(shape) else None
