@@ -30,26 +30,19 @@ import asyncio
 import statistics
 import time
 import warnings
+from collections.abc import Sequence
 from typing import Any
 
 import torch
 
 from sc_lightning.engines.megatron.engine import MegatronEngine
 from sc_lightning.models import build_gpt_model, load_policy, token_logprobs
-from sc_lightning.models.spec import ModelSpec
+from sc_lightning.models.spec import ModelSpec, builtin_spec
 from sc_lightning.types import Generation, SamplingParams
 
-SHAPES = {  # issue 16's bench shape: a 1.26B Llama-style model (its weights are seeded random)
-    "1.26b": ModelSpec(
-        vocab_size=32000,
-        hidden_size=2048,
-        num_layers=24,
-        num_attention_heads=16,
-        num_query_groups=8,
-        ffn_hidden_size=5632,
-        max_position_embeddings=2048,
-        arch="llama",
-    )
+SHAPES = {  # the benchmark shapes (seeded random weights): issue 16's 1.26B Llama-style model, Llama-3.2-1B's shape
+    "1.26b": builtin_spec("builtin:bench-1.26b"),
+    "llama1b": builtin_spec("builtin:bench-llama1b"),
 }
 
 
@@ -59,9 +52,13 @@ def prompts(batch: int, length: int, vocab: int) -> list[tuple[int, ...]]:
     return [tuple(torch.randint(3, vocab, (length,), generator=gen).tolist()) for _ in range(batch)]
 
 
-async def engine_run(engine: MegatronEngine, batch: list[tuple[int, ...]], new: int) -> tuple[float, list[Generation]]:
-    """Seconds until all of ``batch`` is generated concurrently, and the generations."""
-    sampling = [SamplingParams(new, temperature=1.0, seed=i) for i in range(len(batch))]
+async def engine_run(
+    engine: MegatronEngine, batch: list[tuple[int, ...]], new: int | Sequence[int]
+) -> tuple[float, list[Generation]]:
+    """Seconds until all of ``batch`` is generated concurrently (``new`` tokens each, or each its own), and the
+    generations."""
+    lengths = [new] * len(batch) if isinstance(new, int) else list(new)
+    sampling = [SamplingParams(n, temperature=1.0, seed=i) for i, n in enumerate(lengths)]
     start = time.perf_counter()
     out = await asyncio.gather(*(engine.generate(p, s) for p, s in zip(batch, sampling, strict=True)))
     return time.perf_counter() - start, list(out)
@@ -154,6 +151,7 @@ async def measure(args: argparse.Namespace) -> list[dict[str, Any]]:
         eos_token_id=None,
         stop_on_eos=False,
         max_batch_size=max(args.batches),
+        max_seq_len=args.prompt_len + args.new_tokens,
         flash_decode=args.flash,
         fused_decode=args.fused,
     )

@@ -41,9 +41,9 @@ from sc_lightning.trainer.perf import training_flops
 from sc_lightning.trainer.policy_update import PolicyUpdate, normalised_step
 
 
-def median_ms(step, device: torch.device, reps: int) -> float:
-    """Median wall time of ``step()`` in ms, after two warm-up calls."""
-    for _ in range(2):
+def median_ms(step, device: torch.device, reps: int, warmups: int = 2) -> float:
+    """Median wall time of ``step()`` in ms, after ``warmups`` warm-up calls."""
+    for _ in range(warmups):
         step()
     times = []
     for _ in range(reps):

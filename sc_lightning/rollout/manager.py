@@ -83,6 +83,13 @@ class SampleSource(Protocol):
         """Roll out one sample of ``prompt`` for group ``group_id``, sampling with ``seed``."""
 
 
+def sample_seed(run_seed: int, prompt_id: str, visit: int, index: int) -> int:
+    """The sampling seed of a prompt's ``index``-th generation on its ``visit``-th rollout (0 = the first) in a run
+    seeded ``run_seed``: fixed by those, so reproducible whatever the timing."""
+    key = f"{run_seed}/{prompt_id}/{visit}/{index}".encode()
+    return int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "little") >> 1
+
+
 @dataclass
 class RolloutSettings:
     """How each prompt group is generated and scored."""
@@ -276,9 +283,7 @@ class RolloutManager:
         return ScoredGroup(prompt, tuple(generations), tuple(score.reward for score in scores), masked)
 
     def _sample_seed(self, prompt: Prompt, visit: int, index: int) -> int:
-        """A sampling seed fixed by (run seed, prompt, visit, generation index): reproducible whatever the timing."""
-        key = f"{self.settings.seed}/{prompt.prompt_id}/{visit}/{index}".encode()
-        return int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "little") >> 1
+        return sample_seed(self.settings.seed, prompt.prompt_id, visit, index)
 
     async def _generate(self, prompt: Prompt, group_id: str, seed: int) -> Generation:
         sampling = dataclasses.replace(self.settings.sampling, seed=seed)

@@ -1,0 +1,394 @@
+"""End-to-end RL step throughput: the real ``fit`` at a benchmark shape, against its parts' benchmarks in one run.
+
+The benchmark writes a config and a prompt file, runs ``python -m sc_lightning fit`` on them (the product's own
+path: controller, colocated or Ray engine, data plane, Lightning's loop, refit, loggers) and reads the run's
+``metrics.csv``. Each answer's length is fixed by the ``fixed_length`` environment
+(``sc_lightning/rollout/envs/fixed_length.py``: a seeded lognormal, mean a quarter of ``--max-new-tokens``, clipped
+to [max / 64, max], eos ignored); every prompt has ``--prompt-len`` tokens. Steps after the first ``--warmup`` give:
+
+    tokens/s/GPU        NeMo-RL's figure: prompt + response tokens of the step / step wall time / GPUs
+                        (``perf/tokens_per_s_per_gpu``, weighted by the steps' wall times)
+    generated tok/s     response tokens / step wall time; "engine tok/s" the same over the generation split
+    split               ``perf/split_{generation,logprob,train,refit,other}_s``: where each step's wall time went
+
+**Orchestration efficiency** of the last step: the time its parts take in their own benchmarks, measured here in
+this process after the fit, over the very same work, divided by the step's wall time in the fit:
+
+    generation   ``benchmarks/engine.py``'s ``engine_run``: a ``MegatronEngine`` configured as the fit's (batch
+                 rows, context) answering the step's prompts with the step's lengths (the manager's sampling seeds
+                 and the environment's draw reproduce them exactly)
+    training     ``benchmarks/train_step.py``'s ``median_ms`` of one GRPO step (``PolicyUpdate``, the fit's
+                 optimizer recipe and micro-batching) over rows of the step's lengths
+    refit        ``benchmarks/refit.py``'s ``refit_s``: the colocated refit of the trainer's live parameters
+
+Colocated, generation and training run one after the other, so efficiency = parts / step is the share of the step
+the parts explain (the rest: orchestration). In the ``async`` mode (the engine in a Ray actor, one step of
+lookahead) generation overlaps training, so the figure can pass 100%: the overlap's gain; its refit goes to the
+actor by value, while the refit benchmarked here is the colocated one. "engine tok/s" (response tokens over the
+generation split: the engine's rate while the trainer waits) is a colocated figure.
+
+    python benchmarks/e2e.py --shape tiny                           # builtin:tiny on the CPU, about a minute
+    python benchmarks/e2e.py --shape 1.26b --out /tmp/e2e           # one GPU: 512 completions, 256 + ~1K tokens
+    python benchmarks/e2e.py --shape llama1b --mode colocated --steps 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import csv
+import functools
+import json
+import os
+import random
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import warnings
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import torch
+import yaml
+from engine import engine_run, prompts  # benchmarks/*.py (the script's folder is on sys.path)
+from refit import refit_s
+from train_step import median_ms
+
+from sc_lightning.config import SCConfig, load_config
+from sc_lightning.config.yaml_io import load_yaml_layers
+from sc_lightning.rollout.datasets import build_dataset
+from sc_lightning.rollout.envs.fixed_length import answer_length
+from sc_lightning.rollout.manager import sample_seed
+from sc_lightning.rollout.prompts import PromptStream
+from sc_lightning.tokenizer import CharTokenizer
+from sc_lightning.trainer.perf import SPLIT
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@dataclass(frozen=True)
+class Shape:
+    """A benchmark shape: the model, the step's work and the settings that fit it on its device."""
+
+    model: str
+    prompt_len: int
+    new_tokens: int  # the cap of the answer lengths (their mean is a quarter of it)
+    completions: int  # per step
+    generations: int  # per prompt
+    engine_batch: int  # rows the engine decodes at once (its KV cache holds this many full contexts)
+    micro_batch: int  # policy.train_micro_batch_size
+    micro_batch_tokens: int | None  # policy.train_micro_batch_tokens
+    device: str
+    precision: str
+
+
+SHAPES = {
+    "tiny": Shape("builtin:tiny", 16, 32, 16, 4, 16, 16, None, "cpu", "fp32"),
+    # KV cache: 24 layers x 2 x 8 groups x 128 x 2 bytes x 4,352 positions = 428 MB a row; 160 rows = 69 GB
+    "1.26b": Shape("builtin:bench-1.26b", 256, 4096, 512, 16, 160, 64, 32768, "cuda", "bf16"),
+    # KV cache: 16 layers x 2 x 8 groups x 64 x 2 bytes x 4,352 positions = 143 MB a row; 384 rows = 55 GB
+    "llama1b": Shape("builtin:bench-llama1b", 256, 4096, 512, 16, 384, 64, 32768, "cuda", "bf16"),
+}
+PROMPT_ALPHABET = "0123456789+-*="  # the character tokenizer's characters (one token each)
+
+
+def write_prompts(path: Path, count: int, tokens: int, seed: int) -> None:
+    """``count`` seeded JSONL prompts of ``tokens`` tokens each (bos + characters), answer "0"."""
+    rng = random.Random(seed)
+    with path.open("w") as out:
+        for _ in range(count):
+            text = "".join(rng.choice(PROMPT_ALPHABET) for _ in range(tokens - 1))
+            out.write(json.dumps({"problem": text, "expected_answer": "0"}) + "\n")
+
+
+def fit_config(shape: Shape, args: argparse.Namespace, prompts_file: Path, root: Path) -> dict[str, Any]:
+    """The run's config: ``--steps`` RL steps of ``shape``, colocated on-policy or async (lookahead 1)."""
+    groups = shape.completions // shape.generations
+    lookahead = 0 if args.mode == "colocated" else 1
+    return {
+        "trainer": {
+            "accelerator": "gpu" if shape.device == "cuda" else "cpu",
+            "devices": 1,
+            "log_every_n_steps": 1,
+            "default_root_dir": str(root),
+            "enable_progress_bar": False,
+        },
+        "grpo": {
+            "num_prompts_per_step": groups,
+            "num_generations_per_prompt": shape.generations,
+            "max_num_steps": args.steps,
+            "seed": args.seed,
+        },
+        "policy": {
+            "model_name": shape.model,
+            "train_global_batch_size": shape.completions,
+            "train_micro_batch_size": shape.micro_batch,
+            "train_micro_batch_tokens": shape.micro_batch_tokens,
+            "max_total_sequence_length": shape.prompt_len + shape.new_tokens,
+            "precision": shape.precision,
+            "optimizer": {"lr": 1.0e-6, "lr_decay_style": "constant", "weight_decay": 0.0},
+            "generation": {
+                "backend": "megatron",
+                "max_new_tokens": shape.new_tokens,
+                "temperature": 1.0,
+                "colocated": {"enabled": args.mode == "colocated"},
+                "mcore_generation_config": {"max_batch_size": shape.engine_batch},
+            },
+            "megatron_cfg": {"enabled": True},
+        },
+        "loss_fn": {"reference_policy_kl_penalty": 0.0, "use_importance_sampling_correction": True},
+        "async_rl": {
+            "sampler": {"name": "in_order", "max_lookahead_versions": lookahead},
+            "max_buffered_rollouts": groups * (lookahead + 1),
+            "min_groups_for_streaming_train": groups,
+            "max_inflight_prompts": groups * (lookahead + 1),
+        },
+        "data_plane": {"enabled": True, "backend": "memory", "storage_capacity": 4 * shape.completions},
+        "checkpointing": {"enabled": False},
+        "data": {
+            "dataset_name": str(prompts_file),
+            "max_prompt_length": shape.prompt_len,
+            "shuffle": False,
+        },
+        "env": {"name": "fixed_length"},
+    }
+
+
+def run_fit(config_file: Path, log: Path, timeout_s: float) -> float:
+    """Run ``python -m sc_lightning fit`` on ``config_file`` (output to ``log``); its seconds. Exits on failure."""
+    command = [sys.executable, "-m", "sc_lightning", "fit", "--config", str(config_file)]
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))  # this checkout first
+    started = time.perf_counter()
+    with log.open("w") as out:
+        try:
+            result = subprocess.run(command, cwd=REPO, stdout=out, stderr=subprocess.STDOUT, timeout=timeout_s, env=env)
+        except subprocess.TimeoutExpired:
+            sys.exit(f"error: the fit ran past --fit-timeout {timeout_s:.0f} s; its output: {log}")
+    if result.returncode != 0:
+        tail = "".join(log.read_text().splitlines(keepends=True)[-40:])
+        sys.exit(f"error: the fit exited with {result.returncode}; the end of {log}:\n{tail}")
+    return time.perf_counter() - started
+
+
+def read_steps(root: Path) -> list[dict[str, float]]:
+    """The run's per-step rows of ``metrics.csv``, as numbers."""
+    (path,) = root.glob("lightning_logs/version_*/metrics.csv")
+    with path.open() as handle:
+        return [{k: float(v) for k, v in row.items() if v != ""} for row in csv.DictReader(handle)]
+
+
+def summarise(rows: list[dict[str, float]]) -> dict[str, float]:
+    """Throughput and the mean split over ``rows`` (the measured steps)."""
+    wall = sum(r["timing/train/total_step_time"] for r in rows)
+    generated = sum(r["perf/step_generated_tokens"] for r in rows)
+    summary = {
+        "steps": len(rows),
+        "step_s": wall / len(rows),
+        "tokens_per_s_per_gpu": sum(r["perf/tokens_per_s_per_gpu"] * r["timing/train/total_step_time"] for r in rows)
+        / wall,
+        "generated_tokens_per_s": generated / wall,
+        "engine_tokens_per_s": generated / max(sum(r["perf/split_generation_s"] for r in rows), 1e-9),  # colocated
+        "step_tokens": sum(r["perf/step_tokens"] for r in rows) / len(rows),
+    }
+    summary |= {f"split_{p}_s": sum(r[f"perf/split_{p}_s"] for r in rows) / len(rows) for p in SPLIT}
+    if all("perf/mfu" in r for r in rows):
+        summary["train_mfu"] = sum(r["perf/mfu"] for r in rows) / len(rows)
+    return summary
+
+
+def step_lengths(config: SCConfig, step: int) -> list[int]:
+    """The answer lengths of RL step ``step`` of the run: its prompts (the stream's ``step``-th batch, first epoch)
+    times the manager's sampling seeds, drawn by the environment as the fit drew them."""
+    algo = config.algo
+    dataset = build_dataset(config.data, CharTokenizer(), seed=algo.seed)
+    stream = PromptStream(dataset, algo.num_prompts_per_step, shuffle=False, seed=algo.seed, max_epochs=1)
+    batch = [next(stream) for _ in range(step + 1)][-1]
+    cap = config.policy.generation.max_new_tokens
+    return [
+        answer_length(sample_seed(algo.seed, p.prompt_id, 0, i), cap)
+        for p in batch
+        for i in range(algo.num_generations_per_prompt)
+    ]
+
+
+def components(config: SCConfig, shape: Shape, lengths: list[int]) -> dict[str, float]:
+    """Seconds of the step's parts in their own benchmarks: generation of ``lengths``, the refit, one GRPO step."""
+    from sc_lightning.models import load_policy
+
+    policy = config.policy
+    device = torch.device(shape.device)
+    model, spec, _ = load_policy(policy.model_name, precision=policy.precision, seed=config.algo.seed, device=device)
+    generation_s, refit = asyncio.run(_generation_and_refit(config, shape, model, spec.vocab_size, lengths))
+    if device.type == "cuda":
+        torch.cuda.empty_cache()  # the engine's replica and KV cache are gone: the trainer takes the memory
+    return {"generation_s": generation_s, "refit_s": refit, "train_s": _train_s(config, model, spec, lengths)}
+
+
+async def _generation_and_refit(
+    config: SCConfig, shape: Shape, model: torch.nn.Module, vocab: int, lengths: list[int]
+) -> tuple[float, float]:
+    """A colocated engine as the fit's answers the step's prompts with its lengths; then the refit's seconds."""
+    from sc_lightning.engines.megatron.engine import MegatronEngine
+    from sc_lightning.models.megatron import megatron_weights
+
+    policy = config.policy
+    engine = MegatronEngine.from_pretrained(
+        policy.model_name,
+        precision=policy.precision,
+        seed=config.algo.seed,
+        device=shape.device,
+        max_seq_len=policy.max_total_sequence_length,
+        max_batch_size=policy.generation.mcore_generation_config.max_batch_size,
+        stop_on_eos=False,  # the fit's requests ignore eos (fixed_length)
+    )
+    try:
+        batch = prompts(len(lengths), shape.prompt_len, vocab)
+        # warm-up, as the fit's earlier steps: a GPU captures its CUDA graphs in the first run; on a CPU the first
+        # three runs of a fresh process were ~10x slower than the rest (2-core box, builtin:tiny)
+        for _ in range(1 if shape.device == "cuda" else 3):
+            await engine_run(engine, batch, lengths)
+        seconds, generations = await engine_run(engine, batch, lengths)
+        assert [len(g.token_ids) for g in generations] == lengths
+        refit = await refit_s(engine, functools.partial(megatron_weights, model), reps=3)
+    finally:
+        await engine.shutdown()
+    return seconds, refit
+
+
+def _train_s(config: SCConfig, model: torch.nn.Module, spec: Any, lengths: list[int]) -> float:
+    """Seconds of one GRPO step over rows of prompt + ``lengths`` tokens, as the fit's module trains them."""
+    from sc_lightning.algorithms import ClippedPGLoss
+    from sc_lightning.trainer.chunks import TrainChunk
+    from sc_lightning.trainer.optim import adamw
+    from sc_lightning.trainer.policy_update import PolicyUpdate
+
+    policy, device = config.policy, next(model.parameters()).device
+    prompt = config.data.max_prompt_length
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(3, spec.vocab_size, (len(lengths), prompt + max(lengths)), generator=g)
+    mask = torch.zeros(ids.shape)
+    for row, length in enumerate(lengths):
+        mask[row, prompt : prompt + length] = 1
+    chunk = TrainChunk(
+        input_ids=ids,
+        token_mask=mask,
+        generation_logprobs=-torch.rand(ids.shape, generator=g),
+        sample_mask=torch.ones(len(lengths)),
+        advantages=torch.randn(len(lengths), 1, generator=g) * mask,
+        rewards=torch.rand(len(lengths), generator=g),
+        group_ids=[f"g{i // config.algo.num_generations_per_prompt}" for i in range(len(lengths))],
+        start_weights=[0] * len(lengths),
+    ).to(device)
+    optimizer, _ = adamw(model, policy.optimizer, config.algo.max_num_steps)
+    update = PolicyUpdate(
+        model,
+        optimizer,
+        ClippedPGLoss.from_config(config.loss_fn),
+        micro_batch_size=policy.train_micro_batch_size,
+        micro_batch_tokens=policy.train_micro_batch_tokens,
+        clip_grad=policy.optimizer.clip_grad,
+        vocab_size=spec.vocab_size,
+    )
+
+    def step() -> None:
+        update.begin()
+        update.train_chunk(chunk)
+        update.finish()
+
+    return median_ms(step, device, reps=1, warmups=1) / 1e3
+
+
+def report(args: argparse.Namespace, shape: Shape, summary: dict[str, float], last: dict[str, float], parts: dict):
+    """Print the throughput table, the split and the orchestration efficiency of the last step."""
+    wall = summary["step_s"]
+    print(
+        f"\ne2e {args.shape} ({shape.model}, {shape.precision} on {shape.device}), mode {args.mode}: "
+        f"{shape.completions} completions a step ({shape.completions // shape.generations} prompts x "
+        f"{shape.generations}), prompt {shape.prompt_len} + answers of mean ~{shape.new_tokens // 4} "
+        f"(max {shape.new_tokens}); {summary['steps']:.0f} measured steps after {args.warmup} warm-up"
+    )
+    print("| step s | tokens/step | tokens/s/GPU | generated tok/s | engine tok/s | train MFU |")
+    print("|---:|---:|---:|---:|---:|---:|")
+    mfu = f"{summary['train_mfu']:.1%}" if "train_mfu" in summary else "-"
+    engine = f"{summary['engine_tokens_per_s']:,.0f}" if args.mode == "colocated" else "- (overlapped)"
+    print(
+        f"| {wall:.2f} | {summary['step_tokens']:,.0f} | {summary['tokens_per_s_per_gpu']:,.0f} "
+        f"| {summary['generated_tokens_per_s']:,.0f} | {engine} | {mfu} |"
+    )
+    print("\nsplit of the mean step (perf/split_*_s):")
+    print("| " + " | ".join(SPLIT) + " |\n|" + "---:|" * len(SPLIT))
+    print(
+        "| "
+        + " | ".join(f"{summary[f'split_{p}_s']:.2f} s ({summary[f'split_{p}_s'] / wall:.0%})" for p in SPLIT)
+        + " |"
+    )
+    step = last["timing/train/total_step_time"]
+    explained = parts["generation_s"] + parts["train_s"] + parts["refit_s"]
+    print(f"\norchestration efficiency, step {last['step']:.0f} (its own work in the component benchmarks):")
+    print("| part | in the fit s | own benchmark s |\n|---|---:|---:|")
+    for name, fit_part in (("generation", "generation"), ("train", "train"), ("refit", "refit")):
+        inside = last[f"perf/split_{fit_part}_s"] + (last["perf/split_logprob_s"] if name == "train" else 0.0)
+        print(f"| {name} | {inside:.3f} | {parts[f'{name}_s']:.3f} |")
+    print(f"| step | {step:.3f} | {explained:.3f} |")
+    print(f"orchestration efficiency = {explained:.3f} / {step:.3f} = {explained / step:.1%}")
+    return {"summary": summary, "components": parts, "efficiency": explained / step, "last_step": last}
+
+
+def main() -> None:
+    """Command line: run the fit, read its metrics, time the last step's parts, print the tables."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--shape", choices=list(SHAPES), default="tiny")
+    parser.add_argument("--mode", choices=["colocated", "async"], default="colocated")
+    parser.add_argument("--steps", type=int, default=3, help="RL steps, warm-up included")
+    parser.add_argument("--warmup", type=int, default=1, help="first steps left out of the figures")
+    parser.add_argument("--completions", type=int, help="completions a step (default: the shape's)")
+    parser.add_argument("--generations", type=int, help="completions a prompt (default: the shape's)")
+    parser.add_argument("--prompt-len", type=int, help="tokens of every prompt (default: the shape's)")
+    parser.add_argument("--max-new-tokens", type=int, help="the answer lengths' cap; their mean is a quarter")
+    parser.add_argument("--engine-batch", type=int, help="rows the engine decodes at once (default: the shape's)")
+    parser.add_argument("--device", help="cpu or cuda (default: the shape's)")
+    parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--fit-timeout", type=float, default=480.0, help="seconds the fit may take")
+    parser.add_argument("--out", type=Path, help="keep the run, its log and results.json here (default: a temp dir)")
+    args = parser.parse_args()
+    if args.steps <= args.warmup:
+        parser.error(f"--steps ({args.steps}) must exceed --warmup ({args.warmup}): no step would be measured")
+    warnings.filterwarnings("ignore")
+    shape = SHAPES[args.shape]
+    overrides = {
+        "completions": args.completions,
+        "generations": args.generations,
+        "prompt_len": args.prompt_len,
+        "new_tokens": args.max_new_tokens,
+        "engine_batch": args.engine_batch,
+        "device": args.device,
+    }
+    shape = replace(shape, **{k: v for k, v in overrides.items() if v is not None})
+    if shape.completions % shape.generations:
+        parser.error(f"--completions ({shape.completions}) must be a multiple of --generations ({shape.generations})")
+    out = args.out or Path(tempfile.mkdtemp(prefix="sc-e2e-"))
+    out.mkdir(parents=True, exist_ok=True)
+    prompts_file = out / "prompts.jsonl"
+    write_prompts(prompts_file, shape.completions // shape.generations * (args.steps + 2), shape.prompt_len, args.seed)
+    shutil.rmtree(out / "run", ignore_errors=True)  # a fresh run directory: one metrics.csv to read
+    config_file = out / "e2e.yaml"
+    config_file.write_text(yaml.safe_dump(fit_config(shape, args, prompts_file, out / "run"), sort_keys=False))
+    print(f"fit: {config_file} (log {out / 'fit.log'})", flush=True)
+    fit_s = run_fit(config_file, out / "fit.log", args.fit_timeout)
+    rows = read_steps(out / "run")
+    print(f"fit: {len(rows)} steps in {fit_s:.0f} s (start-up included)", flush=True)
+    config = load_config(load_yaml_layers([config_file]), extra_top_level=("trainer", "seed_everything"))
+    last = rows[-1]
+    lengths = step_lengths(config, int(last["step"]))
+    parts = components(config, shape, lengths)
+    results = report(args, shape, summarise(rows[args.warmup :]), last, parts) | {"answer_lengths": lengths}
+    (out / "results.json").write_text(json.dumps(results, indent=2))
+    print(f"results: {out / 'results.json'}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,38 @@
+"""benchmarks/e2e.py at the tiny shape: the real fit, its throughput figures, and its parts timed on the same work."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from sc_lightning.trainer.perf import SPLIT
+from tests.helpers.cli import user_environment
+from tests.helpers.configs import REPO
+
+pytestmark = pytest.mark.slow  # two fits and their parts' benchmarks on the CPU (about a minute each)
+
+
+@pytest.mark.parametrize("mode", ["colocated", "async"])
+def test_the_e2e_benchmark_reports_the_fits_throughput_and_times_the_same_work(tmp_path: Path, mode: str) -> None:
+    command = [sys.executable, "benchmarks/e2e.py", "--shape", "tiny", "--mode", mode, "--out", str(tmp_path)]
+    result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=400, env=user_environment())
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    assert "orchestration efficiency =" in result.stdout and "tokens/s/GPU" in result.stdout
+    results = json.loads((tmp_path / "results.json").read_text())
+    summary, last, parts = results["summary"], results["last_step"], results["components"]
+    assert summary["steps"] == 2  # 3 steps, the first left out as warm-up
+    assert sum(summary[f"split_{part}_s"] for part in SPLIT) == pytest.approx(summary["step_s"], rel=0.02)
+    # NeMo-RL's figure: prompt + response tokens / step time / GPUs (one CPU device): 16 rows of a 16-token prompt
+    assert summary["tokens_per_s_per_gpu"] == pytest.approx(summary["step_tokens"] / summary["step_s"], rel=0.02)
+    assert summary["step_tokens"] >= 16 * (16 + 1)
+    # the parts were timed on the last step's very work: the same answer lengths the fit generated
+    lengths = results["answer_lengths"]
+    assert len(lengths) == 16 and sum(lengths) == last["perf/step_generated_tokens"]
+    assert last["perf/step_tokens"] == sum(lengths) + 16 * 16
+    assert all(parts[f"{part}_s"] > 0 for part in ("generation", "train", "refit"))
+    explained = parts["generation_s"] + parts["train_s"] + parts["refit_s"]
+    assert results["efficiency"] == pytest.approx(explained / last["timing/train/total_step_time"])
