@@ -87,10 +87,12 @@ class Shape:
 
 SHAPES = {
     "tiny": Shape("builtin:tiny", 16, 32, 16, 4, 16, 16, None, "cpu", "fp32"),
-    # KV cache: 24 layers x 2 x 8 groups x 128 x 2 bytes x 4,352 positions = 428 MB a row; 160 rows = 69 GB
-    "1.26b": Shape("builtin:bench-1.26b", 256, 4096, 512, 16, 160, 64, 32768, "cuda", "bf16"),
-    # KV cache: 16 layers x 2 x 8 groups x 64 x 2 bytes x 4,352 positions = 143 MB a row; 384 rows = 55 GB
-    "llama1b": Shape("builtin:bench-llama1b", 256, 4096, 512, 16, 384, 64, 32768, "cuda", "bf16"),
+    # colocated on one H200 (141 GB): the KV cache, 24 layers x 2 x 8 groups x 128 x 2 bytes x 4,352 positions =
+    # 428 MB a row, 55 GB for 128 rows; training 16K-token micro-batches (~28 GB of activations at this shape) beside
+    # ~25 GB of bf16 weights, fp32 masters and AdamW state, and the engine's 2.5 GB replica
+    "1.26b": Shape("builtin:bench-1.26b", 256, 4096, 512, 16, 128, 64, 16384, "cuda", "bf16"),
+    # the KV cache: 16 layers x 2 x 8 groups x 64 x 2 bytes x 4,352 positions = 143 MB a row, 37 GB for 256 rows
+    "llama1b": Shape("builtin:bench-llama1b", 256, 4096, 512, 16, 256, 64, 16384, "cuda", "bf16"),
 }
 PROMPT_ALPHABET = "0123456789+-*="  # the character tokenizer's characters (one token each)
 
