@@ -7,8 +7,8 @@ of reasoning answers. The draw is seeded by the request's sampling seed (fixed b
 generation index), so a run's lengths repeat. The request samples past eos (``SamplingParams.ignore_eos``) and
 stops at its length: a random model cannot end it early, and the step's work is the same in every mode.
 
-The reward is the answer's length over the cap: cheap, and it differs within a group, so every row has an advantage
-and the trainer runs all of them (rows with nothing to learn from are skipped).
+The reward is the answer's length over 4,096 characters: cheap, and it differs within a group, so the step's
+advantages (and gradients) are not all zero, as in a real run.
 """
 
 from __future__ import annotations
