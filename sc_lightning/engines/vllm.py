@@ -146,9 +146,6 @@ class VLLMEngineActor(BatchedGenerateActor):
         from vllm import SamplingParams as VSamplingParams
 
         version = self.version
-        stops = set(stop_token_ids)
-        if self.settings.eos_token_id is not None and not sampling.ignore_eos:
-            stops.add(self.settings.eos_token_id)
         params = VSamplingParams(
             n=1,
             temperature=sampling.temperature,
@@ -157,7 +154,7 @@ class VLLMEngineActor(BatchedGenerateActor):
             max_tokens=sampling.max_new_tokens,
             seed=sampling.seed,
             logprobs=0,  # the sampled token's logprob only
-            stop_token_ids=sorted(stops),
+            stop_token_ids=_stop_ids(stop_token_ids, self.settings.eos_token_id, sampling),
             ignore_eos=True,  # the model config's eos is not ours to apply: the stop tokens above are the only ones
             detokenize=False,
         )
@@ -249,6 +246,12 @@ class VLLMEngineActor(BatchedGenerateActor):
             with contextlib.suppress(psutil.NoSuchProcess):
                 process.kill()
         shutil.rmtree(self._drop, ignore_errors=True)
+
+
+def _stop_ids(stop_token_ids: tuple[int, ...], eos_token_id: int | None, sampling: SamplingParams) -> list[int]:
+    """A request's stop tokens: the caller's, and the tokenizer's eos unless the request ignores it."""
+    eos = () if eos_token_id is None or sampling.ignore_eos else (eos_token_id,)
+    return sorted({*stop_token_ids, *eos})
 
 
 def _label_version(label: str, admitted: int) -> int:

@@ -291,3 +291,11 @@ def test_a_label_vllm_set_itself_reads_as_the_admission_version() -> None:
     from sc_lightning.engines.vllm import _label_version
 
     assert [_label_version(label, 4) for label in ("5", "0", "default")] == [5, 0, 4]
+
+
+def test_a_request_ignoring_eos_keeps_only_the_callers_stop_tokens() -> None:
+    from sc_lightning.engines.vllm import _stop_ids
+
+    assert _stop_ids((9, 4), 1, SamplingParams(8)) == [1, 4, 9]
+    assert _stop_ids((9, 4), 1, SamplingParams(8, ignore_eos=True)) == [4, 9]
+    assert _stop_ids((), None, SamplingParams(8)) == []
