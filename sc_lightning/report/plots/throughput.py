@@ -1,4 +1,4 @@
-"""Throughput: trained tokens per second and model FLOPs utilisation (MFU, logged on GPU runs only)."""
+"""Throughput: tokens per second (the training step's; the whole step's per GPU) and MFU (logged on GPUs only)."""
 
 from __future__ import annotations
 
@@ -7,12 +7,15 @@ from sc_lightning.report.tables import RunData
 
 
 def plot(run: RunData) -> Plot:
-    """Draw ``perf/tokens_per_s`` and ``perf/mfu`` over steps, each in its own panel."""
+    """Draw ``perf/tokens_per_s`` with ``perf/tokens_per_s_per_gpu``, and ``perf/mfu``, over steps, in two panels."""
     figure, (tokens, mfu) = new_figure(2)
-    series = line_panel(tokens, run, ["perf/tokens_per_s"], "tokens per second", "tokens/s")
+    rates = ["perf/tokens_per_s", "perf/tokens_per_s_per_gpu"]
+    series = line_panel(tokens, run, rates, "tokens per second", "tokens/s")
     series |= line_panel(mfu, run, ["perf/mfu"], "MFU", "fraction of peak FLOP/s")
     caption = (
-        "Training throughput per step (perf/tokens_per_s) and model FLOPs utilisation (perf/mfu: achieved over "
-        "peak FLOP/s of the accelerator; logged only where a peak is known, i.e. on GPUs)."
+        "Training throughput per step (perf/tokens_per_s: the training step's tokens over its time), the whole "
+        "step's (perf/tokens_per_s_per_gpu: prompt + response tokens over the step's wall time and the run's GPUs, "
+        "NeMo-RL's figure) and model FLOPs utilisation (perf/mfu: achieved over peak FLOP/s of the accelerator; "
+        "logged only where a peak is known, i.e. on GPUs)."
     )
     return Plot("throughput", "Tokens/s and MFU", caption, to_png(figure), series)
