@@ -249,10 +249,7 @@ async def _generation_and_refit(
     )
     try:
         batch = prompts(len(lengths), shape.prompt_len, vocab)
-        # warm-up, as the fit's earlier steps: a GPU captures its CUDA graphs in the first run; on a CPU the first
-        # three runs of a fresh process were ~10x slower than the rest (2-core box, builtin:tiny)
-        for _ in range(1 if shape.device == "cuda" else 3):
-            await engine_run(engine, batch, lengths)
+        await engine_run(engine, batch, lengths)  # warm-up, as the fit's first step: CUDA graphs, Triton kernels
         seconds, generations = await engine_run(engine, batch, lengths)
         assert [len(g.token_ids) for g in generations] == lengths
         refit = await refit_s(engine, functools.partial(megatron_weights, model), reps=3)
@@ -304,8 +301,8 @@ def _train_s(config: SCConfig, model: torch.nn.Module, spec: Any, lengths: list[
     return median_ms(step, device, reps=1, warmups=1) / 1e3
 
 
-def report(args: argparse.Namespace, shape: Shape, summary: dict[str, float], last: dict[str, float], parts: dict):
-    """Print the throughput table, the split and the orchestration efficiency of the last step."""
+def report_throughput(args: argparse.Namespace, shape: Shape, summary: dict[str, float]) -> None:
+    """Print the measured steps' throughput table and their mean split."""
     wall = summary["step_s"]
     print(
         f"\ne2e {args.shape} ({shape.model}, {shape.precision} on {shape.device}), mode {args.mode}: "
@@ -323,21 +320,22 @@ def report(args: argparse.Namespace, shape: Shape, summary: dict[str, float], la
     )
     print("\nsplit of the mean step (perf/split_*_s):")
     print("| " + " | ".join(SPLIT) + " |\n|" + "---:|" * len(SPLIT))
-    print(
-        "| "
-        + " | ".join(f"{summary[f'split_{p}_s']:.2f} s ({summary[f'split_{p}_s'] / wall:.0%})" for p in SPLIT)
-        + " |"
-    )
+    cells = [f"{summary[f'split_{p}_s']:.2f} s ({summary[f'split_{p}_s'] / wall:.0%})" for p in SPLIT]
+    print("| " + " | ".join(cells) + " |", flush=True)
+
+
+def report_efficiency(last: dict[str, float], parts: dict[str, float]) -> float:
+    """Print the last step's parts in the fit beside their own benchmarks; return the orchestration efficiency."""
     step = last["timing/train/total_step_time"]
     explained = parts["generation_s"] + parts["train_s"] + parts["refit_s"]
     print(f"\norchestration efficiency, step {last['step']:.0f} (its own work in the component benchmarks):")
     print("| part | in the fit s | own benchmark s |\n|---|---:|---:|")
-    for name, fit_part in (("generation", "generation"), ("train", "train"), ("refit", "refit")):
-        inside = last[f"perf/split_{fit_part}_s"] + (last["perf/split_logprob_s"] if name == "train" else 0.0)
+    for name in ("generation", "train", "refit"):
+        inside = last[f"perf/split_{name}_s"] + (last["perf/split_logprob_s"] if name == "train" else 0.0)
         print(f"| {name} | {inside:.3f} | {parts[f'{name}_s']:.3f} |")
     print(f"| step | {step:.3f} | {explained:.3f} |")
     print(f"orchestration efficiency = {explained:.3f} / {step:.3f} = {explained / step:.1%}")
-    return {"summary": summary, "components": parts, "efficiency": explained / step, "last_step": last}
+    return explained / step
 
 
 def main() -> None:
@@ -384,10 +382,13 @@ def main() -> None:
     rows = read_steps(out / "run")
     print(f"fit: {len(rows)} steps in {fit_s:.0f} s (start-up included)", flush=True)
     config = load_config(load_yaml_layers([config_file]), extra_top_level=("trainer", "seed_everything"))
-    last = rows[-1]
+    last, summary = rows[-1], summarise(rows[args.warmup :])
+    report_throughput(args, shape, summary)  # first: the fit's figures stand even if the parts' benchmarks fail
+    results: dict[str, Any] = {"summary": summary, "last_step": last}
+    (out / "results.json").write_text(json.dumps(results, indent=2))
     lengths = step_lengths(config, int(last["step"]))
     parts = components(config, shape, lengths)
-    results = report(args, shape, summarise(rows[args.warmup :]), last, parts) | {"answer_lengths": lengths}
+    results |= {"components": parts, "efficiency": report_efficiency(last, parts), "answer_lengths": lengths}
     (out / "results.json").write_text(json.dumps(results, indent=2))
     print(f"results: {out / 'results.json'}")
 
