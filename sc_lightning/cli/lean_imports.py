@@ -7,9 +7,10 @@ installed (sc_lightning needs it for Hugging Face checkpoints and tokenizers) it
 import transformers' auto models there and then, and its plot helpers import matplotlib: on the 2-core box that was
 about 60% of the time ``fit`` took to check a config, for metrics sc_lightning never computes. Before Lightning's
 first import the CLI tells torchmetrics, and only torchmetrics, that those optional packages are absent.
-``transformers`` and ``matplotlib`` themselves stay whole: they are imported when sc_lightning uses them (a
-tokenizer, a model import, the run report). In such a process the left-out torchmetrics metrics raise torchmetrics'
-own "needs transformers" error.
+The same goes for torchvision (its image metrics: GPU images ship it). ``transformers``, ``matplotlib`` and
+``torchvision`` themselves stay whole: they are imported when sc_lightning uses them (a tokenizer, a model import,
+the run report). In such a process the left-out torchmetrics metrics raise torchmetrics' own "needs transformers"
+(or torchvision) error.
 
 Lightning also imports ``torch._dynamo`` (about 2 s on the 2-core box, as long as torch itself) for one name,
 ``OptimizedModule``, the wrapper ``torch.compile`` puts around a module, which Lightning checks modules against. The
@@ -35,8 +36,12 @@ LEFT_OUT = (
     "_TRANSFORMERS_GREATER_EQUAL_4_4",
     "_TRANSFORMERS_GREATER_EQUAL_4_10",
     "_MATPLOTLIB_AVAILABLE",
+    "_TORCHVISION_AVAILABLE",
 )
-"""torchmetrics' availability flags (in ``torchmetrics.utilities.imports``) that the CLI sets false."""
+"""torchmetrics' availability flags (in ``torchmetrics.utilities.imports``) that the CLI sets false.
+
+torchvision too: torchmetrics' image metrics import it with the package, and torchvision imports
+``torch._dynamo.utils``, which the stand-in ``torch._dynamo`` below does not have (GPU images ship torchvision)."""
 
 
 def import_lightning() -> None:

@@ -4,6 +4,7 @@ megatron-core without TorchInductor or wandb."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -121,3 +122,25 @@ def test_megatron_imports_without_compiling_its_fusers() -> None:
         "wandb_left_out": True,
         "wandb_imports_after": True,
     }
+
+
+def test_lightning_imports_beside_torchvision_without_importing_it(tmp_path) -> None:
+    """torchmetrics' image metrics import torchvision with the package, and torchvision imports ``torch._dynamo.utils``
+    (GPU images ship it): the CLI's Lightning import leaves it out, so the stand-in TorchDynamo is never asked for it.
+    A planted ``torchvision`` that imports what the real one does stands in for it (this box has none)."""
+    planted = tmp_path / "torchvision"
+    planted.mkdir()
+    (planted / "__init__.py").write_text("from torch._dynamo.utils import is_compile_supported\n")
+    metadata = tmp_path / "torchvision-0.0.1.dist-info"  # installed, as far as importlib.metadata can tell
+    metadata.mkdir()
+    (metadata / "METADATA").write_text("Metadata-Version: 2.1\nName: torchvision\nVersion: 0.0.1\n")
+    code = (
+        "import json, sys\n"
+        "from sc_lightning.cli.lean_imports import import_lightning\n"
+        "import_lightning()\n"
+        "print(json.dumps({'torchvision': 'torchvision' in sys.modules, 'dynamo': 'torch._dynamo' in sys.modules}))\n"
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(REPO)])}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == {"torchvision": False, "dynamo": False}
