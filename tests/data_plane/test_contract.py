@@ -27,6 +27,7 @@ from sc_lightning.data_plane import DataPlane, DataPlaneError, MissingRowsError,
 from sc_lightning.data_plane.memory import MemoryDataPlane
 from tests.helpers.configs import REPO
 from tests.helpers.rows import assert_columns_equal, assert_rows_equal, rand_rows
+from tests.helpers.warm_cli import server_pids
 
 # One pytest-xdist worker runs the whole module, so the module's TransferQueue starts once: the simple-backend tests
 # reach ``tq_owner`` through ``request.getfixturevalue``, which the conftest's grouping by declared fixtures cannot see
@@ -61,12 +62,15 @@ def tq_owner() -> Iterator[DataPlane]:
 
 
 def assert_no_child_processes(timeout_s: float = 20.0) -> None:
-    """Ray's GCS, raylet and workers (our children) are gone shortly after ``ray.shutdown``."""
+    """Ray's GCS, raylet and workers (our children) are gone shortly after ``ray.shutdown``; the warm CLI's server
+    (tests/helpers/warm_cli.py), which this process keeps for forking commands, is not Ray's."""
     import psutil
 
     deadline = time.monotonic() + timeout_s
     while True:
-        alive = [p for p in psutil.Process().children(recursive=True) if p.status() != psutil.STATUS_ZOMBIE]
+        kept = server_pids()
+        children = [p for p in psutil.Process().children(recursive=True) if p.pid not in kept]
+        alive = [p for p in children if p.status() != psutil.STATUS_ZOMBIE]
         if not alive or time.monotonic() > deadline:
             break
         time.sleep(0.2)

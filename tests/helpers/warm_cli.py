@@ -1,7 +1,7 @@
 """``python -m sc_lightning`` as a fork of a preloaded interpreter: the same command without seconds of imports.
 
-A command-line process spends most of a short run importing torch, Lightning, megatron-core, transformers and Ray
-(about 11 of the 12 CPU seconds of a 3-step colocated ``fit`` on the 2-core box), and the suite starts a few hundred
+A command-line process spends most of a short run importing torch, Lightning, megatron-core and transformers
+(about 10 of the 12 CPU seconds of a 3-step colocated ``fit`` on the 2-core box), and the suite starts a few hundred
 of them. Here a ``multiprocessing`` forkserver, one per test process, imports those once, in the order and the way
 the CLI does (:func:`sc_lightning.cli.lean_imports.import_lightning` first), and each command is a fork of it. The
 fork is the command as a user's shell starts it in every way a test observes: its own pid (signals, SIGKILL), working
@@ -55,6 +55,19 @@ class _Fd:
 
     def __reduce__(self) -> tuple[Any, tuple[Any]]:
         return _received_fd, (multiprocessing.reduction.DupFd(self.fd),)
+
+
+def server_pids() -> set[int]:
+    """The processes this test process keeps for forking commands (the forkserver and multiprocessing's resource
+    tracker), which a check for leftover child processes leaves out."""
+    import multiprocessing.forkserver
+    import multiprocessing.resource_tracker
+
+    pids = {
+        multiprocessing.forkserver._forkserver._forkserver_pid,  # type: ignore[attr-defined]
+        multiprocessing.resource_tracker._resource_tracker._pid,  # type: ignore[attr-defined]
+    }
+    return {pid for pid in pids if pid is not None}
 
 
 def _received_fd(duplicate: Any) -> int:
