@@ -136,14 +136,15 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 def ray_cluster() -> Iterator[Any]:
     """The tests' one local Ray instance, per module: 4 logical CPUs (room for three engine actors), no dashboard.
 
-    Ray actors unpickle classes and functions by reference, so their workers import this repository's modules too.
-    Yields the ``ray`` module.
+    Ray actors unpickle classes and functions by reference, so their workers import this repository's modules too;
+    they start as a TransferQueue data plane's do (sc_lightning.data_plane.tq_runtime). Yields the ``ray`` module.
     """
     import ray
 
+    from sc_lightning.data_plane.tq_runtime import tq_ray_runtime_env
     from sc_lightning.local_ray import init_local_ray
 
-    init_local_ray(4, log_to_driver=False, runtime_env={"env_vars": {"PYTHONPATH": str(REPO)}})
+    init_local_ray(4, log_to_driver=False, runtime_env=tq_ray_runtime_env({"PYTHONPATH": str(REPO)}))
     try:
         yield ray
     finally:

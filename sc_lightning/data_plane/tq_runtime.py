@@ -14,6 +14,7 @@ from types import ModuleType
 from typing import Any, TypeVar
 
 from sc_lightning.data_plane.base import DataPlaneError
+from sc_lightning.data_plane.lean_tensordict import SETUP_HOOK, import_tensordict_without_dynamo
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +45,12 @@ def tq_thread_env() -> dict[str, str]:
     """Set ``TQ_NUM_THREADS`` to the core count unless already set (TQ reads it at import); returns it as env."""
     os.environ.setdefault("TQ_NUM_THREADS", str(cpu_cores()))
     return {"TQ_NUM_THREADS": os.environ["TQ_NUM_THREADS"]}
+
+
+def tq_ray_runtime_env(env: Mapping[str, str]) -> dict[str, Any]:
+    """The Ray job settings of a run whose data plane is TransferQueue: ``env`` in every worker, which imports
+    tensordict without TorchDynamo at start (:mod:`~sc_lightning.data_plane.lean_tensordict`)."""
+    return {"env_vars": dict(env), "worker_process_setup_hook": SETUP_HOOK}
 
 
 def ray_token_auth_enabled() -> bool:
@@ -103,6 +110,7 @@ def run_with_deadline(fn: Callable[[], _T], timeout_s: float, what: str) -> _T:
 def import_tq() -> ModuleType:
     """Import transfer_queue after setting TQ_NUM_THREADS (TransferQueue reads it at import)."""
     tq_thread_env()
+    import_tensordict_without_dynamo()
     import transfer_queue
 
     return transfer_queue

@@ -43,6 +43,7 @@ from sc_lightning.data_plane.tq_runtime import (
     kill_controller,
     ray_token_auth_enabled,
     run_with_deadline,
+    tq_ray_runtime_env,
     tq_thread_env,
 )
 from sc_lightning.data_plane.tq_strict import empty_rows, existing_keys, raise_missing, remove_quietly
@@ -327,10 +328,10 @@ class TransferQueueDataPlane:
         # spawning thread's life (parent-death signal), and it has start-up timeouts of its own.
         address = os.environ.get("RAY_ADDRESS")
         if address:
-            ray.init(address=address, runtime_env={"env_vars": env})
+            ray.init(address=address, runtime_env=tq_ray_runtime_env(env))
             return
         num_cpus = self.ray_num_cpus or cpu_cores() + 1 + self.num_storage_units
-        init_local_ray(num_cpus, runtime_env={"env_vars": env})
+        init_local_ray(num_cpus, runtime_env=tq_ray_runtime_env(env))
         self._owns_ray = True
 
     def _tq_config(self) -> dict[str, Any]:
@@ -376,7 +377,7 @@ class TransferQueueDataPlane:
         address = os.environ.get("RAY_ADDRESS") or self.ray_address or "auto"
         if self.ray_token_auth:
             enable_ray_token_auth()  # Ray checks tokens only where told to when it joins by address
-        ray.init(address=address, runtime_env={"env_vars": env})
+        ray.init(address=address, runtime_env=tq_ray_runtime_env(env))
         joined = ray.get_runtime_context().gcs_address
         if self.ray_address is not None and joined != self.ray_address:
             raise DataPlaneError(

@@ -537,13 +537,16 @@ def test_tq_plane_is_picklable_and_attaches_inside_a_ray_actor(tq_owner: DataPla
     plane.put(keys, {"ids": [torch.arange(3, dtype=torch.int32), torch.arange(5, dtype=torch.int32)]})
 
     @ray.remote(num_cpus=0)
-    def write_back(remote_plane: TransferQueueDataPlane) -> list[int]:
+    def write_back(remote_plane: TransferQueueDataPlane) -> tuple[list[int], list[bool]]:
+        at_start = ["tensordict" in sys.modules, "torch._dynamo" in sys.modules]
         ids = remote_plane.get(["a", "b"], ["ids"])["ids"]
         remote_plane.put(["b", "a"], {"doubled": [ids[1] * 2, ids[0] * 2]}, tags=[{"by": "actor"}] * 2)
         remote_plane.close()  # not the owner: leaves TransferQueue running
-        return [len(row) for row in ids]
+        return [len(row) for row in ids], at_start
 
-    assert ray.get(write_back.remote(plane), timeout=120) == [3, 5]
+    lengths, at_start = ray.get(write_back.remote(plane), timeout=120)
+    assert lengths == [3, 5]
+    assert at_start == [True, False]  # the job's workers start with tensordict, without TorchDynamo (lean_tensordict)
     got = plane.get(keys, ["doubled"])["doubled"]
     assert_rows_equal(got, [torch.arange(3, dtype=torch.int32) * 2, torch.arange(5, dtype=torch.int32) * 2])
     assert plane.tags(keys) == [{"by": "actor"}] * 2
