@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import shutil
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -62,10 +64,28 @@ def resolve_model_name(
     if recipe is None:
         return model_name
     path = cache_dir / f"{model_name.removeprefix('builtin:')}-seed{seed}-{_recipe_digest(recipe)}"
-    if not (path / "config.json").exists():
+    if not path.exists():
         log.info("building the warm-started %s policy in %s (once)", recipe.base, path)
-        warm_start(path, seed=seed, device=device, recipe=recipe)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        building = Path(tempfile.mkdtemp(prefix=f"{path.name}.building-", dir=path.parent))
+        try:
+            warm_start(building, seed=seed, device=device, recipe=recipe)
+        except BaseException:
+            shutil.rmtree(building, ignore_errors=True)
+            raise
+        _publish(building, path)
     return str(path)
+
+
+def _publish(building: Path, path: Path) -> None:
+    """Move a finished warm start into place in one step, so another run never reads it half written; where a run
+    beside this one published the same warm start first, keep theirs."""
+    try:
+        building.rename(path)
+    except OSError:  # the directory is there now (and whole): the same recipe and seed, so the same model
+        if not path.is_dir():
+            raise
+        shutil.rmtree(building, ignore_errors=True)
 
 
 def _recipe_digest(recipe: WarmRecipe) -> str:
