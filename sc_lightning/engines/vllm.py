@@ -285,6 +285,11 @@ class VLLMEngine(ActorEngineClient):
         env_vars = {"VLLM_CPU_OMP_THREADS_BIND": "nobind"}  # share the cores with the trainer, unpinned
         if not num_gpus:
             env_vars["OMP_NUM_THREADS"] = str(max(1, int(num_cpus)))  # and take only the CPUs Ray reserved
+            if settings.tensor_parallel_size == 1:
+                # vLLM's CPU platform runs even a lone worker in a process of its own, for the OpenMP settings it
+                # would pin there (unpinned here, and set above from process start): the worker runs in the engine
+                # core's process instead, one start of vLLM (about 20 s on 2 cores) fewer
+                env_vars["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         env_vars.update(env or {})
         options: dict[str, Any] = {
             "num_cpus": num_cpus,
