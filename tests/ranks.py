@@ -155,14 +155,28 @@ def _serve(
 
 
 def _as_fresh(environment: dict[str, str], directory: str, seed: int, world_size: int) -> None:
-    """Undo what a function run before may have left: megatron's parallel state (sizes, seeds), torch's default seed
-    and threads, the environment and the working directory."""
+    """Undo what a function run before may have left: megatron's parallel state (sizes, seeds) and process groups,
+    torch's default seed and threads, the environment and the working directory."""
     from megatron.core import parallel_state
 
     if parallel_state.model_parallel_is_initialized():
         parallel_state.destroy_model_parallel()
+    _destroy_subgroups()
     torch.manual_seed(seed)
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // world_size))  # the machine's cores shared out
     os.environ.clear()
     os.environ.update(environment)
     os.chdir(directory)
+
+
+def _destroy_subgroups() -> None:
+    """Destroy every process group but the rank's own world.
+
+    megatron's ``destroy_model_parallel`` forgets its groups without destroying them, and each gloo group keeps two
+    threads per peer polling its sockets: a pool rank that served a few hundred functions held over a thousand such
+    threads, and the idle rank processes took a third of a core each for the rest of the suite.
+    """
+    world = torch.distributed.GroupMember.WORLD
+    for group in list(torch.distributed.distributed_c10d._world.pg_map):  # torch keeps no public list of groups
+        if group is not world:
+            torch.distributed.destroy_process_group(group)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 import torch.distributed
@@ -52,3 +53,25 @@ def test_a_rank_that_dies_fails_the_run_with_its_index_and_exit_code_and_the_nex
 def _both_meet(rank: int, world_size: int) -> None:
     """Both ranks meet once (the pool that lost a rank was retired: these are new processes)."""
     torch.distributed.barrier()
+
+
+def _threads_after_model_parallel(rank: int, world_size: int, out: str) -> None:
+    """Set up megatron's TP=2 groups (as the multi-rank tests do) and report this rank's native thread count."""
+    from megatron.core import parallel_state
+
+    parallel_state.initialize_model_parallel(tensor_model_parallel_size=2)
+    torch.distributed.barrier()
+    with open(f"{out}.{rank}", "a") as counts:
+        counts.write(f"{len(os.listdir('/proc/self/task'))}\n")
+
+
+@pytest.mark.slow  # ranks in processes
+def test_a_pool_rank_holds_no_more_threads_after_many_functions_than_after_one(tmp_path) -> None:
+    """Every function's process groups are destroyed before the next (megatron's reset leaves them): a rank's gloo
+    threads do not pile up over the functions it serves."""
+    out = str(tmp_path / "threads")
+    for _ in range(6):
+        run_ranks(_threads_after_model_parallel, 2, out)
+    for rank in range(2):
+        counts = [int(line) for line in Path(f"{out}.{rank}").read_text().split()]
+        assert counts[-1] <= counts[1], counts  # the first call may start torch's own threads once
