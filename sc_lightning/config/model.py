@@ -87,6 +87,15 @@ class McoreGenerationConfig:
     max_batch_size: int = knob(
         64, "Most requests the engine decodes together (its KV-cache rows); more wait for a free row.", ge=1
     )
+    kv_cache_memory_fraction: float = knob(
+        0.9,
+        "On a GPU, the fraction of the device memory free when the KV cache is allocated (at the first request and "
+        "at each wake beside a colocated trainer) that the cache may take: max_batch_size rows, or fewer when they "
+        "do not fit (requests beyond them wait); the rest is the engine's room for a step. Not even one row fails "
+        "the request, naming this knob.",
+        gt=0,
+        le=1,
+    )
 
 
 @section

@@ -50,6 +50,7 @@ def default_engine_factory(
         "tokenizer_name": policy.tokenizer_name,
         "max_seq_len": context_tokens(config),
         "max_batch_size": policy.generation.mcore_generation_config.max_batch_size,
+        "kv_cache_memory_fraction": policy.generation.mcore_generation_config.kv_cache_memory_fraction,
     }
     if policy.generation.colocated.enabled:
         from sc_lightning.engines.megatron.engine import MegatronEngine

@@ -18,6 +18,7 @@ import pytest
 import torch
 
 from sc_lightning.engines.megatron.engine import MegatronEngine
+from sc_lightning.engines.megatron.kv_cache import free_device_bytes
 from sc_lightning.models import build_gpt_model, export_hf_weights, logits_of, token_logprobs
 from sc_lightning.models.convert import random_hf_state
 from sc_lightning.models.spec import ModelSpec
@@ -199,3 +200,29 @@ def test_a_request_spanning_a_refit_records_both_versions_where_the_weights_chan
     assert result.weight_version == 0
     assert bool((argmax_gaps(ref_a, prompt, result.token_ids)[:split] <= tol).all())
     assert bool((argmax_gaps(ref_b, prompt, result.token_ids)[split:] <= tol).all())
+
+
+def test_an_engine_on_a_nearly_full_gpu_runs_fewer_rows_and_every_request_exactly() -> None:
+    """The KV cache is sized from the memory free when it is allocated: with the GPU filled but for ~140 MB, 2% of it
+    holds a few rows of max_batch_size 16; requests beyond them wait, and every one is exact (no OOM)."""
+    model = replica(0, "bf16")
+    engine = MegatronEngine(
+        model, SPEC, eos_token_id=None, stop_on_eos=False, max_batch_size=16, kv_cache_memory_fraction=0.02
+    )
+    row_bytes = engine._batch.forward.slot_bytes(SPEC.max_position_embeddings)
+    blocker = torch.empty(
+        free_device_bytes(torch.device("cuda")) - int(3.5 * row_bytes / 0.02), dtype=torch.uint8, device="cuda"
+    )
+
+    async def scenario() -> tuple[list[Generation], int]:
+        try:
+            return await generate_all(engine, 24), engine._batch.capacity
+        finally:
+            await engine.shutdown()
+
+    generations, slots = asyncio.run(scenario())
+    del blocker
+    assert 1 <= slots < 16, slots
+    for prompt, generation in zip(PROMPTS, generations, strict=True):
+        assert len(generation.token_ids) == 24
+        check(model, prompt, generation, "bf16")

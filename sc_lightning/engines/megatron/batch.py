@@ -51,10 +51,11 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from sc_lightning.engines.megatron import kv_cache
 from sc_lightning.engines.megatron.cached_forward import CachedForward
 from sc_lightning.engines.megatron.cuda_graphs import DecodeGraphs
 from sc_lightning.engines.megatron.decode_sampling import NoiseStream, sample_next, to_device
-from sc_lightning.engines.megatron.kv_cache import SlotKVCache, batch_bucket, kv_bucket
+from sc_lightning.engines.megatron.kv_cache import SlotKVCache, batch_bucket, kv_bucket, rows_within_budget
 from sc_lightning.types import FinishReason, Generation, SamplingParams
 
 Outcome = Generation | BaseException
@@ -162,9 +163,11 @@ class ContinuousBatch:
         cuda_graphs: bool,
         buckets: bool | None = None,
         overlap: bool | None = None,
+        memory_fraction: float | None = None,
     ) -> None:
         self.forward = forward
         self.max_rows = max_rows
+        self.memory_fraction = memory_fraction
         self.max_seq_len = max_seq_len
         self.vocab_size = vocab_size
         self.prefill_tokens = prefill_tokens
@@ -175,14 +178,20 @@ class ContinuousBatch:
         self.overlap = on_gpu if overlap is None else overlap
         self.rows: list[_Row] = []  # rows[i] owns slot i of the cache
         self.cache: SlotKVCache | None = None
+        self.returned: list[Request] = []  # rows the cache had no slot for at its allocation: to join again
         self._launched: _Launched | None = None
         self._joined = False
         self.decode_steps = 0
         self.prefill_calls = 0
         self.sampled_tokens = 0
 
+    @property
+    def capacity(self) -> int:
+        """Rows the batch may hold: the cache's slots once allocated, else ``max_rows``."""
+        return self.cache.slots if self.cache is not None else self.max_rows
+
     def add(self, request: Request) -> None:
-        """Let ``request`` join at the next step (the caller keeps at most ``max_rows`` rows)."""
+        """Let ``request`` join at the next step (the caller keeps at most :attr:`capacity` rows)."""
         self.rows.append(_Row(request))
         self._joined = True
 
@@ -236,7 +245,7 @@ class ContinuousBatch:
         if not self.rows:
             return finished
         if self.cache is None:
-            self.cache = self.forward.new_cache(self.max_rows, self.max_seq_len)
+            self._allocate()
         self._joined = False
         waiting = [i for i, row in enumerate(self.rows) if row.waiting > 0]
         if waiting:
@@ -249,6 +258,21 @@ class ContinuousBatch:
             else:
                 finished += self._read(launched, version)
         return finished
+
+    def _allocate(self) -> None:
+        """Allocate the KV cache: ``max_rows`` slots, or on a GPU with a ``memory_fraction`` as many as that fraction
+        of the device memory free now holds; rows beyond its slots (nothing cached yet) move to :attr:`returned`."""
+        slots, free = self.max_rows, kv_cache.free_device_bytes(self.device)
+        if free is not None and self.memory_fraction is not None:
+            slots = rows_within_budget(
+                free_bytes=free,
+                fraction=self.memory_fraction,
+                row_bytes=self.forward.slot_bytes(self.max_seq_len),
+                max_rows=self.max_rows,
+            )
+        self.cache = self.forward.new_cache(slots, self.max_seq_len)
+        self.returned += [row.request for row in self.rows[slots:]]
+        del self.rows[slots:]
 
     def _can_chain(self, launched: _Launched) -> bool:
         """Whether the next decode step can be queued before ``launched`` is read: same rows, all decoding."""
@@ -312,7 +336,7 @@ class ContinuousBatch:
         A ``chained`` step feeds the tokens ``chained`` sampled (still on the device), one position further.
         """
         assert self.cache is not None
-        batch = batch_bucket(len(self.rows), self.max_rows) if self.buckets else len(self.rows)
+        batch = batch_bucket(len(self.rows), self.capacity) if self.buckets else len(self.rows)
         tokens, positions = [0] * batch, [0] * batch
         for i, row in enumerate(self.rows):
             if chained is not None:

@@ -43,7 +43,7 @@ import torch.nn.functional as F
 from megatron.core import parallel_state
 from torch import Tensor
 
-from sc_lightning.engines.megatron.kv_cache import SlotKVCache
+from sc_lightning.engines.megatron.kv_cache import SlotKVCache, slot_bytes
 from sc_lightning.models.fused import triton_module
 
 
@@ -169,6 +169,12 @@ class CachedForward:
         self.cos = torch.cos(freqs).to(self.dtype)  # (L, D), as megatron: cos in fp32, then the model dtype
         sin = torch.sin(freqs).to(self.dtype)
         self.sin_signed = torch.cat([-sin[:, :half], sin[:, half:]], dim=-1)  # rotate_half's sign folded in
+
+    def slot_bytes(self, length: int) -> int:
+        """Bytes one slot of :meth:`new_cache` takes for sequences of up to ``length`` positions."""
+        return slot_bytes(
+            layers=len(self.layers), groups=self.groups, length=length, head_dim=self.head_dim, dtype=self.dtype
+        )
 
     def new_cache(self, slots: int, length: int) -> SlotKVCache:
         """A zeroed KV cache for ``slots`` sequences of up to ``length`` positions, for this model."""

@@ -83,7 +83,9 @@ class MegatronEngine:
     ``spec`` its architecture. Stop tokens: ``eos_token_id`` (when ``stop_on_eos``) plus ``extra_stop_token_ids``,
     plus any given to ``generate``; a stop token ends the completion and is included in it. ``max_seq_len`` caps
     prompt + completion (default: the model's ``max_position_embeddings``); the KV cache holds ``max_batch_size``
-    sequences of that length. ``prefill_chunk_tokens`` bounds the prompt positions prefilled per step.
+    sequences of that length, or on a GPU as many as ``kv_cache_memory_fraction`` of the device memory free when the
+    cache is allocated (at the first request and at each wake) holds; requests beyond its rows wait.
+    ``prefill_chunk_tokens`` bounds the prompt positions prefilled per step.
     ``cuda_graphs`` (default: on a GPU) replays the decode step as CUDA graphs; ``flash_decode`` decodes on flash
     attention's varlen kernel (bf16/fp16 on a GPU; see :mod:`~sc_lightning.engines.megatron.cached_forward`);
     ``fused_decode`` runs the forward on fused Triton kernels (residual + RMSNorm, RoPE + K/V write, decode
@@ -104,6 +106,7 @@ class MegatronEngine:
         max_batch_size: int = 64,
         max_seq_len: int | None = None,
         prefill_chunk_tokens: int = 1024,
+        kv_cache_memory_fraction: float = 0.9,
         cuda_graphs: bool | None = None,
         flash_decode: bool = False,
         fused_decode: bool | None = None,
@@ -119,6 +122,9 @@ class MegatronEngine:
         for knob, value in (("max_batch_size", max_batch_size), ("prefill_chunk_tokens", prefill_chunk_tokens)):
             if value < 1:
                 raise ValueError(f"engine {name!r}: {knob} must be >= 1, got {value}")
+        if not 0 < kv_cache_memory_fraction <= 1:
+            fraction = kv_cache_memory_fraction
+            raise ValueError(f"engine {name!r}: kv_cache_memory_fraction must be in (0, 1], got {fraction}")
         self.name = name
         self._model = model.eval()
         self._spec = spec
@@ -135,6 +141,7 @@ class MegatronEngine:
             vocab_size=spec.vocab_size,
             prefill_tokens=prefill_chunk_tokens,
             cuda_graphs=graphs,
+            memory_fraction=kv_cache_memory_fraction,
         )
         eos = {eos_token_id} if stop_on_eos and eos_token_id is not None else set()
         self._extra_stop_ids = frozenset(int(t) for t in extra_stop_token_ids)  # what a request ignoring eos keeps

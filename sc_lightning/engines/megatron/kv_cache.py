@@ -8,6 +8,10 @@ place (``index_copy_`` at ``slot * length + position``). Seen from a layer, the 
 starting at row ``s * length``, which flash attention reads up to each row's own length), or per slot
 ``(length, groups, head_dim)`` strided views for the generic attention path.
 
+On a GPU the cache is sized from a memory budget when it is allocated (:func:`rows_within_budget`): a fraction of
+the device memory free at that moment, so a colocated engine waking beside the trainer's weights and optimizer state
+takes what is left, never more; the engine then runs fewer rows than ``max_batch_size`` and requests beyond them wait.
+
 The buckets fix the shapes a CUDA graph is captured for: :func:`batch_bucket` (powers of two up to the engine's
 ``max_batch_size``) and, where attention reads a fixed span, :func:`kv_bucket` (multiples of 64 up to 512
 positions, then steps of an eighth of the next power of two, so at most 25% of what is read is padding past 256).
@@ -33,6 +37,39 @@ def kv_bucket(positions: int, limit: int) -> int:
     """
     step = max(KV_ALIGN, 1 << max(0, (positions - 1).bit_length() - 3))
     return min(-(-positions // step) * step, limit)
+
+
+def slot_bytes(*, layers: int, groups: int, length: int, head_dim: int, dtype: torch.dtype) -> int:
+    """Bytes of one slot of a :class:`SlotKVCache`: K and V of every layer for ``length`` positions (aligned)."""
+    aligned = -(-length // KV_ALIGN) * KV_ALIGN
+    return layers * aligned * groups * 2 * head_dim * dtype.itemsize
+
+
+def free_device_bytes(device: torch.device) -> int | None:
+    """Bytes this process can still allocate on ``device``: the CUDA driver's free memory plus what PyTorch's caching
+    allocator holds unused (a colocated trainer's freed activations); None off CUDA, where no budget applies."""
+    if device.type != "cuda":
+        return None
+    free, _ = torch.cuda.mem_get_info(device)
+    return free + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+
+
+def rows_within_budget(*, free_bytes: int, fraction: float, row_bytes: int, max_rows: int) -> int:
+    """How many cache rows fit in ``fraction`` of ``free_bytes``, at most ``max_rows``; ValueError when none does.
+
+    The rest of the free memory (``1 - fraction``) is the engine's headroom for what a step allocates (a prefill
+    chunk's activations and logits, the sampled tokens).
+    """
+    budget = int(free_bytes * fraction)
+    rows = min(max_rows, budget // row_bytes)
+    if rows < 1:
+        raise ValueError(
+            f"one KV-cache row needs {row_bytes / 2**20:,.0f} MiB, but {fraction:g} of the "
+            f"{free_bytes / 2**20:,.0f} MiB free on the device is {budget / 2**20:,.0f} MiB: raise "
+            "policy.generation.mcore_generation_config.kv_cache_memory_fraction, lower "
+            "policy.max_total_sequence_length, or free device memory (a smaller policy.train_micro_batch_tokens)"
+        )
+    return rows
 
 
 class SlotKVCache:

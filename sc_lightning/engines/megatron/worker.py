@@ -140,6 +140,7 @@ class DecodeWorker:
                 self._batch.add(request)
             if not commands:
                 self._advance(self._batch.step)
+                self._requeue_returned()
 
     def _next_work(self) -> tuple[list[Command], list[Request]]:
         """Wait for commands (returned alone) or, when awake, work: the pending requests that fit in the batch."""
@@ -152,11 +153,18 @@ class DecodeWorker:
                 commands, self._commands = self._commands, []
                 return commands, []
             joining: list[Request] = []
-            while self._pending and len(self._batch.rows) + len(joining) < self._batch.max_rows:
+            while self._pending and len(self._batch.rows) + len(joining) < self._batch.capacity:
                 request = self._pending.popleft()
                 if not request.cancelled.is_set():
                     joining.append(request)
             return [], joining
+
+    def _requeue_returned(self) -> None:
+        """Put the rows a smaller KV cache had no slot for back at the head of the queue, in their order."""
+        returned, self._batch.returned = self._batch.returned, []
+        if returned:
+            with self._cond:
+                self._pending.extendleft(reversed(returned))
 
     def _apply(self, command: Command) -> None:
         """Apply one control command and reply to its caller."""
