@@ -125,6 +125,17 @@ def controller_exists(ray: ModuleType) -> bool:
     return True
 
 
+def foreign_controller_job(ray: ModuleType) -> str | None:
+    """The Ray job (hex id) of a TransferQueue controller on this cluster that another job started; None when there
+    is no controller or this job's own."""
+    try:
+        handle = ray.get_actor(CONTROLLER_ACTOR, namespace=CONTROLLER_NAMESPACE)
+    except ValueError:
+        return None
+    job = handle._ray_actor_id.job_id.hex()  # an actor's id embeds the job that created it
+    return None if job == ray.get_runtime_context().get_job_id() else job
+
+
 def kill_controller(ray: ModuleType) -> None:
     """Best effort: remove a controller left behind by a start that timed out."""
     try:

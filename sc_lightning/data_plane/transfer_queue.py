@@ -10,6 +10,8 @@ What this wrapper adds to TransferQueue (see docs/data-plane.md, "What sc_lightn
 - start-up that cannot hang: explicit Ray CPU counts, a check of free CPUs before ``tq.init`` (which otherwise
   waits forever for its actors), and a deadline on ``tq.init`` (``ray.init`` has time-outs of its own);
 - ``TQ_NUM_THREADS`` set to the core count before TransferQueue is imported (also for actors of a Ray we start);
+- one run per controller: at start, a controller of another Ray job (a run killed a moment ago) is let go first;
+  one that stays is a live run's, a clear error;
 - strict reads: TransferQueue drops unknown keys and returns nothing for a field some rows lack; we raise
   MissingRowsError naming them (:mod:`~sc_lightning.data_plane.tq_strict`);
 - a failed put removes the rows it registered but could not fill, so no orphan rows remain;
@@ -21,6 +23,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from types import ModuleType
@@ -39,6 +42,7 @@ from sc_lightning.data_plane.tq_runtime import (
     controller_exists,
     cpu_cores,
     enable_ray_token_auth,
+    foreign_controller_job,
     import_tq,
     kill_controller,
     ray_token_auth_enabled,
@@ -52,6 +56,8 @@ from sc_lightning.local_ray import init_local_ray
 
 log = logging.getLogger(__name__)
 _T = TypeVar("_T")
+FOREIGN_CONTROLLER_WAIT_S = 30.0
+"""Longest wait at start for Ray to remove another job's TransferQueue controller (a killed run's goes in ~1 s)."""
 
 
 class TransferQueueDataPlane:
@@ -307,6 +313,7 @@ class TransferQueueDataPlane:
             self._init_ray(ray, env)
         try:
             tq = import_tq()
+            self._wait_for_foreign_controller(ray)
             if controller_exists(ray):
                 self._deadline(tq.init, "attaching to the running TransferQueue")
             else:
@@ -322,6 +329,24 @@ class TransferQueueDataPlane:
             if self._owns_ray:
                 ray.shutdown()
             raise
+
+    def _wait_for_foreign_controller(self, ray: ModuleType) -> None:
+        """Let Ray remove the controller of another job (a run killed a moment ago on a long-lived cluster) before
+        starting ours; within ``start_timeout_s`` (at most 30 s), else a live run holds it: a DataPlaneError.
+
+        TransferQueue keeps one controller per cluster under a fixed name, so attaching to another job's would mix
+        two runs' rows, or fail once Ray reaps it.
+        """
+        deadline = time.monotonic() + min(self.start_timeout_s, FOREIGN_CONTROLLER_WAIT_S)
+        while (job := foreign_controller_job(ray)) is not None:
+            if time.monotonic() > deadline:
+                raise DataPlaneError(
+                    f"the TransferQueue controller of Ray job {job} still runs on this cluster after "
+                    f"{min(self.start_timeout_s, FOREIGN_CONTROLLER_WAIT_S):g} s: TransferQueue runs one per "
+                    "cluster, so two runs cannot share it; stop the other run, or give this one its own cluster "
+                    "(unset RAY_ADDRESS)"
+                )
+            time.sleep(0.2)
 
     def _init_ray(self, ray: ModuleType, env: dict[str, str]) -> None:
         # ray.init runs in this thread, not under run_with_deadline: Ray ties the processes it spawns to the
