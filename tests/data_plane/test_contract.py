@@ -2,16 +2,16 @@
 
 ``memory`` runs in-process. ``simple`` is real TransferQueue on a real local Ray: started once per module by the
 ``tq_owner`` fixture (about 10 s), each test on its own partition, everything shut down at the end.
-One file (past 400 lines): one contract, whose clauses share the backend fixtures.
+One file, over 450 lines: one contract, whose clauses share the backend fixtures, and the three TransferQueue-only
+checks at the end, which reuse the module's one TransferQueue start (another module would start it again);
+backend specifics that need no running TransferQueue are in test_backend_specifics.py.
 """
 
 from __future__ import annotations
 
 import contextlib
 import itertools
-import pickle
 import random
-import subprocess
 import sys
 import threading
 import time
@@ -22,11 +22,9 @@ from typing import Any
 import pytest
 import torch
 
-from sc_lightning.config.runtime import DataPlaneConfig
-from sc_lightning.data_plane import DataPlane, DataPlaneError, MissingRowsError, build_data_plane
+from sc_lightning.data_plane import DataPlane, DataPlaneError, MissingRowsError
 from sc_lightning.data_plane.memory import MemoryDataPlane
-from tests.helpers.configs import REPO
-from tests.helpers.rows import assert_columns_equal, assert_rows_equal, rand_rows
+from tests.helpers.rows import assert_columns_equal, assert_rows_equal, rand_rows, sample_columns
 from tests.helpers.warm_cli import server_pids
 
 # One pytest-xdist worker runs the whole module, so the module's TransferQueue starts once: the simple-backend tests
@@ -119,21 +117,6 @@ def capacity_of(backend: str) -> int:
 # ---- helpers ---------------------------------------------------------------------------------------------------
 
 DTYPES = [torch.int32, torch.float32, torch.bfloat16, torch.int8, torch.bool]
-
-
-def sample_columns(n: int, seed: int = 0) -> dict[str, list[torch.Tensor]]:
-    """A rollout-like row set: jagged per-token fields of several dtypes (including empty rows) and scalars."""
-    lengths = [(seed * 7 + 5 * i) % 9 for i in range(n)]  # includes 0
-    return {
-        "input_ids": rand_rows(torch.int32, lengths, seed=seed),
-        "logprobs": rand_rows(torch.float32, lengths, seed=seed + 1),
-        "hidden": rand_rows(torch.bfloat16, lengths, (3,), seed=seed + 2),
-        "token_mask": rand_rows(torch.int8, lengths, seed=seed + 3),
-        "keep": rand_rows(torch.bool, lengths, seed=seed + 4),
-        "reward": rand_rows(torch.float32, [-1] * n, seed=seed + 5),
-        "length": [torch.tensor(length, dtype=torch.int32) for length in lengths],
-        "truncated": rand_rows(torch.bool, [-1] * n, seed=seed + 6),
-    }
 
 
 def pick(columns: dict[str, list[torch.Tensor]], indexes: list[int]) -> dict[str, list[torch.Tensor]]:
@@ -422,19 +405,6 @@ def test_token_versions_of_rollout_rows_survive_the_plane_and_a_snapshot(plane: 
     assert chunk.input_ids.tolist() == [[2, 5, 7, 4, 1, 9], [2, 5, 7, 6, 0, 0]]
 
 
-def test_load_into_a_fresh_memory_plane(tmp_path: Path) -> None:
-    source = MemoryDataPlane("p")
-    columns = sample_columns(5, seed=4)
-    source.put([f"k{i}" for i in range(5)], columns, tags=[{"i": i} for i in range(5)])
-    source.save(tmp_path)
-    fresh = MemoryDataPlane("p")
-    fresh.load(tmp_path)
-    assert fresh.keys() == source.keys()
-    assert fresh.tags(fresh.keys()) == source.tags(source.keys())
-    assert_columns_equal(fresh.get(fresh.keys(), list(columns)), columns)
-    assert (tmp_path / "manifest.json").exists()
-
-
 def test_load_refuses_another_partition_and_missing_snapshots(plane: DataPlane, tmp_path: Path) -> None:
     other = MemoryDataPlane("some-other-partition")
     other.put(["k"], {"x": [torch.ones(1)]})
@@ -443,17 +413,6 @@ def test_load_refuses_another_partition_and_missing_snapshots(plane: DataPlane, 
         plane.load(tmp_path / "other")
     with pytest.raises(DataPlaneError, match="no data-plane snapshot"):
         plane.load(tmp_path / "nothing-here")
-
-
-def test_memory_load_over_capacity_keeps_contents(tmp_path: Path) -> None:
-    big = MemoryDataPlane("p")
-    big.put([f"k{i}" for i in range(5)], {"x": [torch.ones(1)] * 5})
-    big.save(tmp_path)
-    small = MemoryDataPlane("p", capacity=3)
-    small.put(["mine"], {"x": [torch.zeros(1)]})
-    with pytest.raises(DataPlaneError, match="capacity 3"):
-        small.load(tmp_path)
-    assert small.keys() == ["mine"]
 
 
 # ---- concurrency -----------------------------------------------------------------------------------------------
@@ -488,42 +447,12 @@ def test_concurrent_writers_readers_and_clears_do_not_corrupt(plane: DataPlane) 
 # ---- backend specifics -----------------------------------------------------------------------------------------
 
 
-def test_memory_plane_refuses_pickling() -> None:
-    with pytest.raises(TypeError, match="lives in one process.*backend='simple'"):
-        pickle.dumps(MemoryDataPlane())
-
-
 def test_closed_plane_refuses_use(make_plane: Callable[..., DataPlane]) -> None:
     plane = make_plane()
     plane.close()
     plane.close()
     with pytest.raises(DataPlaneError, match="closed"):
         plane.put(["k"], {"x": [torch.ones(1)]})
-
-
-def test_build_data_plane_picks_the_backend() -> None:
-    plane = build_data_plane(DataPlaneConfig(backend="memory", partition_id="p", storage_capacity=7))
-    assert isinstance(plane, MemoryDataPlane) and isinstance(plane, DataPlane)
-    assert (plane.partition_id, plane.capacity) == ("p", 7)
-    with pytest.raises(DataPlaneError, match="enabled is false"):
-        build_data_plane(DataPlaneConfig(enabled=False, backend="memory"))
-
-
-def test_importing_the_package_does_not_import_ray_or_transfer_queue() -> None:
-    code = (
-        "import sys, sc_lightning.data_plane, sc_lightning.data_plane.memory, sc_lightning.data_plane.transfer_queue;"
-        "print(sorted(m for m in ('ray', 'transfer_queue', 'tensordict') if m in sys.modules))"
-    )
-    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True).stdout
-    assert out.strip() == "[]"
-
-
-def test_check_ray_cpus_explains_the_shortage() -> None:
-    from sc_lightning.data_plane.tq_runtime import check_ray_cpus
-
-    check_ray_cpus({"CPU": 2.0}, 2)
-    with pytest.raises(DataPlaneError, match=r"needs 3 free Ray CPUs .*has 1 free.*num_cpus"):
-        check_ray_cpus({"CPU": 1.0}, 3)
 
 
 @pytest.mark.slow

@@ -33,3 +33,18 @@ def assert_columns_equal(got: dict[str, list[torch.Tensor]], want: dict[str, lis
     assert list(got) == list(want)
     for field in want:
         assert_rows_equal(got[field], want[field], field)
+
+
+def sample_columns(n: int, seed: int = 0) -> dict[str, list[torch.Tensor]]:
+    """A rollout-like row set: jagged per-token fields of several dtypes (including empty rows) and scalars."""
+    lengths = [(seed * 7 + 5 * i) % 9 for i in range(n)]  # includes 0
+    return {
+        "input_ids": rand_rows(torch.int32, lengths, seed=seed),
+        "logprobs": rand_rows(torch.float32, lengths, seed=seed + 1),
+        "hidden": rand_rows(torch.bfloat16, lengths, (3,), seed=seed + 2),
+        "token_mask": rand_rows(torch.int8, lengths, seed=seed + 3),
+        "keep": rand_rows(torch.bool, lengths, seed=seed + 4),
+        "reward": rand_rows(torch.float32, [-1] * n, seed=seed + 5),
+        "length": [torch.tensor(length, dtype=torch.int32) for length in lengths],
+        "truncated": rand_rows(torch.bool, [-1] * n, seed=seed + 6),
+    }
