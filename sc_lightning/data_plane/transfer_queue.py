@@ -337,12 +337,13 @@ class TransferQueueDataPlane:
         TransferQueue keeps one controller per cluster under a fixed name, so attaching to another job's would mix
         two runs' rows, or fail once Ray reaps it.
         """
-        deadline = time.monotonic() + min(self.start_timeout_s, FOREIGN_CONTROLLER_WAIT_S)
+        wait_s = min(self.start_timeout_s, FOREIGN_CONTROLLER_WAIT_S)
+        deadline = time.monotonic() + wait_s
         while (job := foreign_controller_job(ray)) is not None:
             if time.monotonic() > deadline:
                 raise DataPlaneError(
                     f"the TransferQueue controller of Ray job {job} still runs on this cluster after "
-                    f"{min(self.start_timeout_s, FOREIGN_CONTROLLER_WAIT_S):g} s: TransferQueue runs one per "
+                    f"{wait_s:g} s: TransferQueue runs one per "
                     "cluster, so two runs cannot share it; stop the other run, or give this one its own cluster "
                     "(unset RAY_ADDRESS)"
                 )
