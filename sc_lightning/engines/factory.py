@@ -109,12 +109,28 @@ def _vllm_engine(
         recompute_kv_cache_after_weight_updates=config.async_rl.recompute_kv_cache_after_weight_updates,
         eos_token_id=load_tokenizer(policy.tokenizer_name or model_name).eos_token_id,
     )
-    resources = policy.generation.colocated.resources
-    gpus = resources.num_nodes * (resources.gpus_per_node or 0)
-    tp = vllm_cfg.tensor_parallel_size
+    gpus = _engine_gpus(config)
     _start_ray()
     replicas = [
-        VLLMEngine(settings, name=f"vllm-{i}", num_gpus=tp if gpus else 0, cleanup_paths=written)
-        for i in range(max(1, gpus // tp))
+        VLLMEngine(
+            settings, name=f"vllm-{i}", num_gpus=vllm_cfg.tensor_parallel_size if gpus else 0, cleanup_paths=written
+        )
+        for i in range(engine_actor_count(config))
     ]
     return EngineRouter(replicas, name="vllm")
+
+
+def _engine_gpus(config: SCConfig) -> int:
+    """The GPUs ``policy.generation.colocated.resources`` gives the engines (0 on a CPU box)."""
+    resources = config.policy.generation.colocated.resources
+    return resources.num_nodes * (resources.gpus_per_node or 0)
+
+
+def engine_actor_count(config: SCConfig) -> int:
+    """How many Ray actors the default engine of ``config`` starts, each reserving one CPU: none for a colocated
+    Megatron engine, one for the Megatron engine in an actor, one vLLM replica per ``tensor_parallel_size`` GPUs
+    (one on a CPU box)."""
+    generation = config.policy.generation
+    if generation.backend == "vllm":
+        return max(1, _engine_gpus(config) // generation.vllm_cfg.tensor_parallel_size)
+    return 0 if generation.colocated.enabled else 1

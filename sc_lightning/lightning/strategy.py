@@ -29,10 +29,13 @@ from lightning.pytorch.strategies import DDPStrategy, SingleDeviceStrategy, Stra
 
 from sc_lightning.checkpoint.bundle import SHARDED_DIR
 from sc_lightning.config import SCConfig
+from sc_lightning.data_plane.tq_runtime import cpu_cores
+from sc_lightning.engines.factory import engine_actor_count
 from sc_lightning.lightning.placement import training_device
 from sc_lightning.rollout_side.banner import print_banner, run_facts
 from sc_lightning.rollout_side.parts import EngineFactory
 from sc_lightning.rollout_side.side import RolloutSide
+from sc_lightning.trainer.cpu_threads import share_cores_with_engines
 from sc_lightning.trainer.data_parallel import parallel_layout
 from sc_lightning.trainer.rank_sync import RankGroup
 from sc_lightning.trainer.sharded_checkpoint import (
@@ -53,9 +56,13 @@ class SingleControllerHooks(Strategy):
     """The Single-Controller's rollout side: callbacks and modules reach the controller, refits and steps here."""
 
     def setup_environment(self) -> None:
-        """Set up the environment as usual (the ranks join), then take the endpoint's port (if one is served)."""
+        """Set up the environment as usual (the ranks join), then take the endpoint's port (if one is served); a CPU
+        trainer leaves its engines' cores to them (:mod:`~sc_lightning.trainer.cpu_threads`)."""
         super().setup_environment()
         self.rollout_side.listen()
+        if self.root_device.type == "cpu":
+            engines = engine_actor_count(self.rollout_side.config)
+            share_cores_with_engines(cpu_cores(), engines, getattr(self, "num_processes", 1))
 
     def setup(self, trainer: Trainer) -> None:
         """Set up the model as usual, then start (or, off the leader, attach to) the rollout side; print the banner.

@@ -56,3 +56,26 @@ def test_engines_join_the_ray_cluster_ray_address_names(monkeypatch: pytest.Monk
     factory._start_ray()
     assert calls[0] == {"address": "10.0.0.1:6379", "log_to_driver": False}
     assert "address" not in calls[1] and calls[1]["num_cpus"] >= 2
+
+
+@pytest.mark.parametrize(
+    ("overrides", "actors"),
+    [
+        (("policy.generation.colocated.enabled=true",), 0),  # in the trainer's process
+        (("policy.generation.colocated.enabled=false",), 1),  # the Megatron engine in its own actor
+        (("policy.generation.backend=vllm",), 1),  # one replica on a CPU box
+        (
+            (
+                "policy.generation.backend=vllm",
+                "policy.generation.vllm_cfg.tensor_parallel_size=2",
+                "policy.generation.colocated.resources.gpus_per_node=4",
+                "policy.generation.colocated.resources.num_nodes=2",
+            ),
+            4,  # 8 GPUs, 2 per replica
+        ),
+    ],
+)
+def test_the_engine_actor_count_is_the_number_of_actors_the_factory_starts(overrides: tuple, actors: int) -> None:
+    from sc_lightning.engines.factory import engine_actor_count
+
+    assert engine_actor_count(tiny_config(*overrides)) == actors
