@@ -307,14 +307,12 @@ def test_vllm_fit_runs_the_full_single_controller_path(tmp_path) -> None:
         "fit",
         "--config",
         "configs/grpo_tiny_vllm.yaml",
+        "--config",
+        "tests/small_steps.yaml",
         "--grpo.max_num_steps",
         "3",
         "--async_rl.sampler.max_lookahead_versions",
         "0",  # on-policy, so the engine's and the trainer's logprobs must agree exactly
-        "--async_rl.max_buffered_rollouts",
-        "8",
-        "--async_rl.max_inflight_prompts",
-        "8",
         "--data_plane.backend",
         "simple",  # TransferQueue on Ray, the production data plane
         f"--trainer.default_root_dir={tmp_path}",
