@@ -59,10 +59,14 @@ def resolve_model_name(
     model_name: str, *, seed: int, cache_dir: Path = DEFAULT_CACHE, device: str | torch.device = "cpu"
 ) -> str:
     """A :data:`WARM_STARTS` name (``builtin:tiny-arith``) → its cached warm-start directory (built on ``device`` when
-    missing); other names unchanged."""
+    missing); a local directory → its absolute path; other names unchanged.
+
+    Paths come back absolute because the engines may run in processes that do not share the driver's working
+    directory (Ray actors on a cluster started elsewhere).
+    """
     recipe = WARM_STARTS.get(model_name)
     if recipe is None:
-        return model_name
+        return str(Path(model_name).resolve()) if Path(model_name).is_dir() else model_name
     path = cache_dir / f"{model_name.removeprefix('builtin:')}-seed{seed}-{_recipe_digest(recipe)}"
     if not path.exists():
         log.info("building the warm-started %s policy in %s (once)", recipe.base, path)
@@ -74,7 +78,7 @@ def resolve_model_name(
             shutil.rmtree(building, ignore_errors=True)
             raise
         _publish(building, path)
-    return str(path)
+    return str(path.resolve())
 
 
 def _publish(building: Path, path: Path) -> None:

@@ -60,3 +60,21 @@ def test_a_build_that_fails_leaves_nothing_behind(monkeypatch, tmp_path) -> None
     with pytest.raises(RuntimeError, match="out of memory"):
         resolve_model_name("builtin:tiny-arith", seed=7, cache_dir=tmp_path)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_local_directories_and_warm_starts_resolve_to_absolute_paths(monkeypatch, tmp_path) -> None:
+    """An engine in another process (a Ray actor on a cluster started elsewhere) does not share the driver's working
+    directory: a relative local model directory and a relative cache come back absolute; hub and built-in names as
+    they were."""
+
+    def build(path: Path, **_: object) -> float:  # a fake warm start: its building directory stays empty
+        return 0.4
+
+    monkeypatch.setattr(warm_start_module, "warm_start", build)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "my_model").mkdir()
+    assert resolve_model_name("my_model", seed=0) == str(tmp_path / "my_model")
+    warm = resolve_model_name("builtin:tiny-arith", seed=7, cache_dir=Path("cache"))
+    assert Path(warm).is_absolute() and Path(warm).parent == tmp_path / "cache"
+    assert resolve_model_name("org/not-here", seed=0) == "org/not-here"
+    assert resolve_model_name("builtin:tiny", seed=0) == "builtin:tiny"
