@@ -38,6 +38,7 @@ import argparse
 import asyncio
 import csv
 import functools
+import gc
 import json
 import os
 import random
@@ -226,6 +227,7 @@ def components(config: SCConfig, shape: Shape, lengths: list[int]) -> dict[str, 
     model, spec, _ = load_policy(policy.model_name, precision=policy.precision, seed=config.algo.seed, device=device)
     generation_s, refit = asyncio.run(_generation_and_refit(config, shape, model, spec.vocab_size, lengths))
     if device.type == "cuda":
+        gc.collect()  # the engine's replica (its worker thread and the engine refer to each other)
         torch.cuda.empty_cache()  # the engine's replica and KV cache are gone: the trainer takes the memory
     return {"generation_s": generation_s, "refit_s": refit, "train_s": _train_s(config, model, spec, lengths)}
 

@@ -67,7 +67,8 @@ def _free_for(rows: int, fraction: float, model_name: str, length: int):  # noqa
 
 def test_an_engine_whose_budget_holds_two_rows_runs_six_requests_two_at_a_time(monkeypatch) -> None:
     """max_batch_size 4 admits four requests before the cache exists; it then has two slots, and the other two go
-    back to the head of the queue with nothing lost: all six come back whole and exact, in two-row batches."""
+    back to the head of the queue with nothing lost: all six come back whole and exact, in two-row batches; the
+    shutdown frees the cache."""
     monkeypatch.setattr(kv_cache, "free_device_bytes", _free_for(2, 0.5, "builtin:tiny", 256))
     prompts = [tuple(3 + (i + j) % 15 for j in range(2 + 3 * i)) for i in range(6)]
 
@@ -86,12 +87,13 @@ def test_an_engine_whose_budget_holds_two_rows_runs_six_requests_two_at_a_time(m
             await asyncio.wait_for(queued(engine, 6), 30)
             await engine.wake()
             results = await asyncio.gather(*tasks)
-            return results, engine._batch.cache.slots, engine.stats
+            return results, engine._batch.cache.slots, engine.stats, engine
         finally:
             await engine.shutdown()
 
-    results, slots, stats = asyncio.run(scenario())
+    results, slots, stats, engine = asyncio.run(scenario())
     assert slots == 2
+    assert engine._batch.cache is None  # shut down: its memory is handed back at once, not when it is collected
     assert stats.finished_requests == 6 and stats.generated_tokens == 36
     model = load_policy("builtin:tiny")[0].eval()
     for prompt, result in zip(prompts, results, strict=True):

@@ -182,13 +182,12 @@ class DecodeWorker:
                 self._batch.weights_changed()
             elif command.kind == "stand_down":
                 self._stood_down = True
-                self._batch.release()
-                if self._device.type == "cuda":
-                    torch.cuda.empty_cache()
+                self._release_cache()
             elif command.kind == "wake":
                 self._stood_down = False
-            else:
+            else:  # shutdown: the memory goes back now, not when the engine object is collected
                 self._abort_all()
+                self._release_cache()
         except Exception as err:
             command.reply(EngineError(f"engine {self.name!r}: {command.kind} failed: {type(err).__name__}: {err}"))
         else:
@@ -213,6 +212,12 @@ class DecodeWorker:
                 raise KeyError(f"version {version}'s buckets miss {missing[:8]}")
             self._staged, self.version = None, version
             self._batch.weights_changed()
+
+    def _release_cache(self) -> None:
+        """Free the KV cache and the CUDA graphs, and hand the freed memory back to the device."""
+        self._batch.release()
+        if self._device.type == "cuda":
+            torch.cuda.empty_cache()
 
     def _abort_all(self) -> None:
         """End every running and pending request with ``finish_reason="abort"`` and what it has so far."""
