@@ -8,8 +8,9 @@ windowed and custom modes, a batch waiting for buffer permits — when a checkpo
 the same command resumes from the ``step_2`` bundle (its rollout snapshots removed) and runs to step 6 taking
 rollout snapshots; then the bundles newer than the newest snapshot's anchor are removed (a crash before they were
 renamed) and the same command resumes from that snapshot and runs to step 7. A snapshot lands only while the
-trainer's version has its bundle and the next refit has not begun (about one train step): four such windows, and
-small micro-batches that widen them, make one land in practice (two windows of quick steps missed now and then).
+trainer's version has its bundle and the next refit has not begun (about one train step): four such windows, small
+micro-batches that widen them and an attempt every 20 ms make one land in practice (two windows of quick steps, or
+attempts every 100 ms on a fast machine, missed now and then).
 Real CLI, megatron-core policy, Megatron engine, controller and data plane.
 """
 
@@ -57,7 +58,7 @@ def fit(tmp_path: Path, sampler: str, steps: int) -> str:
         "--checkpointing.checkpoint_dir", str(tmp_path / "checkpoints"),
         "--checkpointing.save_data_plane", "true",
         "--checkpointing.save_period", "1",
-        "--rollout_checkpointing.snapshot_attempt_interval_s", "0.1",
+        "--rollout_checkpointing.snapshot_attempt_interval_s", "0.02",
         "--policy.train_micro_batch_size", "2",  # longer train steps: wider windows for a snapshot to land
         "--token_capture.enabled", "true",
         "--data.train_data_log", "true",
