@@ -10,14 +10,12 @@ from __future__ import annotations
 
 from typing import Any
 
+LOCAL_RAY_SYSTEM_CONFIG = {"prestart_worker_first_driver": False}
+"""Ray's system settings for the local instances sc_lightning starts (no idle workers started ahead of need)."""
+
 
 def init_local_ray(num_cpus: int, **options: Any) -> None:
     """``ray.init`` of a new local instance with ``num_cpus`` logical CPUs; ``options`` go to ``ray.init``."""
     import ray
 
-    ray.init(
-        num_cpus=num_cpus,
-        include_dashboard=False,
-        _system_config={"prestart_worker_first_driver": False},
-        **options,
-    )
+    ray.init(num_cpus=num_cpus, include_dashboard=False, _system_config=LOCAL_RAY_SYSTEM_CONFIG, **options)

@@ -3,6 +3,7 @@ helpers tests import live in tests/helpers/."""
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import sys
 import tempfile
@@ -19,6 +20,7 @@ pytest.register_assert_rewrite("tests.helpers")
 from sc_lightning.models.megatron_import import import_megatron_without_compile  # noqa: E402
 from tests.exclusive import machine_lock  # noqa: E402
 from tests.helpers.configs import REPO  # noqa: E402
+from tests.helpers.ray_head import RAY_ADDRESS, RayHead, connect_ray  # noqa: E402
 
 import_megatron_without_compile()  # before the test modules import it: no TorchInductor or wandb (seconds a worker)
 
@@ -110,10 +112,39 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
 
 
 _SESSION_STATUS: list[int] = []
+_RAY_HEADS: list[RayHead] = []
+
+SHARED_RAY_CPUS = 64
+"""Logical CPUs of the tests' shared Ray cluster: room for every actor a test's runs start, never a limit (the
+runs' own placement decides what they take)."""
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """In each process that runs tests: start the Ray cluster its runs join (:mod:`tests.helpers.ray_head`) and name
+    it in ``RAY_ADDRESS``, which every process the tests start inherits; it comes up while the tests are collected
+    (:func:`pytest_collection_finish` waits for it)."""
+    config = session.config
+    if getattr(config, "workerinput", None) is None and getattr(config.option, "numprocesses", None):
+        return  # pytest-xdist's controller runs no test
+    if os.environ.get(RAY_ADDRESS):
+        return  # the caller named a cluster
+    if importlib.util.find_spec("ray") is None:
+        return  # the GPU image has no Ray: its tests (tests/gpu) start none
+    head = RayHead(Path(tempfile.mkdtemp(prefix="scray-")), num_cpus=SHARED_RAY_CPUS)  # short: socket paths
+    _RAY_HEADS.append(head)
+    os.environ.update(head.auth_env, **{RAY_ADDRESS: head.address})
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Wait for the shared Ray cluster to be up before the first test runs."""
+    for head in _RAY_HEADS:
+        head.wait_ready()
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    """Remember the session's result for :func:`pytest_unconfigure`."""
+    """Stop the shared Ray cluster; remember the session's result for :func:`pytest_unconfigure`."""
+    for head in _RAY_HEADS:
+        head.stop()
     _SESSION_STATUS.append(int(exitstatus))
 
 
@@ -134,7 +165,8 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 
 @pytest.fixture(scope="module")
 def ray_cluster() -> Iterator[Any]:
-    """The tests' one local Ray instance, per module: 4 logical CPUs (room for three engine actors), no dashboard.
+    """This process connected to Ray, per module: the shared cluster ``RAY_ADDRESS`` names
+    (:func:`pytest_sessionstart`), or without one a local instance of 4 logical CPUs (room for three engine actors).
 
     Ray actors unpickle classes and functions by reference, so their workers import this repository's modules too;
     they start as a TransferQueue data plane's do (sc_lightning.data_plane.tq_runtime). Yields the ``ray`` module.
@@ -142,9 +174,8 @@ def ray_cluster() -> Iterator[Any]:
     import ray
 
     from sc_lightning.data_plane.tq_runtime import tq_ray_runtime_env
-    from sc_lightning.local_ray import init_local_ray
 
-    init_local_ray(4, log_to_driver=False, runtime_env=tq_ray_runtime_env({"PYTHONPATH": str(REPO)}))
+    connect_ray(4, log_to_driver=False, runtime_env=tq_ray_runtime_env({"PYTHONPATH": str(REPO)}))
     try:
         yield ray
     finally:

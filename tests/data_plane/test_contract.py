@@ -24,6 +24,7 @@ import torch
 
 from sc_lightning.data_plane import DataPlane, DataPlaneError, MissingRowsError
 from sc_lightning.data_plane.memory import MemoryDataPlane
+from tests.helpers.ray_head import in_shared_cluster, own_local_ray
 from tests.helpers.rows import assert_columns_equal, assert_rows_equal, rand_rows, sample_columns
 from tests.helpers.warm_cli import server_pids
 
@@ -44,16 +45,18 @@ _partitions = itertools.count()
 
 @pytest.fixture(scope="module")
 def tq_owner() -> Iterator[DataPlane]:
-    """TransferQueue on a local Ray, started once for the module and shut down (Ray too) at its end."""
+    """TransferQueue on a local Ray it starts itself (not the tests' shared cluster), started once for the module
+    and shut down (Ray too) at its end."""
     import ray
 
     from sc_lightning.data_plane.transfer_queue import TransferQueueDataPlane
 
     ray_was_running = ray.is_initialized()  # another module's fixture may hold a Ray; then TQ joins it
-    owner = TransferQueueDataPlane("contract-owner", storage_capacity=TQ_CAPACITY, num_storage_units=1)
-    assert owner.owns_transfer_queue
-    yield owner
-    owner.close()
+    with own_local_ray():
+        owner = TransferQueueDataPlane("contract-owner", storage_capacity=TQ_CAPACITY, num_storage_units=1)
+        assert owner.owns_transfer_queue
+        yield owner
+        owner.close()
     if not ray_was_running:  # we started Ray: close() stopped it, and its processes are gone
         assert not ray.is_initialized()
         assert_no_child_processes()
@@ -61,13 +64,16 @@ def tq_owner() -> Iterator[DataPlane]:
 
 def assert_no_child_processes(timeout_s: float = 20.0) -> None:
     """Ray's GCS, raylet and workers (our children) are gone shortly after ``ray.shutdown``; the warm CLI's server
-    (tests/helpers/warm_cli.py), which this process keeps for forking commands, is not Ray's."""
+    (tests/helpers/warm_cli.py), which this process keeps for forking commands, and the tests' shared Ray cluster
+    (tests/helpers/ray_head.py) are not this Ray's."""
     import psutil
 
     deadline = time.monotonic() + timeout_s
     while True:
         kept = server_pids()
-        children = [p for p in psutil.Process().children(recursive=True) if p.pid not in kept]
+        children = [
+            p for p in psutil.Process().children(recursive=True) if p.pid not in kept and not in_shared_cluster(p.pid)
+        ]
         alive = [p for p in children if p.status() != psutil.STATUS_ZOMBIE]
         if not alive or time.monotonic() > deadline:
             break

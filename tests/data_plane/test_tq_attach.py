@@ -18,6 +18,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.helpers.ray_head import own_local_ray
+
 pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parents[2]
@@ -41,10 +43,11 @@ def owner() -> Iterator[object]:
     from sc_lightning.data_plane.transfer_queue import TransferQueueDataPlane
 
     assert not ray.is_initialized(), "another module left Ray running"
-    plane = TransferQueueDataPlane("attach", storage_capacity=16, num_storage_units=1)
-    plane.put(["a", "b"], {"ids": [torch.arange(2, dtype=torch.int32), torch.arange(4, dtype=torch.int32)]})
-    yield plane
-    plane.close()
+    with own_local_ray():  # the owner starts Ray itself, as a trainer's leader without RAY_ADDRESS does
+        plane = TransferQueueDataPlane("attach", storage_capacity=16, num_storage_units=1)
+        plane.put(["a", "b"], {"ids": [torch.arange(2, dtype=torch.int32), torch.arange(4, dtype=torch.int32)]})
+        yield plane
+        plane.close()
 
 
 def run_child(plane: object, *args: str, **env: str) -> subprocess.CompletedProcess[str]:

@@ -19,6 +19,7 @@ import torch
 
 from sc_lightning.data_plane.base import DataPlaneError
 from tests.helpers.configs import REPO
+from tests.helpers.ray_head import connect_ray
 
 pytestmark = pytest.mark.slow
 
@@ -34,13 +35,11 @@ sys.stdin.read()  # held until the test kills this process
 
 @pytest.fixture
 def cluster() -> Iterator[str]:
-    """A local Ray with room for two TransferQueues; its address."""
+    """The tests' shared Ray cluster, or a local one with room for two TransferQueues; its address."""
     import ray
 
-    from sc_lightning.local_ray import init_local_ray
-
     assert not ray.is_initialized(), "another module left Ray running"
-    init_local_ray(6, log_to_driver=False)
+    connect_ray(6, log_to_driver=False)
     try:
         yield ray.get_runtime_context().gcs_address
     finally:
