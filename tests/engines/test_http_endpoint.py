@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 
 import aiohttp
 import pytest
@@ -11,7 +12,7 @@ import torch
 from sc_lightning.engines.megatron.engine import MegatronEngine
 from sc_lightning.models import export_hf_weights, load_policy, token_logprobs
 from sc_lightning.rollout.serving.requests import BadRequest, parse_completion_request
-from sc_lightning.rollout.serving.server import OpenAIEndpoint
+from sc_lightning.rollout.serving.server import STOP_GRACE_S, OpenAIEndpoint
 from sc_lightning.tokenizer import CharTokenizer
 from sc_lightning.types import SamplingParams
 
@@ -108,6 +109,32 @@ def test_an_engine_failure_is_a_503_naming_the_engine() -> None:
         "param": None,
         "code": None,
     }
+
+
+def test_stop_closes_a_call_still_waiting_on_the_engine_within_its_grace() -> None:
+    """A call in flight when the endpoint stops (its engine stood down for training, say) is not left hanging for
+    aiohttp's default minute (twice over): ``stop`` returns within seconds and the caller's connection is closed."""
+    from sc_lightning.testing.scripted_engine import ScriptedEngine
+
+    async def scenario() -> tuple[float, BaseException | None]:
+        engine = ScriptedEngine(gated=True)  # a fake whose requests wait until released: none is
+        endpoint = OpenAIEndpoint(engine, TOKENIZER, model_name="m", defaults=DEFAULTS, context_tokens=64)
+        url = await endpoint.start()
+        async with aiohttp.ClientSession() as http:
+            call = asyncio.create_task(http.post(f"{url}/completions", json={"prompt": "1+1="}))
+            await engine.wait_for_requests(1, timeout_s=30)
+            started = time.monotonic()
+            await endpoint.stop()
+            stopping_s = time.monotonic() - started
+            try:
+                await asyncio.wait_for(call, 10)
+            except aiohttp.ClientError as err:
+                return stopping_s, err
+            return stopping_s, None
+
+    stopping_s, error = asyncio.run(scenario())
+    assert stopping_s < 2 * STOP_GRACE_S + 1.5  # aiohttp: the grace, then as long for the cancelled call to end
+    assert isinstance(error, aiohttp.ServerDisconnectedError), error
 
 
 def test_a_prompt_the_tokenizer_cannot_represent_is_a_400_naming_it(tmp_path) -> None:

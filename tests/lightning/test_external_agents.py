@@ -69,7 +69,7 @@ class Agent(Callback):
         try:
             while not self._stop.is_set():
                 self.play(url)
-        except urllib.error.URLError:  # not an HTTP error status: the endpoint stopped
+        except (urllib.error.URLError, ConnectionError):  # no HTTP status: the endpoint stopped (mid-call: closed)
             return
 
     def play(self, url: str) -> None:

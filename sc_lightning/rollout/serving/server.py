@@ -53,6 +53,11 @@ from sc_lightning.rollout.serving.validation import check_model, completion_budg
 from sc_lightning.tokenizer import Tokenizer
 from sc_lightning.types import Generation, SamplingParams
 
+STOP_GRACE_S = 1.0
+"""Seconds :meth:`OpenAIEndpoint.stop` lets calls in flight finish; it then cancels those still waiting (on an engine
+that stood down for a training step, say) and closes their connections, giving them as long again to end (aiohttp's
+shutdown timeout, a minute by default)."""
+
 
 class OpenAIEndpoint:
     """Serves ``engine`` over HTTP on 127.0.0.1; ``rollouts`` adds the agent routes.
@@ -93,14 +98,15 @@ class OpenAIEndpoint:
             app.router.add_get("/v1/rollouts/next", self._next_rollout)
             app.router.add_post("/v1/rollouts/{rollout_id}/reward", self._reward)
         sock = self._sock if self._sock is not None else listen_on_loopback(self.port)
-        self._runner = web.AppRunner(app, access_log=None)
+        self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=STOP_GRACE_S)
         await self._runner.setup()
         await web.SockSite(self._runner, sock).start()
         self.port = sock.getsockname()[1]
         return f"http://127.0.0.1:{self.port}/v1"
 
     async def stop(self) -> None:
-        """Stop serving (requests in flight are cancelled); idempotent."""
+        """Stop serving: calls in flight get :data:`STOP_GRACE_S` to finish, then are cancelled (their connections
+        closed); idempotent."""
         runner, self._runner = self._runner, None
         if runner is not None:
             await runner.cleanup()
