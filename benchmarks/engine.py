@@ -14,9 +14,11 @@ until the last one finishes gives the engine's generated tokens/s (prefill inclu
 (a tied embedding is read whole by the output layer and counted once; the mean context over the ``new`` steps is
 ``prompt + (new - 1) / 2``). "of bound" = generated tokens/s / bound tokens/s.
 
-**Trainer forward**: ``token_logprobs`` (one full forward, no grad) of the same model over the very same ``B``
-finished sequences (``B x (prompt + new)`` tokens), GPU synchronised before each clock. "engine / trainer" is the
-engine's *generated* tokens/s over the trainer's forward tokens/s.
+**Trainer forward**: ``token_logprobs`` (forward only, no grad) of the same model over the very same ``B``
+finished sequences (``B x (prompt + new)`` tokens), in micro-batches of at most ``--trainer-micro-tokens`` tokens as
+the trainer's logprob pass takes them (one forward over 256 x 1,280 tokens would hold 21 GB of logits at a 32K
+vocabulary), GPU synchronised before each clock. "engine / trainer" is the engine's *generated* tokens/s over the
+trainer's forward tokens/s.
 
     python benchmarks/engine.py                      # builtin:tiny, B = 1 16 64, about 20 s on 2 CPU cores
     python benchmarks/engine.py --model /tmp/tiny-qwen2 --batches 1 16 --threads 1
@@ -64,12 +66,15 @@ async def engine_run(
     return time.perf_counter() - start, list(out)
 
 
-def trainer_run(model: torch.nn.Module, ids: torch.Tensor) -> float:
-    """Seconds of one ``token_logprobs`` forward (no grad) over ``ids`` (the GPU synchronised before each clock)."""
+def trainer_run(model: torch.nn.Module, ids: torch.Tensor, micro_tokens: int) -> float:
+    """Seconds of ``token_logprobs`` (no grad) over ``ids`` in micro-batches of at most ``micro_tokens`` tokens (a
+    row at least), the GPU synchronised before each clock."""
+    rows = max(1, micro_tokens // ids.size(1))
     synchronize(ids.device)
     start = time.perf_counter()
     with torch.no_grad():
-        token_logprobs(model, ids)
+        for chunk in ids.split(rows):
+            token_logprobs(model, chunk)
     synchronize(ids.device)
     return time.perf_counter() - start
 
@@ -115,8 +120,9 @@ async def measure_batch(
         engine_s.append(seconds)
     steps = (engine.stats.decode_steps - before.decode_steps) / args.reps
     ids = torch.tensor([p + g.token_ids for p, g in zip(batch, generations, strict=True)], device=args.device)
-    trainer_run(model, ids)  # warm-up at this shape (the engine is idle: its model serves as the trainer's)
-    trainer_s = [trainer_run(model, ids) for _ in range(args.reps)]
+    micro = args.trainer_micro_tokens
+    trainer_run(model, ids, micro)  # warm-up at this shape (the engine is idle: its model serves as the trainer's)
+    trainer_s = [trainer_run(model, ids, micro) for _ in range(args.reps)]
     e, t = statistics.median(engine_s), statistics.median(trainer_s)
     gen_tps = batch_size * args.new_tokens / e
     trainer_tps = batch_size * (args.prompt_len + args.new_tokens) / t
@@ -180,6 +186,9 @@ def main() -> None:
     parser.add_argument("--device", default="cpu", help="where the engine and the trainer run (e.g. cuda)")
     parser.add_argument("--precision", default="fp32", choices=["fp32", "bf16"])
     parser.add_argument("--hbm-tbps", type=float, default=4.8, help="HBM bandwidth, TB/s (H200: 4.8)")
+    parser.add_argument(
+        "--trainer-micro-tokens", type=int, default=16384, help="tokens of one trainer forward (a row at least)"
+    )
     parser.add_argument("--profile", action="store_true", help="then profile one run at the largest batch")
     parser.add_argument("--flash-decode", dest="flash", action="store_true", help="decode on flash attention")
     parser.add_argument(
