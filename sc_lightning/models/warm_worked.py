@@ -8,9 +8,13 @@ would earn sampling at temperature 1 reaches :attr:`WorkedBudget.target_reward` 
 rest), or when it has trained on :attr:`WorkedBudget.max_tokens` padded tokens, whichever comes first. On a GPU the
 model computes in bf16 and AdamW steps fp32 master weights (:class:`MasterAdamW`), as the RL trainer does.
 
-That reward needs no sampling: a completion scores 1 only when it is the worked solution token for token, so a
-problem's expected reward at temperature 1 is the probability of that sequence, ``exp`` of the sum of its tokens'
-log-probabilities (:func:`expected_reward`), one forward pass over held-out problems.
+That reward needs no sampling (:func:`expected_reward`, one forward pass over held-out problems): a completion earns
+at least the share of the solution's lines it writes token for token, each with the separator after it (the space,
+or the eos after the last line), before its first deviation (the verifier's credit, :func:`~sc_lightning.tasks.
+worked_arithmetic.credit`, only reads the lines between whitespace). The chance that sampling at temperature 1 writes
+the first ``j`` lines so is ``exp`` of the summed log-probabilities of their tokens, so the expected share is the mean
+of those chances over the ``n`` lines: a lower bound of the expected reward (the verifier also counts a right line
+followed by other whitespace, or by an early end).
 """
 
 from __future__ import annotations
@@ -26,10 +30,12 @@ from pathlib import Path
 import torch
 
 from sc_lightning.models.spec import ModelSpec
-from sc_lightning.tasks.worked_arithmetic import WorkedProblem, draw_problems
+from sc_lightning.tasks.worked_arithmetic import WIDTH, WorkedProblem, draw_problems
 from sc_lightning.tokenizer import CharTokenizer
 
 log = logging.getLogger(__name__)
+LINE_TOKENS = WIDTH + 1
+"""Tokens of an answer line with the character tokenizer: its digits and the separator after it (space or eos)."""
 
 
 @dataclass(frozen=True)
@@ -87,8 +93,16 @@ def padded(rows: Rows, picked: Sequence[int], pad: int, device: torch.device) ->
     return ids.to(device), mask.to(device)
 
 
+def line_ends(mask: torch.Tensor, rows: Rows, picked: Sequence[int]) -> torch.Tensor:
+    """``(B, T)``: the answer positions (``mask``) that end a line, its separator: every :data:`LINE_TOKENS`-th."""
+    starts = torch.tensor([rows.answer_start[i] for i in picked], device=mask.device)[:, None]
+    offset = torch.arange(mask.size(1), device=mask.device)[None, :] - starts
+    return mask & (offset % LINE_TOKENS == LINE_TOKENS - 1)
+
+
 def expected_reward(model: torch.nn.Module, rows: Rows, pad: int, batch_tokens: int) -> float:
-    """Mean over ``rows`` of the probability that sampling at temperature 1 writes each row's answer exactly."""
+    """Mean over ``rows`` of the share of its lines sampling at temperature 1 would write before its first deviation:
+    per row, the mean over its line ends of the probability of every answer token up to there (module docstring)."""
     from sc_lightning.models.logprobs import device_of, token_logprobs
 
     device, total = device_of(model), 0.0
@@ -97,7 +111,9 @@ def expected_reward(model: torch.nn.Module, rows: Rows, pad: int, batch_tokens: 
     with torch.no_grad():
         for picked in length_batches([len(r) for r in rows.ids], batch_tokens):
             ids, mask = padded(rows, picked, pad, device)
-            total += float(torch.exp((token_logprobs(model, ids) * mask).sum(-1)).sum())  # (B,) -> one number
+            written = torch.exp((token_logprobs(model, ids) * mask).cumsum(-1))  # P(the answer up to each token)
+            ends = line_ends(mask, rows, picked)
+            total += float(((written * ends).sum(-1) / ends.sum(-1)).sum())  # (B,) -> one number
     model.train(was_training)
     return total / len(rows.ids)
 

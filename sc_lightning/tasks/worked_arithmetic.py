@@ -14,6 +14,8 @@ tokens with a long tail: a median of about 125 tokens and a mean of about 230, w
 A completion is right when its lines are exactly the worked solution (:func:`is_right`): only then is its last line
 the answer, reached by the work. Checking the work as well as the last line leaves no shortcut to the reward (for
 ``b`` of 2 or 5 the remainder could be read off the last digit of ``a``), so the answers stay as long as the work.
+Its credit (:func:`credit`) is the share of the solution's lines it writes before its first slip: 1 only when it is
+right, so a policy that slips once in a long answer still learns from the lines before the slip.
 """
 
 from __future__ import annotations
@@ -88,6 +90,20 @@ def draw_problems(count: int, seed: int | str) -> list[WorkedProblem]:
 def is_right(problem: WorkedProblem, completion: str) -> bool:
     """Whether ``completion``'s lines (split at whitespace) are exactly ``problem``'s worked solution."""
     return completion.split() == problem.lines
+
+
+def credit(problem: WorkedProblem, completion: str) -> float:
+    """The share of ``problem``'s worked lines that ``completion`` writes (split at whitespace) before its first slip:
+    1.0 only when it is exactly the solution; a right solution followed by more lines scores as one whose last line
+    slipped, ``(n - 1) / n`` of ``n`` lines."""
+    if is_right(problem, completion):
+        return 1.0
+    lines, written, right = problem.lines, completion.split(), 0
+    for want, got in zip(lines[:-1], written, strict=False):
+        if want != got:
+            break
+        right += 1
+    return right / len(lines)
 
 
 def last_line(completion: str) -> str | None:

@@ -47,17 +47,19 @@ def test_length_batches_hold_every_row_once_within_the_token_budget() -> None:
         assert [lengths[i] for i in batch] == sorted(lengths[i] for i in batch)
 
 
-def test_the_expected_reward_is_the_probability_of_writing_each_answer() -> None:
-    """Row by row, unpadded: exp of the summed log-probabilities of the answer tokens, averaged; the batched,
-    padded estimate must equal it."""
+def test_the_expected_reward_is_the_mean_chance_of_writing_each_line_prefix() -> None:
+    """Row by row, unpadded: for each of the answer's lines, exp of the summed log-probabilities of the answer tokens
+    up to that line's separator; their mean, averaged over rows; the batched, padded estimate must equal it."""
     model = build_gpt_model(builtin_spec("builtin:tiny"), seed=0)
     problems = [p for p in draw_problems(64, "reward") if len(p.lines) <= 30][:12]
     rows = worked_rows(problems, TOKENIZER)
+    alone = []
     with torch.no_grad():
-        alone = [
-            math.exp(float(token_logprobs(model, torch.tensor([ids]))[0, start:].sum()))
-            for ids, start in zip(rows.ids, rows.answer_start, strict=True)
-        ]
+        for problem, ids, start in zip(problems, rows.ids, rows.answer_start, strict=True):
+            logprobs = token_logprobs(model, torch.tensor([ids]))[0, start:].tolist()
+            assert len(logprobs) == 5 * len(problem.lines)  # four digits and a separator a line
+            prefixes = [math.exp(sum(logprobs[: 5 * (j + 1)])) for j in range(len(problem.lines))]
+            alone.append(sum(prefixes) / len(prefixes))
     assert expected_reward(model, rows, TOKENIZER.PAD, batch_tokens=600) == pytest.approx(sum(alone) / len(alone))
     assert model.training  # left as it was found
 

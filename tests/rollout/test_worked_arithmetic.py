@@ -6,11 +6,13 @@ import dataclasses
 import statistics
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from sc_lightning.config.runtime import DataConfig, EnvConfig
 from sc_lightning.rollout.datasets import DatasetError, WorkedArithmeticDataset, build_dataset
 from sc_lightning.rollout.envs import RewardError, WorkedArithmeticEnvironment, answer_extractor, build_environment
-from sc_lightning.tasks.worked_arithmetic import WorkedProblem, draw_problems, parse_prompt
+from sc_lightning.tasks.worked_arithmetic import WorkedProblem, credit, draw_problems, parse_prompt
 from sc_lightning.tokenizer import CharTokenizer
 from sc_lightning.types import Prompt
 
@@ -71,17 +73,32 @@ def test_a_problem_is_worked_one_subtraction_a_line_down_to_its_remainder() -> N
     [
         ("0016 0009 0002", 1.0),
         (" 0016  0009 0002 ", 1.0),  # whitespace between the lines does not matter
-        ("0016 0009 0003", 0.0),  # the last line is the answer: a wrong one scores 0
-        ("0016 0009", 0.0),  # stopped early: its last line is no answer
-        ("0016 0009 0002 0000", 0.0),  # went on past the answer
+        ("0016 0009 0003", 2 / 3),  # the last line is the answer: a wrong one loses its share
+        ("0016 0009", 2 / 3),  # stopped early: its last line is no answer
+        ("0016 0009 0002 0000", 2 / 3),  # went on past the answer: as if the last line slipped
         ("0002", 0.0),  # the right answer without the work
-        ("0016 0008 0002", 0.0),  # the right last line after a wrong step
+        ("0016 0008 0002", 1 / 3),  # a wrong step: nothing after it counts, the right last line included
+        ("0015 0009 0002", 0.0),
         ("16 9 2", 0.0),  # the lines are 4 digits
         ("", 0.0),
     ],
 )
-def test_the_verifier_wants_the_work_and_its_last_line(completion: str, reward: float) -> None:
-    assert ENV.score(worked_prompt(23, 7), completion) == reward
+def test_the_verifier_credits_the_lines_before_the_first_slip(completion: str, reward: float) -> None:
+    assert ENV.score(worked_prompt(23, 7), completion) == pytest.approx(reward)
+
+
+@given(st.integers(2, 9), st.integers(0, 400), st.integers(0, 9), st.data())
+def test_credit_is_the_share_of_lines_up_to_a_slip_and_1_only_for_the_solution(
+    b: int, lines: int, rest: int, data: st.DataObject
+) -> None:
+    """Any slip at line ``k`` (a wrong line, or the end) earns exactly ``k / n``; only the whole solution earns 1."""
+    problem = WorkedProblem(b * (lines + 1) + rest % b, b)
+    solution = problem.lines
+    slip = data.draw(st.integers(0, len(solution) - 1))
+    wrong = data.draw(st.sampled_from(["", "9999", "x", solution[slip][::-1] + "0"]))
+    completion = " ".join(solution[:slip] + ([wrong] if wrong else []))
+    assert credit(problem, completion) == pytest.approx(slip / len(solution))
+    assert credit(problem, problem.solution) == 1.0
 
 
 def test_the_verifier_reads_the_last_line_and_refuses_prompts_it_cannot_check() -> None:

@@ -1,4 +1,5 @@
-"""The worked-arithmetic verifier: reward 1 when the completion is the whole worked solution, ending in the answer.
+"""The worked-arithmetic verifier: the share of the worked solution's lines written before the first slip, 1 for the
+whole solution, ending in the answer.
 
 The task (:mod:`sc_lightning.tasks.worked_arithmetic`): ``"0023-7="`` asks for 23 minus 7 while at least 7 remains,
 one line per subtraction, ``0016 0009 0002``; the last line is the answer (``23 mod 7``).
@@ -8,7 +9,7 @@ from __future__ import annotations
 
 from sc_lightning.rollout.envs.arithmetic import expected_integer, integer_answer
 from sc_lightning.rollout.envs.base import RewardError
-from sc_lightning.tasks.worked_arithmetic import WorkedProblem, is_right, last_line, parse_prompt
+from sc_lightning.tasks.worked_arithmetic import WorkedProblem, credit, last_line, parse_prompt
 from sc_lightning.types import Prompt
 
 
@@ -27,10 +28,11 @@ def worked_problem(prompt: Prompt) -> WorkedProblem:
 
 
 class WorkedArithmeticEnvironment:
-    """Reward 1.0 when the completion's lines (split at whitespace) are exactly the worked solution, else 0.0.
+    """Reward: the share of the worked solution's lines the completion writes (split at whitespace) before its first
+    slip, 1.0 only when it is exactly the solution (:func:`~sc_lightning.tasks.worked_arithmetic.credit`).
 
-    Its last line is then the answer; a right last line without the work before it (or after wrong work) scores 0,
-    so no shortcut shortens the answers.
+    Its last line is then the answer; a right last line without the work before it scores 0 (and after wrong work,
+    only the lines before the first wrong one), so no shortcut shortens the answers.
     """
 
     name: str = "worked_arithmetic"
@@ -40,8 +42,8 @@ class WorkedArithmeticEnvironment:
         integer_answer(answer)
 
     def score(self, prompt: Prompt, completion_text: str) -> float:
-        """1.0 for the whole worked solution, 0.0 otherwise."""
-        return 1.0 if is_right(worked_problem(prompt), completion_text) else 0.0
+        """1.0 for the whole worked solution, else the share of its lines written before the first slip."""
+        return credit(worked_problem(prompt), completion_text)
 
     def extract_answer(self, completion_text: str) -> str | None:
         """The completion's last line (its final answer), or None for an empty completion."""
