@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import socket
 import warnings
 from collections.abc import Iterator
 from typing import Any
@@ -39,15 +38,8 @@ from sc_lightning.tokenizer import Tokenizer, check_tokenizer_fits_model
 _DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 
-def _free_port() -> int:
-    """A TCP port nobody listens on right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def _init_process_group(backend: str | None, device: torch.device) -> None:
-    """Start ``torch.distributed``: from torchrun's env when present, else as a world of one on localhost.
+    """Start ``torch.distributed``: from torchrun's env when present, else as a world of one (an in-memory store).
 
     On a CUDA ``device`` the process's current device becomes it (its index, else ``LOCAL_RANK``) and the default
     backend is NCCL; on the CPU, gloo.
@@ -58,9 +50,9 @@ def _init_process_group(backend: str | None, device: torch.device) -> None:
     if "WORLD_SIZE" in os.environ and "RANK" in os.environ:
         torch.distributed.init_process_group(backend=backend)
         return
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", str(_free_port()))
-    torch.distributed.init_process_group(backend=backend, rank=0, world_size=1)
+    # a world of one rendezvouses in memory: a TCP store would need a free port, which another process can take
+    # between the probe and the bind (an engine actor failed to start so, EADDRINUSE)
+    torch.distributed.init_process_group(backend=backend, store=torch.distributed.HashStore(), rank=0, world_size=1)
 
 
 def init_model_parallel(

@@ -37,7 +37,7 @@ T = TypeVar("T")
 
 
 # torch.distributed rendezvous variables a worker may inherit from its driver (whose torchrun or lone-process group
-# owns that port): the actor is a world of its own, so it drops them and picks a free port.
+# owns that port): the actor is a world of its own, so it drops them and starts a world of one.
 _INHERITED_DIST_VARS = ("MASTER_PORT", "WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE")
 
 
