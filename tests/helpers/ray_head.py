@@ -10,7 +10,8 @@ on a user's cluster does (the engines' and data plane's actors are the run's job
 
 Workers of a joined cluster are started by its raylet with the raylet's environment, not the driver's: a test whose
 actors must see variables set for that one run, or that checks what a run's own local Ray does, drops
-``RAY_ADDRESS`` from the child's environment (:data:`OWN_CLUSTER`).
+``RAY_ADDRESS`` from the child's environment (``user_environment(without=("RAY_ADDRESS",))``), or starts Ray in
+:func:`own_local_ray`.
 """
 
 from __future__ import annotations
@@ -31,8 +32,6 @@ from typing import Any
 from sc_lightning.local_ray import LOCAL_RAY_SYSTEM_CONFIG
 
 RAY_ADDRESS = "RAY_ADDRESS"
-OWN_CLUSTER = (RAY_ADDRESS,)
-"""``user_environment(without=OWN_CLUSTER)``: a child that starts its own local Ray instance as a user's would."""
 READY_LINE = "Ray runtime started"
 START_DEADLINE_S = 120.0
 _HEAD_SESSIONS: set[int] = set()
