@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 import torch
 
@@ -9,6 +12,8 @@ from sc_lightning.models.logprobs import token_logprobs
 from sc_lightning.models.megatron import build_gpt_model, init_model_parallel, load_policy
 from sc_lightning.models.spec import BUILTIN_SPECS, ModelSpec, builtin_spec
 from sc_lightning.tokenizer import CharTokenizer, load_tokenizer
+from tests.helpers.cli import user_environment
+from tests.helpers.configs import REPO
 from tests.helpers.models import random_ids
 
 pytestmark = pytest.mark.usefixtures("model_parallel")
@@ -63,6 +68,33 @@ def test_parallel_state_is_process_global_and_guarded() -> None:
     init_model_parallel(1)  # idempotent
     with pytest.raises(ValueError, match="already initialised"):
         init_model_parallel(2)
+
+
+WORLD_OF_ONE = """
+import os, socket
+taken = socket.socket()
+taken.bind(("127.0.0.1", 0))
+taken.listen()
+os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(taken.getsockname()[1]))
+from sc_lightning.models.megatron_import import import_megatron_without_compile
+import_megatron_without_compile()
+import torch
+from sc_lightning.models.megatron import init_model_parallel
+init_model_parallel(1)
+print(torch.distributed.get_world_size())
+"""
+
+
+@pytest.mark.slow  # a fresh interpreter importing megatron-core
+def test_a_world_of_one_needs_no_port_even_where_master_port_is_taken() -> None:
+    """A lone process (an engine actor, a single-device trainer) starts torch.distributed in memory: MASTER_PORT
+    naming a port another socket holds, as a free port taken between probe and bind would be, does not stop it."""
+    done = subprocess.run(
+        [sys.executable, "-c", WORLD_OF_ONE], cwd=REPO, env=user_environment(), capture_output=True, text=True,
+        timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.split()[-1] == "1"
 
 
 def test_unknown_builtin_and_bad_settings_are_clear_errors() -> None:
