@@ -6,7 +6,6 @@ import dataclasses
 import logging
 import os
 import re
-import socket
 import subprocess
 import sys
 import warnings
@@ -23,6 +22,7 @@ from sc_lightning.models.spec import builtin_spec
 from sc_lightning.rollout_side.banner import RunFacts, banner
 from tests.helpers.cli import run, user_environment
 from tests.helpers.configs import REPO, TINY
+from tests.helpers.ports import free_port
 
 CHILD_WARNINGS = "ignore:Transformer Engine and Apex are not installed,ignore:Apex is not installed"
 TINY_FACTS = RunFacts(
@@ -195,17 +195,11 @@ def test_knobs_errors_are_one_line(argv: list[str], message: str, capsys: pytest
     assert message in capsys.readouterr().err
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
 @pytest.mark.slow
 def test_the_first_40_lines_of_a_tiny_run_hold_the_banner_and_no_noise(tmp_path: Path) -> None:
     """The command scripts/run_tiny.sh runs (one step, serving the endpoint on a pinned port), stdout and stderr as
     a terminal interleaves them: the banner, no traceback, no library warning, no line said twice but the bar's."""
-    port = _free_port()
+    port = free_port()
     env = user_environment(without=("RAY_LOGGER_LEVEL",))
     result = subprocess.run(
         [sys.executable, "-m", "sc_lightning", "fit", "--config", TINY, "--grpo.max_num_steps=1"]

@@ -20,7 +20,6 @@ import json
 import os
 import secrets
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -30,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from sc_lightning.local_ray import LOCAL_RAY_SYSTEM_CONFIG
+from tests.helpers.ports import free_port
 
 RAY_ADDRESS = "RAY_ADDRESS"
 READY_LINE = "Ray runtime started"
@@ -50,7 +50,7 @@ class RayHead:
         self.auth_env = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(32)}
         """Token authentication's settings, for the head and every process that joins it."""
         self.log_path = temp_dir / "ray-head.log"
-        self.address = f"127.0.0.1:{_free_port()}"
+        self.address = f"127.0.0.1:{free_port()}"
         ray_cli = Path(sys.executable).parent / "ray"
         command = [
             str(ray_cli), "start", "--head", "--block",
@@ -96,13 +96,6 @@ def in_shared_cluster(pid: int) -> bool:
         return os.getsid(pid) in _HEAD_SESSIONS
     except ProcessLookupError:
         return False
-
-
-def _free_port() -> int:
-    """A TCP port nothing on this machine listens on right now."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def connect_ray(num_cpus: int, **options: Any) -> None:
