@@ -22,14 +22,23 @@ this process after the fit, over the very same work, divided by the step's wall 
     refit        ``benchmarks/refit.py``'s ``refit_s``: the colocated refit of the trainer's live parameters
 
 Colocated, generation and training run one after the other, so efficiency = parts / step is the share of the step
-the parts explain (the rest: orchestration). In the ``async`` mode (the engine in a Ray actor, one step of
-lookahead) generation overlaps training, so the figure can pass 100%: the overlap's gain; its refit goes to the
-actor by value, while the refit benchmarked here is the colocated one. "engine tok/s" (response tokens over the
-generation split: the engine's rate while the trainer waits) is a colocated figure.
+the parts explain (the rest: orchestration). The modes:
+
+    colocated        one process, on-policy (lookahead 0): a step's generation, then its training
+    colocated-async  one process, one step of lookahead: the next step's prompts decode beside this step's long tail,
+                     stand down paused during the training and go on after the refit on the new weights (per-token
+                     versions), so the engine's batch stays full; the figure can pass 100% (the tail it hid)
+    async            the engine in a Ray actor, one step of lookahead: generation overlaps training, the figure can
+                     pass 100%; its refit goes to the actor by value, while the refit benchmarked here is the
+                     colocated one
+
+"engine tok/s" (response tokens over the generation split: the engine's rate while the trainer waits) is a colocated
+figure. ``--no-parts`` skips the parts' benchmarks: to compare modes on the same work in less time.
 
     python benchmarks/e2e.py --shape tiny                           # builtin:tiny on the CPU, about a minute
     python benchmarks/e2e.py --shape 1.26b --out /tmp/e2e           # one GPU: 512 completions, 256 + ~1K tokens
     python benchmarks/e2e.py --shape llama1b --mode colocated --steps 3
+    python benchmarks/e2e.py --shape llama1b --mode colocated-async --steps 4 --no-parts
 """
 
 from __future__ import annotations
@@ -95,6 +104,8 @@ SHAPES = {
     # the KV cache: 16 layers x 2 x 8 groups x 64 x 2 bytes x 4,352 positions = 143 MB a row, 37 GB for 256 rows
     "llama1b": Shape("builtin:bench-llama1b", 256, 4096, 512, 16, 256, 64, 16384, "cuda", "bf16"),
 }
+MODES = ("colocated", "colocated-async", "async")
+COLOCATED_MODES = MODES[:2]  # the engine in the trainer's process
 PROMPT_ALPHABET = "0123456789+-*="  # the character tokenizer's characters (one token each)
 
 
@@ -108,9 +119,10 @@ def write_prompts(path: Path, count: int, tokens: int, seed: int) -> None:
 
 
 def fit_config(shape: Shape, args: argparse.Namespace, prompts_file: Path, root: Path) -> dict[str, Any]:
-    """The run's config: ``--steps`` RL steps of ``shape``, colocated on-policy or async (lookahead 1)."""
+    """The run's config: ``--steps`` RL steps of ``shape`` in ``--mode`` (module docstring)."""
     groups = shape.completions // shape.generations
     lookahead = 0 if args.mode == "colocated" else 1
+    colocated = args.mode in COLOCATED_MODES
     return {
         "trainer": {
             "accelerator": "gpu" if shape.device == "cuda" else "cpu",
@@ -137,7 +149,7 @@ def fit_config(shape: Shape, args: argparse.Namespace, prompts_file: Path, root:
                 "backend": "megatron",
                 "max_new_tokens": shape.new_tokens,
                 "temperature": 1.0,
-                "colocated": {"enabled": args.mode == "colocated"},
+                "colocated": {"enabled": colocated},
                 "mcore_generation_config": {"max_batch_size": shape.engine_batch},
             },
             "megatron_cfg": {"enabled": True},
@@ -315,7 +327,7 @@ def report_throughput(args: argparse.Namespace, shape: Shape, summary: dict[str,
     print("| step s | tokens/step | tokens/s/GPU | generated tok/s | engine tok/s | train MFU |")
     print("|---:|---:|---:|---:|---:|---:|")
     mfu = f"{summary['train_mfu']:.1%}" if "train_mfu" in summary else "-"
-    engine = f"{summary['engine_tokens_per_s']:,.0f}" if args.mode == "colocated" else "- (overlapped)"
+    engine = f"{summary['engine_tokens_per_s']:,.0f}" if args.mode in COLOCATED_MODES else "- (overlapped)"
     print(
         f"| {wall:.2f} | {summary['step_tokens']:,.0f} | {summary['tokens_per_s_per_gpu']:,.0f} "
         f"| {summary['generated_tokens_per_s']:,.0f} | {engine} | {mfu} |"
@@ -344,7 +356,10 @@ def main() -> None:
     """Command line: run the fit, read its metrics, time the last step's parts, print the tables."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shape", choices=list(SHAPES), default="tiny")
-    parser.add_argument("--mode", choices=["colocated", "async"], default="colocated")
+    parser.add_argument("--mode", choices=MODES, default="colocated")
+    parser.add_argument(
+        "--parts", action=argparse.BooleanOptionalAction, default=True, help="time the parts (orchestration efficiency)"
+    )
     parser.add_argument("--steps", type=int, default=3, help="RL steps, warm-up included")
     parser.add_argument("--warmup", type=int, default=1, help="first steps left out of the figures")
     parser.add_argument("--completions", type=int, help="completions a step (default: the shape's)")
@@ -388,6 +403,8 @@ def main() -> None:
     report_throughput(args, shape, summary)  # first: the fit's figures stand even if the parts' benchmarks fail
     results: dict[str, Any] = {"summary": summary, "last_step": last}
     (out / "results.json").write_text(json.dumps(results, indent=2))
+    if not args.parts:
+        return
     lengths = step_lengths(config, int(last["step"]))
     parts = components(config, shape, lengths)
     results |= {"components": parts, "efficiency": report_efficiency(last, parts), "answer_lengths": lengths}

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import csv
 import json
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 from sc_lightning.trainer.perf import SPLIT
 from tests.helpers.cli import user_environment
@@ -36,3 +38,22 @@ def test_the_e2e_benchmark_reports_the_fits_throughput_and_times_the_same_work(t
     assert all(parts[f"{part}_s"] > 0 for part in ("generation", "train", "refit"))
     explained = parts["generation_s"] + parts["train_s"] + parts["refit_s"]
     assert results["efficiency"] == pytest.approx(explained / last["timing/train/total_step_time"])
+
+
+def test_colocated_async_decodes_the_next_steps_prompts_across_the_refit(tmp_path: Path) -> None:
+    """One process, one step of lookahead: every step after the first trains groups started a version earlier, and
+    some of their tokens were sampled after the refit (per-token versions); --no-parts times nothing else."""
+    command = [sys.executable, "benchmarks/e2e.py", "--shape", "tiny", "--mode", "colocated-async", "--steps", "4"]
+    command += ["--no-parts", "--out", str(tmp_path)]
+    result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=400, env=user_environment())
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    assert "mode colocated-async" in result.stdout and "orchestration efficiency" not in result.stdout
+    results = json.loads((tmp_path / "results.json").read_text())
+    assert "components" not in results and results["summary"]["steps"] == 3
+    config = yaml.safe_load((tmp_path / "e2e.yaml").read_text())
+    assert config["policy"]["generation"]["colocated"]["enabled"] is True
+    assert config["async_rl"]["sampler"]["max_lookahead_versions"] == 1
+    (metrics,) = (tmp_path / "run").glob("lightning_logs/version_*/metrics.csv")
+    steps = [row for row in csv.DictReader(metrics.open()) if row.get("train/staleness_mean")]
+    assert [float(row["train/staleness_mean"]) for row in steps] == [0.0, 1.0, 1.0, 1.0]
+    assert any(0.0 < float(row["train/token_staleness_mean"]) < 1.0 for row in steps[1:])
