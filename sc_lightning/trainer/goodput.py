@@ -66,8 +66,10 @@ class Pace:
         if self.colocated:
             return (
                 f"the trainer waited {self.waited:.0%} of its time: generation and training take turns on the same "
-                "devices (colocated), so each step waits for its generation whatever the lookahead; generation on "
-                "its own devices (policy.generation.colocated.enabled: false) would overlap the two"
+                "devices (colocated), so each step waits for its generation; one step of lookahead (async_rl."
+                "sampler.max_lookahead_versions: 1, if not on) keeps the engine's batch full through a step's long "
+                "tail with the next step's prompts, and generation on its own devices "
+                "(policy.generation.colocated.enabled: false) would overlap the two"
             )
         if self.idle >= NEGLIGIBLE:
             return (
