@@ -1,10 +1,15 @@
 """The worked-arithmetic task: a remainder found by repeated subtraction, every subtraction written out.
 
 The problem ``"0023-7="`` asks for 23 minus 7, minus 7 again, and so on while the result is at least 7, each result
-written as a line of :data:`WIDTH` digits (zero-padded) and the lines joined by single spaces; the last line is the
-answer, ``23 mod 7``::
+written as a line of :data:`WIDTH` digits (zero-padded) with the units digit first, and the lines joined by single
+spaces; the last line is the answer, ``23 mod 7``::
 
-    0023-7=  ->  0016 0009 0002
+    0023-7=  ->  6100 9000 2000        (16, 9, 2)
+
+Units first, as a subtraction is worked by hand: each digit then follows from the digits written before it (the same
+digit of the line before and the borrow out of the digit just written), so a model learns the step several times
+faster than with the most significant digit first, where the first digit written depends on a borrow out of digits not
+yet written.
 
 ``a // b`` lines, one per subtraction; ``b`` is 2..9. With the character tokenizer a line is five tokens (four digits
 and the space, the last line's space being the eos), so an answer of ``n`` lines is ``5 n`` tokens. ``n`` follows a
@@ -51,8 +56,9 @@ class WorkedProblem:
 
     @property
     def lines(self) -> list[str]:
-        """The worked solution's lines: ``a - b``, ``a - 2 b``, ... down to ``a mod b``, each :data:`WIDTH` digits."""
-        return [f"{value:0{WIDTH}d}" for value in range(self.a - self.b, -1, -self.b)]
+        """The worked solution's lines: ``a - b``, ``a - 2 b``, ... down to ``a mod b``, each :data:`WIDTH` digits
+        written units first (:func:`units_first`)."""
+        return [units_first(value) for value in range(self.a - self.b, -1, -self.b)]
 
     @property
     def solution(self) -> str:
@@ -63,6 +69,12 @@ class WorkedProblem:
     def answer(self) -> str:
         """The final answer, ``a mod b``, as a plain integer."""
         return str(self.a % self.b)
+
+
+def units_first(value: int) -> str:
+    """``value`` as a line of the worked solution: :data:`WIDTH` digits, zero-padded, the units digit first
+    (16 -> ``"6100"``)."""
+    return f"{value:0{WIDTH}d}"[::-1]
 
 
 def parse_prompt(text: str) -> WorkedProblem:
@@ -106,7 +118,8 @@ def credit(problem: WorkedProblem, completion: str) -> float:
     return right / len(lines)
 
 
-def last_line(completion: str) -> str | None:
-    """The completion's last line (its last whitespace-separated piece), or None when it is empty."""
+def final_answer(completion: str) -> str | None:
+    """The completion's last line (its last whitespace-separated piece) read back most significant digit first
+    (``"2000"`` -> ``"0002"``), or None when the completion is empty."""
     pieces = completion.split()
-    return pieces[-1] if pieces else None
+    return pieces[-1][::-1] if pieces else None

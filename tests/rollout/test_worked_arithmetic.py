@@ -58,9 +58,9 @@ def test_the_dataset_holds_short_prompts_whose_answers_are_their_remainders() ->
 def test_a_problem_is_worked_one_subtraction_a_line_down_to_its_remainder() -> None:
     problem = parse_prompt("0023-7=")
     assert (problem.a, problem.b, problem.prompt) == (23, 7, "0023-7=")
-    assert problem.solution == "0016 0009 0002" and problem.answer == "2"
-    assert WorkedProblem(1000, 3).lines[:2] == ["0997", "0994"]  # a borrow through the zeros
-    assert WorkedProblem(14, 7).lines == ["0007", "0000"]  # an exact division ends at 0
+    assert problem.solution == "6100 9000 2000" and problem.answer == "2"
+    assert WorkedProblem(1000, 3).lines[:2] == ["7990", "4990"]  # a borrow through the zeros
+    assert WorkedProblem(14, 7).lines == ["7000", "0000"]  # an exact division ends at 0
     for bad in ("23-7=", "0023-1=", "0023+7=", "0023-7"):
         with pytest.raises(ValueError, match="no worked-arithmetic prompt"):
             parse_prompt(bad)
@@ -71,14 +71,15 @@ def test_a_problem_is_worked_one_subtraction_a_line_down_to_its_remainder() -> N
 @pytest.mark.parametrize(
     ("completion", "reward"),
     [
-        ("0016 0009 0002", 1.0),
-        (" 0016  0009 0002 ", 1.0),  # whitespace between the lines does not matter
-        ("0016 0009 0003", 2 / 3),  # the last line is the answer: a wrong one loses its share
-        ("0016 0009", 2 / 3),  # stopped early: its last line is no answer
-        ("0016 0009 0002 0000", 2 / 3),  # went on past the answer: as if the last line slipped
-        ("0002", 0.0),  # the right answer without the work
-        ("0016 0008 0002", 1 / 3),  # a wrong step: nothing after it counts, the right last line included
-        ("0015 0009 0002", 0.0),
+        ("6100 9000 2000", 1.0),
+        (" 6100  9000 2000 ", 1.0),  # whitespace between the lines does not matter
+        ("6100 9000 3000", 2 / 3),  # the last line is the answer: a wrong one loses its share
+        ("6100 9000", 2 / 3),  # stopped early: its last line is no answer
+        ("6100 9000 2000 0000", 2 / 3),  # went on past the answer: as if the last line slipped
+        ("2000", 0.0),  # the right answer without the work
+        ("6100 8000 2000", 1 / 3),  # a wrong step: nothing after it counts, the right last line included
+        ("5100 9000 2000", 0.0),
+        ("0016 0009 0002", 0.0),  # the digits are written units first
         ("16 9 2", 0.0),  # the lines are 4 digits
         ("", 0.0),
     ],
@@ -102,11 +103,11 @@ def test_credit_is_the_share_of_lines_up_to_a_slip_and_1_only_for_the_solution(
 
 
 def test_the_verifier_reads_the_last_line_and_refuses_prompts_it_cannot_check() -> None:
-    assert answer_extractor(ENV)("0016 0009 0002") == "0002" and ENV.extract_answer("  ") is None
+    assert answer_extractor(ENV)("6100 9000 2000") == "0002" and ENV.extract_answer("  ") is None
     assert isinstance(build_environment(EnvConfig(name="worked_arithmetic")), WorkedArithmeticEnvironment)
     with pytest.raises(RewardError, match="is not '0023-7='"):
-        ENV.score(worked_prompt(23, 7, answer="3"), "0016 0009 0003")
+        ENV.score(worked_prompt(23, 7, answer="3"), "6100 9000 3000")
     with pytest.raises(RewardError, match="worked_arithmetic-000001: '2\\+3=' is no worked-arithmetic prompt"):
         ENV.score(dataclasses.replace(worked_prompt(23, 7), text="2+3="), "5")
     with pytest.raises(RewardError, match="must be an integer"):
-        ENV.check_answer("0002 0001")
+        ENV.check_answer("2000 0001")

@@ -2,14 +2,15 @@
 whole solution, ending in the answer.
 
 The task (:mod:`sc_lightning.tasks.worked_arithmetic`): ``"0023-7="`` asks for 23 minus 7 while at least 7 remains,
-one line per subtraction, ``0016 0009 0002``; the last line is the answer (``23 mod 7``).
+one line per subtraction written units digit first, ``6100 9000 2000`` (16, 9, 2); the last line is the answer
+(``23 mod 7``).
 """
 
 from __future__ import annotations
 
 from sc_lightning.rollout.envs.arithmetic import expected_integer, integer_answer
 from sc_lightning.rollout.envs.base import RewardError
-from sc_lightning.tasks.worked_arithmetic import WorkedProblem, credit, last_line, parse_prompt
+from sc_lightning.tasks.worked_arithmetic import WorkedProblem, credit, final_answer, parse_prompt
 from sc_lightning.types import Prompt
 
 
@@ -46,8 +47,9 @@ class WorkedArithmeticEnvironment:
         return credit(worked_problem(prompt), completion_text)
 
     def extract_answer(self, completion_text: str) -> str | None:
-        """The completion's last line (its final answer), or None for an empty completion."""
-        return last_line(completion_text)
+        """The completion's last line read back as a number is written (its final answer, ``"2000"`` -> ``"0002"``),
+        or None for an empty completion."""
+        return final_answer(completion_text)
 
     def __repr__(self) -> str:
         return "WorkedArithmeticEnvironment()"
