@@ -7,7 +7,7 @@ built-in model with cross-entropy on a few hundred worked examples until its gre
 example), ``builtin:small-arith`` (142M parameters, the one-GPU example), ``builtin:tiny-calc`` (the tiny model on
 the multi-turn calculator conversations of docs/multiturn.md) and ``builtin:medium-worked`` (312M parameters on the
 long worked-arithmetic answers, :mod:`~sc_lightning.models.warm_worked`); :func:`resolve_model_name` builds one on
-first use (seconds on a CPU, or on a GPU for the larger ones; about a minute for the 312M one) and caches it.
+first use (seconds on a CPU, or on a GPU for the larger ones; about two minutes for the 312M one) and caches it.
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ WARM_STARTS: dict[str, WarmRecipe] = {
     "builtin:tiny-calc": WarmRecipe("builtin:tiny", lr=1e-2, check_every=2, task="calculator"),
     # trains until sampling would earn reward 0.3, within a token budget (models/warm_worked.py)
     "builtin:medium-worked": WarmRecipe(
-        "builtin:medium", lr=3e-4, check_every=5, task="worked_arithmetic", budget=WorkedBudget()
+        "builtin:medium", lr=3e-4, check_every=20, task="worked_arithmetic", budget=WorkedBudget()
     ),
 }
 DEFAULT_CACHE = Path("results") / ".cache"

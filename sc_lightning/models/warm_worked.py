@@ -8,6 +8,12 @@ would earn sampling at temperature 1 reaches :attr:`WorkedBudget.target_reward` 
 rest), or when it has trained on :attr:`WorkedBudget.max_tokens` padded tokens, whichever comes first. On a GPU the
 model computes in bf16 and AdamW steps fp32 master weights (:class:`MasterAdamW`), as the RL trainer does.
 
+The rate follows a cosine from its peak down to a tenth over the budget (:func:`warm_lr_factor`), and gradients are
+clipped: the expected reward climbs mostly as the rate comes down (the slips that remain at a high rate are what
+keeps it near zero), and a loss spike late in a constant-rate run once undid a warm start. On the CPU (a 3M-parameter
+model, problems of 8 to 40 lines, 2.4M tokens at a peak of 1e-3, 2026-12-05) the reward reached 0.82 so, against 0.45
+at the constant rate.
+
 That reward needs no sampling (:func:`expected_reward`, one forward pass over held-out problems): a completion earns
 at least the share of the solution's lines it writes token for token, each with the separator after it (the space,
 or the eos after the last line), before its first deviation (the verifier's credit, :func:`~sc_lightning.tasks.
@@ -21,6 +27,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import math
 import random
 import time
 from collections.abc import Iterator, Sequence
@@ -42,9 +49,11 @@ LINE_TOKENS = WIDTH + 1
 class WorkedBudget:
     """How much a worked-arithmetic warm start may train, and when it has trained enough."""
 
-    max_tokens: int = 14_000_000  # padded tokens trained on, at most: about a minute of a 300M model on an H200
-    batch_tokens: int = 32_768  # padded tokens (rows x the longest row) of one optimizer step
+    max_tokens: int = 16_000_000  # padded tokens trained on, at most: about two minutes of a 300M model on an H100
+    batch_tokens: int = 16_384  # padded tokens (rows x the longest row) of one optimizer step
     warmup_steps: int = 10  # steps of a linear learning-rate warm-up from zero
+    min_lr_ratio: float = 0.1  # then a cosine decay to this share of the peak rate, over the budget's tokens
+    clip_grad: float = 1.0  # the global gradient norm is clipped to this (a loss spike cannot undo the warm start)
     held_out: int = 256  # problems the expected reward is measured on
     target_reward: float = 0.3  # stop once the expected reward at temperature 1 reaches it
     pool: int = 8192  # problems drawn at a time, cut into length batches and shuffled
@@ -59,7 +68,7 @@ class Rows:
 
 
 def worked_rows(problems: Sequence[WorkedProblem], tokenizer: CharTokenizer) -> Rows:
-    """The rows a warm start trains on: ``<bos>0023-7=0016 0009 0002<eos>``; the answer (solution and eos) is what
+    """The rows a warm start trains on: ``<bos>0023-7=6100 9000 2000<eos>``; the answer (solution and eos) is what
     the model learns to write."""
     ids, starts = [], []
     for problem in problems:
@@ -129,22 +138,33 @@ def _shuffled_batches(seed: int, budget: WorkedBudget, tokenizer: CharTokenizer)
             yield rows, picked
 
 
+def warm_lr_factor(step: int, budget: WorkedBudget) -> float:
+    """The share of the peak rate at optimizer step ``step``: a linear warm-up over ``warmup_steps``, then a cosine
+    decay to ``min_lr_ratio`` over the steps the token budget allows at most (``max_tokens / batch_tokens``)."""
+    if step < budget.warmup_steps:
+        return (step + 1) / budget.warmup_steps
+    decay_steps = max(1, budget.max_tokens // budget.batch_tokens - budget.warmup_steps)
+    progress = min(1.0, (step - budget.warmup_steps) / decay_steps)
+    return budget.min_lr_ratio + (1.0 - budget.min_lr_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
 class MasterAdamW:
     """AdamW on fp32 master copies of a model's parameters (bf16 ones on a GPU), written back after every step."""
 
-    def __init__(self, model: torch.nn.Module, lr: float, warmup_steps: int) -> None:
+    def __init__(self, model: torch.nn.Module, lr: float, budget: WorkedBudget) -> None:
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.masters = [p.detach().float().clone() for p in self.params]
+        self.clip_grad = budget.clip_grad
         self.optimizer = torch.optim.AdamW(self.masters, lr=lr)
-        self.schedule = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, lambda step: min(1.0, (step + 1) / max(1, warmup_steps))
-        )
+        self.schedule = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda step: warm_lr_factor(step, budget))
 
     def step(self) -> None:
-        """One AdamW step on the masters from the parameters' gradients (then cleared), copied into the parameters."""
+        """One AdamW step on the masters from the parameters' gradients (then cleared, their global norm clipped),
+        copied into the parameters."""
         for master, param in zip(self.masters, self.params, strict=True):
             master.grad = None if param.grad is None else param.grad.float()  # AdamW skips a master without one
             param.grad = None
+        torch.nn.utils.clip_grad_norm_(self.masters, self.clip_grad)
         self.optimizer.step()
         self.schedule.step()
         with torch.no_grad():
@@ -160,7 +180,7 @@ def train_worked(
 
     tokenizer, device, pad = CharTokenizer(), device_of(model), CharTokenizer.PAD
     held_out = worked_rows(draw_problems(budget.held_out, f"held-out-{seed}"), tokenizer)
-    optimizer = MasterAdamW(model, lr, budget.warmup_steps)
+    optimizer = MasterAdamW(model, lr, budget)
     tokens, reward, start = 0, 0.0, time.perf_counter()
     model.train()
     for step, (rows, picked) in enumerate(_shuffled_batches(seed, budget, tokenizer)):

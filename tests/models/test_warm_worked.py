@@ -3,6 +3,7 @@ reward estimate is the probability of sampling each answer, and a recipe of it b
 
 from __future__ import annotations
 
+import itertools
 import logging
 import math
 import random
@@ -15,7 +16,15 @@ from sc_lightning.models.logprobs import token_logprobs
 from sc_lightning.models.megatron import build_gpt_model, load_policy
 from sc_lightning.models.spec import BUILTIN_SPECS, builtin_spec
 from sc_lightning.models.warm_start import WARM_STARTS, WarmRecipe, resolve_model_name
-from sc_lightning.models.warm_worked import WorkedBudget, expected_reward, length_batches, train_worked, worked_rows
+from sc_lightning.models.warm_worked import (
+    MasterAdamW,
+    WorkedBudget,
+    expected_reward,
+    length_batches,
+    train_worked,
+    warm_lr_factor,
+    worked_rows,
+)
 from sc_lightning.rollout.envs import WorkedArithmeticEnvironment
 from sc_lightning.tasks.worked_arithmetic import draw_problems
 from sc_lightning.tokenizer import CharTokenizer
@@ -101,3 +110,24 @@ def test_the_shipped_recipe_warms_the_300m_model_within_a_bounded_budget() -> No
     recipe = WARM_STARTS["builtin:medium-worked"]
     assert recipe.base == "builtin:medium" and recipe.task == "worked_arithmetic" and recipe.budget is not None
     assert recipe.budget.max_tokens <= 20_000_000 and 0.2 <= recipe.budget.target_reward <= 0.5
+
+
+def test_the_warm_rate_warms_up_then_follows_a_cosine_to_its_floor_over_the_budget() -> None:
+    budget = WorkedBudget(max_tokens=100 * 1000, batch_tokens=1000, warmup_steps=10, min_lr_ratio=0.1)
+    factors = [warm_lr_factor(step, budget) for step in range(200)]
+    assert factors[:10] == pytest.approx([(s + 1) / 10 for s in range(10)])
+    assert factors[10] == pytest.approx(1.0) and factors[55] == pytest.approx(0.55)  # half-way down the cosine
+    assert all(a >= b for a, b in itertools.pairwise(factors[10:]))
+    assert factors[100:] == pytest.approx([0.1] * 100)  # the budget's 100 steps spent: the floor holds
+
+
+def test_the_warm_optimizer_clips_the_global_gradient_norm() -> None:
+    model = torch.nn.Linear(4, 4)
+    optimizer = MasterAdamW(model, lr=1e-3, budget=WorkedBudget(clip_grad=0.5))
+    (model(torch.ones(2, 4)) * 1e6).sum().backward()
+    before = [p.detach().clone() for p in model.parameters()]
+    optimizer.step()
+    norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(m.grad) for m in optimizer.masters]))
+    assert norm == pytest.approx(0.5, rel=1e-4)
+    assert all(p.grad is None for p in model.parameters())
+    assert not any(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
