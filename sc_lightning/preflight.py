@@ -41,6 +41,7 @@ def preflight_issues(config: SCConfig, trainer: dict[str, Any]) -> list[ConfigIs
         *_dataset_issues(config),
         *_generation_issues(config),
         *_directory_issues(config, trainer),
+        *memory_issues(config, trainer),
     ]
 
 
@@ -199,6 +200,73 @@ def _dataset_issues(config: SCConfig) -> list[ConfigIssue]:
         if name not in BUILTIN_NAMES[knob]:
             issues += prompt_file_issues(name, data, knob)[1]
     return issues
+
+
+def memory_issues(config: SCConfig, trainer: dict[str, Any]) -> list[ConfigIssue]:
+    """A GPU run whose trainer rank cannot hold the policy (and critic), a micro-batch and a colocated engine: the
+    floor of :mod:`sc_lightning.models.memory` over the first GPU's memory, naming the knob that fixes it."""
+    from sc_lightning.models.memory import Parallel, memory_problem, training_memory
+
+    device_bytes = _gpu_bytes(trainer)
+    spec = _spec_or_none(config.policy.model_name) if device_bytes else None
+    if device_bytes is None or spec is None:
+        return []  # a CPU run (host memory is the operating system's to give), or a model name reported above
+    policy, megatron = config.policy, config.policy.megatron_cfg
+    split = megatron.tensor_model_parallel_size * megatron.pipeline_model_parallel_size
+    wanted = _requested_indices(trainer.get("devices", "auto"))
+    ranks = (len(wanted) if wanted else _device_counts()["cuda"]) * int(trainer.get("num_nodes") or 1)
+    parallel = Parallel(
+        megatron.tensor_model_parallel_size,
+        megatron.pipeline_model_parallel_size,
+        max(1, ranks // split),
+        megatron.use_distributed_optimizer,
+    )
+    longest = policy.max_total_sequence_length  # the micro-batch a long-tailed step can form: rows x the longest
+    rows = policy.train_micro_batch_size * longest
+    tokens = max(longest, min(rows, policy.train_micro_batch_tokens or rows))
+    generation = policy.generation
+    plan = training_memory(
+        spec,
+        precision=policy.precision,
+        micro_batch_tokens=tokens,
+        parallel=parallel,
+        checkpointing=megatron.activation_checkpointing,
+        colocated_context=longest if generation.colocated.enabled and generation.backend == "megatron" else None,
+        critic=_spec_or_none(config.value.model_name) if config.value is not None else None,
+    )
+    problem = memory_problem(
+        plan,
+        device_bytes,
+        model_knob="policy.model_name",
+        tokens_knob="policy.train_micro_batch_tokens",
+        micro_batch_tokens=tokens,
+    )
+    return [] if problem is None else [ConfigIssue(*problem)]
+
+
+def _gpu_bytes(trainer: dict[str, Any]) -> int | None:
+    """Memory of the first CUDA device when the trainer runs on CUDA GPUs, else None."""
+    import torch
+
+    accelerator = trainer.get("accelerator") or "auto"
+    if accelerator not in ("gpu", "cuda", "auto") or not torch.cuda.is_available():
+        return None
+    return int(torch.cuda.get_device_properties(0).total_memory)
+
+
+def _spec_or_none(name: str) -> Any:
+    """The architecture a model name names (a warm start's base for a warm start), or None where it cannot be read
+    here (the model checks report why)."""
+    from sc_lightning.models.policy_source import model_spec
+    from sc_lightning.models.spec import builtin_spec
+    from sc_lightning.models.warm_start import WARM_STARTS
+
+    if name in WARM_STARTS:
+        return builtin_spec(WARM_STARTS[name].base)
+    try:
+        return model_spec(name)
+    except (OSError, ValueError, KeyError, NotImplementedError):
+        return None
 
 
 def _generation_issues(config: SCConfig) -> list[ConfigIssue]:

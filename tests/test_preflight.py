@@ -180,3 +180,33 @@ def test_an_option_missing_its_value_is_a_usage_error_naming_it(
     assert main(list(args)) == 2
     err = capsys.readouterr().err
     assert f"error: {option} needs a value, but the next argument is the option " in err
+
+
+@pytest.mark.parametrize(
+    ("device_gib", "extra", "expected"),
+    [
+        (80, (), None),  # the long example as shipped fits an 80 GB GPU
+        (16, (), "policy.train_micro_batch_tokens: needs at least"),  # its 32K-token micro-batches do not fit 16 GB
+        (80, ("--policy.train_micro_batch_tokens", "null"), "policy.train_micro_batch_tokens: needs at least"),
+        (4, (), "policy.model_name: needs at least"),  # nor does the 312M model's state fit 4 GB
+    ],
+)
+def test_a_gpu_run_that_cannot_fit_its_device_is_refused_naming_the_knob(
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    device_gib: int,
+    extra: tuple[str, ...],
+    expected: str | None,
+) -> None:
+    """One CUDA device of ``device_gib``: the memory floor (sc_lightning/models/memory.py) is checked at start."""
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    properties = type("Properties", (), {"total_memory": device_gib * 1024**3})
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda index: properties)
+    args = ("fit", "--config", "configs/grpo_1gpu_long.yaml", *extra, "--dry_run")
+    if expected is None:
+        assert main(list(args)) == 0, capsys.readouterr().err
+        return
+    err = refused(capsys, *args)
+    assert expected in err and f"on a {device_gib}.0 GiB device" in err
+    assert "set it to at most" in err or "does not fit one rank" in err
