@@ -8,13 +8,22 @@ example), ``builtin:small-arith`` (142M parameters, the one-GPU example), ``buil
 the multi-turn calculator conversations of docs/multiturn.md) and ``builtin:medium-worked`` (312M parameters on the
 long worked-arithmetic answers, :mod:`~sc_lightning.models.warm_worked`); :func:`resolve_model_name` builds one on
 first use (seconds on a CPU, or on a GPU for the larger ones; about two minutes for the 312M one) and caches it.
+
+Every builder writes into a staging directory of its own and renames it into place, the first rename winning: runs,
+processes and the ranks of a parallel group may build the same warm start at once, without a lock, and none ever
+reads a half-written one. A warm start trains the whole model on one device, so a process whose megatron parallel
+state is split (tensor or pipeline parallel, as a rank of such a run is when it resolves its model) builds it in a
+fresh interpreter (``python -m sc_lightning.models.warm_start``), under a deadline.
 """
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import logging
 import shutil
+import subprocess
+import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -73,12 +82,61 @@ def resolve_model_name(
         path.parent.mkdir(parents=True, exist_ok=True)
         building = Path(tempfile.mkdtemp(prefix=f"{path.name}.building-", dir=path.parent))
         try:
-            warm_start(building, seed=seed, device=device, recipe=recipe)
+            if _parallel_split() == (1, 1):
+                warm_start(building, seed=seed, device=device, recipe=recipe)
+            else:
+                _build_apart(model_name, building, seed=seed, device=device)
         except BaseException:
             shutil.rmtree(building, ignore_errors=True)
             raise
         _publish(building, path)
     return str(path.resolve())
+
+
+BUILD_APART_TIMEOUT_S = 3600.0
+"""Deadline of a warm start built in a fresh interpreter (the 312M one takes about two minutes on a GPU)."""
+
+
+def _parallel_split() -> tuple[int, int]:
+    """This process's megatron (TP, PP) sizes; (1, 1) when its parallel state is not initialised."""
+    from megatron.core import parallel_state
+
+    if not parallel_state.model_parallel_is_initialized():
+        return 1, 1
+    return (
+        parallel_state.get_tensor_model_parallel_world_size(),
+        parallel_state.get_pipeline_model_parallel_world_size(),
+    )
+
+
+def _build_apart(model_name: str, building: Path, *, seed: int, device: str | torch.device) -> None:
+    """Build ``model_name``'s warm start into ``building`` in a fresh interpreter (:func:`main`); RuntimeError with
+    the end of its output when it fails or runs past :data:`BUILD_APART_TIMEOUT_S`."""
+    command = [sys.executable, "-m", __name__, model_name, str(building), "--seed", str(seed), "--device", str(device)]
+    try:
+        result = subprocess.run(command, capture_output=True, text=True, timeout=BUILD_APART_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        raise RuntimeError(
+            f"building the warm start {model_name} in a separate process ran past {BUILD_APART_TIMEOUT_S:.0f} s"
+        ) from None
+    if result.returncode != 0:
+        raise RuntimeError(
+            f"building the warm start {model_name} in a separate process (its parallel state is split) failed with "
+            f"exit code {result.returncode}:\n{(result.stdout + result.stderr)[-3000:]}"
+        )
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``python -m sc_lightning.models.warm_start NAME DIRECTORY --seed S --device D``: build a :data:`WARM_STARTS`
+    warm start into ``DIRECTORY`` (what a process with a split parallel state runs to build one)."""
+    parser = argparse.ArgumentParser(description=main.__doc__)
+    parser.add_argument("name", choices=sorted(WARM_STARTS))
+    parser.add_argument("directory", type=Path)
+    parser.add_argument("--seed", type=int, required=True)
+    parser.add_argument("--device", default="cpu")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    warm_start(args.directory, seed=args.seed, device=args.device, recipe=WARM_STARTS[args.name])
 
 
 def _publish(building: Path, path: Path) -> None:
@@ -185,3 +243,7 @@ def warm_start(
                 break
     save_hf_directory(spec, export_hf_weights(model, spec), path)
     return accuracy
+
+
+if __name__ == "__main__":
+    main()

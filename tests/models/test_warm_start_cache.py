@@ -1,14 +1,24 @@
-"""The warm-start cache: a warm start appears whole or not at all, also when two runs build it at once."""
+"""The warm-start cache: a warm start appears whole or not at all, also when runs, processes or the ranks of a
+tensor-parallel group build it at once."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 from pathlib import Path
 
 import pytest
+import torch
 
 from sc_lightning.models import warm_start as warm_start_module
+from sc_lightning.models.logprobs import token_logprobs
+from sc_lightning.models.megatron import load_policy
 from sc_lightning.models.warm_start import resolve_model_name
+from tests.helpers.cli import user_environment
+from tests.helpers.configs import REPO
+from tests.models.warm_race import race_rank
+from tests.ranks import run_ranks
 
 
 def test_two_runs_building_the_same_warm_start_at_once_publish_one_whole_directory(monkeypatch, tmp_path) -> None:
@@ -78,3 +88,48 @@ def test_local_directories_and_warm_starts_resolve_to_absolute_paths(monkeypatch
     assert Path(warm).is_absolute() and Path(warm).parent == tmp_path / "cache"
     assert resolve_model_name("org/not-here", seed=0) == "org/not-here"
     assert resolve_model_name("builtin:tiny", seed=0) == "builtin:tiny"
+
+
+def _published(cache: Path) -> Path:
+    """The one entry of ``cache`` after a race: the published warm start, nothing left half built."""
+    (entry,) = cache.iterdir()
+    assert ".building-" not in entry.name and (entry / "config.json").is_file()
+    return entry
+
+
+@pytest.mark.slow
+def test_three_processes_racing_on_an_empty_cache_all_load_one_complete_model(tmp_path) -> None:
+    """Three processes build the same warm start at once (each holds its publishing step until all three have
+    built: tests/models/warm_race.py), race to move it into place, and each loads the one published model."""
+    cache, ready, out = tmp_path / "cache", tmp_path / "ready", tmp_path / "out"
+    for folder in (cache, ready, out):
+        folder.mkdir()
+    command = [sys.executable, "-m", "tests.models.warm_race", str(cache), str(ready), "3", str(out)]
+    racers = [subprocess.Popen(command, cwd=REPO, env=user_environment(), stderr=subprocess.PIPE) for _ in range(3)]
+    for racer in racers:
+        _, err = racer.communicate(timeout=240)
+        assert racer.returncode == 0, err.decode()[-3000:]
+    assert len(list(ready.iterdir())) == 3  # all three built before any published
+    results = [torch.load(path) for path in sorted(out.iterdir())]
+    published = _published(cache)
+    assert {r["path"] for r in results} == {str(published)}
+    for result in results[1:]:
+        assert torch.equal(result["logprobs"], results[0]["logprobs"])
+
+
+@pytest.mark.slow
+def test_a_tensor_parallel_group_building_together_loads_one_complete_model(tmp_path) -> None:
+    """Both ranks of a TP=2 group build the warm start at once and race to publish it; both load their shard of the
+    published model, and together they score a batch as one process does (the whole model, not half of one)."""
+    cache, ready, out = tmp_path / "cache", tmp_path / "ready", tmp_path / "out"
+    for folder in (cache, ready, out):
+        folder.mkdir()
+    run_ranks(race_rank, 2, cache, ready, out)
+    ranks = [torch.load(out / f"rank{r}.pt") for r in range(2)]
+    published = _published(cache)
+    assert ranks[0]["path"] == ranks[1]["path"] == str(published)
+    assert len(list(ready.iterdir())) == 2
+    model, _, _ = load_policy(str(published), precision="fp32", seed=3)
+    with torch.no_grad():
+        alone = token_logprobs(model, torch.arange(2, 18).remainder(16).add(2).reshape(2, 8))
+    torch.testing.assert_close(ranks[0]["logprobs"], alone, rtol=1e-5, atol=1e-5)
