@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 from sc_lightning.engines.base import GenerationEngine
 from sc_lightning.rollout.envs.base import Environment, Score, as_score
+from sc_lightning.rollout.envs.daemon_call import daemon_call
 from sc_lightning.tokenizer import Tokenizer
 from sc_lightning.types import Generation, Prompt, SamplingParams
 
@@ -80,7 +81,7 @@ async def answer_prompts(
                     f"generation_timeout_s={settings.generation_timeout_s}"
                 ) from None
         text = tokenizer.decode(generation.token_ids)
-        score = await asyncio.to_thread(lambda: as_score(environment.score(prompt, text)))
+        score = await daemon_call(lambda: as_score(environment.score(prompt, text)))
         answer = Answer(prompt, generation, text, score)
         if on_answer is not None:
             on_answer(answer)

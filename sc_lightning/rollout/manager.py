@@ -23,6 +23,7 @@ from typing import Any, Protocol
 
 from sc_lightning.engines.base import GenerationEngine
 from sc_lightning.rollout.envs.base import Environment, Score, as_score, request_sampling
+from sc_lightning.rollout.envs.daemon_call import daemon_call
 from sc_lightning.rollout.failures import RetryBudget, classify
 from sc_lightning.rollout.goodput import EngineGoodput
 from sc_lightning.tokenizer import Tokenizer
@@ -300,7 +301,7 @@ class RolloutManager:
             ) from None
 
     async def _score(self, prompt: Prompt, group_id: str, texts: Sequence[str]) -> list[Score]:
-        scoring = asyncio.to_thread(lambda: [as_score(self.environment.score(prompt, text)) for text in texts])
+        scoring = daemon_call(lambda: [as_score(self.environment.score(prompt, text)) for text in texts])
         try:
             scores = await asyncio.wait_for(scoring, self.settings.env_timeout_s)
         except TimeoutError:

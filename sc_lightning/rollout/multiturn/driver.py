@@ -9,12 +9,12 @@ the chat template (the row's prompt is ``prompt.token_ids``): a prompt that is n
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Literal
 
 from sc_lightning.rollout.envs.base import Score, as_score
+from sc_lightning.rollout.envs.daemon_call import daemon_call
 from sc_lightning.rollout.multiturn.chat import ChatSession, ChatTemplate, ChatTemplateError, Message
 from sc_lightning.rollout.multiturn.conversation import Conversation, ConversationAssembler
 from sc_lightning.rollout.multiturn.protocol import Episode, MultiTurnEnvironment, Observation, TurnLimits
@@ -40,9 +40,9 @@ class ConversationOutcome:
 
 
 async def step_in_thread(episode: Episode, model_text: str, turn: int) -> Verdict:
-    """Run ``episode.step`` in a worker thread (no deadline; the sample source adds one)."""
+    """Run ``episode.step`` on a daemon thread (no deadline; the sample source adds one)."""
     del turn
-    return await asyncio.to_thread(episode.step, model_text)
+    return await daemon_call(episode.step, model_text)
 
 
 def opening_session(prompt: Prompt, template: ChatTemplate) -> ChatSession:
@@ -67,7 +67,7 @@ async def run_conversation(
 ) -> ConversationOutcome:
     """Play one conversation of ``prompt`` to its end; a conversation out of turns or tokens scores 0.0."""
     session = opening_session(prompt, template)
-    episode = await asyncio.to_thread(environment.start, prompt)
+    episode = await daemon_call(environment.start, prompt)
     assembler = ConversationAssembler(session.token_ids)
     finish: FinishReason = "stop"
 

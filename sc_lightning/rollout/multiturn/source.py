@@ -14,6 +14,7 @@ import asyncio
 import dataclasses
 from typing import TYPE_CHECKING
 
+from sc_lightning.rollout.envs.daemon_call import daemon_call
 from sc_lightning.rollout.manager import RolloutTimeout, Sample
 from sc_lightning.rollout.multiturn.chat import ChatTemplate, chat_template_for
 from sc_lightning.rollout.multiturn.driver import ConversationOutcome, Verdict, run_conversation
@@ -81,10 +82,10 @@ class MultiTurnSource:
                 raise timeout("generation_timeout_s", settings.generation_timeout_s, turn) from None
 
         async def step(episode: Episode, model_text: str, turn: int) -> Verdict:
-            """One episode step in a worker thread under env_timeout_s."""
+            """One episode step on a daemon thread under env_timeout_s."""
             limit = manager.settings.env_timeout_s
             try:
-                return await asyncio.wait_for(asyncio.to_thread(episode.step, model_text), limit)
+                return await asyncio.wait_for(daemon_call(episode.step, model_text), limit)
             except TimeoutError:
                 raise timeout(f"environment {self.environment.name} env_timeout_s", limit, turn) from None
 
