@@ -7,7 +7,6 @@ by a callback's ``should_stop`` or a stop signal are in tests/checkpoint/test_fi
 
 from __future__ import annotations
 
-import re
 import signal
 import subprocess
 import sys
@@ -17,16 +16,8 @@ import pytest
 
 from sc_lightning.cli.load import load_and_check
 from sc_lightning.config import ConfigError
-from tests.helpers.cli import checkpointed, run, start, wait_for
+from tests.helpers.cli import checkpointed, run, start, stopped_after, wait_for
 from tests.helpers.configs import REPO, TINY
-
-
-def stopped_after(stderr: str, reason: str) -> int:
-    """The step of the stop line naming ``reason`` (one line, Lightning's own stop line dropped)."""
-    assert "max_epochs" not in stderr, stderr[-3000:]
-    lines = re.findall(rf"^fit stopped after step (\d+): {re.escape(reason)}.*$", stderr, re.MULTILINE)
-    assert len(lines) == 1, stderr[-3000:]
-    return int(lines[0])
 
 
 @pytest.mark.slow

@@ -5,10 +5,14 @@ Why a fit stops, in the order it is told (one line on stderr, from the leader, o
     fit stopped after step 32: trainer.max_time (00:00:00:15) reached; its bundle is results/ckpt/step_32: run the
     same command to go on
 
-- a stop signal: SIGTERM, or SIGINT (Ctrl-C), received while training. The step in progress — waiting for its
-  rollouts included — finishes, then the fit ends as any other (its bundle is written) and the command exits with
-  128 + the signal's number (130, 143). A second SIGINT stops at once, without a bundle of that step (the run then
-  resumes from its previous bundle). Several trainer ranks stop together: a signal on any one counts for all;
+- a stop signal: SIGTERM, SIGUSR1 (SLURM's warning before a preemption, ``--signal``) or SIGINT (Ctrl-C), received
+  while training; the command exits with 128 + the signal's number (143, 138, 130). A wait for rollouts ends at once
+  (an environment that stopped answering holds nothing up): between steps the fit then ends after its last finished
+  step, whose bundle is written; inside a step (a streamed step waiting for a later chunk) it ends without a bundle
+  of that step, the newest bundle standing. A step that is computing, refitting or writing finishes first. A second
+  SIGINT stops at once, without a bundle of that step (the run then resumes from its previous bundle). Several
+  trainer ranks stop together: a signal on the leader ends every rank's wait, and one on any rank counts for all
+  after the step;
 - ``<algo>.max_num_steps`` reached;
 - ``trainer.max_time`` reached. It limits each ``fit`` command, not the run's total: the time a resumed run spent
   before is not carried over (Lightning's timer state is dropped from the bundle it resumes from), so a job under a
@@ -38,18 +42,21 @@ from lightning.pytorch.callbacks import Timer
 
 from sc_lightning.checkpoint.bundle import bundle_name
 from sc_lightning.config import SCConfig
+from sc_lightning.controller.api import WaitInterrupted
 
-STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)
 
 
 class FitStop(Callback):
-    """Turns SIGINT / SIGTERM into a stop after the step in progress; prints why the fit stopped."""
+    """Turns SIGINT / SIGTERM / SIGUSR1 into a stop after the step in progress (a wait for rollouts ends at once);
+    prints why the fit stopped."""
 
     def __init__(self, config: SCConfig) -> None:
         self.config = config
         self.signal: signal.Signals | None = None  # the first stop signal received while training
         self.reason: str | None = None  # why the fit stopped, once it has
         self._previous: dict[signal.Signals, Any] = {}
+        self._rollout_side: Any = None  # the strategy's, whose waits for rollouts a stop signal ends
 
     @property
     def exit_code(self) -> int:
@@ -65,7 +72,8 @@ class FitStop(Callback):
         _drop_timer_state(checkpoint)
 
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        """Take SIGINT and SIGTERM over while training (main thread only: elsewhere Python cannot)."""
+        """Take the stop signals over while training (main thread only: elsewhere Python cannot)."""
+        self._rollout_side = getattr(trainer.strategy, "rollout_side", None)
         if threading.current_thread() is threading.main_thread():
             self._previous = {signum: signal.signal(signum, self._on_signal) for signum in STOP_SIGNALS}
 
@@ -84,8 +92,12 @@ class FitStop(Callback):
         self.reason = self._why(trainer)
 
     def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
-        """Give the signals back (the fit did not end by a stop)."""
+        """Give the signals back; a stop signal that ended a step's wait for rollouts says so (no bundle of it)."""
         self._restore_signals()
+        if isinstance(exception, WaitInterrupted) and self.signal is not None and trainer.is_global_zero:
+            self.reason = f"{self.signal.name} received"
+            line = self._line(trainer.global_step).replace("after step", "during step", 1)
+            print(f"{line} (it waited for rollouts: that step has no bundle)", file=sys.stderr, flush=True)
 
     def on_fit_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         """Say why the fit stopped and where its last bundle is (the leader; after the rollout side stopped)."""
@@ -104,6 +116,8 @@ class FitStop(Callback):
             again = "; Ctrl-C again to stop now, without it" if signum == signal.SIGINT else ""
             message = f"\n{self.signal.name} received: stopping after the step in progress{again}\n"
             os.write(2, message.encode())  # not print: a signal handler may interrupt a print to the same stream
+            if self._rollout_side is not None:
+                self._rollout_side.interrupt_waits()  # returns at once; the trainer's wait then ends
 
     def _restore_signals(self) -> None:
         """Give back the handlers taken over, unless Lightning's teardown has put its originals back already."""

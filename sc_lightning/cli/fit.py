@@ -106,6 +106,7 @@ def _train(config: SCConfig, lightning: dict[str, Any], resume: Any, watch: Inte
     from sc_lightning.callbacks.refit import RefitCallback
     from sc_lightning.callbacks.stop import FitStop
     from sc_lightning.cli.parser import SCLightningCLI, trainer_world_size
+    from sc_lightning.controller.api import WaitInterrupted
     from sc_lightning.engines.factory import default_engine_factory
     from sc_lightning.lightning.module import GRPOModule
     from sc_lightning.lightning.ppo_module import PPOModule
@@ -156,6 +157,9 @@ def _train(config: SCConfig, lightning: dict[str, Any], resume: Any, watch: Inte
     except cannot_resume_errors() as err:  # the checkpoint does not fit this run's models or optimizers
         print(f"error: cannot resume: {err}", file=sys.stderr)
         return EXIT_CANNOT_RESUME
+    except WaitInterrupted:  # a stop signal ended a step's wait for rollouts: FitStop has said so
+        if stop.signal is None:
+            raise
     return stop.exit_code  # 0, or 128 + the signal that stopped the fit
 
 

@@ -150,6 +150,17 @@ class StepSurvivorship:
     evicted: Cohort = Cohort()
 
 
+@dataclass
+class ControllerCounts:
+    """Run totals of prompt groups by what became of them (the :class:`ControllerStats` fields of the same names)."""
+
+    dispatched: int = 0
+    committed: int = 0
+    selected: int = 0
+    evicted: int = 0
+    aborted: int = 0  # in flight when a refit found them doomed
+
+
 @dataclass(frozen=True)
 class ControllerStats:
     """Counters and gauges of the controller, for logging and tests."""
@@ -197,6 +208,10 @@ class RolloutPumpError(RuntimeError):
 
 class SelectTimeout(TimeoutError):
     """The trainer waited longer than its deadline for enough ready groups."""
+
+
+class WaitInterrupted(RuntimeError):
+    """A stop signal ended the trainer's wait for rollouts; nothing was selected (the step is not trained)."""
 
 
 class DrainTimeout(TimeoutError):

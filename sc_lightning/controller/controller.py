@@ -43,7 +43,7 @@ import logging
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +51,7 @@ import torch
 
 from sc_lightning.controller.admission import Admission, Slot
 from sc_lightning.controller.api import (
+    ControllerCounts,
     ControllerStats,
     GroupMeta,
     RefitReport,
@@ -58,6 +59,7 @@ from sc_lightning.controller.api import (
     StepDrops,
     StepSurvivorship,
     ValidationResult,
+    WaitInterrupted,
 )
 from sc_lightning.controller.checkpointing import ControllerCheckpoint
 from sc_lightning.controller.drops import DropLedger
@@ -73,17 +75,6 @@ from sc_lightning.data_plane.base import DataPlane
 from sc_lightning.rollout.manager import GroupFiltered, RolloutError
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class ControllerCounts:
-    """Run totals of prompt groups by what became of them (the :class:`ControllerStats` fields of the same names)."""
-
-    dispatched: int = 0
-    committed: int = 0
-    selected: int = 0
-    evicted: int = 0
-    aborted: int = 0  # in flight when a refit found them doomed
 
 
 class SingleController:
@@ -117,6 +108,7 @@ class SingleController:
         self.tasks = TaskSupervisor(self._notify)  # the pump and the background tasks, and the first to fail
         self._pump: asyncio.Task | None = None
         self._exhausted = False
+        self._waits_interrupted = False  # a stop signal came: the trainer waits for no more rollouts
         self._last_progress = time.monotonic()
         self._background: list[tuple[str, Callable[[SingleController], Awaitable[None]]]] = []
 
@@ -274,7 +266,14 @@ class SingleController:
                     return None
                 await self._wait(deadline, trainer_version, min_groups)
 
+    async def interrupt_waits(self) -> None:
+        """A stop signal: the trainer's waits for rollouts, now and later, end in WaitInterrupted (selecting none)."""
+        self._waits_interrupted = True
+        await self._notify()
+
     async def _wait(self, deadline: float | None, trainer_version: int, min_groups: int) -> None:
+        if self._waits_interrupted:  # only here, where select holds no groups: none is lost
+            raise WaitInterrupted(f"step {trainer_version}: a stop signal ended the wait for rollouts")
         remaining = None if deadline is None else deadline - time.monotonic()
         try:
             await asyncio.wait_for(self._changed.wait(), remaining)

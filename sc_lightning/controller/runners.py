@@ -55,6 +55,7 @@ TRAIN_SIDE_METHODS = frozenset(
         "validate",
         "validation_results",
         "settle_validation",
+        "interrupt_waits",
     }
 )
 """The controller methods a handle may invoke by name."""
@@ -192,6 +193,12 @@ class LocalController(ControllerHandle):
     def _invoke(self, method: str, *args: Any, deadline_s: float | None = None, **kwargs: Any) -> Any:
         """Run the controller's ``method`` on its loop; ControllerUnresponsive past the deadline."""
         return self.call(invoke(self.controller, method, args, kwargs), deadline_s, name=method)
+
+    def interrupt_waits(self) -> None:
+        """End the trainer's waits for rollouts (a stop signal; see ``SingleController.interrupt_waits``), without
+        waiting for the controller: safe from a signal handler while the trainer itself waits on it."""
+        if self._loop.is_running():
+            asyncio.run_coroutine_threadsafe(invoke(self.controller, "interrupt_waits", (), {}), self._loop)
 
     def shutdown(self) -> None:
         """Stop the pump, then the loop and its thread."""

@@ -301,6 +301,12 @@ class RolloutSide:
         gathered = self.ranks.gather(rows if data_parallel_representative() else [])
         return [row for rank_rows in gathered or [] for row in rank_rows]
 
+    def interrupt_waits(self) -> None:
+        """A stop signal: end the trainer's waits for rollouts (the leader's controller's; the other ranks wait on
+        the leader). Returns at once: safe from a signal handler."""
+        if self.controller is not None:
+            self.controller.interrupt_waits()
+
     def _running_controller(self) -> LocalController:
         """The started controller; RuntimeError before ``start``, after ``shutdown`` or off the leader."""
         if self.controller is None:

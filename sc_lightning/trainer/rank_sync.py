@@ -5,8 +5,9 @@ stream selects groups, the leader asks the controller and broadcasts the answer 
 lengths, versions), never rows — to every rank over a CPU (gloo) process group; each rank then reads its own share
 of the rows from the data plane by key (:func:`~sc_lightning.trainer.data_parallel.share_of_groups`). A failure of
 the leader's call is broadcast too, so every rank ends with the leader's error instead of waiting for a step that
-will never come. The group's timeout is the deadline of every wait on it; a rank that dies breaks the group's
-connections, and the others' next call on it fails.
+will never come; a stop signal that ends the leader's wait (WaitInterrupted) ends every rank's the same way. The
+group's timeout is the deadline of every wait on it; a rank that dies breaks the group's connections, and the
+others' next call on it fails.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import Any
 
 import torch.distributed
 
-from sc_lightning.controller.api import ControllerClient, GroupMeta
+from sc_lightning.controller.api import ControllerClient, GroupMeta, WaitInterrupted
 
 LEADER = 0
 """The global rank that owns the controller, the data plane and the engines."""
@@ -91,6 +92,8 @@ class FollowerSelect:
     ) -> list[GroupMeta] | None:
         """The groups the leader's controller selected for ``trainer_version``; LeaderFailed if its call failed."""
         answer = self.ranks.broadcast()
+        if isinstance(answer, _Failure) and answer.kind == WaitInterrupted.__name__:
+            raise WaitInterrupted(answer.message)
         if isinstance(answer, _Failure):
             raise LeaderFailed(
                 f"rank {self.ranks.rank}: step {trainer_version} cannot go on: the leader (rank {LEADER}) failed to "

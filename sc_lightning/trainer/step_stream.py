@@ -20,7 +20,7 @@ from typing import Any, Protocol
 import torch
 
 from sc_lightning.config import SCConfig, resolve
-from sc_lightning.controller.api import GroupMeta
+from sc_lightning.controller.api import GroupMeta, WaitInterrupted
 from sc_lightning.data_plane.base import DataPlane
 from sc_lightning.trainer.chunks import TrainChunk, load_chunk
 from sc_lightning.trainer.data_parallel import data_parallel_rank, data_parallel_size, share_of_groups
@@ -182,13 +182,19 @@ class RLStepStream:
         """Nothing to restore (see :meth:`state_dict`)."""
 
     def __iter__(self) -> Iterator[RLStepBatch]:
+        """The RL steps: each waits for its first chunk. The stream ends when the rollouts run out, or when a stop
+        signal ends that wait (:class:`WaitInterrupted`: the fit then ends after its last finished step, with its
+        bundle); a stop signal while a step waits for a later chunk ends the fit inside the step, without one."""
         while True:
             version = self.version()
             s = self.settings
             started = time.monotonic()
-            first = self.client.select(
-                version, min(s.min_groups, s.groups_per_step), s.groups_per_step, timeout_s=s.select_timeout_s
-            )
+            try:
+                first = self.client.select(
+                    version, min(s.min_groups, s.groups_per_step), s.groups_per_step, timeout_s=s.select_timeout_s
+                )
+            except WaitInterrupted:
+                return
             if first is None:
                 return  # the dataset is exhausted and the buffer drained
             yield RLStepBatch(self.client, self.data_plane, s, version, first, time.monotonic() - started)

@@ -4,6 +4,7 @@ leave behind (the per-step metrics, the error lines)."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import time
@@ -98,3 +99,11 @@ def checkpointed(tmp_path: Path, *extra: str) -> list[str]:
         "--trainer.default_root_dir", str(tmp_path),
         *extra,
     ]  # fmt: skip
+
+
+def stopped_after(stderr: str, reason: str) -> int:
+    """The step of the stop line naming ``reason`` (one line, Lightning's own stop line dropped)."""
+    assert "max_epochs" not in stderr, stderr[-3000:]
+    lines = re.findall(rf"^fit stopped after step (\d+): {re.escape(reason)}.*$", stderr, re.MULTILINE)
+    assert len(lines) == 1, stderr[-3000:]
+    return int(lines[0])
