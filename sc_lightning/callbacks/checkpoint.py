@@ -27,7 +27,7 @@ from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.callbacks import Checkpoint
 
 from sc_lightning.callbacks.validation import ValidationMonitor
-from sc_lightning.checkpoint.atomic import write_atomically
+from sc_lightning.checkpoint.atomic import is_intact, write_atomically
 from sc_lightning.checkpoint.bundle import DATA_PLANE_DIR, TRAINER_FILE, bundle_name, write_controller_files
 from sc_lightning.checkpoint.retention import bundles_beyond_top_k, remove_bundle, write_ranking
 from sc_lightning.config.runtime import CheckpointingConfig
@@ -62,14 +62,16 @@ class BundleCheckpoint(Checkpoint):
             self.total_save_s += time.monotonic() - started
 
     def save(self, trainer: Trainer, step: int) -> Path:
-        """Write the bundle of ``step`` (a bundle that exists already, e.g. the one resumed from, is kept as is).
+        """Write the bundle of ``step`` (a bundle that exists already, e.g. the one resumed from, is kept as is; a
+        damaged one is moved aside and written again).
 
         With several trainer ranks every rank calls this: the leader writes the bundle, and every rank writes its
         shards of the models into the leader's temporary directory (see the strategy's ``save_checkpoint``).
         """
         final = Path(self.config.checkpoint_dir) / bundle_name(step)
         strategy, weights_only = trainer.strategy, not self.config.save_optimizer
-        if strategy.broadcast(final.exists()):  # the leader's answer, so every rank takes the same branch
+        intact = trainer.is_global_zero and final.exists() and is_intact(final)
+        if strategy.broadcast(intact):  # the leader's answer, so every rank takes the same branch
             return final
         if not trainer.is_global_zero:
             trainer.save_checkpoint(Path(strategy.broadcast(None)) / TRAINER_FILE, weights_only=weights_only)

@@ -6,8 +6,9 @@ A bundle (a trainer checkpoint ``step_N``, a rollout snapshot ``snapshot_NNNNNN`
   directory next to the final one; when the block ends without an exception it writes ``MANIFEST.json`` (every
   file's size and SHA-256), fsyncs every file and directory of the tree, renames it to its final name and fsyncs
   the parent, so a crash at any moment leaves either no bundle or a whole one.
-  An exception removes the temporary directory. A final name that exists already is an error
-  (bundles are immutable);
+  An exception removes the temporary directory; a full disk is a :class:`BundleError` naming the bundle (the
+  earlier bundles are untouched). A final name that exists already is an error (bundles are immutable), unless
+  what stands there is damaged: it is then moved aside to ``<name>.damaged-<id>``, never deleted;
 - :func:`verify_bundle` re-reads a bundle against its manifest; a missing, truncated or altered file is a
   :class:`BundleError` naming the file and what to do;
 - :func:`complete_bundles` lists the bundles of a directory (temporaries never count), and
@@ -17,8 +18,10 @@ A bundle (a trainer checkpoint ``step_N``, a rollout snapshot ``snapshot_NNNNNN`
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import json
+import logging
 import os
 import re
 import shutil
@@ -28,6 +31,8 @@ from pathlib import Path
 
 MANIFEST = "MANIFEST.json"
 TEMPORARY_PREFIX = "tmp_"
+DAMAGED_INFIX = ".damaged-"
+log = logging.getLogger(__name__)
 
 
 class BundleError(RuntimeError):
@@ -63,7 +68,7 @@ class AtomicDirectory:
 
     def __init__(self, final: Path) -> None:
         if final.exists():
-            raise BundleError(f"{final} exists already; bundles are never overwritten")
+            _move_aside_if_damaged(final)
         final.parent.mkdir(parents=True, exist_ok=True)
         self.final = final
         self.path = final.parent / f"{TEMPORARY_PREFIX}{final.name}_{uuid.uuid4().hex[:8]}"
@@ -82,8 +87,9 @@ class AtomicDirectory:
             _fsync(self.path)
             os.rename(self.path, self.final)
             _fsync(self.final.parent)
-        except BaseException:
+        except BaseException as err:
             self.abort()
+            _raise_if_disk_full(err, self.final)
             raise
         return self.final
 
@@ -98,10 +104,33 @@ def write_atomically(final: Path) -> Iterator[Path]:
     directory = AtomicDirectory(final)
     try:
         yield directory.path
-    except BaseException:
+    except BaseException as err:
         directory.abort()
+        _raise_if_disk_full(err, final)
         raise
     directory.commit()
+
+
+def _raise_if_disk_full(err: BaseException, final: Path) -> None:
+    """A BundleError naming ``final`` when ``err`` is a full disk (the caller has removed the temporary)."""
+    if isinstance(err, OSError) and err.errno in (errno.ENOSPC, errno.EDQUOT):
+        raise BundleError(
+            f"{final}: the disk is full ({err.strerror}); nothing of this bundle was kept and the earlier bundles "
+            f"are intact: free space under {final.parent} (or set checkpointing.keep_top_k) and run again"
+        ) from err
+
+
+def _move_aside_if_damaged(final: Path) -> None:
+    """Make room for a new bundle at ``final`` where a damaged one stands (moved aside, never deleted); a
+    BundleError where a valid one does (bundles are immutable)."""
+    try:
+        verify_bundle(final)
+    except BundleError as damage:
+        aside = final.with_name(f"{final.name}{DAMAGED_INFIX}{uuid.uuid4().hex[:8]}")
+        os.rename(final, aside)
+        log.warning("a damaged bundle stood where %s goes (%s): moved to %s, kept", final, damage, aside)
+        return
+    raise BundleError(f"{final} exists already; bundles are never overwritten")
 
 
 def verify_bundle(bundle: Path) -> dict[str, dict[str, int | str]]:
@@ -124,6 +153,15 @@ def verify_bundle(bundle: Path) -> dict[str, dict[str, int | str]]:
                 f"expected {expected['bytes']}); resume from an earlier bundle"
             )
     return files
+
+
+def is_intact(bundle: Path) -> bool:
+    """Whether ``bundle`` verifies against its manifest (:func:`verify_bundle`)."""
+    try:
+        verify_bundle(bundle)
+    except BundleError:
+        return False
+    return True
 
 
 def complete_bundles(root: Path, pattern: str = r"step_(\d+)") -> list[tuple[int, Path]]:

@@ -20,6 +20,7 @@ after its failure budget allowed it: a resume trains each at most once, and ever
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +35,7 @@ RECOVERY_FILE = "rollout_recovery.pt"
 RESERVE_FILE = "replacement_reserve.pt"
 DATA_PLANE_DIR = "data_plane"
 SHARDED_DIR = "sharded"
+log = logging.getLogger(__name__)
 
 
 def bundle_name(step: int) -> str:
@@ -68,10 +70,22 @@ def read_controller_state(bundle: Path) -> dict[str, Any]:
 
 
 def latest_bundle(checkpoint_dir: Path) -> Path | None:
-    """The newest complete bundle in ``checkpoint_dir`` (verified against its manifest), or None when there is none."""
-    bundles = complete_bundles(checkpoint_dir)
-    if not bundles:
-        return None
-    latest = bundles[-1][1]
-    verify_bundle(latest)
-    return latest
+    """The newest bundle in ``checkpoint_dir`` that verifies against its manifest, or None when there is none.
+
+    A damaged one (truncated, altered, a file or the manifest missing) is skipped with a warning naming it and kept
+    as it is; BundleError, naming each, when every bundle there is damaged (starting afresh would discard them)."""
+    damaged: list[str] = []
+    for _, bundle in reversed(complete_bundles(checkpoint_dir)):
+        try:
+            verify_bundle(bundle)
+        except BundleError as err:
+            log.warning("skipping the damaged bundle %s (kept as is): %s", bundle, err)
+            damaged.append(str(err))
+            continue
+        return bundle
+    if damaged:
+        raise BundleError(
+            f"every bundle in {checkpoint_dir} is damaged, so none can be resumed: {'; '.join(damaged)}. Nothing was "
+            "deleted; to start afresh, use a new checkpointing.checkpoint_dir"
+        )
+    return None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import signal
 import subprocess
@@ -47,6 +48,27 @@ def test_bundles_are_never_overwritten(tmp_path) -> None:
     write_bundle(tmp_path, "step_1")
     with pytest.raises(BundleError, match="exists already"), write_atomically(tmp_path / "step_1"):
         pass
+
+
+def test_a_damaged_bundle_where_a_new_one_goes_is_moved_aside_not_deleted(tmp_path, caplog) -> None:
+    """A run resumed before a damaged bundle writes that step again: the damaged one moves aside, byte for byte."""
+    write_bundle(tmp_path, "step_1")
+    (tmp_path / "step_1" / "model.pt").write_bytes(b"torn")
+    write_bundle(tmp_path, "step_1", b"weights again")
+    (aside,) = [p for p in tmp_path.iterdir() if p.name.startswith("step_1.damaged-")]
+    assert (aside / "model.pt").read_bytes() == b"torn" and verify_bundle(tmp_path / "step_1")
+    assert [n for n, _ in complete_bundles(tmp_path)] == [1]  # the damaged one no longer counts as a bundle
+    assert f"moved to {aside}" in caplog.text
+
+
+@pytest.mark.parametrize("code", [errno.ENOSPC, errno.EDQUOT], ids=["ENOSPC", "EDQUOT"])
+def test_a_full_disk_names_the_bundle_and_leaves_the_earlier_ones_intact(tmp_path, code: int) -> None:
+    write_bundle(tmp_path, "step_1")
+    full = rf"step_2: the disk is full .* free space under {tmp_path}"
+    with pytest.raises(BundleError, match=full), write_atomically(tmp_path / "step_2") as tmp:
+        (tmp / "model.pt").write_bytes(b"half")
+        raise OSError(code, os.strerror(code))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step_1"] and verify_bundle(tmp_path / "step_1")
 
 
 @pytest.mark.parametrize(

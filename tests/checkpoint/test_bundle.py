@@ -1,4 +1,4 @@
-"""The controller's files in a bundle round-trip, and the newest bundle is chosen only when it verifies."""
+"""The controller's files in a bundle round-trip, and a resume takes the newest bundle that verifies."""
 
 from __future__ import annotations
 
@@ -36,16 +36,19 @@ def test_a_replacement_reserve_gets_its_own_file(tmp_path) -> None:
     assert read_controller_state(bundle)["replacement_reserve"] == spares
 
 
-def test_latest_bundle_is_the_newest_and_must_verify(tmp_path) -> None:
+def test_latest_bundle_is_the_newest_that_verifies_and_a_damaged_one_is_skipped_not_touched(tmp_path, caplog) -> None:
     assert latest_bundle(tmp_path / "missing") is None
-    write(tmp_path, 2)
+    older = write(tmp_path, 2)
     newest = write(tmp_path, 10)  # numeric order: step_10 is newer than step_2
     (tmp_path / "tmp_step_11_deadbeef").mkdir()  # a crashed write never counts
     assert latest_bundle(tmp_path) == newest
     (newest / RECOVERY_FILE).write_bytes(b"torn")
-    with pytest.raises(BundleError, match=rf"step_10/{RECOVERY_FILE}: does not match"):
+    assert latest_bundle(tmp_path) == older
+    assert f"skipping the damaged bundle {newest}" in caplog.text and f"{RECOVERY_FILE}: does not match" in caplog.text
+    (older / CONTROLLER_FILE).unlink()  # half deleted
+    with pytest.raises(BundleError, match=rf"every bundle in {tmp_path} is damaged.*Nothing was deleted"):
         latest_bundle(tmp_path)
-    assert (newest / RECOVERY_FILE).read_bytes() == b"torn", "a failed resume deletes and rewrites nothing"
+    assert (newest / RECOVERY_FILE).read_bytes() == b"torn", "a resume deletes and rewrites nothing"
 
 
 def test_an_unreadable_controller_file_is_named(tmp_path) -> None:
