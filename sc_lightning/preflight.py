@@ -40,6 +40,7 @@ def preflight_issues(config: SCConfig, trainer: dict[str, Any]) -> list[ConfigIs
         *_model_issues(config),
         *_dataset_issues(config),
         *_generation_issues(config),
+        *_endpoint_issues(config),
         *_directory_issues(config, trainer),
         *memory_issues(config, trainer),
     ]
@@ -267,6 +268,32 @@ def _spec_or_none(name: str) -> Any:
         return model_spec(name)
     except (OSError, ValueError, KeyError, NotImplementedError):
         return None
+
+
+def _endpoint_issues(config: SCConfig) -> list[ConfigIssue]:
+    """An endpoint served beyond this machine without an API key: anyone who reaches it could post rewards."""
+    from sc_lightning.rollout.serving.listen import is_loopback
+    from sc_lightning.rollout_side.parts import (
+        http_api_key,
+        http_api_key_variable,
+        http_host,
+        http_knobs,
+        http_server_port,
+    )
+
+    host = http_host(config)
+    if http_server_port(config) is None or is_loopback(host) or http_api_key(config) is not None:
+        return []
+    knobs, variable = http_knobs(config), http_api_key_variable(config)
+    return [
+        ConfigIssue(
+            f"{knobs}http_host",
+            f"is {host!r}, serving the endpoint beyond this machine, but the environment variable {variable} "
+            f"({knobs}http_api_key_env) holds no API key: without one anyone who reaches the port could generate and "
+            f"post rewards into training. Export a key in {variable} (clients send 'Authorization: Bearer <key>'), "
+            "or serve on 127.0.0.1",
+        )
+    ]
 
 
 def _generation_issues(config: SCConfig) -> list[ConfigIssue]:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from sc_lightning.config.knobs import knob, section
 
@@ -28,6 +28,24 @@ class MegatronConfig:
         "megatron-core's distributed optimizer (ZeRO-1): each data-parallel rank keeps the fp32 main weights and AdamW "
         "moments of 1/DP of the parameters; gradients are reduce-scattered, updated weights all-gathered. Its "
         "checkpoints are always sharded; resume with the same setting.",
+    )
+
+
+def _http_host_knob() -> Any:
+    """The endpoint's interface knob (both engines' blocks have one)."""
+    return knob(
+        "127.0.0.1",
+        "Address the endpoint binds: 127.0.0.1 (this machine only), 0.0.0.0 (every interface) or one of this "
+        "machine's; off loopback the run refuses to start without an API key (http_api_key_env).",
+    )
+
+
+def _http_api_key_env_knob() -> Any:
+    """The endpoint's API-key variable knob (both engines' blocks have one)."""
+    return knob(
+        "SC_LIGHTNING_API_KEY",
+        "Environment variable holding the endpoint's API key (never the config file; never logged): when it is set, "
+        "every route needs 'Authorization: Bearer <key>' (401 without).",
     )
 
 
@@ -72,8 +90,10 @@ class VllmConfig:
     max_num_seqs: int = knob(256, "Most requests one replica decodes together.", ge=1)
     expose_http_server: bool = knob(False, "Serve an OpenAI-compatible endpoint (needed by agent/Gym rollouts).")
     http_port: int = knob(
-        0, "Port of that endpoint on 127.0.0.1 (0 = a free one); the start banner prints its URL.", ge=0, le=65535
+        0, "Port of that endpoint on http_host (0 = a free one); the start banner prints its URL.", ge=0, le=65535
     )
+    http_host: str = _http_host_knob()
+    http_api_key_env: str = _http_api_key_env_knob()
 
 
 @section
@@ -82,8 +102,10 @@ class McoreGenerationConfig:
 
     expose_http_server: bool = knob(False, "Serve an OpenAI-compatible endpoint (needed by agent/Gym rollouts).")
     http_port: int = knob(
-        0, "Port of that endpoint on 127.0.0.1 (0 = a free one); the start banner prints its URL.", ge=0, le=65535
+        0, "Port of that endpoint on http_host (0 = a free one); the start banner prints its URL.", ge=0, le=65535
     )
+    http_host: str = _http_host_knob()
+    http_api_key_env: str = _http_api_key_env_knob()
     max_batch_size: int = knob(
         64, "Most requests the engine decodes together (its KV-cache rows); more wait for a free row.", ge=1
     )

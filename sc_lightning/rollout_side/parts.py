@@ -4,6 +4,7 @@ record of the last refit."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -54,18 +55,39 @@ class RefitRecord:
     step_s: float
 
 
+def _endpoint_block(config: SCConfig) -> tuple[str, Any]:
+    """The chosen backend's endpoint knobs: their dotpath prefix and their block."""
+    generation = config.policy.generation
+    if generation.backend == "vllm":
+        return "policy.generation.vllm_cfg.", generation.vllm_cfg
+    return "policy.generation.mcore_generation_config.", generation.mcore_generation_config
+
+
 def http_server_port(config: SCConfig) -> int | None:
     """The port of the OpenAI-compatible endpoint (0: a free one), or None when the config serves none (the knobs
     of the chosen backend)."""
-    generation = config.policy.generation
-    settings = generation.vllm_cfg if generation.backend == "vllm" else generation.mcore_generation_config
+    settings = _endpoint_block(config)[1]
     return settings.http_port if settings.expose_http_server else None
 
 
-def http_port_knob(config: SCConfig) -> str:
-    """The dotpath of the endpoint's port knob of the chosen backend."""
-    block = "vllm_cfg" if config.policy.generation.backend == "vllm" else "mcore_generation_config"
-    return f"policy.generation.{block}.http_port"
+def http_knobs(config: SCConfig) -> str:
+    """The dotpath prefix of the endpoint's knobs of the chosen backend (``...mcore_generation_config.``)."""
+    return _endpoint_block(config)[0]
+
+
+def http_host(config: SCConfig) -> str:
+    """The address the endpoint binds (``http_host`` of the chosen backend)."""
+    return _endpoint_block(config)[1].http_host
+
+
+def http_api_key_variable(config: SCConfig) -> str:
+    """The environment variable that holds the endpoint's API key (``http_api_key_env`` of the chosen backend)."""
+    return _endpoint_block(config)[1].http_api_key_env
+
+
+def http_api_key(config: SCConfig) -> str | None:
+    """The endpoint's API key, from the environment variable ``http_api_key_env`` names (None: unset or empty)."""
+    return os.environ.get(http_api_key_variable(config)) or None
 
 
 def external_rollouts(config: SCConfig, engine: GenerationEngine) -> ExternalRollouts | None:

@@ -55,14 +55,16 @@ from sc_lightning.rollout.answers import Answer, AnswerSettings, answer_prompts
 from sc_lightning.rollout.datasets import build_dataset
 from sc_lightning.rollout.envs import Environment, answer_check, build_environment
 from sc_lightning.rollout.prompts import check_dataset_fits_steps
-from sc_lightning.rollout.serving.listen import listen_on_loopback
+from sc_lightning.rollout.serving.listen import listen_on
 from sc_lightning.rollout.serving.server import OpenAIEndpoint
 from sc_lightning.rollout_side.parts import (
     EngineFactory,
     PolicyModel,
     RefitRecord,
     external_rollouts,
-    http_port_knob,
+    http_api_key,
+    http_host,
+    http_knobs,
     http_server_port,
     rollout_snapshotter,
 )
@@ -108,11 +110,11 @@ class RolloutSide:
         return self.config.policy.generation.colocated.enabled
 
     def listen(self) -> None:
-        """On the leader serving the endpoint: listen on its port now (taken: an EndpointPortError naming the knob),
-        before any model, engine or Ray starts."""
+        """On the leader serving the endpoint: listen on its address and port now (taken, or not this machine's: an
+        EndpointPortError naming the knob), before any model, engine or Ray starts."""
         port = http_server_port(self.config)
         if port is not None and self.leader and self._endpoint_socket is None:
-            self._endpoint_socket = listen_on_loopback(port, http_port_knob(self.config))
+            self._endpoint_socket = listen_on(http_host(self.config), port, http_knobs(self.config))
 
     def resume_bundle(self, trainer_checkpoint: str | Path | None = None) -> Path | None:
         """The bundle or snapshot a resume loads: ``resume_state``, else the bundle holding ``trainer_checkpoint``
@@ -175,9 +177,11 @@ class RolloutSide:
                 model_name=config.policy.model_name,
                 defaults=rollout_settings(config).sampling,
                 context_tokens=context_tokens(config),
+                host=http_host(config),
                 port=port,
                 sock=self._endpoint_socket,
                 rollouts=external,
+                api_key=http_api_key(config),
             )
             self.endpoint_url = self.controller.call(self.endpoint.start())  # on the loop that owns the engine
 

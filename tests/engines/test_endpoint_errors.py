@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 
 from sc_lightning.engines.megatron.engine import MegatronEngine
 from sc_lightning.rollout.multiturn.chat import CharChatTemplate
-from sc_lightning.rollout.serving.listen import EndpointPortError, listen_on_loopback
+from sc_lightning.rollout.serving.listen import EndpointPortError, listen_on
 from sc_lightning.rollout.serving.requests import BadRequest, parse_chat_request, parse_completion_request
 from sc_lightning.rollout.serving.server import OpenAIEndpoint
 from sc_lightning.rollout.serving.validation import MAX_SEED, completion_budget
@@ -180,7 +180,7 @@ def test_a_port_in_use_is_an_error_naming_the_knob_and_the_port() -> None:
     with socket.create_server(("127.0.0.1", 0)) as taken:
         port = taken.getsockname()[1]
         with pytest.raises(EndpointPortError) as caught:
-            listen_on_loopback(port, "policy.generation.mcore_generation_config.http_port")
+            listen_on("127.0.0.1", port, "policy.generation.mcore_generation_config.")
         endpoint = OpenAIEndpoint(object(), TOKENIZER, model_name="m", defaults=DEFAULTS, context_tokens=8, port=port)
         with pytest.raises(EndpointPortError, match=f"http_port: port {port} on 127.0.0.1 is already in use"):
             asyncio.run(endpoint.start())
@@ -188,6 +188,8 @@ def test_a_port_in_use_is_an_error_naming_the_knob_and_the_port() -> None:
         f"policy.generation.mcore_generation_config.http_port: port {port} on 127.0.0.1 is already in use by "
         "another process; give another port, or 0 for a free one"
     )
+    with pytest.raises(EndpointPortError, match=r"prefix.http_host: '192.0.2.1' is not an address of this machine"):
+        listen_on("192.0.2.1", 0, "prefix.")  # TEST-NET-1: never a local address
 
 
 @pytest.mark.slow

@@ -24,14 +24,20 @@ finite, a prompt that does not fit the ``context_tokens`` with its ``max_tokens`
 vocabulary, a field the endpoint does not serve (``stream``, ``stop``, ``n`` > 1 …) — is a 400 naming the field
 (``param``) and the limit, an unknown ``model`` a 404; only an engine failure is a 503.
 
+**Access.** With an API key every route needs ``Authorization: Bearer <key>`` (compared in constant time); without
+it a request is a 401 that never reaches a handler. A body over :data:`MAX_BODY_BYTES` is a 413 naming the limit. A
+reward is accepted once, only for a rollout the endpoint handed out and only while its group waits for it
+(:mod:`sc_lightning.rollout.external`: 404 / 409 otherwise).
+
 The endpoint runs on the event loop that owns the engine (the controller's): :meth:`start` and :meth:`stop` are
-coroutines to be run there. It listens on 127.0.0.1 only, on a socket given to it (bound before the run starts:
-:func:`~sc_lightning.rollout.serving.listen.listen_on_loopback`) or bound at :meth:`start`.
+coroutines to be run there. It listens on ``host`` (127.0.0.1 by default), on a socket given to it (bound before the
+run starts: :func:`~sc_lightning.rollout.serving.listen.listen_on`) or bound at :meth:`start`.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hmac
 import itertools
 import socket
 import time
@@ -41,7 +47,7 @@ from sc_lightning.engines.base import EngineError, GenerationEngine
 from sc_lightning.rollout.chat_continuation import ChatTurn, continuation_ids
 from sc_lightning.rollout.external import ExternalRollout, ExternalRollouts, RolloutStateError
 from sc_lightning.rollout.multiturn.chat import ChatTemplate, ChatTemplateError, chat_template_for
-from sc_lightning.rollout.serving.listen import listen_on_loopback
+from sc_lightning.rollout.serving.listen import LOOPBACK, listen_on
 from sc_lightning.rollout.serving.requests import (
     BadRequest,
     ModelRequest,
@@ -53,6 +59,8 @@ from sc_lightning.rollout.serving.validation import check_model, completion_budg
 from sc_lightning.tokenizer import Tokenizer
 from sc_lightning.types import Generation, SamplingParams
 
+MAX_BODY_BYTES = 8 * 2**20
+"""The largest request body the endpoint reads (a prompt of about a million token ids): larger ones are a 413."""
 STOP_GRACE_S = 1.0
 """Seconds :meth:`OpenAIEndpoint.stop` lets calls in flight finish; it then cancels those still waiting (on an engine
 that stood down for a training step, say) and closes their connections, giving them as long again to end (aiohttp's
@@ -60,11 +68,11 @@ shutdown timeout, a minute by default)."""
 
 
 class OpenAIEndpoint:
-    """Serves ``engine`` over HTTP on 127.0.0.1; ``rollouts`` adds the agent routes.
+    """Serves ``engine`` over HTTP on ``host``; ``rollouts`` adds the agent routes; ``api_key`` guards every route.
 
-    ``context_tokens``: the engine's longest sequence (prompt + completion). ``sock``: a socket already listening on
-    127.0.0.1 (see :func:`~sc_lightning.rollout.serving.listen.listen_on_loopback`), else :meth:`start` binds ``port``
-    (0 picks a free one).
+    ``context_tokens``: the engine's longest sequence (prompt + completion). ``sock``: a socket already listening
+    (see :func:`~sc_lightning.rollout.serving.listen.listen_on`), else :meth:`start` binds ``host``:``port`` (0 picks
+    a free one).
     """
 
     def __init__(
@@ -75,34 +83,54 @@ class OpenAIEndpoint:
         model_name: str,
         defaults: SamplingParams,
         context_tokens: int,
+        host: str = LOOPBACK,
         port: int = 0,
         sock: socket.socket | None = None,
         rollouts: ExternalRollouts | None = None,
+        api_key: str | None = None,
     ) -> None:
         self.engine, self.tokenizer, self.model_name, self.defaults = engine, tokenizer, model_name, defaults
-        self.context_tokens, self.port, self.rollouts = context_tokens, port, rollouts
+        self.context_tokens, self.host, self.port, self.rollouts = context_tokens, host, port, rollouts
+        self._bearer = None if api_key is None else f"Bearer {api_key}".encode()
         self._sock = sock
         self._runner: Any = None
         self._ids = itertools.count()
         self._template: ChatTemplate | None = None
 
     async def start(self) -> str:
-        """Start serving; returns the base URL (``http://127.0.0.1:<port>/v1``)."""
+        """Start serving; returns the base URL (``http://<host>:<port>/v1``)."""
         from aiohttp import web
 
-        app = web.Application()
+        @web.middleware
+        async def guard(request: Any, handler: Any) -> Any:
+            return await self._guard(request, handler)
+
+        app = web.Application(client_max_size=MAX_BODY_BYTES, middlewares=[guard])
         app.router.add_post("/v1/completions", self._completions)
         app.router.add_post("/v1/chat/completions", self._chat_completions)
         app.router.add_get("/v1/models", self._models)
         if self.rollouts is not None:
             app.router.add_get("/v1/rollouts/next", self._next_rollout)
             app.router.add_post("/v1/rollouts/{rollout_id}/reward", self._reward)
-        sock = self._sock if self._sock is not None else listen_on_loopback(self.port)
+        sock = self._sock if self._sock is not None else listen_on(self.host, self.port)
         self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=STOP_GRACE_S)
         await self._runner.setup()
         await web.SockSite(self._runner, sock).start()
         self.port = sock.getsockname()[1]
-        return f"http://127.0.0.1:{self.port}/v1"
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}/v1"
+
+    async def _guard(self, request: Any, handler: Any) -> Any:
+        """Every route: a 401 without the API key (when there is one), a 413 for a body over the limit."""
+        from aiohttp import web
+
+        given = request.headers.get("Authorization", "").encode()
+        if self._bearer is not None and not hmac.compare_digest(given, self._bearer):
+            return _error(401, "a valid API key is needed: send 'Authorization: Bearer <key>'", code="invalid_api_key")
+        try:
+            return await handler(request)
+        except web.HTTPRequestEntityTooLarge:
+            return _error(413, f"the request body is over the endpoint's limit of {MAX_BODY_BYTES} bytes")
 
     async def stop(self) -> None:
         """Stop serving: calls in flight get :data:`STOP_GRACE_S` to finish, then are cancelled (their connections
