@@ -19,6 +19,7 @@ from typing import Any
 import torch.distributed
 
 from sc_lightning.controller.api import ControllerClient, GroupMeta, WaitInterrupted
+from sc_lightning.trainer.parent_watch import watch_parent
 
 LEADER = 0
 """The global rank that owns the controller, the data plane and the engines."""
@@ -40,10 +41,14 @@ class RankGroup:
     """The trainer ranks' metadata channel: a gloo group over every rank, the leader at rank 0."""
 
     def __init__(self, timeout_s: float) -> None:
-        """Create the group (a collective: every rank calls it); ``timeout_s`` bounds every wait on it."""
+        """Create the group (a collective: every rank calls it); ``timeout_s`` bounds every wait on it. A rank other
+        than the leader also ends when its parent process does (:func:`~sc_lightning.trainer.parent_watch.
+        watch_parent`), instead of waiting out the timeout."""
         self.group = torch.distributed.new_group(backend="gloo", timeout=timedelta(seconds=timeout_s))
         self.rank = torch.distributed.get_rank()
         self.size = torch.distributed.get_world_size()
+        if not self.leader:
+            watch_parent(self.rank)
 
     @property
     def leader(self) -> bool:

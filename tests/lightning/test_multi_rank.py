@@ -3,7 +3,8 @@
 Runs at DP=2, then TP=2, then PP=2, each resuming the last one's bundle (resharded), train every prompt exactly once
 (resharding back to DP=2: tests/trainer/test_sharded_checkpoint.py); SIGKILL of the non-leader rank ends the whole
 run within a deadline with that rank named, and the same command resumes with nothing lost or trained twice (its
-AdamW state sliced over the two replicas by megatron's distributed optimizer).
+AdamW state sliced over the two replicas by megatron's distributed optimizer); SIGKILL of the leader ends the other
+rank within seconds, and the same command resumes from the newest bundle.
 """
 
 from __future__ import annotations
@@ -75,6 +76,31 @@ def test_sigkill_of_one_rank_ends_the_run_naming_it_and_the_same_command_resumes
     for bundle in bundles.glob("step_*"):
         common = dist_checkpointing.load_common_state_dict(str(bundle / "sharded"))
         assert common["policy"]["optimizer_form"] == "distributed"
+
+
+@pytest.mark.long(minutes=1.5)
+@pytest.mark.timeout(600)
+def test_sigkill_of_the_leader_ends_the_other_rank_within_seconds_and_the_same_command_resumes(tmp_path: Path) -> None:
+    """The leader is the parent of the rank Lightning's launcher started: that rank notices its parent is gone and
+    ends saying so (sc_lightning/trainer/parent_watch.py; without the watch it ended at its next collective, with
+    gloo's traceback blaming "a remote worker")."""
+    write_dataset(tmp_path / "prompts.jsonl")
+    argv = command(tmp_path, TWO_RANKS, "--trainer.devices", "2", *ASYNC, "--checkpointing.save_period", "2")
+    first = start(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    bundles = tmp_path / "checkpoints"
+    if not wait_for(lambda: any(bundles.glob("step_*")), first, "a bundle"):
+        raise AssertionError(f"the run ended early: {first.communicate()[1].decode()[-3000:]}")
+    rank1 = child_rank_pid(first.pid, 1)
+    assert rank1 is not None
+    os.kill(first.pid, signal.SIGKILL)
+    killed = time.monotonic()
+    stderr = first.communicate(timeout=120)[1].decode()  # returns once rank 1, which shares the pipe, has ended too
+    assert time.monotonic() - killed < 30, f"rank 1 outlived the leader by {time.monotonic() - killed:.0f} s"
+    assert f"trainer rank 1: its parent process {first.pid} (the launcher or the leader rank) has ended" in stderr
+    newest = max(int(path.name.split("_")[1]) for path in bundles.glob("step_*"))
+    resumed = run(*argv[3:], "--grpo.max_num_steps", str(newest + 2), timeout_s=400)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert f"resuming from {bundles / f'step_{newest}'}" in resumed.stderr
 
 
 @pytest.mark.long(minutes=3.5)
