@@ -19,7 +19,7 @@ mkdir -p "$out"
 left() { echo $(( limit - ($(date +%s) - start) )); }
 fail() { echo "error: $*" | tee -a "$out/summary.txt" >&2; exit 1; }
 
-(( $(left) > 270 )) || fail "LIMIT_S=$limit leaves $(left) s: too little for the warm start (150 s) and a run"
+(( $(left) > 330 )) || fail "LIMIT_S=$limit leaves $(left) s: too little for the warm start (~200 s) and a run"
 [[ ${KEEP_WARM:-0} == 1 ]] || rm -rf results/.cache/medium-worked-*  # the wall then includes the warm start
 rc=0
 timeout -k 10 "$(( $(left) - 150 ))" python3 scripts/gpu_learn.py warm "$config" 2>&1 | tee "$out/warm.txt" \

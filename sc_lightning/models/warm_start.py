@@ -7,7 +7,7 @@ built-in model with cross-entropy on a few hundred worked examples until its gre
 example), ``builtin:small-arith`` (142M parameters, the one-GPU example), ``builtin:tiny-calc`` (the tiny model on
 the multi-turn calculator conversations of docs/multiturn.md) and ``builtin:medium-worked`` (312M parameters on the
 long worked-arithmetic answers, :mod:`~sc_lightning.models.warm_worked`); :func:`resolve_model_name` builds one on
-first use (seconds on a CPU, or on a GPU for the larger ones; about two minutes for the 312M one) and caches it.
+first use (seconds on a CPU, or on a GPU for the larger ones; about three minutes for the 312M one) and caches it.
 
 Every builder writes into a staging directory of its own and renames it into place, the first rename winning: runs,
 processes and the ranks of a parallel group may build the same warm start at once, without a lock, and none ever
@@ -94,7 +94,7 @@ def resolve_model_name(
 
 
 BUILD_APART_TIMEOUT_S = 3600.0
-"""Deadline of a warm start built in a fresh interpreter (the 312M one takes about two minutes on a GPU)."""
+"""Deadline of a warm start built in a fresh interpreter (the 312M one takes about three minutes on a GPU)."""
 
 
 def _parallel_split() -> tuple[int, int]:

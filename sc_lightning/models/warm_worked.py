@@ -49,7 +49,7 @@ LINE_TOKENS = WIDTH + 1
 class WorkedBudget:
     """How much a worked-arithmetic warm start may train, and when it has trained enough."""
 
-    max_tokens: int = 16_000_000  # padded tokens trained on, at most: about two minutes of a 300M model on an H100
+    max_tokens: int = 24_000_000  # padded tokens trained on, at most: about three minutes of a 300M model on an H100
     batch_tokens: int = 16_384  # padded tokens (rows x the longest row) of one optimizer step
     warmup_steps: int = 10  # steps of a linear learning-rate warm-up from zero
     min_lr_ratio: float = 0.1  # then a cosine decay to this share of the peak rate, over the budget's tokens

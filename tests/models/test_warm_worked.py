@@ -109,7 +109,7 @@ def test_a_target_within_reach_stops_the_training_at_its_first_check(caplog: pyt
 def test_the_shipped_recipe_warms_the_300m_model_within_a_bounded_budget() -> None:
     recipe = WARM_STARTS["builtin:medium-worked"]
     assert recipe.base == "builtin:medium" and recipe.task == "worked_arithmetic" and recipe.budget is not None
-    assert recipe.budget.max_tokens <= 20_000_000 and 0.2 <= recipe.budget.target_reward <= 0.5
+    assert recipe.budget.max_tokens <= 24_000_000 and 0.2 <= recipe.budget.target_reward <= 0.5
 
 
 def test_the_warm_rate_warms_up_then_follows_a_cosine_to_its_floor_over_the_budget() -> None:
