@@ -162,6 +162,21 @@ def kill_frozen(router: FreezingRouter) -> None:
         thaw(router.frozen_pids)
 
 
+def wait_gone(actor: Any) -> None:
+    """Block until a ``ray.kill``-ed actor has ended (under load it may still answer a call for a while: a refit
+    could then land on it, and a later request find it dead instead)."""
+
+    def gone() -> bool:
+        """Whether a call to the actor fails because it died."""
+        try:
+            ray.get(actor.__ray_call__.remote(lambda _: None), timeout=30)
+        except ray.exceptions.RayActorError:
+            return True
+        return False
+
+    wait_until(gone, "the killed actor's end")
+
+
 def finished_requests(trainer: Trainer, engine: RayMegatronEngine) -> int:
     """How many requests ``engine`` has finished (asked on the controller's loop, which owns the client)."""
     return trainer.strategy.rollout_side.controller.call(engine.stats())["finished_requests"]
@@ -217,6 +232,7 @@ class KillOneBusyOneIdle(Callback):
             self.idle_at_kill = list(router.outstanding)
             self.served.append(finished_requests(trainer, router.replicas[2]))
             ray.kill(router.replicas[1].actor, no_restart=True)
+            wait_gone(router.replicas[1].actor)  # before the refit: ray.kill returns before the actor ends
 
 
 def test_killed_replicas_busy_or_idle_leave_the_run_to_the_survivor(ray_cluster: None, tmp_path: Path) -> None:
