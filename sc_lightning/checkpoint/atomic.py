@@ -10,7 +10,9 @@ A bundle (a trainer checkpoint ``step_N``, a rollout snapshot ``snapshot_NNNNNN`
   earlier bundles are untouched). A final name that exists already is an error (bundles are immutable), unless
   what stands there is damaged: it is then moved aside to ``<name>.damaged-<id>``, never deleted;
 - :func:`verify_bundle` re-reads a bundle against its manifest; a missing, truncated or altered file is a
-  :class:`BundleError` naming the file and what to do;
+  :class:`BundleError` naming the file and what to do. The manifest also holds the bundle's layout version
+  (:data:`BUNDLE_FORMAT`; a manifest without one is format 1): one written by a newer sc_lightning is a
+  :class:`BundleFormatError`, never taken for damage;
 - :func:`complete_bundles` lists the bundles of a directory (temporaries never count), and
   :func:`remove_stale_temporaries` deletes the temporaries a crash left behind.
 """
@@ -30,6 +32,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 MANIFEST = "MANIFEST.json"
+BUNDLE_FORMAT = 1
+"""The layout version of the bundles and snapshots this code writes (in their manifest); it reads no newer one."""
 TEMPORARY_PREFIX = "tmp_"
 DAMAGED_INFIX = ".damaged-"
 log = logging.getLogger(__name__)
@@ -37,6 +41,10 @@ log = logging.getLogger(__name__)
 
 class BundleError(RuntimeError):
     """A bundle is incomplete or corrupt, or would overwrite another; the message names the file."""
+
+
+class BundleFormatError(BundleError):
+    """A bundle was written in a newer layout than this code reads; the message names both versions."""
 
 
 def _sha256(path: Path) -> str:
@@ -81,7 +89,8 @@ class AtomicDirectory:
                 str(p.relative_to(self.path)): {"bytes": p.stat().st_size, "sha256": _sha256(p)}
                 for p in _files(self.path)
             }
-            (self.path / MANIFEST).write_text(json.dumps({"files": files}, indent=1, sort_keys=True))
+            manifest = {"format": BUNDLE_FORMAT, "files": files}
+            (self.path / MANIFEST).write_text(json.dumps(manifest, indent=1, sort_keys=True))
             for path in sorted(self.path.rglob("*"), reverse=True):  # files before the directories holding them
                 _fsync(path)
             _fsync(self.path)
@@ -125,6 +134,10 @@ def _move_aside_if_damaged(final: Path) -> None:
     BundleError where a valid one does (bundles are immutable)."""
     try:
         verify_bundle(final)
+    except BundleFormatError:
+        raise BundleError(
+            f"{final} exists already, written by a newer sc_lightning; bundles are never overwritten"
+        ) from None
     except BundleError as damage:
         aside = final.with_name(f"{final.name}{DAMAGED_INFIX}{uuid.uuid4().hex[:8]}")
         os.rename(final, aside)
@@ -137,12 +150,18 @@ def verify_bundle(bundle: Path) -> dict[str, dict[str, int | str]]:
     """Check every file of ``bundle`` against its manifest; returns the manifest's file table."""
     manifest = bundle / MANIFEST
     try:
-        files = json.loads(manifest.read_text())["files"]
-    except (OSError, ValueError, KeyError) as err:
+        written = json.loads(manifest.read_text())
+        files, layout = written["files"], written.get("format", 1)
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
         raise BundleError(
             f"{manifest}: missing or unreadable ({err}); the bundle is incomplete or corrupt — resume from an "
             "earlier one or remove it"
         ) from None
+    if not isinstance(layout, int) or layout > BUNDLE_FORMAT:
+        raise BundleFormatError(
+            f"{bundle} was written in bundle format {layout!r} by a newer sc_lightning; this one reads format "
+            f"{BUNDLE_FORMAT} and older: resume with the sc_lightning that wrote it (nothing was deleted)"
+        )
     for name, expected in files.items():
         path = bundle / name
         if not path.is_file():
@@ -159,6 +178,8 @@ def is_intact(bundle: Path) -> bool:
     """Whether ``bundle`` verifies against its manifest (:func:`verify_bundle`)."""
     try:
         verify_bundle(bundle)
+    except BundleFormatError:
+        raise
     except BundleError:
         return False
     return True

@@ -10,7 +10,8 @@
     data_plane/             the data plane's own snapshot: exactly those groups' rows
     rollout_recovery.pt     the pending prompt groups (taken from the dataset, not committed) to redispatch
     replacement_reserve.pt  the spare prompts held for dropped-rollout replacement (only when there are any)
-    MANIFEST.json           size and SHA-256 of every file above (written by :func:`write_atomically`)
+    MANIFEST.json           size and SHA-256 of every file above, and the bundle format (written by
+                            :func:`write_atomically`)
 
 Every prompt taken from the dataset before the bundle was written is thus trained (its step is in trainer.ckpt),
 buffered (replay index + rows), pending (rollout_recovery.pt), a spare (replacement_reserve.pt) or dropped
@@ -26,7 +27,7 @@ from typing import Any
 
 import torch
 
-from sc_lightning.checkpoint.atomic import BundleError, complete_bundles, verify_bundle
+from sc_lightning.checkpoint.atomic import BundleError, BundleFormatError, complete_bundles, verify_bundle
 
 TRAINER_FILE = "trainer.ckpt"
 CONTROLLER_FILE = "controller_state.json"
@@ -78,6 +79,8 @@ def latest_bundle(checkpoint_dir: Path) -> Path | None:
     for _, bundle in reversed(complete_bundles(checkpoint_dir)):
         try:
             verify_bundle(bundle)
+        except BundleFormatError:
+            raise  # not damaged: written by a newer sc_lightning, which must resume it
         except BundleError as err:
             log.warning("skipping the damaged bundle %s (kept as is): %s", bundle, err)
             damaged.append(str(err))

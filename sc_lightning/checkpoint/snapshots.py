@@ -28,6 +28,7 @@ from typing import Any, Literal
 
 from sc_lightning.checkpoint.atomic import (
     BundleError,
+    BundleFormatError,
     complete_bundles,
     remove_stale_temporaries,
     verify_bundle,
@@ -183,6 +184,8 @@ def _newest_verified_snapshot(anchor: Path) -> Path | None:
     for _, snapshot in reversed(snapshot_dirs(anchor)):
         try:
             verify_bundle(snapshot)
+        except BundleFormatError:
+            raise  # not damaged: written by a newer sc_lightning, which must resume it
         except BundleError as err:
             log.warning("skipping a damaged rollout snapshot (kept as is): %s", err)
             continue
