@@ -28,7 +28,7 @@ import os
 import re
 import shutil
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 MANIFEST = "MANIFEST.json"
@@ -183,6 +183,23 @@ def is_intact(bundle: Path) -> bool:
     except BundleError:
         return False
     return True
+
+
+def newest_intact(candidates: Sequence[Path], what: str) -> tuple[Path | None, list[str]]:
+    """The newest of ``candidates`` (oldest first) that verifies, and why each newer one was skipped: a damaged one is
+    named in a warning (as ``what``) and kept as it is; one of a newer format stops the search (BundleFormatError)."""
+    damaged: list[str] = []
+    for path in reversed(candidates):
+        try:
+            verify_bundle(path)
+        except BundleFormatError:
+            raise  # not damaged: written by a newer sc_lightning, which must resume it
+        except BundleError as err:
+            log.warning("skipping the damaged %s %s (kept as is): %s", what, path, err)
+            damaged.append(str(err))
+            continue
+        return path, damaged
+    return None, damaged
 
 
 def complete_bundles(root: Path, pattern: str = r"step_(\d+)") -> list[tuple[int, Path]]:

@@ -21,13 +21,12 @@ after its failure budget allowed it: a resume trains each at most once, and ever
 from __future__ import annotations
 
 import json
-import logging
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from sc_lightning.checkpoint.atomic import BundleError, BundleFormatError, complete_bundles, verify_bundle
+from sc_lightning.checkpoint.atomic import BundleError, complete_bundles, newest_intact
 
 TRAINER_FILE = "trainer.ckpt"
 CONTROLLER_FILE = "controller_state.json"
@@ -36,7 +35,6 @@ RECOVERY_FILE = "rollout_recovery.pt"
 RESERVE_FILE = "replacement_reserve.pt"
 DATA_PLANE_DIR = "data_plane"
 SHARDED_DIR = "sharded"
-log = logging.getLogger(__name__)
 
 
 def bundle_name(step: int) -> str:
@@ -75,16 +73,8 @@ def latest_bundle(checkpoint_dir: Path) -> Path | None:
 
     A damaged one (truncated, altered, a file or the manifest missing) is skipped with a warning naming it and kept
     as it is; BundleError, naming each, when every bundle there is damaged (starting afresh would discard them)."""
-    damaged: list[str] = []
-    for _, bundle in reversed(complete_bundles(checkpoint_dir)):
-        try:
-            verify_bundle(bundle)
-        except BundleFormatError:
-            raise  # not damaged: written by a newer sc_lightning, which must resume it
-        except BundleError as err:
-            log.warning("skipping the damaged bundle %s (kept as is): %s", bundle, err)
-            damaged.append(str(err))
-            continue
+    bundle, damaged = newest_intact([path for _, path in complete_bundles(checkpoint_dir)], "bundle")
+    if bundle is not None:
         return bundle
     if damaged:
         raise BundleError(

@@ -20,7 +20,6 @@ verifies under the latest anchor (damaged ones are skipped with a warning), else
 from __future__ import annotations
 
 import json
-import logging
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,10 +27,9 @@ from typing import Any, Literal
 
 from sc_lightning.checkpoint.atomic import (
     BundleError,
-    BundleFormatError,
     complete_bundles,
+    newest_intact,
     remove_stale_temporaries,
-    verify_bundle,
     write_atomically,
 )
 from sc_lightning.checkpoint.bundle import TRAINER_FILE, bundle_name, latest_bundle, read_controller_state
@@ -44,7 +42,6 @@ SNAPSHOTS_DIR = "rollout_snapshots"
 BOOTSTRAP_DIR = "bootstrap"
 BOOTSTRAP_FILE = "BOOTSTRAP.json"
 SNAPSHOT_PATTERN = r"snapshot_(\d+)"
-log = logging.getLogger(__name__)
 
 
 class SnapshotError(RuntimeError):
@@ -181,16 +178,7 @@ def sweep_temporaries(checkpoint_dir: Path) -> None:
 
 
 def _newest_verified_snapshot(anchor: Path) -> Path | None:
-    for _, snapshot in reversed(snapshot_dirs(anchor)):
-        try:
-            verify_bundle(snapshot)
-        except BundleFormatError:
-            raise  # not damaged: written by a newer sc_lightning, which must resume it
-        except BundleError as err:
-            log.warning("skipping a damaged rollout snapshot (kept as is): %s", err)
-            continue
-        return snapshot
-    return None
+    return newest_intact([path for _, path in snapshot_dirs(anchor)], "rollout snapshot")[0]
 
 
 def resume_point(
