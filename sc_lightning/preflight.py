@@ -241,6 +241,7 @@ def memory_issues(config: SCConfig, trainer: dict[str, Any]) -> list[ConfigIssue
         model_knob="policy.model_name",
         tokens_knob="policy.train_micro_batch_tokens",
         micro_batch_tokens=tokens,
+        row=("policy.max_total_sequence_length", longest),
     )
     return [] if problem is None else [ConfigIssue(*problem)]
 

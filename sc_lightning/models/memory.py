@@ -107,12 +107,19 @@ def training_memory(
 
 
 def memory_problem(
-    plan: TrainingMemory, device_bytes: int, *, model_knob: str, tokens_knob: str, micro_batch_tokens: int
+    plan: TrainingMemory,
+    device_bytes: int,
+    *,
+    model_knob: str,
+    tokens_knob: str,
+    micro_batch_tokens: int,
+    row: tuple[str, int] | None = None,
 ) -> tuple[str, str] | None:
     """``(knob, why)`` when ``plan`` cannot fit a device of ``device_bytes``, or None when its floor fits.
 
     Without room for the state (and the engine) the model is too big for the rank (``model_knob``); otherwise the
-    micro-batch is, and the largest that fits is named for ``tokens_knob``."""
+    micro-batch is, and the largest that fits is named for ``tokens_knob`` — unless even one row of ``row`` (its
+    length knob and tokens: a micro-batch holds at least one whole row) does not fit, which names that knob."""
     if plan.total <= device_bytes:
         return None
     fixed = plan.state + plan.engine
@@ -129,4 +136,9 @@ def memory_problem(
             "smaller one"
         )
     room = (device_bytes - fixed) // plan.activation_per_token
+    if row is not None and room < row[1]:
+        return row[0], (
+            f"is {row[1]:,} tokens, and a micro-batch holds at least one whole row, but only {room:,} tokens fit "
+            f"beside the model: {sizes}; shorten it, or turn on activation checkpointing"
+        )
     return tokens_knob, f"needs {sizes}: set it to at most {room:,} tokens (or turn on activation checkpointing)"

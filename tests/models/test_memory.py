@@ -76,3 +76,17 @@ def test_a_model_too_big_for_the_device_is_named_with_its_sizes() -> None:
     assert knob == "policy.model_name"
     assert "of weights, gradients and optimizer state" in why and "on a 16.0 GiB device" in why
     assert "tensor_model_parallel_size" in why
+
+
+def test_a_row_longer_than_the_room_left_names_the_sequence_length_not_the_micro_batch() -> None:
+    """A micro-batch holds at least one whole row: when not even one fits, a smaller micro-batch cannot help."""
+    plan = training_memory(MEDIUM, precision="bf16", micro_batch_tokens=300_000)
+    room = (8 * GIB - plan.state) // plan.activation_per_token
+    knob, why = memory_problem(
+        plan, 8 * GIB, micro_batch_tokens=300_000, row=("policy.max_total_sequence_length", room + 1), **KNOBS
+    ) or ("", "")
+    assert knob == "policy.max_total_sequence_length" and f"only {room:,} tokens fit" in why
+    knob, _ = memory_problem(
+        plan, 8 * GIB, micro_batch_tokens=300_000, row=("policy.max_total_sequence_length", room), **KNOBS
+    ) or ("", "")
+    assert knob == "policy.train_micro_batch_tokens"
