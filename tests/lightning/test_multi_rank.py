@@ -96,7 +96,10 @@ def test_sigkill_of_the_leader_ends_the_other_rank_within_seconds_and_the_same_c
     killed = time.monotonic()
     stderr = first.communicate(timeout=120)[1].decode()  # returns once rank 1, which shares the pipe, has ended too
     assert time.monotonic() - killed < 30, f"rank 1 outlived the leader by {time.monotonic() - killed:.0f} s"
-    ended = (f"trainer rank 1: its parent process {first.pid} (the launcher or the leader rank) has ended", "remote worker")
+    ended = (
+        f"trainer rank 1: its parent process {first.pid} (the launcher or the leader rank) has ended",
+        "remote worker",
+    )
     assert any(reason in stderr for reason in ended), stderr[-3000:]
     newest = max(int(path.name.split("_")[1]) for path in bundles.glob("step_*"))
     resumed = run(*argv[3:], "--grpo.max_num_steps", str(newest + 2), timeout_s=400)
