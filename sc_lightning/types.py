@@ -103,6 +103,31 @@ class Generation:
         return sum(self.trainable)
 
 
+def generation_to_dict(generation: Generation) -> dict[str, Any]:
+    """A generation as JSON-able plain data (a recovery ledger's sealed generations and turns)."""
+    return {
+        "token_ids": list(generation.token_ids),
+        "logprobs": list(generation.logprobs),
+        "finish_reason": generation.finish_reason,
+        "weight_version": generation.weight_version,
+        "token_versions": list(generation.token_versions),
+        "trainable": list(generation.trainable),
+    }
+
+
+def generation_from_dict(data: Mapping[str, Any]) -> Generation:
+    """The generation :func:`generation_to_dict` wrote; a record from before per-token versions or multi-turn
+    rollouts (no ``token_versions`` or ``trainable``) gets the start version and all tokens trainable."""
+    return Generation(
+        tuple(int(t) for t in data["token_ids"]),
+        tuple(float(x) for x in data["logprobs"]),
+        data["finish_reason"],
+        int(data["weight_version"]),
+        tuple(int(v) for v in data.get("token_versions", ())),
+        tuple(bool(t) for t in data.get("trainable", ())),
+    )
+
+
 @dataclass(frozen=True)
 class ScoredGroup:
     """The finished rollout of one prompt: N generations of it and the environment's reward for each.

@@ -179,9 +179,13 @@ class SingleController:
         try:
             while True:
                 try:
-                    # with token capture the manager seals finished generations into entry.sealed (and reuses them)
+                    # with token capture the manager seals finished generations into entry.sealed and a
+                    # conversation's turns into entry.conversations (and reuses them)
                     meta = await self.manager.generate_and_push(
-                        entry.prompt, target_step=entry.target_step, sealed=entry.sealed
+                        entry.prompt,
+                        target_step=entry.target_step,
+                        sealed=entry.sealed,
+                        conversations=entry.conversations,
                     )
                     break
                 except (RolloutError, GroupFiltered) as failure:

@@ -19,7 +19,7 @@ import hashlib
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from sc_lightning.engines.base import GenerationEngine
 from sc_lightning.rollout.envs.base import Environment, Score, as_score, request_sampling
@@ -28,6 +28,9 @@ from sc_lightning.rollout.failures import RetryBudget, classify
 from sc_lightning.rollout.goodput import EngineGoodput
 from sc_lightning.tokenizer import Tokenizer
 from sc_lightning.types import Generation, Prompt, SamplingParams, ScoredGroup
+
+if TYPE_CHECKING:
+    from sc_lightning.rollout.multiturn.record import TurnRecord
 
 
 class RolloutError(RuntimeError):
@@ -82,6 +85,15 @@ class SampleSource(Protocol):
 
     async def sample(self, prompt: Prompt, group_id: str, seed: int) -> Sample:
         """Roll out one sample of ``prompt`` for group ``group_id``, sampling with ``seed``."""
+
+
+@runtime_checkable
+class TurnResumable(Protocol):
+    """A SampleSource whose samples go on after their last sealed turn (a multi-turn conversation, token capture)."""
+
+    async def resume(self, prompt: Prompt, group_id: str, seed: int, record: TurnRecord) -> Sample:
+        """The sample of ``record``: kept whole once finished, else played on after its sealed turns (sealing the
+        new ones into it)."""
 
 
 def sample_seed(run_seed: int, prompt_id: str, visit: int, index: int) -> int:
@@ -161,7 +173,12 @@ class RolloutManager:
         return self.served.version
 
     async def generate_and_push(
-        self, prompt: Prompt, *, target_step: int | None = None, sealed: dict[int, Generation] | None = None
+        self,
+        prompt: Prompt,
+        *,
+        target_step: int | None = None,
+        sealed: dict[int, Generation] | None = None,
+        conversations: dict[int, TurnRecord] | None = None,
     ) -> Any:
         """Reserve, roll out and commit one prompt group; returns what the sink's commit returns.
 
@@ -171,14 +188,17 @@ class RolloutManager:
         under a fresh group id; the last failure is raised once a budget is spent. ``failures`` counts them.
         ``sealed`` (token capture): generations already finished, by index, are reused (across retries too); each
         one finishing now is added to it as soon as it finishes. The group's start weight is then its oldest
-        generation's version.
+        generation's version. ``conversations`` (token capture, a turn-resumable sample source): each sample's
+        :class:`~sc_lightning.rollout.multiturn.record.TurnRecord` by index (a mapping that makes one on first use),
+        likewise kept across retries: a conversation goes on after its last sealed turn.
         """
         # the whole group, retries included, under rollout_timeout_s (on the engine's active clock when it has one)
         wait_for = getattr(self.engine, "active_wait_for", asyncio.wait_for)
         try:
-            return await wait_for(self._with_retries(prompt, target_step, sealed), self.settings.rollout_timeout_s)
+            rollout = self._with_retries(prompt, target_step, sealed, conversations)
+            return await wait_for(rollout, self.settings.rollout_timeout_s)
         except TimeoutError:
-            self._waste_sealed(sealed)
+            self._waste_sealed(sealed, conversations)
             raise RolloutTimeout(
                 f"the prompt group exceeded rollout_timeout_s={self.settings.rollout_timeout_s}",
                 prompt_id=prompt.prompt_id,
@@ -186,18 +206,26 @@ class RolloutManager:
                 engine=self.engine.name,
             ) from None
         except BaseException:  # dropped (retries spent) or aborted: completions kept for a retry are waste too
-            self._waste_sealed(sealed)
+            self._waste_sealed(sealed, conversations)
             raise
 
-    def _waste_sealed(self, sealed: dict[int, Generation] | None) -> None:
-        if sealed:
-            self.goodput.wasted_tokens(sum(generation.model_token_count for generation in sealed.values()))
+    def _waste_sealed(self, sealed: dict[int, Generation] | None, conversations: dict[int, TurnRecord] | None) -> None:
+        kept = sum(generation.model_token_count for generation in (sealed or {}).values())
+        kept += sum(record.model_token_count for record in (conversations or {}).values())
+        if kept:
+            self.goodput.wasted_tokens(kept)
 
-    async def _with_retries(self, prompt: Prompt, target_step: int | None, sealed: dict[int, Generation] | None) -> Any:
+    async def _with_retries(
+        self,
+        prompt: Prompt,
+        target_step: int | None,
+        sealed: dict[int, Generation] | None,
+        conversations: dict[int, TurnRecord] | None,
+    ) -> Any:
         budget = self.settings.retry_budget()
         while True:
             try:
-                return await self._attempt(prompt, target_step, sealed)
+                return await self._attempt(prompt, target_step, sealed, conversations)
             except RolloutError as failure:
                 kind = classify(failure)
                 self.failures[kind] += 1
@@ -210,14 +238,22 @@ class RolloutManager:
                 self.failures["redispatched"] += 1
                 await asyncio.sleep(budget.backoff_s(kind))  # the back-off itself: a policy, not a synchronisation
 
-    async def _attempt(self, prompt: Prompt, target_step: int | None, sealed: dict[int, Generation] | None) -> Any:
-        start = min([self.weight_version, *(g.weight_version for g in (sealed or {}).values())])
+    async def _attempt(
+        self,
+        prompt: Prompt,
+        target_step: int | None,
+        sealed: dict[int, Generation] | None,
+        conversations: dict[int, TurnRecord] | None,
+    ) -> Any:
+        kept = [g.weight_version for g in (sealed or {}).values()]
+        kept += [r.oldest_version for r in (conversations or {}).values() if r.oldest_version is not None]
+        start = min([self.weight_version, *kept])
         group_id = self.sink.reserve(prompt_id=prompt.prompt_id, weight_version=start, target_step=target_step)
         self.inflight[group_id] = InflightGroup(asyncio.current_task(), start, prompt.prompt_id)
         self.goodput.started(group_id)
         try:
             try:
-                group = await self.run_rollout(prompt, group_id, sealed)
+                group = await self.run_rollout(prompt, group_id, sealed, conversations)
             finally:
                 self.inflight.pop(group_id, None)  # before commit, so an abort cannot interrupt the commit
             reason = None if self.group_filter is None else self.group_filter(group)
@@ -234,31 +270,42 @@ class RolloutManager:
         return committed
 
     async def run_rollout(
-        self, prompt: Prompt, group_id: str, sealed: dict[int, Generation] | None = None
+        self,
+        prompt: Prompt,
+        group_id: str,
+        sealed: dict[int, Generation] | None = None,
+        conversations: dict[int, TurnRecord] | None = None,
     ) -> ScoredGroup:
         """Generate N completions concurrently (the first failure cancels the rest) and score them.
 
         Indices already in ``sealed`` are not generated again; with ``sealed`` given, each new generation is
         sealed into it the moment it finishes. With a ``sample_source`` each sample is its rollout (a conversation,
-        an agent's run) and keeps the score it ended with; nothing is sealed (an episode cannot be rescored later).
+        an agent's run) and keeps the score it ended with; nothing goes in ``sealed`` (an episode cannot be rescored
+        later), but a turn-resumable source keeps each sample's turns and outcome in its record in ``conversations``.
         """
 
         own_scores: dict[int, Score] = {}
-        if self.sample_source is not None:
+        source = self.sample_source
+        resumable = source if isinstance(source, TurnResumable) else None
+        records = conversations if resumable is not None else None
+        if source is not None:
             sealed = None  # a sample scored by its own rollout (an episode's state) cannot be rescored from text
 
         async def one(index: int, seed: int) -> Generation:
-            if self.sample_source is None:
+            if source is None:
                 generation = await self._generate(prompt, group_id, seed)
             else:
-                sample = await self.sample_source.sample(prompt, group_id, seed)
+                if resumable is not None and records is not None:
+                    sample = await resumable.resume(prompt, group_id, seed, records[index])
+                else:
+                    sample = await source.sample(prompt, group_id, seed)
                 generation = sample.generation
                 if sample.score is not None:
                     own_scores[index] = sample.score
             if sealed is not None:
                 sealed[index] = generation  # kept for a retry: its tokens count when the prompt's fate is known
-            else:
-                self.goodput.generated(group_id, generation.model_token_count)
+            elif records is None:
+                self.goodput.generated(group_id, generation.model_token_count)  # else kept in its record, likewise
             return generation
 
         done = dict(sealed or {})

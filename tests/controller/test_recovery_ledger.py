@@ -63,20 +63,21 @@ def test_without_token_capture_nothing_is_sealed() -> None:
 
 def test_entries_round_trip_and_keep_their_resolved_granularity() -> None:
     sealed = {1: Generation((5, 6, 7), (-0.1, -0.2, -0.3), "stop", 4, (4, 4, 5))}  # a refit landed mid-request
-    entry = PendingGroup(prompt(task_source="math"), 7, "sibling", sealed)
+    entry = PendingGroup(prompt(task_source="math"), 7, "sibling", sealed, {})
     saved = json.loads(json.dumps(entry.to_dict()))
     assert PendingGroup.from_dict(saved, capture=True) == entry
     assert PendingGroup.from_dict(saved, capture=True).sealed[1].token_versions == (4, 4, 5)
     del saved["sealed"][0]["token_versions"]  # a ledger written before per-token versions: the start version
     assert PendingGroup.from_dict(saved, capture=True).sealed[1].token_versions == (4, 4, 4)
     conversation = Generation((5, 6, 7), (-0.1, 0.0, -0.3), "stop", 4, (), (True, False, True))  # a tool's token
-    multiturn = PendingGroup(prompt(), 7, "sibling", {0: conversation})
+    multiturn = PendingGroup(prompt(), 7, "sibling", {0: conversation}, {})
     assert PendingGroup.from_dict(json.loads(json.dumps(multiturn.to_dict())), capture=True) == multiturn
-    assert PendingGroup.from_dict(saved, capture=False).sealed is None  # capture off now: regenerate everything
+    capture_off = PendingGroup.from_dict(saved, capture=False)  # capture off now: regenerate everything
+    assert (capture_off.sealed, capture_off.conversations) == (None, None)
     # a config that now says prompt_group for "math" does not reinterpret the saved entry
     assert PendingGroup.from_dict(saved, capture=True).granularity == "sibling"
     restored_group = PendingGroup.from_dict({**saved, "granularity": "prompt_group"}, capture=True)
-    assert restored_group.sealed is None  # prompt_group regenerates every sibling
+    assert restored_group.sealed is None and restored_group.conversations is None  # prompt_group regenerates all
 
 
 def manager(engine: ScriptedEngine) -> tuple[RolloutManager, TQReplayBuffer]:

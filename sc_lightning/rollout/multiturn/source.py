@@ -6,12 +6,17 @@ RolloutTimeout naming the prompt, group, engine and turn); each episode step run
 ``env_timeout_s``. The sample's Generation holds every token after the prompt (model turns and observations), with
 the engine's logprobs on model tokens and 0.0 on environment tokens, per-token versions, and ``trainable`` marking
 the model's tokens; its ``weight_version`` is the first turn's. The conversation's final reward is its score.
+With token capture the manager calls :meth:`MultiTurnSource.resume` with the sample's
+:class:`~sc_lightning.rollout.multiturn.record.TurnRecord`: a retried, evicted or restored conversation goes on after
+its last sealed turn.
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+import logging
+from collections.abc import Awaitable
 from typing import TYPE_CHECKING
 
 from sc_lightning.rollout.envs.daemon_call import daemon_call
@@ -19,10 +24,13 @@ from sc_lightning.rollout.manager import RolloutTimeout, Sample
 from sc_lightning.rollout.multiturn.chat import ChatTemplate, chat_template_for
 from sc_lightning.rollout.multiturn.driver import ConversationOutcome, Verdict, run_conversation
 from sc_lightning.rollout.multiturn.protocol import Episode, MultiTurnEnvironment, TurnLimits
+from sc_lightning.rollout.multiturn.record import ReplayDiverged, TurnRecord
 from sc_lightning.types import Generation, Prompt
 
 if TYPE_CHECKING:
     from sc_lightning.rollout.manager import RolloutManager
+
+log = logging.getLogger(__name__)
 
 
 class ScoredByEpisodes:
@@ -56,6 +64,13 @@ class MultiTurnSource:
 
     async def sample(self, prompt: Prompt, group_id: str, seed: int) -> Sample:
         """One conversation of ``prompt``: its tokens after the prompt as a Generation, its final reward as score."""
+        return await self.resume(prompt, group_id, seed, TurnRecord())
+
+    async def resume(self, prompt: Prompt, group_id: str, seed: int, record: TurnRecord) -> Sample:
+        """The conversation of ``record``: as kept once finished; else played on after its sealed turns, each new
+        turn and then the outcome sealed into it (a replay that diverges plays the conversation again whole)."""
+        if record.generation is not None and record.score is not None:
+            return Sample(record.generation, record.score)
         manager = self.manager
 
         def timeout(what: str, limit: float | None, turn: int) -> RolloutTimeout:
@@ -89,10 +104,24 @@ class MultiTurnSource:
             except TimeoutError:
                 raise timeout(f"environment {self.environment.name} env_timeout_s", limit, turn) from None
 
-        outcome = await run_conversation(
-            prompt, self.environment, self.template, manager.tokenizer, generate, self.limits, step
-        )
-        return Sample(conversation_generation(outcome, manager.weight_version), outcome.score)
+        def play() -> Awaitable[ConversationOutcome]:
+            """The conversation, from ``record``'s sealed turns on."""
+            tokenizer = manager.tokenizer
+            return run_conversation(
+                prompt, self.environment, self.template, tokenizer, generate, self.limits, step, record
+            )
+
+        try:
+            outcome = await play()
+        except ReplayDiverged as diverged:
+            log.warning(
+                "%s (group %s): its sealed turns are dropped, the conversation is played again", diverged, group_id
+            )
+            record.turns.clear()
+            outcome = await play()
+        record.generation = conversation_generation(outcome, manager.weight_version)
+        record.score = outcome.score
+        return Sample(record.generation, record.score)
 
 
 def conversation_generation(outcome: ConversationOutcome, served_version: int) -> Generation:
