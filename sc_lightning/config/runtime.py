@@ -169,7 +169,9 @@ class TokenCaptureConfig:
     """Staging of finished generations so recovery can keep sealed siblings."""
 
     enabled: bool = knob(
-        False, "Seal each finished generation before its group commits, so recovery keeps it (sibling granularity)."
+        False,
+        "Seal each finished generation (and each finished turn of a multi-turn conversation) before its group "
+        "commits, so recovery keeps it (sibling granularity).",
     )
 
 

@@ -26,13 +26,6 @@ MULTITURN_CASES: list[tuple[str, dict[str, Any], dict[str, Any], str, str]] = [
         "set val_period: 0",
     ),
     (
-        "multi-turn without token capture",
-        variant(MULTITURN),
-        variant(MULTITURN, {"token_capture": {"enabled": True}}),
-        "token_capture.enabled",
-        "regenerates unfinished conversations",
-    ),
-    (
         "multi-turn prompts are chat-rendered (jsonl)",
         variant(MULTITURN, {"data": {"dataset_name": "p.jsonl", "apply_chat_template": True}}),
         variant(MULTITURN, {"data": {"dataset_name": "p.jsonl"}}),

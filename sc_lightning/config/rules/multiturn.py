@@ -40,17 +40,6 @@ def multiturn_without_validation(config: SCConfig, report: Report) -> None:
         )
 
 
-@ties("env.name", "token_capture.enabled")
-def multiturn_without_token_capture(config: SCConfig, report: Report) -> None:
-    """A conversation is regenerated whole on retry or resume; token capture's partial resumption does not apply."""
-    if config.env.is_multiturn() and config.token_capture.enabled:
-        report.error(
-            "token_capture.enabled",
-            f"is true, but the multi-turn environment {config.env.name!r} regenerates unfinished conversations "
-            "whole (resuming one after its last turn is not supported yet); set token_capture.enabled: false",
-        )
-
-
 @ties("env.name", "data.dataset_name", "data.apply_chat_template")
 def multiturn_prompts_are_chat_rendered(config: SCConfig, report: Report) -> None:
     """A conversation opens with the prompt rendered as a user message by the chat template."""
@@ -123,5 +112,4 @@ MULTITURN_RULES = (
     conversations_fit_the_rows,
     multiturn_needs_grpo,
     multiturn_without_validation,
-    multiturn_without_token_capture,
 )
