@@ -368,6 +368,10 @@ class TransferQueueDataPlane:
                 "SimpleStorage": {
                     "num_data_storage_units": self.num_storage_units,
                     "total_storage_size": self.storage_capacity,
+                    # TransferQueue pins its storage units round-robin to the cluster's nodes that have this
+                    # resource (every alive node without it): not to a node with no CPUs, where one never starts
+                    # (a head started with --num-cpus 0, as Ray advises for large clusters)
+                    "required_node_resource": "CPU",
                 },
             },
         }
