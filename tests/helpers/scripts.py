@@ -1,4 +1,5 @@
-"""Scripts for the FAKE ScriptedEngine over the arithmetic task, in the character tokenizer the tests share."""
+"""Scripts for the FAKE ScriptedEngine over the arithmetic and calculator tasks, in the character tokenizer the tests
+share."""
 
 from __future__ import annotations
 
@@ -14,6 +15,15 @@ def answer_correctly(prompt: tuple[int, ...], call: int) -> tuple[int, ...]:
     text = TOKENIZER.decode(prompt)
     a, b = text.rstrip("=").split("+")
     return tuple(TOKENIZER.encode(str(int(a) + int(b))))
+
+
+def calculator_user(prompt: tuple[int, ...], call: int) -> tuple[int, ...]:
+    """Script for calculator conversations: repeat the expression as a calculator call, then answer with the tool's
+    result."""
+    if TOKENIZER.EOS not in prompt:  # the opening: call the calculator with the expression
+        return (*prompt[1:-1], TOKENIZER.EOS)
+    after_call = prompt[len(prompt) - prompt[::-1].index(TOKENIZER.EOS) :]  # the tool's answer and its "="
+    return (*after_call[:-1], TOKENIZER.EOS)
 
 
 class Alternating:

@@ -22,6 +22,7 @@ from sc_lightning.rollout.multiturn.chat import chat_template_for
 from sc_lightning.testing.scripted_engine import ScriptedEngine
 from sc_lightning.tokenizer import CharTokenizer
 from sc_lightning.types import SamplingParams
+from tests.helpers.scripts import calculator_user
 
 TOK = CharTokenizer()
 PROMPT = calculator_prompts(1, seed=3)[0]
@@ -34,14 +35,6 @@ class RefusingEnvironment:
 
     def score(self, prompt: object, completion_text: str) -> float:
         raise AssertionError("a conversation was scored again")
-
-
-def calculator_user(prompt: tuple[int, ...], call: int) -> tuple[int, ...]:
-    """Script: repeat the expression as a calculator call, then answer with the tool's result."""
-    if TOK.EOS not in prompt:  # the opening: call the calculator with the expression
-        return (*prompt[1:-1], TOK.EOS)
-    after_call = prompt[len(prompt) - prompt[::-1].index(TOK.EOS) :]  # the tool's answer and its "="
-    return (*after_call[:-1], TOK.EOS)
 
 
 def manager_with(engine: ScriptedEngine, generation_timeout_s: float | None = 30.0, n: int = 1) -> RolloutManager:
