@@ -4,6 +4,7 @@ starts from the repository root, so ``tests`` imports there)."""
 from __future__ import annotations
 
 import json
+import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -34,9 +35,28 @@ class BundleHoldsABufferedGroup(Callback):
             time.sleep(0.005)
 
 
+class CutAfterAStall(Callback):
+    """While ``$SC_TEST_STALL`` exists, each bundle's cut waits until an environment has stalled on it (its
+    ``.stalled`` sibling exists): with :class:`tests.helpers.stalling_env.StallingCalculator` a conversation is then
+    in flight with its first turn sealed, so the bundle's pending groups hold it."""
+
+    def __init__(self, timeout_s: float = 120.0) -> None:
+        self.timeout_s = timeout_s
+
+    def on_save_checkpoint(self, trainer: Trainer, pl_module: LightningModule, checkpoint: dict[str, Any]) -> None:
+        """Poll for the ``.stalled`` file while the stall file exists, for at most ``timeout_s``."""
+        stall = Path(os.environ["SC_TEST_STALL"])
+        deadline = time.monotonic() + self.timeout_s
+        while stall.exists() and not stall.with_suffix(".stalled").exists():
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"no environment stalled after {self.timeout_s} s at step {trainer.global_step}")
+            time.sleep(0.005)
+
+
 class TrainedTokens(Callback):
     """Writes every row the policy trains to ``<trainer.default_root_dir>/trained_tokens.jsonl``: one line per row,
-    ``{"step", "input_ids", "token_mask"}`` (right-padded ids; the mask marks the completion's tokens).
+    ``{"step", "input_ids", "token_mask", "logprobs", "token_versions"}`` (right-padded; the mask marks the
+    completion's tokens, ``logprobs`` are the engine's, ``token_versions`` None when the rows hold none).
 
     The step's chunks are produced lazily inside ``training_step``, so the callback wraps the step's ``chunks`` and
     records each chunk as it is handed to training.
@@ -48,9 +68,12 @@ class TrainedTokens(Callback):
 
         def recorded() -> Iterator[Any]:
             for chunk in chunks():
-                rows = zip(chunk.input_ids.tolist(), chunk.token_mask.tolist(), strict=True)
+                versions = [None] * len(chunk) if chunk.token_versions is None else chunk.token_versions.tolist()
+                columns = (chunk.input_ids.tolist(), chunk.token_mask.tolist(), chunk.generation_logprobs.tolist())
                 with path.open("a") as out:
-                    out.writelines(json.dumps({"step": step, "input_ids": i, "token_mask": m}) + "\n" for i, m in rows)
+                    for i, m, lp, v in zip(*columns, versions, strict=True):
+                        row = {"step": step, "input_ids": i, "token_mask": m, "logprobs": lp, "token_versions": v}
+                        out.write(json.dumps(row) + "\n")
                 yield chunk
 
         batch.chunks = recorded
