@@ -17,9 +17,7 @@ Real CLI, megatron-core policy, Megatron engine, controller and data plane.
 from __future__ import annotations
 
 import csv
-import json
 import shutil
-from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -28,6 +26,7 @@ from sc_lightning.checkpoint.atomic import complete_bundles
 from sc_lightning.checkpoint.snapshots import SNAPSHOTS_DIR, snapshot_dirs
 from tests.helpers.cli import run
 from tests.helpers.configs import REPO, TINY_PATH
+from tests.helpers.recovery import assert_history_exactly_once
 
 pytestmark = pytest.mark.slow
 
@@ -74,17 +73,6 @@ def resumed_from(stderr: str) -> str:
     lines = [line for line in stderr.splitlines() if line.startswith("resuming from")]
     assert len(lines) == 1, stderr[-3000:]
     return lines[0]
-
-
-def assert_history_exactly_once(tmp_path: Path, steps: int) -> None:
-    """Steps 0..steps-1 each trained GROUPS whole groups, and no prompt was trained twice."""
-    rows = [json.loads(line) for line in (tmp_path / "train_data.jsonl").read_text().splitlines()]
-    assert Counter(row["step"] for row in rows) == {step: GROUPS * GENERATIONS for step in range(steps)}
-    per_group = Counter(row["group_id"] for row in rows)
-    assert set(per_group.values()) == {GENERATIONS}, "whole groups"
-    prompts_of_group = {(row["group_id"], row["prompt_index"]) for row in rows}
-    per_prompt = Counter(prompt for _, prompt in prompts_of_group)
-    assert len(prompts_of_group) == len(per_group) and set(per_prompt.values()) == {1}, "no prompt twice"
 
 
 def assert_one_version_of_lag_at_most(tmp_path: Path) -> None:

@@ -80,12 +80,31 @@ def a_new_bundle(checkpoints: Path) -> Callable[[], Callable[[], bool]]:
     return arm
 
 
-def assert_each_prompt_trained_once(tmp_path: Path, group_size: int = 4) -> None:
-    """train_data.jsonl (the final run's history) trains every prompt exactly once, one whole group each."""
+def assert_trained_once(tmp_path: Path, steps: int, group_size: int = 4) -> set[int]:
+    """train_data.jsonl (the final run's history) holds steps 0 .. ``steps`` - 1 and trains each of its prompts
+    exactly once, one whole group each; returns the prompts trained."""
     rows = [json.loads(line) for line in (tmp_path / "train_data.jsonl").read_text().splitlines()]
     per_prompt = Counter(row["prompt_index"] for row in rows)
-    assert sorted(per_prompt) == list(range(PROMPTS)), "every prompt of the dataset was trained"
     assert set(per_prompt.values()) == {group_size}, "exactly once: one group per prompt"
     per_group = Counter(row["group_id"] for row in rows)
-    assert len(per_group) == PROMPTS and set(per_group.values()) == {group_size}
-    assert sorted({row["step"] for row in rows}) == list(range(PROMPTS // 4))
+    assert len(per_group) == len(per_prompt) and set(per_group.values()) == {group_size}
+    assert sorted({row["step"] for row in rows}) == list(range(steps))
+    return set(per_prompt)
+
+
+def assert_each_prompt_trained_once(tmp_path: Path, group_size: int = 4) -> None:
+    """train_data.jsonl (the final run's history) trains every prompt exactly once, one whole group each."""
+    trained = assert_trained_once(tmp_path, PROMPTS // 4, group_size)
+    assert sorted(trained) == list(range(PROMPTS)), "every prompt of the dataset was trained"
+
+
+def assert_history_exactly_once(tmp_path: Path, steps: int, groups: int = 4, generations: int = 4) -> None:
+    """train_data.jsonl (the final run's history): steps 0 .. ``steps`` - 1 each trained ``groups`` whole groups, and
+    no prompt was trained twice."""
+    rows = [json.loads(line) for line in (tmp_path / "train_data.jsonl").read_text().splitlines()]
+    assert Counter(row["step"] for row in rows) == {step: groups * generations for step in range(steps)}
+    per_group = Counter(row["group_id"] for row in rows)
+    assert set(per_group.values()) == {generations}, "whole groups"
+    prompts_of_group = {(row["group_id"], row["prompt_index"]) for row in rows}
+    per_prompt = Counter(prompt for _, prompt in prompts_of_group)
+    assert len(prompts_of_group) == len(per_group) and set(per_prompt.values()) == {1}, "no prompt twice"
