@@ -1,17 +1,20 @@
 """Whether a resume's saved state fits this run, decided from its files and the config before anything starts.
 
 The rules are :mod:`sc_lightning.config.resume_rules`' (the restore applies them again); here they read the state
-directory's ``controller_state.json``, ``replay_index.json`` and ``rollout_recovery.pt`` — no dataset, model, engine
-or data plane is needed — so ``fit`` and ``validate`` refuse a checkpoint that does not fit in seconds. The dataset's
-size is the one rule left to the restore (it needs the dataset loaded).
+directory's ``controller_state.json``, ``replay_index.json``, ``rollout_recovery.pt`` and the data-plane snapshot's
+``manifest.json`` (its format version) — no dataset, model, engine or data plane is needed — so ``fit`` and
+``validate`` refuse a checkpoint that does not fit in seconds. The dataset's size is the one rule left to the
+restore (it needs the dataset loaded).
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
-from sc_lightning.checkpoint.bundle import read_controller_state
+from sc_lightning.checkpoint.bundle import DATA_PLANE_DIR, read_controller_state
 from sc_lightning.config import SCConfig, resolve
 from sc_lightning.config.resume_rules import (
     CONTROLLER_STATE_VERSION,
@@ -22,6 +25,7 @@ from sc_lightning.config.resume_rules import (
     check_replay_index,
     held_permits,
 )
+from sc_lightning.data_plane.snapshot_files import MANIFEST, SnapshotFormatError, check_version
 
 
 def check_resume_fits(state_dir: Path, config: SCConfig) -> None:
@@ -42,6 +46,7 @@ def check_resume_fits(state_dir: Path, config: SCConfig) -> None:
         ),
         lambda: check_replay_index(state["replay_index"], group_size=algo.num_generations_per_prompt, algo=name),
         lambda: check_buffer_capacity(*held_permits(state), resolved.max_buffered_rollouts),
+        lambda: check_rows_format(state_dir, state),
     ]
     problems = []
     for rule in rules:
@@ -51,3 +56,15 @@ def check_resume_fits(state_dir: Path, config: SCConfig) -> None:
             problems.append(err.problem)
     if problems:
         raise ResumeMismatch(f"{state_dir} does not fit this run: {'; '.join(problems)}")
+
+
+def check_rows_format(state_dir: Path, state: dict[str, Any]) -> None:
+    """ResumeMismatch when the rows ``state_dir`` holds (its data-plane snapshot) are of a format this code does not
+    read; an older, readable one is upgraded when loaded (:mod:`sc_lightning.data_plane.migrations`)."""
+    manifest = state_dir / DATA_PLANE_DIR / MANIFEST
+    if not state.get("rows_indexed", True) or not manifest.exists():
+        return
+    try:
+        check_version(manifest, json.loads(manifest.read_text()))
+    except SnapshotFormatError as err:
+        raise ResumeMismatch(str(err)) from None

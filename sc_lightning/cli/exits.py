@@ -36,6 +36,7 @@ def cannot_resume_errors() -> tuple[type[Exception], ...]:
     from sc_lightning.checkpoint.fingerprint import FingerprintMismatch
     from sc_lightning.checkpoint.snapshots import SnapshotError
     from sc_lightning.config.resume_rules import ResumeMismatch
+    from sc_lightning.data_plane.snapshot_files import SnapshotFormatError
     from sc_lightning.trainer.sharded_checkpoint import CheckpointMismatch
 
-    return BundleError, SnapshotError, FingerprintMismatch, CheckpointMismatch, ResumeMismatch
+    return BundleError, SnapshotError, FingerprintMismatch, CheckpointMismatch, ResumeMismatch, SnapshotFormatError

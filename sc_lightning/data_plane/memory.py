@@ -26,6 +26,7 @@ import torch
 from sc_lightning.data_plane.base import Columns, DataPlaneError, MissingRowsError
 from sc_lightning.data_plane.checks import check_fields, check_keys, check_tags, missing_message
 from sc_lightning.data_plane.codec import BufferPool, PackedRows, concat, pack_rows
+from sc_lightning.data_plane.migrations import upgrade_rows
 from sc_lightning.data_plane.snapshot_files import read_rows_snapshot, write_rows_snapshot
 
 
@@ -245,7 +246,8 @@ class MemoryDataPlane:
         write_rows_snapshot(Path(directory), state, backend="memory")
 
     def load(self, directory: str | Path) -> None:
-        """Replace every row with a snapshot written by ``save``; on any error the contents stay as they were."""
+        """Replace every row with a snapshot written by ``save`` (an older version's rows upgraded: see
+        :mod:`~sc_lightning.data_plane.migrations`); on any error the contents stay as they were."""
         state = read_rows_snapshot(Path(directory), self.partition_id)
         keys = state["keys"]
         if self.capacity is not None and len(keys) > self.capacity:
@@ -268,8 +270,15 @@ class MemoryDataPlane:
                 raise DataPlaneError(f"snapshot in {directory}: field {field!r} is inconsistent (corrupt file?)")
         with self._lock:
             self._check_open()
+            before = self._tags, self._columns
             self._tags = {key: dict(tag) for key, tag in zip(keys, state["tags"], strict=True)}
             self._columns = columns
+        try:
+            upgrade_rows(self, state["version"], Path(directory))
+        except DataPlaneError:
+            with self._lock:
+                self._tags, self._columns = before
+            raise
 
     def close(self) -> None:
         """Drop every row and refuse further use; idempotent."""

@@ -4,6 +4,9 @@
 and the row count, so a load can say which backend a snapshot needs. ``rows.pt`` holds keys, tags and packed
 fields (``torch.save``, loadable with ``weights_only``); the memory backend writes it, and TransferQueue reads it
 when loading a snapshot of another backend.
+
+Versions: 2 is written; 1 (rows that may predate ``token_versions``) is read and upgraded after the load
+(:mod:`~sc_lightning.data_plane.migrations`); a newer one is a :class:`SnapshotFormatError`.
 """
 
 from __future__ import annotations
@@ -22,7 +25,14 @@ MANIFEST = "manifest.json"
 ROWS_FILE = "rows.pt"
 """The backend-neutral snapshot (torch.save of keys, tags and packed fields), loadable with weights_only."""
 SNAPSHOT_FORMAT = "sc_lightning.data_plane"
-SNAPSHOT_VERSION = 1
+SNAPSHOT_VERSION = 2
+"""The version written. 2: every trained row has ``token_versions``; 1 may lack them (migrated on load)."""
+READABLE_VERSIONS = (1, 2)
+"""The versions a load accepts (older ones go through :func:`sc_lightning.data_plane.migrations.upgrade_rows`)."""
+
+
+class SnapshotFormatError(DataPlaneError):
+    """A data-plane snapshot in a format this code cannot read or migrate; the message names the version and why."""
 
 
 def write_rows_snapshot(directory: Path, state: dict[str, Any], *, backend: str) -> None:
@@ -45,8 +55,7 @@ def read_rows_snapshot(directory: Path, partition_id: str) -> dict[str, Any]:
             f"load it with data_plane.backend={manifest['backend']!r}"
         )
     state = torch.load(path, map_location="cpu", weights_only=True)
-    if state.get("format") != SNAPSHOT_FORMAT or state.get("version") != SNAPSHOT_VERSION:
-        raise DataPlaneError(f"{path} is not a version-{SNAPSHOT_VERSION} {SNAPSHOT_FORMAT} snapshot")
+    check_version(path, state)
     if len(state["tags"]) != len(state["keys"]):
         raise DataPlaneError(f"{path}: {len(state['keys'])} keys but {len(state['tags'])} tag dicts (corrupt file?)")
     return state
@@ -65,11 +74,24 @@ def read_manifest(directory: Path, partition_id: str) -> dict[str, Any]:
     if not path.exists():
         raise DataPlaneError(f"no data-plane snapshot in {directory} ({MANIFEST} is missing)")
     manifest = json.loads(path.read_text())
-    if manifest.get("format") != SNAPSHOT_FORMAT or manifest.get("version") != SNAPSHOT_VERSION:
-        raise DataPlaneError(f"{path} is not a version-{SNAPSHOT_VERSION} {SNAPSHOT_FORMAT} manifest")
+    check_version(path, manifest)
     if manifest.get("partition_id") != partition_id:
         raise DataPlaneError(
             f"snapshot in {directory} is of partition {manifest.get('partition_id')!r}, "
             f"not {partition_id!r}; load it with a data plane of that partition"
         )
     return manifest
+
+
+def check_version(path: Path, written: dict[str, Any]) -> None:
+    """DataPlaneError unless ``written`` (a manifest or ``rows.pt``) is of this format; SnapshotFormatError when of
+    a version this code does not read."""
+    if written.get("format") != SNAPSHOT_FORMAT:
+        raise DataPlaneError(f"{path} is not a {SNAPSHOT_FORMAT} snapshot (format {written.get('format')!r})")
+    version = written.get("version")
+    if version not in READABLE_VERSIONS:
+        raise SnapshotFormatError(
+            f"{path} is a data-plane snapshot of format version {version!r}; this sc_lightning reads versions "
+            f"{', '.join(map(str, READABLE_VERSIONS))}: resume with the sc_lightning that wrote it "
+            "(nothing was deleted)"
+        )

@@ -34,6 +34,7 @@ import torch
 from sc_lightning.data_plane.base import Columns, DataPlaneError
 from sc_lightning.data_plane.checks import check_fields, check_keys, check_tags
 from sc_lightning.data_plane.codec import BufferPool, PackedRows, pack_rows
+from sc_lightning.data_plane.migrations import upgrade_rows
 from sc_lightning.data_plane.snapshot_files import read_manifest, read_rows_snapshot, write_manifest
 from sc_lightning.data_plane.tq_runtime import (
     NATIVE_DIR,
@@ -247,7 +248,8 @@ class TransferQueueDataPlane:
 
         A native load replaces every partition of the running TransferQueue (it restores the whole controller
         and storage) and needs the same number of storage units. A neutral snapshot is re-put into this
-        partition after its current rows are cleared; if that fails midway the partition is left empty.
+        partition after its current rows are cleared; if that fails midway the partition is left empty. Rows of an
+        older snapshot version are then upgraded (:func:`~sc_lightning.data_plane.migrations.upgrade_rows`).
         """
         tq = self._ensure()
         directory = Path(directory)
@@ -257,8 +259,9 @@ class TransferQueueDataPlane:
                 tq.load_checkpoint(directory / NATIVE_DIR)
             except (ValueError, FileNotFoundError, RuntimeError) as exc:
                 raise DataPlaneError(f"could not load the TransferQueue checkpoint in {directory}: {exc}") from exc
-            return
-        self._load_neutral(tq, directory)
+        else:
+            self._load_neutral(tq, directory)
+        upgrade_rows(self, manifest["version"], directory)
 
     def _load_neutral(self, tq: ModuleType, directory: Path) -> None:
         from tensordict import TensorDict

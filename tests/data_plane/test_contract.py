@@ -24,6 +24,8 @@ import torch
 
 from sc_lightning.data_plane import DataPlane, DataPlaneError, MissingRowsError
 from sc_lightning.data_plane.memory import MemoryDataPlane
+from sc_lightning.data_plane.snapshot_files import SnapshotFormatError
+from tests.helpers.old_formats import as_version_1_snapshot, set_manifest_version
 from tests.helpers.ray_head import in_shared_cluster, own_local_ray
 from tests.helpers.rows import assert_columns_equal, assert_rows_equal, rand_rows, sample_columns
 from tests.helpers.warm_cli import server_pids
@@ -409,6 +411,54 @@ def test_token_versions_of_rollout_rows_survive_the_plane_and_a_snapshot(plane: 
     )
     assert chunk.token_versions.tolist() == [[-1, -1, -1, 3, 3, 4], [-1, -1, -1, 4, -1, -1]]
     assert chunk.input_ids.tolist() == [[2, 5, 7, 4, 1, 9], [2, 5, 7, 6, 0, 0]]
+
+
+def _group_rows(plane: DataPlane) -> tuple[list[str], dict[str, list[torch.Tensor]]]:
+    """Put one scored group's trained rows (a completion spanning versions 3 and 4, another of version 4) into
+    ``plane``; returns their keys and columns."""
+    from sc_lightning.controller.rows import group_to_columns
+    from sc_lightning.types import Generation, Prompt, ScoredGroup
+
+    spanning = Generation((4, 1, 9), (-0.1, -0.2, -0.3), "length", 3, (3, 3, 4))
+    group = ScoredGroup(Prompt("p", (2, 5, 7)), (spanning, Generation((6,), (-0.5,), "stop", 4)), (1.0, 0.0))
+    keys, columns, tags = group_to_columns("g", group, start_weight=3, end_weight=4)
+    plane.put(keys, columns, tags=tags)
+    return keys, columns
+
+
+def test_a_version_1_snapshot_without_token_versions_is_upgraded_on_load(plane: DataPlane, tmp_path: Path) -> None:
+    """Rows from before per-token versions get their group's start version on every completion token, -1 on the
+    prompt (what training used for them then); every other field comes back as saved."""
+    source = MemoryDataPlane(plane.partition_id)
+    keys, columns = _group_rows(source)
+    source.save(tmp_path / "snap")
+    as_version_1_snapshot(tmp_path / "snap")
+    plane.load(tmp_path / "snap")
+    got = plane.get(keys, ["token_versions", "input_ids"])
+    assert [row.tolist() for row in got["token_versions"]] == [[-1, -1, -1, 3, 3, 3], [-1, -1, -1, 3]]
+    assert got["token_versions"][0].dtype == columns["token_versions"][0].dtype
+    assert_rows_equal(got["input_ids"], columns["input_ids"])
+
+
+def test_a_version_1_snapshot_that_cannot_be_upgraded_names_what_is_missing(plane: DataPlane, tmp_path: Path) -> None:
+    source = MemoryDataPlane(plane.partition_id)
+    keys, _ = _group_rows(source)
+    source.save(tmp_path / "snap")
+    as_version_1_snapshot(tmp_path / "snap", drop_fields=("token_versions", "prompt_lengths"))
+    plane.put(["kept"], {"x": [torch.ones(1)]})
+    with pytest.raises(SnapshotFormatError, match="format version 1.*no token_versions.*prompt_lengths"):
+        plane.load(tmp_path / "snap")
+    if isinstance(plane, MemoryDataPlane):  # the memory plane's load is all-or-nothing
+        assert plane.keys() == ["kept"]
+
+
+def test_a_snapshot_of_a_newer_version_is_refused_naming_it(plane: DataPlane, tmp_path: Path) -> None:
+    source = MemoryDataPlane(plane.partition_id)
+    _group_rows(source)
+    source.save(tmp_path / "snap")
+    set_manifest_version(tmp_path / "snap", 9)
+    with pytest.raises(SnapshotFormatError, match="format version 9; this sc_lightning reads versions 1, 2"):
+        plane.load(tmp_path / "snap")
 
 
 def test_load_refuses_another_partition_and_missing_snapshots(plane: DataPlane, tmp_path: Path) -> None:
