@@ -1,0 +1,87 @@
+#!/usr/bin/env bash
+# Two trainer nodes on one box: what a two-machine run does, with the loopback interface as the network.
+#
+# A two-node Ray cluster on 127.0.0.1 (`ray start --head` and a second node joining it by `ray start --address`, each
+# with its own logical CPUs) and two node processes, NODE_RANK 0 and 1, joined by torch.distributed at 127.0.0.1 as
+# Lightning's launcher joins the nodes of a cluster. Node 0's rank 0 runs the controller, the engines and the
+# TransferQueue data plane on the Ray cluster; node 1's ranks join the cluster by RAY_ADDRESS and read their rows
+# from the data plane. Everything this script starts ends with it (Ctrl-C included). See docs/distributed.md.
+#
+#   scripts/two_nodes_local.sh --config configs/grpo_tiny.yaml --data_plane.backend simple --grpo.max_num_steps 4
+#   scripts/two_nodes_local.sh ... --policy.megatron_cfg.tensor_model_parallel_size 2   # TP=2 across the nodes
+#
+# The arguments go to `python -m sc_lightning fit` on both nodes, with `--trainer.num_nodes 2` added (ranks per
+# node: --trainer.devices, 1 by default). Environment: PYTHON (default .venv/bin/python), RAY_HEAD_CPUS and
+# RAY_NODE1_CPUS (each Ray node's logical CPUs, default 2; a head with 0 runs no actor, so the engines and the data
+# plane all live on the second node), RAY_PORT and MASTER_PORT (default: free ports), TWO_NODES_DIR (the Ray nodes'
+# output, default a new temporary directory; kept when given).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PYTHON=$(command -v "${PYTHON:-.venv/bin/python}")
+RAY="$(dirname "$PYTHON")/ray"
+HEAD_CPUS=${RAY_HEAD_CPUS:-2}
+NODE1_CPUS=${RAY_NODE1_CPUS:-2}
+free_port() { "$PYTHON" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+RAY_PORT=${RAY_PORT:-$(free_port)}
+MASTER_PORT=${MASTER_PORT:-$(free_port)}
+DIR=${TWO_NODES_DIR:-$(mktemp -d -t sc-two-nodes-XXXXXX)}
+mkdir -p "$DIR"
+RAY_DIR=$(mktemp -d -t sc-ray-XXXXXX)  # Ray's session files, in a short path: its sockets' paths are bounded
+RAY_PIDS=()
+NODE_PIDS=()
+
+stop_all() {
+  # The node processes first (their Ray drivers leave the cluster), then each Ray node (`ray start --block` stops
+  # its processes on SIGTERM), each within a deadline.
+  for pid in "${NODE_PIDS[@]}" "${RAY_PIDS[@]}"; do
+    kill -TERM "$pid" 2>/dev/null || true
+    for _ in $(seq 300); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+    kill -KILL "$pid" 2>/dev/null || true
+  done
+}
+trap 'stop_all; rm -rf "$RAY_DIR"; [[ -n "${TWO_NODES_DIR:-}" ]] || rm -rf "$DIR"' EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+start_ray_node() {  # <log> <cpus> <ray start arguments...>: start a Ray node, return once it runs (within 120 s)
+  local log=$1 cpus=$2
+  shift 2
+  "$RAY" start --block --num-cpus="$cpus" --num-gpus=0 --temp-dir="$RAY_DIR" --disable-usage-stats "$@" \
+    >"$log" 2>&1 &
+  RAY_PIDS+=($!)
+  for _ in $(seq 1200); do
+    grep -q "Ray runtime started" "$log" && return 0
+    kill -0 "$!" 2>/dev/null || break
+    sleep 0.1
+  done
+  echo "error: the Ray node did not start ($*); its output:" >&2
+  tail -n 30 "$log" >&2
+  exit 1
+}
+
+# Ray's token authentication, as Ray's own clusters have by default: every node and process sends the token (from
+# RAY_AUTH_TOKEN, or ~/.ray/auth_token, which the head creates when missing).
+export RAY_AUTH_MODE=${RAY_AUTH_MODE:-token}
+start_ray_node "$DIR/ray-head.log" "$HEAD_CPUS" --head --port="$RAY_PORT" --include-dashboard=false \
+  --system-config='{"prestart_worker_first_driver": false}'
+start_ray_node "$DIR/ray-node1.log" "$NODE1_CPUS" --address="127.0.0.1:$RAY_PORT"
+echo "Ray cluster: 2 nodes at 127.0.0.1:$RAY_PORT ($HEAD_CPUS and $NODE1_CPUS CPUs); trainer rendezvous 127.0.0.1:$MASTER_PORT" >&2
+
+export RAY_ADDRESS="127.0.0.1:$RAY_PORT" MASTER_ADDR=127.0.0.1 MASTER_PORT
+for node in 0 1; do
+  NODE_RANK=$node "$PYTHON" -m sc_lightning fit "$@" --trainer.num_nodes 2 &
+  NODE_PIDS+=($!)
+done
+running=("${NODE_PIDS[@]}")
+while [[ ${#running[@]} -gt 0 ]]; do  # as the nodes end: the first that fails takes the other down (on EXIT)
+  code=0
+  wait -n -p ended "${running[@]}" || code=$?
+  if [[ $code -ne 0 ]]; then
+    echo "error: node $([[ $ended == "${NODE_PIDS[0]}" ]] && echo 0 || echo 1) exited with code $code" >&2
+    exit "$code"
+  fi
+  left=()
+  for pid in "${running[@]}"; do [[ $pid == "$ended" ]] || left+=("$pid"); done
+  running=("${left[@]}")
+done

@@ -1,0 +1,67 @@
+"""Two trainer nodes on one box, started as a cluster starts them: a two-node Ray cluster on 127.0.0.1 and two node
+processes (NODE_RANK 0 and 1, one rank each, joined by MASTER_ADDR) from ``scripts/two_nodes_local.sh``.
+
+The Ray head has no CPUs (as Ray advises for large clusters), so the engine and the TransferQueue data plane live on
+the second Ray node: every rank reads its rows across the Ray cluster. GRPO and PPO train 4 steps each, as DP=2 (one
+replica per node) and as TP=2 (each layer split across the nodes), every prompt exactly once.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from tests.helpers.cli import step_metrics
+from tests.helpers.recovery import assert_trained_once, write_dataset
+from tests.helpers.two_nodes import two_node_run
+
+STEPS = 4
+ROWS_PER_STEP = 16  # 4 groups x 4 generations (tests/small_steps.yaml, tests/small_ppo_steps.yaml)
+ALGOS = {  # the configs, and the first step that trains the policy (PPO's critic warms up for one)
+    "grpo": (("--config", "configs/grpo_tiny.yaml", "--config", "tests/small_steps.yaml"), 0),
+    "ppo": (("--config", "configs/ppo_tiny.yaml", "--config", "tests/small_ppo_steps.yaml"), 1),
+}
+LAYOUTS = {"dp2": ("TP 1 x PP 1 x DP 2", "1"), "tp2": ("TP 2 x PP 1 x DP 1", "2")}
+
+
+@pytest.mark.slow
+@pytest.mark.long(minutes=1.5)
+@pytest.mark.timeout(400)
+@pytest.mark.parametrize("layout", sorted(LAYOUTS))
+@pytest.mark.parametrize("algo", sorted(ALGOS))
+def test_two_nodes_train_every_prompt_once(tmp_path: Path, algo: str, layout: str) -> None:
+    write_dataset(tmp_path / "prompts.jsonl")
+    split, tp = LAYOUTS[layout]
+    configs, policy_start = ALGOS[algo]
+    stderr = two_node_run(
+        tmp_path,
+        *configs,
+        f"--{algo}.max_num_steps", str(STEPS),
+        f"--{algo}.max_num_epochs", "1",
+        "--data.dataset_name", str(tmp_path / "prompts.jsonl"),
+        "--data.train_data_log", "true",
+        "--data_plane.backend", "simple",
+        "--async_rl.max_buffered_rollouts", "8",  # one step ahead, as the tiny examples
+        "--async_rl.max_inflight_prompts", "8",
+        "--policy.megatron_cfg.tensor_model_parallel_size", tp,
+        *(["--value.megatron_cfg.tensor_model_parallel_size", tp] if algo == "ppo" else []),
+        "--trainer.default_root_dir", str(tmp_path),
+        "--trainer.enable_progress_bar", "false",
+        head_cpus=0,
+        node1_cpus=4,
+        timeout_s=300,
+    )  # fmt: skip
+    assert f"trainer: 2 ranks = {split} on cpu (1 device x 2 nodes)" in stderr
+    assert f"fit stopped after step {STEPS}: {algo}.max_num_steps ({STEPS}) reached" in stderr
+    trained = assert_trained_once(tmp_path, STEPS)
+    assert len(trained) == STEPS * ROWS_PER_STEP // 4
+    rows = (tmp_path / "train_data.jsonl").read_text().splitlines()
+    assert Counter(json.loads(row)["step"] for row in rows) == dict.fromkeys(range(STEPS), ROWS_PER_STEP)
+    counted = [
+        float(row["train/num_valid_samples"]) for row in step_metrics(tmp_path) if row["train/num_valid_samples"]
+    ]
+    # every row of each step that trained the policy, node 1's replica's included
+    assert counted == [float(ROWS_PER_STEP)] * (STEPS - policy_start)
