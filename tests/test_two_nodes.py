@@ -9,13 +9,17 @@ replica per node) and as TP=2 (each layer split across the nodes), every prompt 
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 from collections import Counter
 from pathlib import Path
 
 import pytest
 
-from tests.helpers.cli import step_metrics
+from tests.helpers.cli import step_metrics, user_environment
+from tests.helpers.configs import REPO
 from tests.helpers.recovery import assert_trained_once, write_dataset
+from tests.helpers.shims import install_shims
 from tests.helpers.two_nodes import two_node_run
 
 STEPS = 4
@@ -65,3 +69,45 @@ def test_two_nodes_train_every_prompt_once(tmp_path: Path, algo: str, layout: st
     ]
     # every row of each step that trained the policy, node 1's replica's included
     assert counted == [float(ROWS_PER_STEP)] * (STEPS - policy_start)
+
+
+def test_the_slurm_recipe_starts_ray_on_every_node_and_the_trainer_on_the_first_nodes(tmp_path: Path) -> None:
+    """scripts/slurm.sbatch (shown whole in docs/distributed.md) run with srun, scontrol, ray and python replaced by
+    recording shims: the Ray head on the first node, a Ray node on each other (no GPUs on the trainer nodes), the
+    trainer ranks on the first TRAINER_NODES nodes with the first node as the rendezvous and the Ray address."""
+    script = (REPO / "scripts" / "slurm.sbatch").read_text()
+    assert f"```bash\n{script}```" in (REPO / "docs" / "distributed.md").read_text()
+    log = install_shims(tmp_path / "bin")
+    env = user_environment(without=("RAY_ADDRESS",)) | {
+        "PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}",
+        "SHIM_LOG": str(log),
+        "SHIM_NODES": "gpu-a gpu-b gpu-c",
+        "SLURM_JOB_NODELIST": "gpu-[a-c]",
+        "SLURM_JOB_NUM_NODES": "3",
+        "SLURM_NTASKS_PER_NODE": "2",
+        "SLURM_GPUS_ON_NODE": "8",
+        "TRAINER_NODES": "2",
+    }
+    argv = ["bash", "scripts/slurm.sbatch", "--config", "configs/grpo_math_1B_megatron.yaml"]
+    done = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    rendezvous = "MASTER_ADDR=gpu-a MASTER_PORT=29500 RAY_ADDRESS=gpu-a:6379"
+    fit = "python -m sc_lightning fit --config configs/grpo_math_1B_megatron.yaml"
+    fit += " --trainer.num_nodes 2 --trainer.devices 2"
+    ray = {
+        "gpu-a": "ray start --block --num-gpus=0 --head --port=6379",
+        "gpu-b": "ray start --block --num-gpus=0 --address=gpu-a:6379",
+        "gpu-c": "ray start --block --num-gpus=8 --address=gpu-a:6379",
+    }
+    expected = [
+        *(
+            f"srun --nodes=1 --ntasks=1 --nodelist={node} --overlap {start} | {rendezvous}"
+            for node, start in ray.items()
+        ),
+        *ray.values(),
+        "ray status --address=gpu-a:6379",  # the head answered at once
+        "ray status --address=gpu-a:6379",
+        f"srun --nodes=2 --ntasks-per-node=2 --nodelist=gpu-a,gpu-b --kill-on-bad-exit=1 {fit} | {rendezvous}",
+        fit,
+    ]
+    assert sorted(log.read_text().splitlines()) == sorted(expected)  # the Ray nodes start in the background
