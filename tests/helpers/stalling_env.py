@@ -1,7 +1,8 @@
 """Fake environments that stop answering on demand: the arithmetic verifier, except that while the file named by
-``SC_TEST_STALL`` exists its ``score`` blocks (at most :data:`STALL_LIMIT_S`), and the first blocked call writes
-that file's ``.stalled`` sibling; and the calculator, whose episodes of prompts from index ``SC_TEST_STALL_FROM`` on
-block the same way at their second step (the conversation's first turn sealed, its answer given). They stand in for
+``SC_TEST_STALL`` exists its ``score`` blocks (at most :data:`STALL_LIMIT_S`; only for prompts from index
+``SC_TEST_STALL_FROM`` on, where that is set), and the first blocked call writes that file's ``.stalled`` sibling; and
+the calculator, whose episodes of prompts from index ``SC_TEST_STALL_FROM`` on block the same way at their second
+step (the conversation's first turn sealed, its answer given). They stand in for
 a reward service that hangs, which no real part here can do."""
 
 from __future__ import annotations
@@ -27,8 +28,14 @@ class StallingArithmetic(ArithmeticEnvironment):
 
     def score(self, prompt: Prompt, completion_text: str) -> float:
         """The arithmetic reward, once the stall file is gone (or after :data:`STALL_LIMIT_S`)."""
-        stall_while_asked()
+        if stalls(prompt, "0"):
+            stall_while_asked()
         return super().score(prompt, completion_text)
+
+
+def stalls(prompt: Prompt, default_from: str) -> bool:
+    """Whether ``prompt`` is one that stalls: its index is ``$SC_TEST_STALL_FROM`` (else ``default_from``) or more."""
+    return prompt.index is not None and prompt.index >= int(os.environ.get("SC_TEST_STALL_FROM", default_from))
 
 
 def stall_while_asked() -> None:
@@ -48,8 +55,7 @@ class StallingCalculator(CalculatorEnvironment):
 
     def start(self, prompt: Prompt) -> StallingEpisode:
         """A calculator episode that stalls at its second step if ``prompt`` is one of those."""
-        stalls = prompt.index is not None and prompt.index >= int(os.environ["SC_TEST_STALL_FROM"])
-        return StallingEpisode(super().start(prompt), stalls)
+        return StallingEpisode(super().start(prompt), stalls(prompt, os.environ["SC_TEST_STALL_FROM"]))
 
 
 class StallingEpisode:
