@@ -210,7 +210,19 @@ class MultiRankSingleControllerStrategy(SingleControllerHooks, DDPStrategy):
         connection). Children of Lightning's own launcher only: torchrun and SLURM report their ranks themselves."""
         super().on_exception(exception)
         if died := dead_ranks(self.launcher, node_rank=self.node_rank, ranks_per_node=self.num_processes):
+            died = f"{died}; rank {self.global_rank} noticed it {training_phase(self.lightning_module)}"
             exception.args = (f"{exception.args[0] if exception.args else exception!r}\n{died}", *exception.args[1:])
+
+
+def training_phase(module: Any) -> str:
+    """Where the fit stood, from this rank's view: the RL step and the Lightning hook running (``training_step``:
+    inside the step; ``on_train_batch_end``: the refit and the bundle after it; none: waiting for a step's rollouts
+    or between steps)."""
+    if module is None or getattr(module, "_trainer", None) is None:
+        return "before training"
+    hook = getattr(module, "_current_fx_name", None)  # set by Lightning around every hook and step it calls
+    where = f"in {hook}" if hook else "between hooks (waiting for rollouts)"
+    return f"at RL step {module.trainer.global_step}, {where}"
 
 
 def dead_ranks(launcher: Any, *, node_rank: int, ranks_per_node: int, grace_s: float = 2.0) -> str:
