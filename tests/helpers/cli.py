@@ -107,3 +107,18 @@ def stopped_after(stderr: str, reason: str) -> int:
     lines = re.findall(rf"^fit stopped after step (\d+): {re.escape(reason)}.*$", stderr, re.MULTILINE)
     assert len(lines) == 1, stderr[-3000:]
     return int(lines[0])
+
+
+def child_rank_pid(parent: int, local_rank: int) -> int | None:
+    """The pid of the trainer rank ``local_rank`` that Lightning's launcher in ``parent`` started (None: not yet)."""
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            env = (entry / "environ").read_bytes().split(b"\0")
+        except (OSError, IndexError, ValueError):
+            continue  # gone meanwhile
+        if ppid == parent and f"LOCAL_RANK={local_rank}".encode() in env:
+            return int(entry.name)
+    return None

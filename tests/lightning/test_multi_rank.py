@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 from megatron.core import dist_checkpointing
 
-from tests.helpers.cli import run, start, wait_for
+from tests.helpers.cli import child_rank_pid, run, start, wait_for
 from tests.helpers.configs import REPO, TINY_PATH
 from tests.helpers.recovery import assert_each_prompt_trained_once, command, write_dataset
 
@@ -28,21 +28,6 @@ pytestmark = pytest.mark.slow
 
 TWO_RANKS = (TINY_PATH, REPO / "tests" / "small_steps.yaml")  # the tiny example (engine in a Ray actor), small steps
 ASYNC = ("--async_rl.max_buffered_rollouts", "8", "--async_rl.max_inflight_prompts", "8")  # one step ahead, as tiny
-
-
-def child_rank_pid(parent: int, local_rank: int) -> int | None:
-    """The pid of the trainer rank ``local_rank`` that Lightning's launcher in ``parent`` started (None: not yet)."""
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            env = (entry / "environ").read_bytes().split(b"\0")
-        except (OSError, IndexError, ValueError):
-            continue  # gone meanwhile
-        if ppid == parent and f"LOCAL_RANK={local_rank}".encode() in env:
-            return int(entry.name)
-    return None
 
 
 @pytest.mark.long(minutes=3)
