@@ -10,11 +10,12 @@
 #   scripts/two_nodes_local.sh --config configs/grpo_tiny.yaml --data_plane.backend simple --grpo.max_num_steps 4
 #   scripts/two_nodes_local.sh ... --policy.megatron_cfg.tensor_model_parallel_size 2   # TP=2 across the nodes
 #
-# The arguments go to `python -m sc_lightning fit` on both nodes, with `--trainer.num_nodes 2` added (ranks per
-# node: --trainer.devices, 1 by default). Environment: PYTHON (default .venv/bin/python), RAY_HEAD_CPUS and
-# RAY_NODE1_CPUS (each Ray node's logical CPUs, default 2; a head with 0 runs no actor, so the engines and the data
-# plane all live on the second node), RAY_PORT and MASTER_PORT (default: free ports), TWO_NODES_DIR (the Ray nodes'
-# output, default a new temporary directory; kept when given).
+# The arguments go to `python -m sc_lightning fit` on both nodes, with `--trainer.num_nodes 2 --trainer.devices
+# $RANKS_PER_NODE` added. Environment: RANKS_PER_NODE (trainer ranks per node, default 1), LAUNCHER (`lightning`, the
+# default: the node's first rank starts the others, NODE_RANK set; or `torchrun`: --nnodes 2 --node-rank N), PYTHON
+# (default .venv/bin/python), RAY_HEAD_CPUS and RAY_NODE1_CPUS (each Ray node's logical CPUs, default 2; a head with 0
+# runs no actor, so the engines and the data plane all live on the second node), RAY_PORT and MASTER_PORT (default:
+# free ports), TWO_NODES_DIR (the Ray nodes' output, default a new temporary directory; kept when given).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -22,6 +23,9 @@ PYTHON=$(command -v "${PYTHON:-.venv/bin/python}")
 RAY="$(dirname "$PYTHON")/ray"
 HEAD_CPUS=${RAY_HEAD_CPUS:-2}
 NODE1_CPUS=${RAY_NODE1_CPUS:-2}
+RANKS_PER_NODE=${RANKS_PER_NODE:-1}
+LAUNCHER=${LAUNCHER:-lightning}
+[[ $LAUNCHER == lightning || $LAUNCHER == torchrun ]] || { echo "error: LAUNCHER=$LAUNCHER: lightning or torchrun" >&2; exit 2; }
 free_port() { "$PYTHON" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
 RAY_PORT=${RAY_PORT:-$(free_port)}
 MASTER_PORT=${MASTER_PORT:-$(free_port)}
@@ -32,9 +36,11 @@ RAY_PIDS=()
 NODE_PIDS=()
 
 stop_all() {
-  # The node processes first (their Ray drivers leave the cluster), then each Ray node (`ray start --block` stops
-  # its processes on SIGTERM), each within a deadline.
-  for pid in "${NODE_PIDS[@]}" "${RAY_PIDS[@]}"; do
+  # The node processes first (their Ray drivers leave the cluster), then the second Ray node, then the head (a
+  # Ray node whose head is gone waits half a minute for it), each within a deadline; `ray start --block` stops its
+  # processes on SIGTERM.
+  local pid
+  for pid in "${NODE_PIDS[@]}" $(printf '%s\n' "${RAY_PIDS[@]}" | tac); do
     kill -TERM "$pid" 2>/dev/null || true
     for _ in $(seq 300); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
     kill -KILL "$pid" 2>/dev/null || true
@@ -69,8 +75,14 @@ start_ray_node "$DIR/ray-node1.log" "$NODE1_CPUS" --address="127.0.0.1:$RAY_PORT
 echo "Ray cluster: 2 nodes at 127.0.0.1:$RAY_PORT ($HEAD_CPUS and $NODE1_CPUS CPUs); trainer rendezvous 127.0.0.1:$MASTER_PORT" >&2
 
 export RAY_ADDRESS="127.0.0.1:$RAY_PORT" MASTER_ADDR=127.0.0.1 MASTER_PORT
+fit=(-m sc_lightning fit "$@" --trainer.num_nodes 2 --trainer.devices "$RANKS_PER_NODE")
 for node in 0 1; do
-  NODE_RANK=$node "$PYTHON" -m sc_lightning fit "$@" --trainer.num_nodes 2 &
+  if [[ $LAUNCHER == torchrun ]]; then
+    "$PYTHON" -m torch.distributed.run --nnodes 2 --nproc-per-node "$RANKS_PER_NODE" --node-rank "$node" \
+      --master-addr "$MASTER_ADDR" --master-port "$MASTER_PORT" "${fit[@]}" &
+  else  # Lightning's launcher: the node's first rank starts the others
+    NODE_RANK=$node "$PYTHON" "${fit[@]}" &
+  fi
   NODE_PIDS+=($!)
 done
 running=("${NODE_PIDS[@]}")

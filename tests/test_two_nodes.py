@@ -1,9 +1,11 @@
 """Two trainer nodes on one box, started as a cluster starts them: a two-node Ray cluster on 127.0.0.1 and two node
-processes (NODE_RANK 0 and 1, one rank each, joined by MASTER_ADDR) from ``scripts/two_nodes_local.sh``.
+processes (one rank each, joined at MASTER_ADDR; by Lightning's launcher with NODE_RANK 0 and 1, or by torchrun with
+--node-rank 0 and 1) from ``scripts/two_nodes_local.sh``; and the SLURM recipe, dry-run.
 
 The Ray head has no CPUs (as Ray advises for large clusters), so the engine and the TransferQueue data plane live on
 the second Ray node: every rank reads its rows across the Ray cluster. GRPO and PPO train 4 steps each, as DP=2 (one
-replica per node) and as TP=2 (each layer split across the nodes), every prompt exactly once.
+replica per node) and as TP=2 (each layer split across the nodes), every prompt exactly once; each launcher starts
+both layouts and both algorithms once.
 """
 
 from __future__ import annotations
@@ -29,14 +31,19 @@ ALGOS = {  # the configs, and the first step that trains the policy (PPO's criti
     "ppo": (("--config", "configs/ppo_tiny.yaml", "--config", "tests/small_ppo_steps.yaml"), 1),
 }
 LAYOUTS = {"dp2": ("TP 1 x PP 1 x DP 2", "1"), "tp2": ("TP 2 x PP 1 x DP 1", "2")}
+CASES = [
+    ("grpo", "dp2", "lightning"),
+    ("grpo", "tp2", "torchrun"),
+    ("ppo", "dp2", "torchrun"),
+    ("ppo", "tp2", "lightning"),
+]
 
 
 @pytest.mark.slow
 @pytest.mark.long(minutes=1.5)
 @pytest.mark.timeout(400)
-@pytest.mark.parametrize("layout", sorted(LAYOUTS))
-@pytest.mark.parametrize("algo", sorted(ALGOS))
-def test_two_nodes_train_every_prompt_once(tmp_path: Path, algo: str, layout: str) -> None:
+@pytest.mark.parametrize(("algo", "layout", "launcher"), CASES, ids=["-".join(case) for case in CASES])
+def test_two_nodes_train_every_prompt_once(tmp_path: Path, algo: str, layout: str, launcher: str) -> None:
     write_dataset(tmp_path / "prompts.jsonl")
     split, tp = LAYOUTS[layout]
     configs, policy_start = ALGOS[algo]
@@ -54,6 +61,7 @@ def test_two_nodes_train_every_prompt_once(tmp_path: Path, algo: str, layout: st
         *(["--value.megatron_cfg.tensor_model_parallel_size", tp] if algo == "ppo" else []),
         "--trainer.default_root_dir", str(tmp_path),
         "--trainer.enable_progress_bar", "false",
+        launcher=launcher,
         head_cpus=0,
         node1_cpus=4,
         timeout_s=300,

@@ -18,14 +18,18 @@ SCRIPT = REPO / "scripts" / "two_nodes_local.sh"
 STOP_GRACE_S = 60.0
 
 
-def two_node_run(tmp_path: Path, *fit_args: str, head_cpus: int, node1_cpus: int, timeout_s: float) -> str:
-    """Run the script with ``fit_args`` on a cluster of its own (Ray nodes of ``head_cpus`` and ``node1_cpus`` CPUs,
-    its own auth token, session files and logs under ``tmp_path / "nodes"``); return its stderr once it succeeded.
+def two_node_run(
+    tmp_path: Path, *fit_args: str, launcher: str, head_cpus: int, node1_cpus: int, timeout_s: float
+) -> str:
+    """Run the script with ``fit_args``, the nodes' ranks started by ``launcher`` (``lightning`` or ``torchrun``), on a
+    cluster of its own (Ray nodes of ``head_cpus`` and ``node1_cpus`` CPUs, its own auth token, the Ray nodes' output
+    under ``tmp_path / "nodes"``); return its stderr once it succeeded.
 
     Past ``timeout_s`` the script is stopped as Ctrl-C stops it (it ends its node processes and Ray nodes), then its
     whole session is killed; either way the call fails with the script's output.
     """
     env = user_environment(without=("RAY_ADDRESS", "RAY_AUTH_TOKEN")) | {
+        "LAUNCHER": launcher,
         "PYTHON": sys.executable,
         "RAY_AUTH_MODE": "token",
         "RAY_AUTH_TOKEN": secrets.token_hex(32),
