@@ -28,19 +28,27 @@ class GAEAdvantage:
 
 @section
 class RewardShaping:
-    """Reward shaping (overlong penalty); not supported on the Single-Controller path yet."""
+    """DAPO's overlong reward shaping: a penalty ramping linearly over the last tokens before the length limit."""
 
-    enabled: bool = knob(False, "Turn reward shaping on (rejected until supported).")
-    overlong_buffer_length: int | None = knob(None, "Tokens before the length limit where the penalty ramps.", ge=0)
-    overlong_buffer_penalty: float | None = knob(None, "Penalty at the length limit.")
-    max_response_length: int | None = knob(None, "Length limit the penalty is measured against.", unit="tokens", ge=1)
+    enabled: bool = knob(False, "Apply the overlong penalty to every training reward (after reward_scaling).")
+    overlong_buffer_length: int | None = knob(
+        None, "Tokens before the length limit over which the penalty ramps from 0 to the full penalty.", ge=0
+    )
+    overlong_buffer_penalty: float | None = knob(None, "Reward taken away at the length limit.")
+    max_response_length: int | None = knob(
+        None,
+        "Response length the penalty is measured against (null = policy.generation.max_new_tokens; multi-turn "
+        "runs set it).",
+        unit="tokens",
+        ge=1,
+    )
 
 
 @section
 class RewardScaling:
-    """Linear reward rescaling; not supported on the Single-Controller path yet."""
+    """Linear reward rescaling: clamp to the source range, map onto the target range."""
 
-    enabled: bool = knob(False, "Turn reward scaling on (rejected until supported).")
+    enabled: bool = knob(False, "Clamp every training reward to the source range and map it onto the target range.")
     source_min: float = knob(0.0, "Lower end of the raw reward range.")
     source_max: float = knob(1.0, "Upper end of the raw reward range.")
     target_min: float = knob(0.0, "Lower end of the scaled range.")

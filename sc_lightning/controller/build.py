@@ -34,6 +34,7 @@ from sc_lightning.rollout.manager import RolloutManager, RolloutSettings, Served
 from sc_lightning.rollout.multiturn.protocol import MultiTurnEnvironment, TurnLimits
 from sc_lightning.rollout.multiturn.source import attach_multiturn
 from sc_lightning.rollout.prompts import PromptStream
+from sc_lightning.rollout.reward_shaping import reward_transform
 from sc_lightning.tokenizer import Tokenizer
 from sc_lightning.types import SamplingParams
 
@@ -95,6 +96,7 @@ def build_controller(
         )
     served = ServedPolicy(engine, weight_version)
     manager = RolloutManager(served, environment, tokenizer, buffer, rollout_settings(config))
+    manager.reward_transform = reward_transform(config)
     if isinstance(environment, MultiTurnEnvironment) and not isinstance(environment, Environment):
         attach_multiturn(manager, environment, TurnLimits.from_env_config(config.env))
     prompts = PromptStream(

@@ -158,6 +158,7 @@ class RolloutManager:
     inflight: dict[str, InflightGroup] = field(default_factory=dict)
     failures: dict[str, int] = field(default_factory=lambda: {"infra": 0, "data": 0, "redispatched": 0})
     goodput: EngineGoodput = field(default_factory=EngineGoodput)
+    reward_transform: Callable[[ScoredGroup], ScoredGroup] | None = None  # scaling / overlong shaping, then:
     group_filter: Callable[[ScoredGroup], str | None] | None = None  # a reason filters the group before its commit
     sample_source: SampleSource | None = None  # None: one engine completion per sample, scored by ``environment``
     _visits: dict[str, int] = field(default_factory=dict)
@@ -256,6 +257,8 @@ class RolloutManager:
                 group = await self.run_rollout(prompt, group_id, sealed, conversations)
             finally:
                 self.inflight.pop(group_id, None)  # before commit, so an abort cannot interrupt the commit
+            if self.reward_transform is not None:
+                group = self.reward_transform(group)
             reason = None if self.group_filter is None else self.group_filter(group)
             if reason is not None:
                 raise GroupFiltered(prompt_id=prompt.prompt_id, group_id=group_id, reason=reason, rewards=group.rewards)

@@ -71,18 +71,42 @@ ALGORITHM_CASES: list[tuple[str, dict[str, Any], dict[str, Any], str, str]] = [
         "num_generations_per_prompt >= 2",
     ),
     (
-        "reward shaping",
-        variant({"grpo": {"reward_shaping": {"enabled": False, "overlong_buffer_length": 8}}}),
-        variant({"grpo": {"reward_shaping": {"enabled": True}}}),
-        "grpo.reward_shaping.enabled",
-        "not supported",
+        "reward shaping without its buffer",
+        variant(
+            {"grpo": {"reward_shaping": {"enabled": True, "overlong_buffer_length": 2, "overlong_buffer_penalty": 1}}}
+        ),
+        variant({"grpo": {"reward_shaping": {"enabled": True, "overlong_buffer_penalty": 1}}}),
+        "grpo.reward_shaping.overlong_buffer_length",
+        "is null but reward_shaping.enabled is true",
     ),
     (
-        "reward scaling",
-        variant(),
-        variant({"grpo": {"reward_scaling": {"enabled": True}}}),
-        "grpo.reward_scaling.enabled",
-        "not supported",
+        "reward shaping buffer longer than the limit",
+        variant(
+            {"grpo": {"reward_shaping": {"enabled": True, "overlong_buffer_length": 4, "overlong_buffer_penalty": 1}}}
+        ),
+        variant(
+            {"grpo": {"reward_shaping": {"enabled": True, "overlong_buffer_length": 5, "overlong_buffer_penalty": 1}}}
+        ),
+        "grpo.reward_shaping.overlong_buffer_length",
+        "(5) exceeds the length the penalty is measured against (4",
+    ),
+    (
+        "reward shaping with a negative penalty",
+        variant(
+            {"grpo": {"reward_shaping": {"enabled": True, "overlong_buffer_length": 2, "overlong_buffer_penalty": 0}}}
+        ),
+        variant(
+            {"grpo": {"reward_shaping": {"enabled": True, "overlong_buffer_length": 2, "overlong_buffer_penalty": -1}}}
+        ),
+        "grpo.reward_shaping.overlong_buffer_penalty",
+        "give a number >= 0",
+    ),
+    (
+        "reward scaling of an empty range",
+        variant({"grpo": {"reward_scaling": {"enabled": True, "source_min": -1.0, "source_max": 1.0}}}),
+        variant({"grpo": {"reward_scaling": {"enabled": True, "source_min": 1.0, "source_max": 1.0}}}),
+        "grpo.reward_scaling.source_max",
+        "must exceed grpo.reward_scaling.source_min",
     ),
     (
         "GRPO with gae",

@@ -7,6 +7,7 @@ from typing import Any
 from tests.config.rule_builders import ppo
 from tests.helpers.configs import variant
 
+SHAPING = {"enabled": True, "overlong_buffer_length": 2, "overlong_buffer_penalty": 1.0}
 MULTITURN = {"env": {"name": "calculator", "max_conversation_tokens": 32}, "data": {"dataset_name": "calculator"}}
 
 MULTITURN_CASES: list[tuple[str, dict[str, Any], dict[str, Any], str, str]] = [
@@ -18,6 +19,13 @@ MULTITURN_CASES: list[tuple[str, dict[str, Any], dict[str, Any], str, str]] = [
         "exceeds policy.max_total_sequence_length (32)",
     ),
     ("multi-turn needs grpo", variant(MULTITURN), ppo(MULTITURN), "env.name", "trains with GRPO only"),
+    (
+        "multi-turn overlong shaping names its response length",
+        variant(MULTITURN, {"grpo": {"reward_shaping": {**SHAPING, "max_response_length": 16}}}),
+        variant(MULTITURN, {"grpo": {"reward_shaping": SHAPING}}),
+        "grpo.reward_shaping.max_response_length",
+        "is null in a multi-turn run",
+    ),
     (
         "multi-turn without validation",
         variant(MULTITURN),

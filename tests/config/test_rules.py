@@ -47,14 +47,14 @@ def test_every_rule_function_has_a_failing_case() -> None:
 
 def test_all_errors_are_reported_at_once() -> None:
     failing = variant(
-        {"grpo": {"max_num_epochs": 0, "reward_shaping": {"enabled": True}}},
+        {"grpo": {"max_num_epochs": 0, "reward_scaling": {"enabled": True, "source_max": 0.0}}},
         {"policy": {"train_global_batch_size": 3}},
         {"data_plane": {"enabled": False}},
     )
     errors = errors_of(failing)
     assert [e.split(":")[0] for e in errors] == [
         "grpo.max_num_epochs",
-        "grpo.reward_shaping.enabled",
+        "grpo.reward_scaling.source_max",
         "policy.train_global_batch_size",
         "data_plane.enabled",
     ]

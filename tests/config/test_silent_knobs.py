@@ -59,19 +59,8 @@ from tests.helpers.configs import REPO
 
 THIS_FILE = "tests/config/test_silent_knobs.py"
 
-_UNSUPPORTED = "is rejected by unsupported_algorithm_features until supported (it must stay at its default)"
 _PER_ALGORITHM = {
-    "{algo}.reward_shaping.enabled": f"reward shaping {_UNSUPPORTED}",
     "{algo}.batch_multiplier": "over-generation is rejected by dynamic_sampling_fits unless 1 (it must stay 1)",
-    "{algo}.reward_scaling.enabled": f"reward scaling {_UNSUPPORTED}",
-    **{
-        f"{{algo}}.reward_shaping.{knob}": "a parameter of reward shaping, which cannot be enabled until supported"
-        for knob in ("overlong_buffer_length", "overlong_buffer_penalty", "max_response_length")
-    },
-    **{
-        f"{{algo}}.reward_scaling.{knob}": "a parameter of reward scaling, which cannot be enabled until supported"
-        for knob in ("source_min", "source_max", "target_min", "target_max")
-    },
     "{algo}.skip_reference_policy_logprobs_calculation": (
         "the reference pass is skipped whenever loss_fn.reference_policy_kl_penalty is 0 (lightning/module.py); "
         "loss_consistency only checks that this flag comes with a zero penalty"

@@ -67,16 +67,54 @@ def validation_has_data(config: SCConfig, report: Report) -> None:
 
 @ties(
     "{algo}.reward_shaping.enabled",
-    "{algo}.reward_scaling.enabled",
+    "{algo}.reward_shaping.overlong_buffer_length",
+    "{algo}.reward_shaping.overlong_buffer_penalty",
+    "{algo}.reward_shaping.max_response_length",
+    "policy.generation.max_new_tokens",
+    "env.name",
 )
-def unsupported_algorithm_features(config: SCConfig, report: Report) -> None:
-    """Reward shaping/scaling are rejected until supported."""
-    if not config.has_one_algorithm:
+def overlong_shaping_fits(config: SCConfig, report: Report) -> None:
+    """Overlong shaping needs its buffer and penalty; the buffer fits inside the length it is measured against."""
+    if not config.has_one_algorithm or not config.algo.reward_shaping.enabled:
         return
-    algo, name = config.algo, config.algo_name
-    for block in ("reward_shaping", "reward_scaling"):
-        if getattr(algo, block).enabled:
-            report.error(f"{name}.{block}.enabled", "is true but not supported yet (it would be skipped); set false")
+    from sc_lightning.rollout.reward_shaping import response_limit
+
+    shaping, block = config.algo.reward_shaping, f"{config.algo_name}.reward_shaping"
+    for knob in ("overlong_buffer_length", "overlong_buffer_penalty"):
+        if getattr(shaping, knob) is None:
+            report.error(f"{block}.{knob}", "is null but reward_shaping.enabled is true; set it (DAPO: 4096 and 1.0)")
+    if shaping.overlong_buffer_penalty is not None and shaping.overlong_buffer_penalty < 0:
+        report.error(
+            f"{block}.overlong_buffer_penalty",
+            f"is {shaping.overlong_buffer_penalty}; it is the reward taken away at the length limit, so give a "
+            "number >= 0",
+        )
+    if config.env.is_multiturn() and shaping.max_response_length is None:
+        report.error(
+            f"{block}.max_response_length",
+            "is null in a multi-turn run, where no per-completion limit applies (env.max_conversation_tokens counts "
+            "the prompt); set the response length the penalty is measured against",
+        )
+    limit = response_limit(config)
+    if shaping.overlong_buffer_length is not None and shaping.overlong_buffer_length > limit:
+        report.error(
+            f"{block}.overlong_buffer_length",
+            f"({shaping.overlong_buffer_length}) exceeds the length the penalty is measured against ({limit}: "
+            f"{block}.max_response_length, else the longest completion); set it to at most {limit}",
+        )
+
+
+@ties("{algo}.reward_scaling.enabled", "{algo}.reward_scaling.source_min", "{algo}.reward_scaling.source_max")
+def reward_scaling_range(config: SCConfig, report: Report) -> None:
+    """Reward scaling maps a non-empty source range."""
+    if not config.has_one_algorithm or not config.algo.reward_scaling.enabled:
+        return
+    scaling, block = config.algo.reward_scaling, f"{config.algo_name}.reward_scaling"
+    if scaling.source_max <= scaling.source_min:
+        report.error(
+            f"{block}.source_max",
+            f"({scaling.source_max}) must exceed {block}.source_min ({scaling.source_min}): the raw rewards' range",
+        )
 
 
 @ties("{algo}.use_dynamic_sampling", "{algo}.num_generations_per_prompt", "{algo}.batch_multiplier")
@@ -175,7 +213,8 @@ ALGORITHM_RULES = (
     no_legacy_async_block,
     positive_epochs,
     validation_has_data,
-    unsupported_algorithm_features,
+    overlong_shaping_fits,
+    reward_scaling_range,
     dynamic_sampling_fits,
     estimator_matches_algorithm,
     critic_sections_match_algorithm,
