@@ -13,8 +13,29 @@ FinishReason = Literal["stop", "length", "abort"]
 
 
 @dataclass(frozen=True)
+class PromptImage:
+    """One image of a prompt, decoded and resized once where the prompt is loaded: RGB uint8 pixels, row-major
+    ``height x width x 3`` (:mod:`sc_lightning.rollout.images` makes them and views them as tensors)."""
+
+    height: int
+    width: int
+    pixels: bytes
+
+    def __post_init__(self) -> None:
+        if len(self.pixels) != self.height * self.width * 3:
+            raise ValueError(
+                f"an RGB image of {self.height}x{self.width} needs {self.height * self.width * 3} bytes, "
+                f"got {len(self.pixels)}"
+            )
+
+
+@dataclass(frozen=True)
 class Prompt:
-    """One dataset prompt: its token ids and what the environment needs to score a completion of it."""
+    """One dataset prompt: its token ids and what the environment needs to score a completion of it.
+
+    ``images`` are the prompt's images in order; the i-th run of ``<image>`` ids in ``token_ids`` is ``images[i]``'s
+    place (docs/vlm.md).
+    """
 
     prompt_id: str
     token_ids: tuple[int, ...]
@@ -23,10 +44,14 @@ class Prompt:
     task: str = ""
     extra: Mapping[str, Any] = field(default_factory=dict)
     index: int | None = None  # position in its dataset (None for prompts from elsewhere)
+    images: tuple[PromptImage, ...] = ()
 
 
 def prompt_to_dict(prompt: Prompt) -> dict[str, Any]:
-    """A prompt as JSON-able plain data (``extra`` must be JSON-able, as dataset records are)."""
+    """A prompt as plain data (``extra`` must be JSON-able, as dataset records are): JSON-able but for its images'
+    pixels, which stay bytes (the recovery ledger is ``torch.save``'d, and ``torch.load(weights_only=True)`` reads
+    bytes back); a text prompt's dict has no ``images`` key."""
+    images = [{"height": i.height, "width": i.width, "pixels": i.pixels} for i in prompt.images]
     return {
         "prompt_id": prompt.prompt_id,
         "token_ids": list(prompt.token_ids),
@@ -35,12 +60,14 @@ def prompt_to_dict(prompt: Prompt) -> dict[str, Any]:
         "task": prompt.task,
         "extra": dict(prompt.extra),
         "index": prompt.index,
+        **({"images": images} if images else {}),
     }
 
 
 def prompt_from_dict(data: Mapping[str, Any]) -> Prompt:
     """The prompt :func:`prompt_to_dict` wrote."""
-    return Prompt(**{**data, "token_ids": tuple(int(t) for t in data["token_ids"])})
+    images = tuple(PromptImage(int(i["height"]), int(i["width"]), bytes(i["pixels"])) for i in data.get("images", ()))
+    return Prompt(**{**data, "token_ids": tuple(int(t) for t in data["token_ids"]), "images": images})
 
 
 @dataclass(frozen=True)
