@@ -1,7 +1,8 @@
 """Tokenizers: the small contract the rollout side needs, a built-in character tokenizer and a Hugging Face adapter.
 
 ``load_tokenizer("builtin:char")`` (or a built-in model's name, ``"builtin:tiny"``) gives the deterministic
-:class:`CharTokenizer`; any other name is loaded with ``transformers.AutoTokenizer`` from local files or the
+:class:`CharTokenizer` (the vision-language ``"builtin:tiny-vlm"``: :class:`CharImageTokenizer`, which adds an
+``<image>`` id); any other name is loaded with ``transformers.AutoTokenizer`` from local files or the
 Hugging Face cache only (never the network).
 """
 
@@ -17,6 +18,7 @@ BUILTIN_TOKENIZER_NAMES = (  # every built-in model uses it
     "builtin:medium",
     "builtin:bench-1.26b",
     "builtin:bench-llama1b",
+    "builtin:tiny-vlm",
 )
 MAX_LISTED_CHARACTERS = 12
 """How many unrepresentable characters (or pieces) an UnrepresentableTextError lists (with the total count)."""
@@ -130,6 +132,42 @@ class CharTokenizer:
 
     def __repr__(self) -> str:
         return "CharTokenizer()"
+
+
+class CharImageTokenizer(CharTokenizer):
+    """:class:`CharTokenizer` plus a special ``<image>`` token (id 18, ``vocab_size`` 19): the tokenizer of the
+    vision-language ``builtin:tiny-vlm``.
+
+    ``encode`` turns each ``"<image>"`` in the text into the one id (the caller expands it to an image's
+    ``tokens_per_image`` ids); ``decode`` skips it like the other special ids.
+    """
+
+    IMAGE = 18
+    IMAGE_TOKEN = "<image>"
+
+    @property
+    def image_token_id(self) -> int:
+        """Id of the ``<image>`` token (18)."""
+        return self.IMAGE
+
+    @property
+    def vocab_size(self) -> int:
+        """Number of ids: the CharTokenizer's 18 plus ``<image>``."""
+        return super().vocab_size + 1
+
+    def encode(self, text: str) -> list[int]:
+        """Ids of ``text``: ``"<image>"`` is one id, every other character as :meth:`CharTokenizer.encode`."""
+        ids: list[int] = []
+        for i, piece in enumerate(text.split(self.IMAGE_TOKEN)):
+            ids += ([self.IMAGE] if i else []) + super().encode(piece)
+        return ids
+
+    def decode(self, ids: Sequence[int]) -> str:
+        """Text of ``ids`` without the special ids (``<image>`` included)."""
+        return super().decode([i for i in ids if int(i) != self.IMAGE])
+
+    def __repr__(self) -> str:
+        return "CharImageTokenizer()"
 
 
 class HuggingFaceTokenizer:
@@ -248,7 +286,10 @@ class HuggingFaceTokenizer:
 
 
 def load_tokenizer(name: str) -> Tokenizer:
-    """The tokenizer called ``name``: ``builtin:char``/``builtin:tiny`` give CharTokenizer, others load from HF."""
+    """The tokenizer called ``name``: ``builtin:char``/``builtin:tiny`` give CharTokenizer (``builtin:tiny-vlm``
+    CharImageTokenizer), others load from HF."""
+    if name == "builtin:tiny-vlm":
+        return CharImageTokenizer()
     if name in BUILTIN_TOKENIZER_NAMES:
         return CharTokenizer()
     if name.startswith("builtin:"):

@@ -15,6 +15,10 @@ Layout of the megatron side (local layer spec), per TP rank ``r`` of ``tp``:
 
 ``_extra_state`` entries (Transformer Engine metadata) are ignored, and both norm spellings (local spec
 ``input_layernorm``/``pre_mlp_layernorm`` and TE's fused ``layer_norm_weight``) are read on export.
+
+A vision-language ``spec`` (``spec.vision``, :mod:`sc_lightning.models.vlm`) has its language model's tensors under
+these names (megatron side: under ``language_model.``) and its vision side's under their megatron names, whole
+(:mod:`sc_lightning.models.vlm_weights`); every function here takes either kind.
 """
 
 from __future__ import annotations
@@ -29,6 +33,15 @@ import torch
 from torch import Tensor
 
 from sc_lightning.models.spec import ModelSpec
+from sc_lightning.models.vlm_weights import (
+    is_vision_name,
+    random_vision_state,
+    shard_vision_state,
+    unshard_vision_tensor,
+    vision_param_shapes,
+    vision_unit_headers,
+    vision_units,
+)
 
 Kind = Literal["vocab", "norm", "qkv", "row", "fc1"]
 _TE_NORM_SPELLINGS = {
@@ -36,6 +49,8 @@ _TE_NORM_SPELLINGS = {
     "pre_mlp_layernorm.weight": "mlp.linear_fc1.layer_norm_weight",
 }
 _IGNORED_HF_SUFFIXES = ("rotary_emb.inv_freq",)
+LANGUAGE_PREFIX = "language_model."
+"""Where a vision-language model keeps its language model (a ``GPTModel``), as megatron's ``LLaVAModel`` does."""
 
 
 @dataclass(frozen=True)
@@ -48,7 +63,10 @@ class ParamMapping:
 
 
 def hf_param_shapes(spec: ModelSpec) -> dict[str, tuple[int, ...]]:
-    """Every Hugging Face parameter of ``spec`` and its shape, in export order (``lm_head`` last, even if tied)."""
+    """Every Hugging Face parameter of ``spec`` and its shape, in export order (``lm_head`` last, even if tied; a
+    vision-language model's vision tensors after it)."""
+    if spec.vision is not None:
+        return {**hf_param_shapes(spec.language), **vision_param_shapes(spec)}
     h, d, f = spec.hidden_size, spec.kv_channels, spec.ffn_hidden_size
     q_rows, kv_rows = spec.num_attention_heads * d, spec.num_query_groups * d
     shapes: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (spec.vocab_size, h)}
@@ -76,8 +94,11 @@ def random_hf_state(spec: ModelSpec, seed: int, dtype: torch.dtype = torch.float
 
     Uses its own generator (the global RNG is untouched), so the same seed gives the same function at any TP size.
     Norms start at 1, biases at 0; tied models get one table for both ends. The tensors are on the CPU whatever the
-    default device (Lightning builds models under its device context).
+    default device (Lightning builds models under its device context). A vision-language model's vision side comes
+    from :func:`~sc_lightning.models.vlm_weights.random_vision_state`.
     """
+    if spec.vision is not None:
+        return {**random_hf_state(spec.language, seed, dtype), **random_vision_state(spec, seed, dtype)}
     gen = torch.Generator().manual_seed(seed)
     std, out_std = 0.02, 0.02 / (2.0 * spec.num_layers) ** 0.5
     state: dict[str, Tensor] = {}
@@ -195,6 +216,8 @@ def hf_to_megatron_state(
     megatron parameter none of whose HF tensors is given is left out; one given only in part is still a KeyError.
     """
     spec.check_parallel(tp_size, pp_size)
+    if spec.vision is not None:
+        return _vlm_hf_to_megatron_state(hf_state, spec, tp_rank=tp_rank, tp_size=tp_size, partial=partial)
     state, used = {}, set()
     for m in parameter_mappings(spec, pp_rank=pp_rank, pp_size=pp_size):
         missing = [name for name in m.hf if name not in hf_state]
@@ -210,6 +233,26 @@ def hf_to_megatron_state(
         if unused:
             raise ValueError(f"Hugging Face weights not used by the {spec.arch} converter: {sorted(unused)[:8]}")
     return state
+
+
+def _vlm_hf_to_megatron_state(
+    hf_state: Mapping[str, Tensor], spec: ModelSpec, *, tp_rank: int, tp_size: int, partial: bool
+) -> dict[str, Tensor]:
+    """:func:`hf_to_megatron_state` of a vision-language model (one pipeline stage)."""
+    vision = {name: t for name, t in hf_state.items() if is_vision_name(name)}
+    expected = vision_param_shapes(spec)
+    unexpected = sorted(vision.keys() - expected.keys())
+    if unexpected:
+        raise ValueError(f"vision weights not in the model: {unexpected[:8]}")
+    missing = [] if partial else [name for name in expected if name not in vision]
+    if missing:
+        raise KeyError(f"vision weights lack {missing[0]!r}")
+    text = {name: t for name, t in hf_state.items() if not is_vision_name(name)}
+    language = hf_to_megatron_state(text, spec.language, tp_rank=tp_rank, tp_size=tp_size, partial=partial)
+    return {
+        **{LANGUAGE_PREFIX + name: t for name, t in language.items()},
+        **shard_vision_state(vision, tp_rank, tp_size),
+    }
 
 
 def _norm_lookup(state: Mapping[str, Tensor], name: str) -> Tensor:
@@ -232,6 +275,12 @@ def megatron_to_hf_state(
     Tied embeddings also produce ``lm_head.weight`` (the same tensor as ``model.embed_tokens.weight``).
     """
     shards = [tp_states] if isinstance(tp_states, Mapping) else list(tp_states)
+    if spec.vision is not None:
+        text = [
+            {k.removeprefix(LANGUAGE_PREFIX): t for k, t in s.items() if k.startswith(LANGUAGE_PREFIX)} for s in shards
+        ]
+        vision = {name: unshard_vision_tensor(name, [s[name] for s in shards]) for name in vision_param_shapes(spec)}
+        return {**megatron_to_hf_state(text, spec.language), **vision}
     out: dict[str, Tensor] = {}
     for m in parameter_mappings(spec):
         for name, tensor in zip(m.hf, _unshard(spec, m.kind, [_norm_lookup(s, m.mcore) for s in shards]), strict=True):
@@ -267,22 +316,39 @@ def export_hf_units(
     embedding is gathered again for ``lm_head``, so no unit is held past its yield); :func:`export_hf_unit_headers`
     describes the units without gathering.
     """
-    local = {unwrapped_name(name): t for name, t in model.state_dict(keep_vars=True).items()}
-    for unit in _unit_mappings(spec):
+    local = _local_state(model)
+    text, text_spec = _text_state(local, spec), spec.language
+    for unit in _unit_mappings(text_spec):
         # a fresh list per yield: the generator keeps no reference to a unit once its consumer has it
-        yield [pair for m in unit for pair in _export_mapping(spec, local, m, dtype)]
+        yield [pair for m in unit for pair in _export_mapping(text_spec, text, m, dtype)]
+    if spec.vision is not None:
+        yield from vision_units(spec, local, dtype)
 
 
 def export_hf_unit_headers(
     model: torch.nn.Module, spec: ModelSpec, *, dtype: torch.dtype | None = None
 ) -> list[list[tuple[str, tuple[int, ...], torch.dtype]]]:
     """``(hf_name, shape, dtype)`` of every tensor :func:`export_hf_units` yields, unit by unit; no collectives."""
-    local = {unwrapped_name(name): t for name, t in model.state_dict(keep_vars=True).items()}
-    shapes = hf_param_shapes(spec)
-    return [
-        [(name, shapes[name], dtype or _norm_lookup(local, m.mcore).dtype) for m in unit for name in m.hf]
-        for unit in _unit_mappings(spec)
+    local = _local_state(model)
+    text, text_spec = _text_state(local, spec), spec.language
+    shapes = hf_param_shapes(text_spec)
+    headers = [
+        [(name, shapes[name], dtype or _norm_lookup(text, m.mcore).dtype) for m in unit for name in m.hf]
+        for unit in _unit_mappings(text_spec)
     ]
+    return headers + (vision_unit_headers(spec, local, dtype) if spec.vision is not None else [])
+
+
+def _local_state(model: torch.nn.Module) -> dict[str, Tensor]:
+    """``model``'s state (this rank's shards) under unwrapped megatron names, the live tensors."""
+    return {unwrapped_name(name): t for name, t in model.state_dict(keep_vars=True).items()}
+
+
+def _text_state(local: Mapping[str, Tensor], spec: ModelSpec) -> Mapping[str, Tensor]:
+    """The language model's part of ``local`` under ``GPTModel`` names (all of it for a text model)."""
+    if spec.vision is None:
+        return local
+    return {name.removeprefix(LANGUAGE_PREFIX): t for name, t in local.items() if name.startswith(LANGUAGE_PREFIX)}
 
 
 def _unit_mappings(spec: ModelSpec) -> list[list[ParamMapping]]:

@@ -195,7 +195,7 @@ def load_hf_weights(model: torch.nn.Module, spec: ModelSpec, hf_state: dict[str,
 
 
 @contextlib.contextmanager
-def _quiet_megatron() -> Iterator[None]:
+def quiet_megatron() -> Iterator[None]:
     """Silence megatron-core's construction-time deprecation chatter (nothing a user of this module can act on)."""
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", category=DeprecationWarning, module=r"megatron\.")
@@ -224,11 +224,11 @@ def _gpt_model(spec: ModelSpec, config: TransformerConfig, tensor_parallel_size:
         rope_scaling=spec.rope_scaling_factor is not None,
         rope_scaling_factor=spec.rope_scaling_factor or 8.0,
     )
-    _mark_tensor_parallel_weights(model)
+    mark_tensor_parallel_weights(model)
     return model
 
 
-def _mark_tensor_parallel_weights(model: torch.nn.Module) -> None:
+def mark_tensor_parallel_weights(model: torch.nn.Module) -> None:
     """Give every sharded weight megatron's tensor-parallel attributes (split dimension, ``tensor_model_parallel``).
 
     megatron sets them on a weight only when it initialises it (``perform_initialization``), and ours come from a
@@ -276,7 +276,7 @@ def build_gpt_model(
         raise ValueError("sequence_parallel splits the sequence over tensor-parallel ranks: it needs TP > 1")
     spec.check_parallel(tensor_parallel_size, pipeline_parallel_size)
     init_model_parallel(tensor_parallel_size, pipeline_parallel_size, seed=seed, device=device)
-    with _quiet_megatron():
+    with quiet_megatron():
         config = transformer_config(
             spec,
             precision=precision,
@@ -309,7 +309,7 @@ def load_policy(
     tokenizer_name: str | None = None,
     check_tokenizer: bool = True,
     device: str | torch.device = "cpu",
-) -> tuple[GPTModel, ModelSpec, Tokenizer]:
+) -> tuple[torch.nn.Module, ModelSpec, Tokenizer]:
     """Build the policy ``model_name`` names: ``"builtin:<name>"`` (seeded random) or an HF directory/id (its weights).
 
     Returns ``(model, spec, tokenizer)``; the tokenizer comes from ``tokenizer_name`` or else ``model_name``. With
@@ -334,12 +334,18 @@ def load_policy(
     return model, spec, tokenizer
 
 
-def build_policy(model_name: str, spec: ModelSpec, **options: Any) -> GPTModel:
+def build_policy(model_name: str, spec: ModelSpec, **options: Any) -> torch.nn.Module:
     """The model of ``spec`` (:func:`model_spec` of ``model_name``) with the weights ``model_name`` names; ``options``
     go to :func:`build_gpt_model` (precision, seed, parallel sizes, device).
 
-    A ``"builtin:<name>"`` model is seeded random, an HF directory/id gets its safetensors. Neither the config nor a
-    tokenizer is read, so a process that is handed ``spec`` (an engine actor) never imports ``transformers``.
+    A ``"builtin:<name>"`` model is seeded random, an HF directory/id gets its safetensors. A ``spec`` with ``vision``
+    is a :class:`~sc_lightning.models.vlm.VisionLanguageModel` (:func:`~sc_lightning.models.vlm.build_vlm`). Neither
+    the config nor a tokenizer is read, so a process that is handed ``spec`` (an engine actor) never imports
+    ``transformers``.
     """
     hf_state = None if model_name.startswith("builtin:") else read_hf_safetensors(resolve_model_dir(model_name))
+    if spec.vision is not None:
+        from sc_lightning.models.vlm import build_vlm  # it builds its language model with build_gpt_model
+
+        return build_vlm(spec, hf_state=hf_state, **options)
     return build_gpt_model(spec, hf_state=hf_state, **options)
