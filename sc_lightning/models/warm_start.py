@@ -11,9 +11,12 @@ first use (seconds on a CPU, or on a GPU for the larger ones; about three minute
 
 Every builder writes into a staging directory of its own and renames it into place, the first rename winning: runs,
 processes and the ranks of a parallel group may build the same warm start at once, without a lock, and none ever
-reads a half-written one. A warm start trains the whole model on one device, so a process whose megatron parallel
-state is split (tensor or pipeline parallel, as a rank of such a run is when it resolves its model) builds it in a
-fresh interpreter (``python -m sc_lightning.models.warm_start``), under a deadline.
+reads a half-written one. A warm start trains the whole model on one device (megatron's parallel state at TP = PP =
+1), and that state is process-global and set once: a process whose state is set otherwise (split, tensor or pipeline
+parallel), or not yet set but one rank of several (a rank of a run resolves its model before its layout is set up;
+setting the state is a collective of every rank, which ranks that find the warm start built do not join), builds it
+in a fresh interpreter (``python -m sc_lightning.models.warm_start``), under a deadline. A process of its own with no
+state yet builds it in place and then tears the state down, so its models may take any layout after.
 """
 
 from __future__ import annotations
@@ -82,10 +85,7 @@ def resolve_model_name(
         path.parent.mkdir(parents=True, exist_ok=True)
         building = Path(tempfile.mkdtemp(prefix=f"{path.name}.building-", dir=path.parent))
         try:
-            if _parallel_split() == (1, 1):
-                warm_start(building, seed=seed, device=device, recipe=recipe)
-            else:
-                _build_apart(model_name, building, seed=seed, device=device)
+            _build(model_name, recipe, building, seed=seed, device=device)
         except BaseException:
             shutil.rmtree(building, ignore_errors=True)
             raise
@@ -97,16 +97,28 @@ BUILD_APART_TIMEOUT_S = 3600.0
 """Deadline of a warm start built in a fresh interpreter (the 312M one takes about three minutes on a GPU)."""
 
 
-def _parallel_split() -> tuple[int, int]:
-    """This process's megatron (TP, PP) sizes; (1, 1) when its parallel state is not initialised."""
+def _build(model_name: str, recipe: WarmRecipe, building: Path, *, seed: int, device: str | torch.device) -> None:
+    """Build ``model_name``'s warm start into ``building``: here when this process's megatron parallel state is at
+    (TP, PP) = (1, 1), or is not set and this process is one of its own (then the state is torn down after, so the
+    run's models may set their layout); else in a fresh interpreter (see the module's docstring)."""
     from megatron.core import parallel_state
 
-    if not parallel_state.model_parallel_is_initialized():
-        return 1, 1
-    return (
-        parallel_state.get_tensor_model_parallel_world_size(),
-        parallel_state.get_pipeline_model_parallel_world_size(),
-    )
+    if parallel_state.model_parallel_is_initialized():
+        split = (
+            parallel_state.get_tensor_model_parallel_world_size(),
+            parallel_state.get_pipeline_model_parallel_world_size(),
+        )
+        if split == (1, 1):
+            warm_start(building, seed=seed, device=device, recipe=recipe)
+            return
+    elif not torch.distributed.is_initialized() or torch.distributed.get_world_size() == 1:
+        try:
+            warm_start(building, seed=seed, device=device, recipe=recipe)
+        finally:
+            if parallel_state.model_parallel_is_initialized():
+                parallel_state.destroy_model_parallel()
+        return
+    _build_apart(model_name, building, seed=seed, device=device)
 
 
 def _build_apart(model_name: str, building: Path, *, seed: int, device: str | torch.device) -> None:

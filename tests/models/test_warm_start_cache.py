@@ -17,7 +17,7 @@ from sc_lightning.models.megatron import load_policy
 from sc_lightning.models.warm_start import resolve_model_name
 from tests.helpers.cli import user_environment
 from tests.helpers.configs import REPO
-from tests.models.warm_race import race_rank
+from tests.models.warm_race import race_rank, resolve_then_split_rank
 from tests.ranks import run_ranks
 
 
@@ -133,3 +133,23 @@ def test_a_tensor_parallel_group_building_together_loads_one_complete_model(tmp_
     with torch.no_grad():
         alone = token_logprobs(model, torch.arange(2, 18).remainder(16).add(2).reshape(2, 8))
     torch.testing.assert_close(ranks[0]["logprobs"], alone, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("world", [1, 2])
+def test_a_rank_resolving_before_its_layout_is_set_can_still_split_the_policy(tmp_path, world: int) -> None:
+    """A run's ranks resolve their warm start before megatron's parallel state is set (the policy sets it): building
+    the warm start leaves it unset, so each rank then loads the policy at TP=``world`` — in a process of its own the
+    build runs in place and tears its state down, on one rank of two in a fresh interpreter."""
+    cache, out = tmp_path / "cache", tmp_path / "out"
+    for folder in (cache, out):
+        folder.mkdir()
+    run_ranks(resolve_then_split_rank, world, cache, out)
+    published = _published(cache)
+    model, _, _ = load_policy(str(published), precision="fp32", seed=3)
+    with torch.no_grad():
+        alone = token_logprobs(model, torch.arange(2, 18).remainder(16).add(2).reshape(2, 8))
+    for rank in range(world):
+        got = torch.load(out / f"rank{rank}.pt")
+        assert got["path"] == str(published)
+        torch.testing.assert_close(got["logprobs"], alone, rtol=1e-5, atol=1e-5)

@@ -77,6 +77,23 @@ def race_rank(rank: int, world: int, cache: Path, ready: Path, out: Path) -> Non
     torch.save(race(cache, ready, world, "builtin:tiny-arith", tp=world), out / f"rank{rank}.pt")
 
 
+def resolve_then_split_rank(rank: int, world: int, cache: Path, out: Path) -> None:
+    """One rank of ``world`` resolving ``builtin:tiny-arith`` on an empty cache before its parallel state is set, as a
+    run's rank does; then it loads the warm start at TP=``world`` and writes what it got to ``out``."""
+    from megatron.core import parallel_state
+
+    from sc_lightning.models.logprobs import token_logprobs
+    from sc_lightning.models.megatron import load_policy
+    from sc_lightning.models.warm_start import resolve_model_name
+
+    path = resolve_model_name("builtin:tiny-arith", seed=3, cache_dir=cache)
+    assert not parallel_state.model_parallel_is_initialized(), "resolving the warm start set the parallel state"
+    model, _, _ = load_policy(path, precision="fp32", seed=3, tp=world)
+    with torch.no_grad():
+        logprobs = token_logprobs(model, torch.arange(2, 18).remainder(16).add(2).reshape(2, 8))
+    torch.save({"path": path, "logprobs": logprobs}, out / f"rank{rank}.pt")
+
+
 def main(argv: list[str]) -> None:
     """One racer in a process of its own: ``CACHE READY RACERS OUT``."""
     cache, ready, racers, out = Path(argv[0]), Path(argv[1]), int(argv[2]), Path(argv[3])
