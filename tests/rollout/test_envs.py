@@ -142,7 +142,7 @@ def test_build_environment(name: str, cls: type) -> None:
 
 
 def test_build_environment_unknown_name_lists_known_ones() -> None:
-    with pytest.raises(RewardError, match=r"'nope'.*arithmetic, external, fixed_length, math"):
+    with pytest.raises(RewardError, match=r"'nope'.*arithmetic, clevr, external, fixed_length, math"):
         build_environment(EnvConfig(name="nope"))
 
 

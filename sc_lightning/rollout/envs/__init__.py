@@ -16,6 +16,7 @@ from sc_lightning.rollout.envs.base import (
     as_score,
     request_sampling,
 )
+from sc_lightning.rollout.envs.clevr import ClevrEnvironment
 from sc_lightning.rollout.envs.external import ExternalRewards
 from sc_lightning.rollout.envs.fixed_length import FixedLengthEnvironment
 from sc_lightning.rollout.envs.math import MathEnvironment
@@ -28,6 +29,7 @@ if TYPE_CHECKING:
 ENVIRONMENTS: dict[str, Callable[[], Environment]] = {
     "arithmetic": ArithmeticEnvironment,
     "math": MathEnvironment,
+    "clevr": ClevrEnvironment,  # questions about rendered scenes (a vision-language policy)
     "worked_arithmetic": WorkedArithmeticEnvironment,  # worked solutions of long-tailed lengths
     "external": ExternalRewards,  # agents post the rewards (rollout/external.py)
     "fixed_length": FixedLengthEnvironment,  # the throughput benchmark's (benchmarks/e2e.py)
@@ -62,6 +64,7 @@ def build_environment(cfg: EnvConfig) -> Environment | MultiTurnEnvironment:
 __all__ = [
     "ENVIRONMENTS",
     "ArithmeticEnvironment",
+    "ClevrEnvironment",
     "Environment",
     "ExternalRewards",
     "FixedLengthEnvironment",
