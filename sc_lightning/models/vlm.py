@@ -109,6 +109,27 @@ def language_model_of(model: torch.nn.Module) -> torch.nn.Module:
     return model.language_model if isinstance(model, VisionLanguageModel) else model
 
 
+def vision_of(model: torch.nn.Module) -> VisionSpec | None:
+    """The vision side's spec of ``model`` (a VLM, or one a wrapper holds as ``.module``); None: a text model."""
+    while model is not None:
+        if isinstance(model, VisionLanguageModel):
+            return model.vision
+        model = getattr(model, "module", None)
+    return None
+
+
+def check_images_out_of_loss(input_ids: Tensor, loss_tokens: Tensor, vision: VisionSpec) -> None:
+    """ValueError naming the rows whose ``<image>`` positions count in the loss (``loss_tokens`` (B, T) nonzero
+    there): image tokens are prompt tokens, never trained (one device read)."""
+    leaked = ((input_ids.to(loss_tokens.device) == vision.image_token_id) & (loss_tokens != 0)).any(dim=1)
+    if leaked.any():
+        rows = torch.nonzero(leaked)[:, 0].tolist()
+        raise ValueError(
+            f"rows {rows[:8]} have <image> tokens (id {vision.image_token_id}) in the loss (token_mask 1): image "
+            f"tokens belong to the prompt, and a completion never holds one"
+        )
+
+
 def image_embeddings(model: VisionLanguageModel, pixels: Tensor) -> Tensor:
     """``(N, tokens_per_image, hidden)`` projected patch embeddings of uint8 ``pixels`` ``(N, H, W, 3)``.
 

@@ -34,8 +34,12 @@ from sc_lightning.trainer.microbatch import MicroBatchPlan
 _P = TypeVar("_P")
 
 
-MicroBatches = Iterable[tuple[torch.Tensor, _P]]
-"""Micro-batches as (token ids (b, t), what the last stage needs with the output)."""
+ModelInput = torch.Tensor | tuple[torch.Tensor, Sequence[torch.Tensor]]
+"""What a micro-batch feeds the model: token ids (b, t), or token ids and each row's images (uint8 (n, H, W, 3)) for
+a vision-language policy (:class:`~sc_lightning.models.vlm.VisionLanguageModel`)."""
+
+MicroBatches = Iterable[tuple[ModelInput, _P]]
+"""Micro-batches as (the model's input, what the last stage needs with the output)."""
 
 LastStage = Callable[[_P, torch.Tensor], torch.Tensor | None]
 """The last stage's work on a micro-batch's output: training returns its loss (a raw sum, backpropagated as is);
@@ -47,6 +51,11 @@ def pipeline_parallel_size() -> int:
     if not parallel_state.model_parallel_is_initialized():
         return 1
     return parallel_state.get_pipeline_model_parallel_world_size()
+
+
+def model_input(rows: TrainChunk) -> ModelInput:
+    """What the model is fed for ``rows``: their token ids, and each row's images when the chunk carries them."""
+    return rows.input_ids if rows.pixel_values is None else (rows.input_ids, rows.pixel_values)
 
 
 def microbatch_shape(plans: Sequence[MicroBatchPlan]) -> tuple[int, int]:
@@ -99,8 +108,8 @@ def _run_microbatches(
         return
     device = device_of(model)
     with _sequence_parallel_calls(model, device):
-        for input_ids, payload in microbatches:
-            result = last_stage(payload, _forward(model, input_ids, device))
+        for inputs, payload in microbatches:
+            result = last_stage(payload, _forward(model, inputs, device))
             if backward is not None:
                 backward(result)
 
@@ -121,7 +130,7 @@ def per_token_forward(
         plan, rows = item
         out[torch.tensor(plan.rows, device=out.device), : plan.width] = of_output(rows, output).to(out.device)
 
-    batches = ((rows.input_ids, (plan, rows)) for plan in plans for rows in [chunk.select(plan)])
+    batches = ((model_input(rows), (plan, rows)) for plan in plans for rows in [chunk.select(plan)])
     forward_microbatches(model, batches, read, count=len(plans), shape=microbatch_shape(plans))
     return out
 
@@ -143,9 +152,9 @@ def _run_schedule(
 
     def forward_step(data: Iterator[tuple[torch.Tensor, Any]], stage: torch.nn.Module) -> tuple[torch.Tensor, Any]:
         """One micro-batch through this stage: its output, and the function the last stage applies to it."""
-        input_ids, payload = next(data)
-        output = stage(_pad_width(input_ids, multiple).to(device), None, None)
-        return output, partial(_last_stage_output, last_stage, payload, input_ids.shape[1])
+        inputs, payload = next(data)
+        output = _call(stage, inputs, multiple, device)
+        return output, partial(_last_stage_output, last_stage, payload, _token_ids(inputs).shape[1])
 
     with cuda_calls_on(device):
         get_forward_backward_func()(
@@ -193,10 +202,22 @@ def _sequence_parallel_calls(model: torch.nn.Module, device: torch.device) -> co
     return cuda_calls_on(device) if _width_multiple(model) > 1 else contextlib.nullcontext()
 
 
-def _forward(model: torch.nn.Module, input_ids: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """``model``'s output for ``input_ids`` (padded as sequence parallelism needs, the output cut back)."""
-    output = model(_pad_width(input_ids, _width_multiple(model)).to(device), None, None)
-    return _cut(output, input_ids.shape[1])
+def _forward(model: torch.nn.Module, inputs: ModelInput, device: torch.device) -> torch.Tensor:
+    """``model``'s output for ``inputs`` (padded as sequence parallelism needs, the output cut back)."""
+    return _cut(_call(model, inputs, _width_multiple(model), device), _token_ids(inputs).shape[1])
+
+
+def _token_ids(inputs: ModelInput) -> torch.Tensor:
+    """The token ids of a micro-batch's model input."""
+    return inputs if isinstance(inputs, torch.Tensor) else inputs[0]
+
+
+def _call(model: torch.nn.Module, inputs: ModelInput, multiple: int, device: torch.device) -> torch.Tensor:
+    """``model``'s output for ``inputs``, the token ids padded to a width that is a multiple of ``multiple``."""
+    input_ids = _pad_width(_token_ids(inputs), multiple).to(device)
+    if isinstance(inputs, torch.Tensor):
+        return model(input_ids, None, None)
+    return model(input_ids, None, None, images=inputs[1])
 
 
 def _cut(output: torch.Tensor, width: int) -> torch.Tensor:

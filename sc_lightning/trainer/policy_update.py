@@ -5,6 +5,10 @@ backpropagates the loss as a raw sum (normaliser 1) and gradients accumulate; ``
 (and the summed metrics) once by the step's global count, clips, and steps the optimizer. The result does not
 depend on how the step was chunked or micro-batched: grad_norm and the new weights are the same for 1 chunk or 4.
 
+A vision-language policy (:mod:`sc_lightning.models.vlm`) is fed each row's images with its tokens
+(``TrainChunk.pixel_values``), here and in every frozen pass (pi_old, the reference policy); its ``<image>`` tokens
+are prompt tokens, outside the loss (``token_mask`` 0: a chunk that says otherwise is a ValueError).
+
 On GRPO the policy does not change inside a step, so the trainer's old logprobs equal the current ones: prev =
 logprobs.detach() (ratio 1 with a gradient), and the importance weight exp(prev − gen) corrects for the engine.
 PPO with several epochs over one batch sets the chunk's ``prev_logprobs`` (pi_old, fixed at the step's start).
@@ -45,11 +49,13 @@ from sc_lightning.algorithms import (
     valid_counts,
 )
 from sc_lightning.models.logprobs import logprobs_from_logits, real_vocab_size
+from sc_lightning.models.vlm import check_images_out_of_loss, vision_of
 from sc_lightning.trainer.chunks import TrainChunk
 from sc_lightning.trainer.data_parallel import data_parallel_group
 from sc_lightning.trainer.grad_clip import clip_model_parallel_grads
 from sc_lightning.trainer.pipeline import (
     microbatch_shape,
+    model_input,
     per_token_forward,
     pipeline_parallel_size,
     train_microbatches,
@@ -203,6 +209,9 @@ class PolicyUpdate:
         the device except planning the chunk (one read of its row lengths).
         """
         totals = self._open_step()
+        vision = vision_of(self.model)
+        if vision is not None:
+            check_images_out_of_loss(chunk.input_ids, chunk.token_mask, vision)
         totals.rows += len(chunk)
         totals.group_ids.update(dict.fromkeys(chunk.group_ids))
         plans = chunk.plan(self.micro_batch_size, self.micro_batch_tokens)
@@ -214,7 +223,7 @@ class PolicyUpdate:
             chunk = dataclasses.replace(chunk, reference_logprobs=reference)
         train_microbatches(
             self.model,
-            ((rows.input_ids, rows) for plan in plans for rows in [chunk.select(plan)]),
+            ((model_input(rows), rows) for plan in plans for rows in [chunk.select(plan)]),
             partial(self._logits_loss, totals),
             count=len(plans),
             shape=microbatch_shape(plans),
