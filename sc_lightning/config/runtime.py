@@ -196,7 +196,9 @@ class RolloutRecoveryConfig:
         return any(v != "sibling" for v in values + list(self.agent_granularity_overrides.values()))
 
 
-BUILTIN_DATASETS = ("arithmetic", "calculator", "worked_arithmetic")
+BUILTIN_DATASETS = ("arithmetic", "calculator", "worked_arithmetic", "clevr")
+IMAGE_DATASETS = ("clevr",)
+"""The built-in datasets whose prompts hold images (for a vision-language policy)."""
 DATASET_FILES = "a .jsonl or .parquet file, or a directory written by datasets' save_to_disk"
 """What ``data.dataset_name`` may name besides a built-in task (docs/datasets.md)."""
 AnswerFormat = Literal["plain", "gsm8k"]
@@ -210,7 +212,8 @@ class DataConfig:
         "arithmetic",
         "Built-in task name (arithmetic; calculator: two-digit products rendered by the chat template, for "
         "env.name: calculator; worked_arithmetic: remainders by repeated subtraction, worked in 65 to 2,045 tokens, "
-        f"for env.name: worked_arithmetic) or the path of the prompts: {DATASET_FILES}.",
+        f"for env.name: worked_arithmetic; clevr: questions about rendered 32x32 scenes of coloured shapes, for "
+        f"env.name: clevr and a vision-language policy) or the path of the prompts: {DATASET_FILES}.",
     )
     prompt_key: str = knob(
         "problem", "Column (JSONL key) of a dataset file holding each prompt's text; unread with data.messages_key."
@@ -222,6 +225,17 @@ class DataConfig:
     )
     answer_key: str = knob(
         "expected_answer", "Column holding each prompt's reference answer (a string or a number), for the reward."
+    )
+    images_key: str | None = knob(
+        None,
+        "Column of a dataset file holding each prompt's images (a vision-language policy): a list of image file paths "
+        "(relative to the dataset file), data:...;base64 URIs, or Parquet bytes; null = text prompts (docs/vlm.md).",
+    )
+    max_image_bytes: int = knob(
+        10_485_760,
+        "Largest encoded image (file or bytes) a dataset row may hold; a row with a bigger one is a bad row.",
+        unit="bytes",
+        ge=1,
     )
     answer_format: AnswerFormat = knob(
         "plain",
@@ -267,6 +281,10 @@ class DataConfig:
         """Whether ``dataset_name`` names a built-in task, not a dataset file."""
         return self.dataset_name in BUILTIN_DATASETS
 
+    def has_images(self) -> bool:
+        """Whether the prompts hold images: a built-in image task, or a dataset file with ``images_key`` set."""
+        return self.dataset_name in IMAGE_DATASETS or (not self.builtin_dataset() and self.images_key is not None)
+
 
 BUILTIN_MULTITURN_ENVIRONMENTS = ("calculator",)
 
@@ -277,7 +295,7 @@ class EnvConfig:
 
     name: str = knob(
         "arithmetic",
-        "Built-in verifier (arithmetic, math, worked_arithmetic), the throughput benchmark's fixed_length (each "
+        "Built-in verifier (arithmetic, math, worked_arithmetic, clevr), the throughput benchmark's fixed_length (each "
         "answer's length drawn, eos ignored: benchmarks/e2e.py), built-in multi-turn environment (calculator), "
         "external (agents drive the rollouts over the HTTP endpoint and post their rewards: docs/multiturn.md), or a "
         'custom Environment or MultiTurnEnvironment class "package.module:ClassName".',

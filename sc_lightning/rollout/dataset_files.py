@@ -6,12 +6,15 @@
   hold other keys);
 - :meth:`~RecordFile.records`: every row as ``(where, record)``, ``where`` naming its place (``file:line`` for
   JSONL, the 0-based row index ``path[i]`` for the others) and ``record`` a mapping of plain, JSON-able values (an
-  Arrow value JSON cannot hold, such as a date or a decimal, comes as its text). A JSONL line that is not UTF-8 or
-  not a JSON object comes as a :class:`BadRow` instead, so the caller counts it with the rows it refuses itself.
+  Arrow value JSON cannot hold, such as a date or a decimal, comes as its text; binary, such as an image's bytes, as
+  a ``data:application/octet-stream;base64,...`` URI, the form a JSONL file gives an image in). A JSONL line that is
+  not UTF-8 or not a JSON object comes as a :class:`BadRow` instead, so the caller counts it with the rows it refuses
+  itself.
 """
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 from collections.abc import Iterable, Iterator, Mapping
@@ -22,6 +25,8 @@ from sc_lightning.config.runtime import DATASET_FILES
 
 BATCH_ROWS = 1024
 """Rows converted to Python at a time from a Parquet file or a saved dataset."""
+BYTES_URI = "data:application/octet-stream;base64,"
+"""What a binary Arrow value's base64 text follows in a record."""
 
 
 class BadRow(ValueError):
@@ -153,9 +158,12 @@ def _arrow_records(path: Path, batches: Iterable[Any]) -> Iterator[tuple[str, Re
 
 
 def _plain(value: Any) -> Any:
-    """``value`` as JSON-able plain data: containers converted through, anything JSON cannot hold as its text."""
+    """``value`` as JSON-able plain data: containers converted through, bytes as a base64 ``data:`` URI, anything
+    else JSON cannot hold as its text."""
     if value is None or isinstance(value, str | int | float | bool):
         return value
+    if isinstance(value, bytes):
+        return BYTES_URI + base64.b64encode(value).decode("ascii")
     if isinstance(value, Mapping):
         return {str(key): _plain(item) for key, item in value.items()}
     if isinstance(value, list | tuple):

@@ -11,14 +11,17 @@ from typing import Protocol, runtime_checkable
 
 from sc_lightning.config.knobs import ConfigIssue
 from sc_lightning.config.runtime import BUILTIN_DATASETS, DATASET_FILES, DataConfig
+from sc_lightning.rollout.clevr_prompts import clevr_prompts
 from sc_lightning.rollout.dataset_files import BadRow, DatasetFileError, Record, RecordFile, open_records
-from sc_lightning.rollout.dataset_rows import Chat, column_issues, read_row
+from sc_lightning.rollout.dataset_rows import Chat, RowPrompt, column_issues, read_row
+from sc_lightning.rollout.images import ImageFormat, decode_image, image_prompt_ids
 from sc_lightning.tasks.worked_arithmetic import draw_problems
 from sc_lightning.tokenizer import Tokenizer, UnrepresentableTextError, prompt_token_ids
-from sc_lightning.types import Prompt
+from sc_lightning.types import Prompt, PromptImage
 
 ARITHMETIC_DATASET_SIZE = 512
 WORKED_DATASET_SIZE = 4096  # configs/grpo_1gpu_long.yaml's 80 steps take 2,560 of them: none twice
+CLEVR_DATASET_SIZE = 1024
 BUILTIN_NAMES = {"data.dataset_name": BUILTIN_DATASETS, "data.val_dataset_name": ("arithmetic-val",)}
 """The built-in datasets each dataset knob may name instead of a path."""
 AnswerCheck = Callable[[str | None], object]
@@ -161,6 +164,27 @@ class WorkedArithmeticDataset(_ListDataset):
             self._prompts.append(prompt)
 
 
+class ClevrDataset(_ListDataset):
+    """Questions about rendered scenes of coloured shapes drawn from ``seed``, for a vision-language policy whose
+    image format is ``images`` (:func:`~sc_lightning.rollout.clevr_prompts.clevr_prompts`); DatasetError naming
+    ``policy.is_vlm`` when ``images`` is None (a text policy cannot see the scenes)."""
+
+    def __init__(
+        self, size: int, seed: int, tokenizer: Tokenizer, images: ImageFormat | None, *, max_prompt_length: int | None
+    ) -> None:
+        if images is None:
+            raise DatasetError(
+                "the built-in clevr dataset (data.dataset_name) asks about images, which a text policy cannot see; "
+                "set policy.is_vlm: true with a vision-language policy (policy.model_name)"
+            )
+        try:
+            self._prompts = clevr_prompts(size, seed, tokenizer, images)
+        except UnrepresentableTextError as err:
+            raise unspellable_task("clevr", err) from None
+        for prompt in self._prompts:
+            check_prompt_length(prompt, max_prompt_length, "the clevr dataset")
+
+
 class FilePromptDataset(_ListDataset):
     """Prompts read from a dataset file: a JSONL file, a Parquet file, or a directory written by ``datasets``'
     save_to_disk (:mod:`~sc_lightning.rollout.dataset_files`), its columns mapped by ``data``'s key knobs
@@ -176,6 +200,10 @@ class FilePromptDataset(_ListDataset):
     bos and the encoded text, or with ``data.apply_chat_template`` the text rendered as a user message by the
     tokenizer's chat template (``text`` stays the raw text); a chat prompt (``data.messages_key``) is always rendered
     by the template, and its ``text`` is its last message's content. The row's other columns go to ``Prompt.extra``.
+
+    With ``images`` (a vision-language policy's format) every row needs ``data.images_key``: its images are decoded
+    and resized once here, and placed in the token ids (:func:`~sc_lightning.rollout.images.image_prompt_ids`); a row
+    without an image, or with one that cannot be read or decoded or is over ``data.max_image_bytes``, is a bad row.
     """
 
     skipped_rows: list[tuple[str, str]]
@@ -190,12 +218,15 @@ class FilePromptDataset(_ListDataset):
         *,
         check_answer: AnswerCheck | None = None,
         knob: str = "data.dataset_name",
+        images: ImageFormat | None = None,
     ) -> None:
         data = data or DataConfig()
         self.path = Path(path)
         self.task = task
+        check_image_knobs(data, images)
         records = open_prompt_file(self.path, data, knob)
         encode = prompt_encoder(tokenizer, data)
+        self.tokenizer, self.images = tokenizer, images
         self._prompts = []
         self.skipped_rows = []
         try:
@@ -214,14 +245,18 @@ class FilePromptDataset(_ListDataset):
         """The next prompt, from ``record``; BadRow naming the reason when the row cannot be used."""
         if isinstance(record, BadRow):
             raise record
-        row = read_row(record, data)
+        row = read_row(record, data, self.path.parent)
         if check_answer is not None:
             try:
                 check_answer(row.answer)
             except ValueError as err:  # the environment's RewardError
                 raise BadRow(f"key {data.answer_key!r}: {err}") from None
+        images = self._decode_images(row, data)
         try:
-            token_ids = encode(row.prompt)
+            if self.images is None:
+                token_ids = encode(row.prompt)
+            else:
+                token_ids = image_prompt_ids(self.tokenizer, row.text, len(images), self.images)
         except ValueError as err:
             raise BadRow(f"cannot tokenize the prompt: {err}") from None
         too_long = prompt_length_problem(token_ids, data.max_prompt_length)
@@ -229,8 +264,27 @@ class FilePromptDataset(_ListDataset):
             raise BadRow(f"the prompt {too_long}")
         i, task = len(self._prompts), self.task
         return Prompt(
-            f"{task}-{i:06d}", token_ids, text=row.text, answer=row.answer, task=task, extra=row.extra, index=i
+            f"{task}-{i:06d}",
+            token_ids,
+            text=row.text,
+            answer=row.answer,
+            task=task,
+            extra=row.extra,
+            index=i,
+            images=images,
         )
+
+    def _decode_images(self, row: RowPrompt, data: DataConfig) -> tuple[PromptImage, ...]:
+        """The row's images decoded at the policy's image size (none for a text policy); BadRow when a
+        vision-language policy's row has none, or one cannot be decoded."""
+        if self.images is None:
+            return ()
+        if not row.images:
+            raise BadRow(f"key {data.images_key!r} lists no image; a vision-language policy trains on images")
+        try:
+            return tuple(decode_image(encoded, self.images.image_size) for encoded in row.images)
+        except ValueError as err:
+            raise BadRow(f"key {data.images_key!r}: {err}") from None
 
     def _enforce_skip_budget(self, max_skipped_rows: int) -> None:
         """Log the skipped rows when they fit ``max_skipped_rows``; else a DatasetError listing the first few."""
@@ -256,6 +310,20 @@ class FilePromptDataset(_ListDataset):
         if not self._prompts:
             skipped_all = f" (all {len(skipped)} rows were bad and skipped)" if skipped else ""
             raise DatasetError(f"the prompt file {self.path} holds no records{skipped_all}")
+
+
+def check_image_knobs(data: DataConfig, images: ImageFormat | None) -> None:
+    """DatasetError when the prompts' images and the policy disagree (the config rules of
+    :mod:`sc_lightning.config.rules.vlm` say so at start): images for a text policy, none for a vision-language one,
+    or images with chat rendering."""
+    if (images is None) != (data.images_key is None):
+        raise DatasetError(
+            f"data.images_key is {data.images_key!r} but policy.is_vlm is {images is not None}: set both, or neither"
+        )
+    if images is not None and (data.messages_key is not None or data.apply_chat_template):
+        raise DatasetError(
+            "prompts with images are not chat-rendered yet: unset data.messages_key, apply_chat_template"
+        )
 
 
 def prompt_file_issues(name: str | Path, data: DataConfig, knob: str) -> tuple[RecordFile | None, list[ConfigIssue]]:
@@ -318,10 +386,16 @@ def prompt_encoder(tokenizer: Tokenizer, data: DataConfig) -> Encode:
 
 
 def build_dataset(
-    cfg: DataConfig, tokenizer: Tokenizer, *, seed: int, check_answer: AnswerCheck | None = None
+    cfg: DataConfig,
+    tokenizer: Tokenizer,
+    *,
+    seed: int,
+    check_answer: AnswerCheck | None = None,
+    images: ImageFormat | None = None,
 ) -> PromptDataset:
     """The dataset named by ``cfg.dataset_name``: ``"arithmetic"`` or ``"calculator"`` (512 prompts from ``seed``),
-    ``"worked_arithmetic"`` (4,096) or the path of a dataset file (:class:`FilePromptDataset`).
+    ``"worked_arithmetic"`` (4,096), ``"clevr"`` (1,024, for a vision-language policy whose image format is
+    ``images``) or the path of a dataset file (:class:`FilePromptDataset`, its images in ``images``' format).
 
     Every prompt is checked against ``cfg.max_prompt_length`` and the tokenizer here, and every file's answer against
     ``check_answer``, so a bad prompt fails at load time; a file may have up to ``cfg.max_skipped_rows`` bad rows,
@@ -334,7 +408,9 @@ def build_dataset(
         return CalculatorDataset(ARITHMETIC_DATASET_SIZE, seed, tokenizer, max_prompt_length=cfg.max_prompt_length)
     if name == "worked_arithmetic":
         return WorkedArithmeticDataset(WORKED_DATASET_SIZE, seed, tokenizer, max_prompt_length=cfg.max_prompt_length)
-    return FilePromptDataset(name, tokenizer, cfg, check_answer=check_answer)
+    if name == "clevr":
+        return ClevrDataset(CLEVR_DATASET_SIZE, seed, tokenizer, images, max_prompt_length=cfg.max_prompt_length)
+    return FilePromptDataset(name, tokenizer, cfg, check_answer=check_answer, images=images)
 
 
 class ArithmeticValidationSet(_ListDataset):
@@ -363,16 +439,23 @@ def validation_set_name(cfg: DataConfig) -> str | None:
 
 
 def build_validation_set(
-    cfg: DataConfig, tokenizer: Tokenizer, *, max_samples: int | None, check_answer: AnswerCheck | None = None
+    cfg: DataConfig,
+    tokenizer: Tokenizer,
+    *,
+    max_samples: int | None,
+    check_answer: AnswerCheck | None = None,
+    images: ImageFormat | None = None,
 ) -> list[Prompt]:
     """The validation prompts: ``cfg.val_dataset_name`` (``arithmetic-val`` or a dataset file's path, its answers
-    checked by ``check_answer``; None = the arithmetic task's own set), the first ``max_samples`` of them (None =
-    all)."""
+    checked by ``check_answer``, its images in ``images``' format; None = the arithmetic task's own set), the first
+    ``max_samples`` of them (None = all)."""
     name = validation_set_name(cfg)
     if name == "arithmetic-val":
         dataset: PromptDataset = ArithmeticValidationSet(tokenizer, max_prompt_length=cfg.max_prompt_length)
     elif name is not None:
-        dataset = FilePromptDataset(name, tokenizer, cfg, check_answer=check_answer, knob="data.val_dataset_name")
+        dataset = FilePromptDataset(
+            name, tokenizer, cfg, check_answer=check_answer, knob="data.val_dataset_name", images=images
+        )
     else:
         raise DatasetError(
             "data.val_dataset_name is null and data.dataset_name is no built-in task with a validation set; "
