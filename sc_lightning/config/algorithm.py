@@ -17,6 +17,17 @@ class GRPOAdvantage:
 
 
 @section
+class OPDAdvantage(GRPOAdvantage):
+    """On-policy distillation: each model token's advantage is its teacher's logprob minus the sampler's
+    (``on_policy_distillation:`` names the teachers), plus reward_weight x the GRPO advantage."""
+
+    name: Literal["opd"] = knob("opd", "Advantage estimator; on-policy distillation from the routed teacher.")
+    reward_weight: float = knob(
+        0.0, "Weight of the GRPO reward advantage added to each token's distillation advantage (0: none).", ge=0
+    )
+
+
+@section
 class GAEAdvantage:
     """Generalised advantage estimation over critic values (PPO)."""
 
@@ -116,7 +127,7 @@ class AlgorithmConfig:
     skip_reference_policy_logprobs_calculation: bool = knob(
         False, "Skip the reference-model logprob pass; requires loss_fn.reference_policy_kl_penalty: 0."
     )
-    adv_estimator: GRPOAdvantage | GAEAdvantage = knob(doc="Advantage estimator.", factory=GRPOAdvantage)
+    adv_estimator: GRPOAdvantage | OPDAdvantage | GAEAdvantage = knob(doc="Advantage estimator.", factory=GRPOAdvantage)
 
     def validates(self) -> bool:
         """Whether the run validates at all (every val_period steps, at the start or at the end)."""
@@ -144,7 +155,9 @@ class PPOConfig(AlgorithmConfig):
     """The PPO algorithm block (``ppo:``): a policy trained with a Megatron critic and GAE."""
 
     num_generations_per_prompt: int = knob(1, "Completions generated per prompt.", ge=1)
-    adv_estimator: GRPOAdvantage | GAEAdvantage = knob(doc="Advantage estimator; PPO needs gae.", factory=GAEAdvantage)
+    adv_estimator: GRPOAdvantage | OPDAdvantage | GAEAdvantage = knob(
+        doc="Advantage estimator; PPO needs gae.", factory=GAEAdvantage
+    )
     ppo_epochs: int = knob(1, "Policy updates per RL step over the step's batch.", ge=1)
     critic_ppo_epochs: int | None = knob(None, "Critic updates per RL step (null = ppo.ppo_epochs).", ge=1)
     policy_training_start_step: int = knob(

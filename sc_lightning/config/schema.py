@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from sc_lightning.config.algorithm import GRPOConfig, LossConfig, PPOConfig, ValueLossConfig
+from sc_lightning.config.distillation import DistillationConfig
 from sc_lightning.config.knobs import ConfigError, build_section, key_index, knob, section, to_plain
 from sc_lightning.config.model import PolicyConfig, ValueConfig
 from sc_lightning.config.runtime import (
@@ -46,6 +47,9 @@ class SCConfig:
     rollout_recovery: RolloutRecoveryConfig = knob(doc="Redispatch granularity.", factory=RolloutRecoveryConfig)
     data: DataConfig = knob(doc="Prompt dataset.", factory=DataConfig)
     env: EnvConfig = knob(doc="Reward environment.", factory=EnvConfig)
+    on_policy_distillation: DistillationConfig | None = knob(
+        None, "Teachers of on-policy distillation (required by, and only with, grpo.adv_estimator.name: opd)."
+    )
 
     @property
     def has_one_algorithm(self) -> bool:
@@ -64,6 +68,12 @@ class SCConfig:
     def algo_name(self) -> str:
         """``"grpo"`` or ``"ppo"``: the dotpath prefix of the algorithm block."""
         return "grpo" if self.grpo is not None else "ppo"
+
+    @property
+    def distills(self) -> bool:
+        """Whether this is an on-policy distillation run (``grpo.adv_estimator.name: opd`` with its teachers)."""
+        block = self.on_policy_distillation
+        return self.grpo is not None and block is not None and self.grpo.adv_estimator.name == "opd"
 
     @property
     def is_ppo(self) -> bool:

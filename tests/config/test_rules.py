@@ -1,6 +1,7 @@
 """Every validation rule, each with a config that passes it and one that fails it, and the error text.
 
-The cases live in rule_cases_algo.py, rule_cases_runtime.py and rule_cases_multiturn.py, one file per rule module.
+The cases live in rule_cases_algo.py, rule_cases_runtime.py, rule_cases_multiturn.py and rule_cases_distillation.py,
+one file per rule module.
 """
 
 from __future__ import annotations
@@ -10,11 +11,12 @@ import pytest
 from tests.config.helpers import errors_of, warnings_of
 from tests.config.rule_builders import CUSTOM, ckpt, ppo, sampler
 from tests.config.rule_cases_algo import ALGORITHM_CASES
+from tests.config.rule_cases_distillation import DISTILLATION_CASES
 from tests.config.rule_cases_multiturn import MULTITURN_CASES
 from tests.config.rule_cases_runtime import RUNTIME_CASES
 from tests.helpers.configs import variant
 
-CASES = ALGORITHM_CASES + RUNTIME_CASES + MULTITURN_CASES
+CASES = ALGORITHM_CASES + RUNTIME_CASES + MULTITURN_CASES + DISTILLATION_CASES
 
 
 @pytest.mark.parametrize(("rule", "passing", "failing", "path", "text"), CASES, ids=[c[0] for c in CASES])

@@ -2,13 +2,15 @@
 
 By block: :mod:`~sc_lightning.config.rules.algo` (the algorithm blocks and the step's batch, with the models,
 engine, losses and PPO rules of :mod:`~sc_lightning.config.rules.model`), :mod:`~sc_lightning.config.rules.runtime`
-(the async runtime, with the environment rules of :mod:`~sc_lightning.config.rules.env`) and
-:mod:`~sc_lightning.config.rules.multiturn`. :func:`sc_lightning.config.validate.check_config` runs :data:`RULES`.
+(the async runtime, with the environment rules of :mod:`~sc_lightning.config.rules.env`),
+:mod:`~sc_lightning.config.rules.multiturn` and :mod:`~sc_lightning.config.rules.distillation` (on-policy
+distillation's teachers). :func:`sc_lightning.config.validate.check_config` runs :data:`RULES`.
 """
 
 from sc_lightning.config.rules.algo import ALGORITHM_RULES
+from sc_lightning.config.rules.distillation import DISTILLATION_RULES
 from sc_lightning.config.rules.multiturn import MULTITURN_RULES
 from sc_lightning.config.rules.runtime import RUNTIME_RULES
 
-RULES = (*ALGORITHM_RULES, *RUNTIME_RULES, *MULTITURN_RULES)
+RULES = (*ALGORITHM_RULES, *RUNTIME_RULES, *MULTITURN_RULES, *DISTILLATION_RULES)
 """Every rule, in the order validation runs them (and the reference lists them)."""

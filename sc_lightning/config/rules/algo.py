@@ -147,14 +147,14 @@ def dynamic_sampling_fits(config: SCConfig, report: Report) -> None:
 
 @ties("{algo}.adv_estimator.name")
 def estimator_matches_algorithm(config: SCConfig, report: Report) -> None:
-    """GRPO uses the group baseline; PPO uses GAE over critic values."""
+    """GRPO uses the group baseline (or opd, distillation); PPO uses GAE over critic values."""
     if not config.has_one_algorithm:
         return
     estimator = config.algo.adv_estimator
     if config.grpo is not None and isinstance(estimator, GAEAdvantage):
         report.error("grpo.adv_estimator.name", "is 'gae', which needs a critic; use a ppo: block or name: grpo")
-    if config.ppo is not None and isinstance(estimator, GRPOAdvantage):
-        report.error("ppo.adv_estimator.name", "is 'grpo'; a PPO run needs the gae estimator (name: gae)")
+    if config.ppo is not None and isinstance(estimator, GRPOAdvantage):  # opd too: it subclasses the GRPO estimator
+        report.error("ppo.adv_estimator.name", f"is {estimator.name!r}; a PPO run needs the gae estimator (name: gae)")
 
 
 @ties("value", "value_loss_fn")
