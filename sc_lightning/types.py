@@ -1,13 +1,17 @@
 """Records shared across the package: prompts, sampling settings, generations and scored groups.
 
-Plain frozen dataclasses (stdlib only), so they pickle cheaply across Ray and never pull in a framework.
+Plain frozen dataclasses (stdlib only at run time: a teacher's logprobs are torch tensors, typed only), so they pickle
+cheaply across Ray and never pull in a framework.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
+
+if TYPE_CHECKING:
+    import torch
 
 FinishReason = Literal["stop", "length", "abort"]
 
@@ -156,16 +160,32 @@ def generation_from_dict(data: Mapping[str, Any]) -> Generation:
 
 
 @dataclass(frozen=True)
+class TeacherScores:
+    """A distillation teacher's judgement of a group's generations (docs/distillation.md).
+
+    ``alias`` names the teacher the prompt was routed to; ``logprobs[i]`` is generation ``i``'s row aligned with its
+    ``input_ids`` (prompt + completion): the teacher's logprob of each model token, 0 on prompt and environment
+    tokens, shape (T,); with full-vocabulary distillation the teacher's logprobs of every vocabulary entry there,
+    (T, V).
+    """
+
+    alias: str
+    logprobs: tuple[torch.Tensor, ...]
+
+
+@dataclass(frozen=True)
 class ScoredGroup:
     """The finished rollout of one prompt: N generations of it and the environment's reward for each.
 
-    ``masked`` holds the indices of generations the environment flagged to keep out of the loss.
+    ``masked`` holds the indices of generations the environment flagged to keep out of the loss; ``teacher``, in an
+    on-policy distillation run, the routed teacher's logprobs of the generations (set before the group commits).
     """
 
     prompt: Prompt
     generations: tuple[Generation, ...]
     rewards: tuple[float, ...]
     masked: frozenset[int] = frozenset()
+    teacher: TeacherScores | None = None
 
     def __post_init__(self) -> None:
         if len(self.generations) != len(self.rewards):
