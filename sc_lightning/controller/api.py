@@ -48,10 +48,11 @@ class GroupMeta:
 
 @dataclass(frozen=True)
 class RowField:
-    """One field of a trained row: per token or per row, its dtype in the data plane and as the trainer reads it."""
+    """One field of a trained row: per token, per row or per image of the row's prompt, its dtype in the data plane
+    and as the trainer reads it."""
 
     name: str
-    per: Literal["token", "row"]
+    per: Literal["token", "row", "image"]
     stored: torch.dtype  # as the rollout pump writes it to the data plane
     trained: torch.dtype | None  # as the trainer reads it (after padding); None: the trainer does not read it
     meaning: str
@@ -85,14 +86,26 @@ TRAINED_ROW: tuple[RowField, ...] = (
         "0.0 when the environment flagged the completion (`Score(reward, mask_sample=True)`), else 1.0",
     ),
     RowField("truncated", "row", torch.bool, torch.bool, "the completion hit `max_new_tokens`"),
+    RowField(
+        "pixel_values",
+        "image",
+        torch.uint8,
+        torch.uint8,
+        "the prompt's images, (num_images, H, W, 3) RGB at the model's image size; only on rows whose prompt has "
+        "images (a vision-language run's)",
+    ),
 )
-"""The fields written at commit, one entry per field (per-token fields are jagged and aligned with input_ids)."""
+"""The fields written at commit, one entry per field (per-token fields are jagged and aligned with input_ids;
+per-image fields are jagged along the prompt's images)."""
 
-ROW_FIELDS: tuple[str, ...] = tuple(field.name for field in TRAINED_ROW)
-"""The names of every field of a trained row, in schema order."""
+IMAGE_FIELDS: tuple[str, ...] = tuple(field.name for field in TRAINED_ROW if field.per == "image")
+"""The fields written only on rows whose prompt has images; the trainer reads them for a vision-language policy."""
 
-READ_FIELDS: tuple[str, ...] = tuple(field.name for field in TRAINED_ROW if field.trained is not None)
-"""The fields the trainer reads from the data plane."""
+ROW_FIELDS: tuple[str, ...] = tuple(field.name for field in TRAINED_ROW if field.name not in IMAGE_FIELDS)
+"""The names of the fields every trained row has, in schema order."""
+
+READ_FIELDS: tuple[str, ...] = tuple(f.name for f in TRAINED_ROW if f.trained is not None and f.name in ROW_FIELDS)
+"""The fields the trainer reads from the data plane for every row (``IMAGE_FIELDS`` besides, for a VLM)."""
 
 ROW_DTYPES: dict[str, torch.dtype] = {field.name: field.stored for field in TRAINED_ROW}
 """Field name -> its dtype in the data plane."""

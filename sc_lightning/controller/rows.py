@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from sc_lightning.controller.api import ROW_DTYPES, ROW_FIELDS
+from sc_lightning.rollout.images import images_tensor
 from sc_lightning.types import ScoredGroup
 
 
@@ -16,7 +17,8 @@ def row_key(group_id: str, index: int) -> str:
 def group_to_columns(
     group_id: str, group: ScoredGroup, *, start_weight: int, end_weight: int
 ) -> tuple[list[str], dict[str, list[torch.Tensor]], list[dict[str, object]]]:
-    """Keys, field columns (one tensor per row) and tags for the N rows of a scored group."""
+    """Keys, field columns (one tensor per row) and tags for the N rows of a scored group (``pixel_values`` only when
+    its prompt has images: every row holds them all)."""
     prompt, generations = group.prompt.token_ids, group.generations
     if len(group.rewards) != len(generations):
         raise ValueError(f"group {group_id}: {len(group.rewards)} rewards for {len(generations)} generations")
@@ -41,6 +43,8 @@ def group_to_columns(
     }
     columns.update({name: list(tensor(name, values).unbind()) for name, values in per_row.items()})
     columns = {name: columns[name] for name in ROW_FIELDS}
+    if group.prompt.images:
+        columns["pixel_values"] = [images_tensor(group.prompt.images)] * len(generations)  # the put copies each row
     keys = [row_key(group_id, i) for i in range(len(group.generations))]
     tags = [
         {

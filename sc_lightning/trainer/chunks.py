@@ -11,6 +11,7 @@ inside its chunk and chunking a step never changes an advantage.
     token_versions       (B, T) long     the weight version that sampled each completion token (-1 elsewhere)
     sample_mask          (B,)   float    0 for rows excluded from the loss (overlong filtering)
     advantages           (B, T) float    the row's GRPO advantage on its completion tokens
+    pixel_values         B x (N_b, H, W, 3) uint8   each row's prompt images (a vision-language policy only)
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from dataclasses import dataclass, field, fields
 import torch
 
 from sc_lightning.algorithms import expand_to_tokens, grpo_advantages_by_group, loss_mask
-from sc_lightning.controller.api import READ_FIELDS, TRAIN_DTYPES, GroupMeta
+from sc_lightning.controller.api import IMAGE_FIELDS, READ_FIELDS, TRAIN_DTYPES, GroupMeta
 from sc_lightning.data_plane.base import DataPlane, pad_rows
 from sc_lightning.trainer.microbatch import MicroBatchPlan, needed_widths, plan_microbatches
 
@@ -41,6 +42,7 @@ class TrainChunk:
     prev_logprobs: torch.Tensor | None = None  # pi_old fixed for several epochs (PPO); None: the current policy's
     reference_logprobs: torch.Tensor | None = None  # the reference policy's, read before the chunk trains (KL term)
     token_versions: torch.Tensor | None = None  # the version that sampled each token; None: not recorded
+    pixel_values: list[torch.Tensor] | None = None  # each row's images, uint8 (N_b, H, W, 3); None: a text policy
 
     def __len__(self) -> int:
         return self.input_ids.shape[0]
@@ -60,15 +62,18 @@ class TrainChunk:
         if self.input_ids.device == device:
             return self
 
-        def move(tensor: torch.Tensor) -> torch.Tensor:
-            """``tensor`` on ``device`` (a CPU tensor is pinned first when the target is a GPU)."""
-            if device.type == "cuda" and tensor.device.type == "cpu":
-                tensor = tensor.pin_memory()
-            return tensor.to(device, non_blocking=True)
+        def move(value: object) -> object:
+            """A tensor (or each of a list of tensors) on ``device``, pinned first when a CPU tensor goes to a GPU;
+            anything else as it is."""
+            if isinstance(value, list) and value and isinstance(value[0], torch.Tensor):
+                return [move(tensor) for tensor in value]
+            if not isinstance(value, torch.Tensor):
+                return value
+            if device.type == "cuda" and value.device.type == "cpu":
+                value = value.pin_memory()
+            return value.to(device, non_blocking=True)
 
-        return TrainChunk(
-            **{f.name: move(v) if isinstance(v := getattr(self, f.name), torch.Tensor) else v for f in fields(self)}
-        )
+        return TrainChunk(**{f.name: move(getattr(self, f.name)) for f in fields(self)})
 
     def select(self, plan: MicroBatchPlan) -> TrainChunk:
         """The rows ``plan.rows`` (in that order), their (B, T) fields cut to the first ``plan.width`` columns."""
@@ -97,7 +102,7 @@ class TrainChunk:
 
 def concat_chunks(chunks: Sequence[TrainChunk], pad_token_id: int) -> TrainChunk:
     """One chunk of the rows of ``chunks``, right-padded to the longest (prev_ and reference_logprobs are not
-    carried; token versions are when every chunk has them)."""
+    carried; token versions and pixel values are when every chunk has them)."""
     if len(chunks) == 1:
         return chunks[0]
     width = max(chunk.input_ids.shape[1] for chunk in chunks)
@@ -117,6 +122,9 @@ def concat_chunks(chunks: Sequence[TrainChunk], pad_token_id: int) -> TrainChunk
         rewards=torch.cat([chunk.rewards for chunk in chunks]),
         group_ids=[g for chunk in chunks for g in chunk.group_ids],
         start_weights=[w for chunk in chunks for w in chunk.start_weights],
+        pixel_values=None
+        if any(c.pixel_values is None for c in chunks)
+        else [p for c in chunks for p in c.pixel_values],
     )
 
 
@@ -128,10 +136,12 @@ def load_chunk(
     overlong_filtering: bool,
     leave_one_out: bool,
     normalize_rewards: bool,
+    with_images: bool = False,
 ) -> TrainChunk:
-    """Read the rows of ``groups`` and build their padded tensors and GRPO advantages."""
+    """Read the rows of ``groups`` and build their padded tensors and GRPO advantages; with ``with_images`` (a
+    vision-language policy) each row's ``pixel_values`` too (MissingRowsError naming the rows without images)."""
     keys = [key for group in groups for key in group.keys]
-    rows, dtype = data_plane.get(keys, list(READ_FIELDS)), TRAIN_DTYPES
+    rows, dtype = data_plane.get(keys, [*READ_FIELDS, *(IMAGE_FIELDS if with_images else ())]), TRAIN_DTYPES
     group_ids = [group.group_id for group in groups for _ in group.keys]
     rewards = torch.stack(rows["total_reward"]).to(dtype["total_reward"])
     sample_mask = torch.stack(rows["sample_mask"]).to(dtype["sample_mask"])
@@ -149,4 +159,5 @@ def load_chunk(
         rewards=rewards,
         group_ids=group_ids,
         start_weights=[group.start_weight for group in groups for _ in group.keys],
+        pixel_values=rows["pixel_values"] if with_images else None,
     )

@@ -413,6 +413,61 @@ def test_token_versions_of_rollout_rows_survive_the_plane_and_a_snapshot(plane: 
     assert chunk.input_ids.tolist() == [[2, 5, 7, 4, 1, 9], [2, 5, 7, 6, 0, 0]]
 
 
+def _image_rows(counts: list[int], size: int = 8, seed: int = 0) -> list[torch.Tensor]:
+    """Per-image rows: ``counts[i]`` RGB uint8 images of ``size`` x ``size`` for row i (the full byte range)."""
+    gen = torch.Generator().manual_seed(seed)
+    return [torch.randint(0, 256, (count, size, size, 3), generator=gen, dtype=torch.uint8) for count in counts]
+
+
+def test_multi_dim_uint8_rows_survive_reads_packed_reads_and_a_snapshot(plane: DataPlane, tmp_path: Path) -> None:
+    """Image rows, (num_images, H, W, 3) uint8 and jagged along the images (none in one row), come back exact."""
+    keys, images = ["a", "b", "c", "d"], _image_rows([2, 1, 0, 3])
+    plane.put(keys, {"pixel_values": images, "reward": torch.arange(4.0)})
+    assert_rows_equal(plane.get(keys, ["pixel_values"])["pixel_values"], images)
+    packed = plane.get_packed(["d", "a"], ["pixel_values"])["pixel_values"]
+    assert packed.lengths == [3, 2] and packed.values.shape == (5, 8, 8, 3) and packed.values.dtype == torch.uint8
+    assert torch.equal(packed.values, torch.cat([images[3], images[0]]))
+    plane.save(tmp_path / "snap")
+    plane.clear(keys)
+    plane.load(tmp_path / "snap")
+    assert_rows_equal(
+        plane.get(["c", "b", "d", "a"], ["pixel_values"])["pixel_values"], [images[i] for i in (2, 1, 3, 0)]
+    )
+
+
+def test_a_prompts_images_reach_the_trainers_chunk_through_a_snapshot(plane: DataPlane, tmp_path: Path) -> None:
+    """Rows committed from a prompt with images hold its pixels (every generation's row), a snapshot keeps them,
+    and the chunk loader reads them only when asked; a text group's rows have no pixel_values at all."""
+    from sc_lightning.controller.api import GroupMeta
+    from sc_lightning.controller.rows import group_to_columns
+    from sc_lightning.rollout.images import images_tensor
+    from sc_lightning.trainer.chunks import load_chunk
+    from sc_lightning.types import Generation, Prompt, PromptImage, ScoredGroup
+
+    pixels = _image_rows([2], size=4, seed=1)[0]
+    images = tuple(PromptImage(4, 4, image.numpy().tobytes()) for image in pixels)
+    answers = (Generation((4, 1), (-0.1, -0.2), "stop", 3), Generation((6,), (-0.5,), "stop", 3))
+    seen = ScoredGroup(Prompt("p", (2, 18, 18, 5), images=images), answers, (1.0, 0.0))
+    text = ScoredGroup(Prompt("t", (2, 5)), answers, (0.0, 1.0))
+    keys, columns, tags = group_to_columns("g", seen, start_weight=3, end_weight=3)
+    text_keys, text_columns, text_tags = group_to_columns("h", text, start_weight=3, end_weight=3)
+    assert "pixel_values" not in text_columns
+    plane.put(keys, columns, tags=tags)
+    plane.put(text_keys, text_columns, tags=text_tags)
+    plane.save(tmp_path / "snap")
+    plane.clear([*keys, *text_keys])
+    plane.load(tmp_path / "snap")
+    meta = GroupMeta("g", "p", tuple(keys), (6, 5), start_weight=3, end_weight=3, target_step=None)
+    settings = {"pad_token_id": 0, "overlong_filtering": False, "leave_one_out": False, "normalize_rewards": False}
+    chunk = load_chunk(plane, [meta], with_images=True, **settings)
+    assert [row.tolist() for row in chunk.pixel_values] == [images_tensor(images).tolist()] * 2
+    assert load_chunk(plane, [meta], **settings).pixel_values is None
+    text_meta = GroupMeta("h", "t", tuple(text_keys), (4, 3), start_weight=3, end_weight=3, target_step=None)
+    assert load_chunk(plane, [text_meta], **settings).input_ids.tolist() == [[2, 5, 4, 1], [2, 5, 6, 0]]
+    with pytest.raises(MissingRowsError, match="pixel_values"):
+        load_chunk(plane, [meta, text_meta], with_images=True, **settings)
+
+
 def _group_rows(plane: DataPlane) -> tuple[list[str], dict[str, list[torch.Tensor]]]:
     """Put one scored group's trained rows (a completion spanning versions 3 and 4, another of version 4) into
     ``plane``; returns their keys and columns."""

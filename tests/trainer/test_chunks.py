@@ -44,3 +44,20 @@ def test_model_turns_count_the_runs_of_completion_tokens() -> None:
         dtype=torch.float32,
     )
     assert rows.model_turns().tolist() == [1, 2, 4, 0]
+
+
+def test_pixel_values_follow_their_rows_through_concat_views_plans_and_moves() -> None:
+    """Each row's images (a vision-language policy's) stay with the row: concatenated, sliced, planned, moved."""
+    a, b = chunk(2, 3, 1.0, "a"), chunk(1, 5, 2.0, "b")
+    a.pixel_values = [torch.full((1, 4, 4, 3), i, dtype=torch.uint8) for i in (1, 2)]
+    b.pixel_values = [torch.full((2, 4, 4, 3), 3, dtype=torch.uint8)]
+    both = concat_chunks([a, b], pad_token_id=0)
+    assert [int(p[0, 0, 0, 0]) for p in both.pixel_values] == [1, 2, 3]
+    assert [int(p[0, 0, 0, 0]) for p in both.rows(slice(1, 3)).pixel_values] == [2, 3]
+    plan = both.plan(max_rows=2)[0]  # the longest rows first: the third, then the first
+    assert [int(p[0, 0, 0, 0]) for p in both.select(plan).pixel_values] == [
+        both.pixel_values[i][0, 0, 0, 0] for i in plan.rows
+    ]
+    moved = both.to(torch.device("meta"))
+    assert all(p.device.type == "meta" for p in moved.pixel_values) and moved.group_ids == both.group_ids
+    assert concat_chunks([a, chunk(1, 2, 0.0, "c")], pad_token_id=0).pixel_values is None  # not every chunk has them
