@@ -57,6 +57,12 @@ from sc_lightning.models.megatron import (
 from sc_lightning.models.spec import ModelSpec, VisionSpec
 from sc_lightning.models.vlm_weights import is_vision_name, shard_vision_state
 
+NEVER_LOGIT = -1.0e4
+"""The logit a VLM gives ``<image>`` as a next token, in the trainer and the engine alike: its probability is exactly
+0 after the softmax (so a completion never holds one, and both sides normalise over the same tokens), yet a
+position whose target *is* ``<image>`` (a prompt position, outside the loss) keeps a finite logprob (-inf there
+would turn a masked product into NaN)."""
+
 CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
 CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
 """Per-channel normalisation of pixels in [0, 1] (OpenAI CLIP's, which LLaVA-style towers were trained with)."""
@@ -99,9 +105,21 @@ class VisionLanguageModel(MegatronModule):
         attention_mask: Tensor | None,
         images: Sequence[Tensor] | None = None,
     ) -> Tensor:
-        """Logits ``(B, T, V/TP)`` of ``input_ids`` with each row's images at its ``<image>`` positions."""
+        """Logits ``(B, T, V/TP)`` of ``input_ids`` with each row's images at its ``<image>`` positions; the
+        ``<image>`` column is :data:`NEVER_LOGIT`."""
         decoder_input = merged_embeddings(self, input_ids, position_ids, images)
-        return self.language_model(input_ids, position_ids, attention_mask, decoder_input=decoder_input)
+        logits = self.language_model(input_ids, position_ids, attention_mask, decoder_input=decoder_input)
+        never_predict(logits, self.vision.image_token_id)
+        return logits
+
+
+def never_predict(logits: Tensor, token_id: int) -> None:
+    """Set column ``token_id`` of vocab-parallel ``logits`` ``(..., V/TP)`` to :data:`NEVER_LOGIT` in place, on the
+    tensor-parallel rank whose slice holds it (a decode step's logits: ``(R, V)`` at TP=1)."""
+    local = logits.shape[-1]
+    start = parallel_state.get_tensor_model_parallel_rank() * local
+    if start <= token_id < start + local:
+        logits[..., token_id - start] = NEVER_LOGIT
 
 
 def language_model_of(model: torch.nn.Module) -> torch.nn.Module:

@@ -9,7 +9,9 @@ torch). Every running request owns one slot of a preallocated
 1. **Prefill, one chunk.** Rows whose prefix (prompt + tokens sampled so far; all of it after a weight update or a
    stand-down) is not yet cached up to its last token get at most ``prefill_tokens`` positions between them, oldest
    first: one forward that only fills the cache. A long prompt takes several steps, and decoding goes on in
-   between, so it never starves the running rows.
+   between, so it never starves the running rows. A prompt with images (a VLM) is fed its merged embeddings (its
+   ``<image>`` positions are its images' projected patches), computed once per weight version and sliced per chunk;
+   decoding never meets an image (a prompt's last token is text).
 2. **Decode.** Every row whose prefix is cached up to its last token feeds that token at its own position (a device
    tensor), all rows in one forward; each samples its next token
    (:func:`~sc_lightning.engines.megatron.decode_sampling.sample_next`, its own noise stream) and reads it back with
@@ -71,6 +73,7 @@ class Request:
     stop_ids: frozenset[int]
     noise: NoiseStream | None  # None when greedy
     reply: Callable[[Outcome], None]
+    images: Tensor | None = None  # uint8 (N, H, W, 3): the images of the prompt's <image> runs (a VLM), on the device
     tokens: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     versions: list[int] = field(default_factory=list)  # the weight version that sampled each token
@@ -131,6 +134,7 @@ class _Row:
     cached: int = 0
     in_flight: int = 0  # positions written by a decode step the host has not read yet
     left: bool = False  # finished or cancelled: a decode step still in flight ignores its result
+    prompt_embeddings: Tensor | None = None  # (P, h) an image prompt's merged embeddings, for the current weights
 
     @property
     def waiting(self) -> int:
@@ -164,8 +168,12 @@ class ContinuousBatch:
         buckets: bool | None = None,
         overlap: bool | None = None,
         memory_fraction: float | None = None,
+        embed_prompt: Callable[[Request], Tensor] | None = None,
+        mask_logits: Callable[[Tensor], None] | None = None,
     ) -> None:
         self.forward = forward
+        self.mask_logits = mask_logits  # a VLM's: <image> is never a next token (in place, on the decode logits)
+        self.embed_prompt = embed_prompt  # a VLM's merged prompt embeddings (P, h) of a request with images
         self.max_rows = max_rows
         self.memory_fraction = memory_fraction
         self.max_seq_len = max_seq_len
@@ -214,6 +222,7 @@ class ContinuousBatch:
         parameters do)."""
         for row in self.rows:
             row.cached = 0
+            row.prompt_embeddings = None  # the vision tower may have changed too
         if self.graphs is not None and not self.graphs.still_valid():
             self.graphs.clear()
 
@@ -304,31 +313,55 @@ class ContinuousBatch:
         """Cache the next chunk of the prefixes of some ``waiting`` rows (short rows padded with scratch tokens)."""
         assert self.cache is not None
         chosen, width = self._plan_prefill(waiting)
-        tokens, positions = [], []
+        tokens, positions, spans = [], [], []
         last = self.max_seq_len - 1
         for i in chosen:
             row = self.rows[i]
             take = min(row.waiting, width)
             tokens.append(row.request.tokens_between(row.cached, row.cached + take) + [0] * (width - take))
             positions.append([min(row.cached + t, last) for t in range(width)])  # scratch past `take`
+            spans.append((row.cached, row.cached + take))
             row.cached += take
         kv_len = self._kv_len(max(p[-1] for p in positions) + 1)
+        token_ids = to_device(tokens, torch.long, self.device)
         self.forward(
             self.cache,
-            to_device(tokens, torch.long, self.device),
+            token_ids,
             to_device(positions, torch.long, self.device),
             kv_len=kv_len,
             slots=to_device(chosen, torch.long, self.device),
             logits=False,
+            embeddings=self._image_embeddings(chosen, token_ids, spans),
         )
         self.prefill_calls += 1
+
+    def _image_embeddings(self, chosen: list[int], token_ids: Tensor, spans: list[tuple[int, int]]) -> Tensor | None:
+        """A prefill chunk's input embeddings ``(R, W, h)`` when one of its rows has images: the word embeddings,
+        each such row's prompt positions ``spans[k]`` taken from its merged prompt embeddings (computed once per
+        weight version); None when no row has images (the forward embeds the tokens)."""
+        imaged = [k for k, i in enumerate(chosen) if self.rows[i].request.images is not None]
+        if not imaged:
+            return None
+        assert self.embed_prompt is not None
+        embeddings = self.forward.embedding(token_ids)  # (R, W, h)
+        for k in imaged:
+            row = self.rows[chosen[k]]
+            if row.prompt_embeddings is None:
+                row.prompt_embeddings = self.embed_prompt(row.request)
+            start, stop = spans[k][0], min(spans[k][1], len(row.request.prompt))  # sampled tokens: word embeddings
+            if stop > start:
+                embeddings[k, : stop - start] = row.prompt_embeddings[start:stop]
+        return embeddings
 
     def _decode_step(self, inputs: Tensor, kv_len: int) -> Tensor:
         """Logits ``(B, vocab)`` fp32 of feeding ``inputs[0]`` at positions ``inputs[1]`` to rows ``0..B-1``."""
         assert self.cache is not None
         logits = self.forward(self.cache, inputs[0][:, None], inputs[1][:, None], kv_len=kv_len)
         assert logits is not None
-        return logits[:, : self.vocab_size].float()
+        logits = logits[:, : self.vocab_size].float()
+        if self.mask_logits is not None:
+            self.mask_logits(logits)
+        return logits
 
     def _launch(self, ready: list[int], chained: _Launched | None = None) -> _Launched:
         """Queue the decode forward of every row (placeholders for rows not ready) and the sampling of ``ready``.

@@ -1,4 +1,5 @@
-"""A megatron ``GPTModel``'s forward over a slot KV cache, rows at any position.
+"""A megatron ``GPTModel``'s forward over a slot KV cache, rows at any position (a VLM's: its language model's, fed
+the merged image embeddings when a prefill chunk covers an image).
 
 :class:`CachedForward` runs the model's own modules, with its weights (nothing is copied, so a weight update or a
 CUDA graph sees the same tensors): the word embedding, then per layer ``input_layernorm`` → ``linear_qkv`` →
@@ -197,16 +198,19 @@ class CachedForward:
         kv_len: int,
         slots: Tensor | None = None,
         logits: bool = True,
+        embeddings: Tensor | None = None,
     ) -> Tensor | None:
         """Feed ``tokens`` ``(R, T)`` at ``positions`` ``(R, T)``; returns the last token's logits ``(R, V_padded)``.
 
         Writes the K/V of every fed position into row ``r``'s slot (``slots[r]``, or ``r`` when ``slots`` is None);
         attention reads the first ``kv_len`` positions of a slot (``kv_len > positions.max()``; a flash decode step
         reads each row's own length instead). With ``logits=False`` only the cache is filled (a prefill chunk): the
-        last layer stops after writing its K/V and None is returned.
+        last layer stops after writing its K/V and None is returned. ``embeddings`` ``(R, T, h)``, when given, are
+        the input instead of the word embeddings of ``tokens`` (a prefill chunk of an image prompt: a VLM's merged
+        embeddings, :func:`~sc_lightning.models.vlm.merged_embeddings`).
         """
         rows, width = tokens.shape
-        x = self.embedding(tokens)  # (R, T, h)
+        x = self.embedding(tokens) if embeddings is None else embeddings  # (R, T, h)
         slot_of_row = slots if slots is not None else torch.arange(rows, device=self.device)
         call = _Call(
             rows=rows,

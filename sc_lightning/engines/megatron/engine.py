@@ -40,6 +40,14 @@ noise stream (:mod:`~sc_lightning.engines.megatron.decode_sampling`): the same t
 - ``shutdown()``: requests still waiting or running end with ``finish_reason="abort"`` (the tokens they have);
   later calls raise :class:`~sc_lightning.engines.base.EngineError`.
 
+**Images** (a vision-language model, :mod:`sc_lightning.models.vlm`): ``generate(..., images=...)`` takes the
+prompt's images (uint8 ``(N, H, W, 3)``, one per run of ``tokens_per_image`` ``<image>`` ids). Their prefill
+chunks are fed the merged embeddings (the vision tower and projector run once per request and weight version),
+decoding is the language model's as for text (``<image>`` is never sampled: its logit is the trainer's
+:data:`~sc_lightning.models.vlm.NEVER_LOGIT`), and a refit carries the vision side too (its weights are the
+model's parameters like any other: a megatron-named update copies them, an HF-named one carries them under their
+megatron names, :mod:`~sc_lightning.models.vlm_weights`).
+
 Limits: one TP=1, PP=1 replica per engine (megatron's parallel state is process-global, so a colocated engine needs
 a TP=1, PP=1 trainer process); prompts must be shorter than ``max_seq_len``.
 
@@ -55,6 +63,7 @@ import dataclasses
 import itertools
 import random
 from collections.abc import Awaitable, Iterable
+from functools import partial
 from typing import Any, ClassVar, TypeVar
 
 import torch
@@ -68,6 +77,7 @@ from sc_lightning.engines.megatron.decode_sampling import noise_stream
 from sc_lightning.engines.megatron.worker import Command, CommandKind, DecodeWorker, EngineStats, request_error
 from sc_lightning.models.megatron import build_policy, load_policy
 from sc_lightning.models.spec import ModelSpec
+from sc_lightning.models.vlm import language_model_of, merged_embeddings, never_predict, vision_of
 from sc_lightning.types import Generation, SamplingParams
 
 T = TypeVar("T")
@@ -133,8 +143,10 @@ class MegatronEngine:
         graphs = self._device.type == "cuda" if cuda_graphs is None else cuda_graphs
         if graphs and self._device.type != "cuda":
             raise ValueError(f"engine {name!r}: cuda_graphs needs a model on a CUDA device, not {self._device}")
+        self._vision = vision_of(model)
+        language = language_model_of(model)
         self._batch = ContinuousBatch(
-            CachedForward(model, self._max_seq_len, flash_decode=flash_decode, fused_decode=fused_decode),
+            CachedForward(language, self._max_seq_len, flash_decode=flash_decode, fused_decode=fused_decode),
             list(model.parameters()),
             max_rows=max_batch_size,
             max_seq_len=self._max_seq_len,
@@ -142,6 +154,8 @@ class MegatronEngine:
             prefill_tokens=prefill_chunk_tokens,
             cuda_graphs=graphs,
             memory_fraction=kv_cache_memory_fraction,
+            embed_prompt=self._prompt_embeddings if self._vision is not None else None,
+            mask_logits=None if self._vision is None else partial(never_predict, token_id=self._vision.image_token_id),
         )
         eos = {eos_token_id} if stop_on_eos and eos_token_id is not None else set()
         self._extra_stop_ids = frozenset(int(t) for t in extra_stop_token_ids)  # what a request ignoring eos keeps
@@ -245,6 +259,31 @@ class MegatronEngine:
         """An EngineError naming this engine and request ``rid``."""
         return request_error(self.name, rid, message)
 
+    def _prompt_embeddings(self, request: Request) -> torch.Tensor:
+        """The merged embeddings ``(P, h)`` of an image prompt (on the worker thread, current weights)."""
+        ids = torch.tensor([request.prompt], dtype=torch.long, device=self._device)
+        return merged_embeddings(self._model, ids, None, [request.images])[:, 0]
+
+    def _check_images(self, rid: str, prompt: tuple[int, ...], images: torch.Tensor | None) -> None:
+        """Raise EngineError when ``images`` do not fit the prompt's ``<image>`` runs (or the model has no vision)."""
+        vision = self._vision
+        if vision is None:
+            if images is not None:
+                raise self._fail(rid, "images given, but the engine's model is a text model")
+            return
+        count = 0 if images is None else images.shape[0]
+        shape = (vision.image_size, vision.image_size, 3)
+        if images is not None and (images.dim() != 4 or tuple(images.shape[1:]) != shape):
+            raise self._fail(rid, f"images must be uint8 (N, {', '.join(map(str, shape))}), got {tuple(images.shape)}")
+        found = sum(t == vision.image_token_id for t in prompt)
+        if found != count * vision.tokens_per_image:
+            raise self._fail(
+                rid,
+                f"the prompt holds {found} <image> ids but {count} image(s) of {vision.tokens_per_image} tokens each",
+            )
+        if prompt[-1] == vision.image_token_id:
+            raise self._fail(rid, "the prompt ends with an <image> token; a prompt must end with text after its images")
+
     def _check(self, rid: str, prompt: tuple[int, ...], sampling: SamplingParams) -> None:
         """Raise EngineError when the engine is shut down or the request cannot be served."""
         vocab = self._spec.vocab_size
@@ -262,20 +301,28 @@ class MegatronEngine:
             raise self._fail(rid, f"top_p must be in (0, 1], got {sampling.top_p}")
 
     async def generate(
-        self, prompt_token_ids: tuple[int, ...], sampling: SamplingParams, *, stop_token_ids: Iterable[int] = ()
+        self,
+        prompt_token_ids: tuple[int, ...],
+        sampling: SamplingParams,
+        *,
+        stop_token_ids: Iterable[int] = (),
+        images: torch.Tensor | None = None,
     ) -> Generation:
         """Sample one completion of the prompt (``stop_token_ids`` add to the engine's stop tokens for this call; with
-        ``sampling.ignore_eos`` the eos token is not one of them)."""
+        ``sampling.ignore_eos`` the eos token is not one of them). ``images``: the prompt's images, uint8
+        ``(N, H, W, 3)``, one per run of ``<image>`` ids (a vision-language model; None: a text prompt)."""
         rid = f"req-{next(self._ids)}"
         prompt = tuple(int(t) for t in prompt_token_ids)
         self._check(rid, prompt, sampling)
+        self._check_images(rid, prompt, images)
         if sampling.max_new_tokens == 0:
             return Generation((), (), "length", self._worker.version)
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Generation] = loop.create_future()
         stops = (self._extra_stop_ids if sampling.ignore_eos else self._stop_ids) | {int(t) for t in stop_token_ids}
         noise = noise_stream(sampling, self._seeds, self._device, self._spec.vocab_size)
-        request = Request(rid, prompt, sampling, stops, noise, replier(loop, future))
+        pixels = None if images is None or not len(images) else images.to(self._device)
+        request = Request(rid, prompt, sampling, stops, noise, replier(loop, future), images=pixels)
         if not self._worker.submit(request):
             raise self._fail(rid, "the engine is shut down")
         try:
