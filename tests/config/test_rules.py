@@ -1,7 +1,7 @@
 """Every validation rule, each with a config that passes it and one that fails it, and the error text.
 
-The cases live in rule_cases_algo.py, rule_cases_runtime.py, rule_cases_multiturn.py and rule_cases_distillation.py,
-one file per rule module.
+The cases live in rule_cases_algo.py, rule_cases_runtime.py, rule_cases_multiturn.py, rule_cases_distillation.py and
+rule_cases_vlm.py, one file per rule module.
 """
 
 from __future__ import annotations
@@ -14,9 +14,10 @@ from tests.config.rule_cases_algo import ALGORITHM_CASES
 from tests.config.rule_cases_distillation import DISTILLATION_CASES
 from tests.config.rule_cases_multiturn import MULTITURN_CASES
 from tests.config.rule_cases_runtime import RUNTIME_CASES
+from tests.config.rule_cases_vlm import VLM_CASES
 from tests.helpers.configs import variant
 
-CASES = ALGORITHM_CASES + RUNTIME_CASES + MULTITURN_CASES + DISTILLATION_CASES
+CASES = ALGORITHM_CASES + RUNTIME_CASES + MULTITURN_CASES + DISTILLATION_CASES + VLM_CASES
 
 
 @pytest.mark.parametrize(("rule", "passing", "failing", "path", "text"), CASES, ids=[c[0] for c in CASES])
@@ -45,6 +46,22 @@ def test_every_rule_function_has_a_failing_case() -> None:
         for config, report in zip(configs, reports, strict=True):
             rule(config, report)
         assert any(report.errors for report in reports), f"no failing case exercises {rule.__name__}"
+
+
+@pytest.mark.parametrize(
+    "data", [{"dataset_name": "clevr"}, {"dataset_name": "p.parquet", "prompt_key": "q", "images_key": "images"}]
+)
+def test_the_image_rules_pass_a_vision_language_run_with_images(data: dict) -> None:
+    from sc_lightning.cli.load import LIGHTNING_KEYS
+    from sc_lightning.config import load_config
+    from sc_lightning.config.report import Report
+    from sc_lightning.config.rules.vlm import VLM_RULES
+
+    config = load_config(variant({"policy": {"is_vlm": True}, "data": data}), extra_top_level=LIGHTNING_KEYS)
+    report = Report()
+    for rule in VLM_RULES:
+        rule(config, report)
+    assert report.errors == []
 
 
 def test_all_errors_are_reported_at_once() -> None:

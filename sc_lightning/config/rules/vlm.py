@@ -1,0 +1,61 @@
+"""Validation rules for prompts with images: a vision-language policy (``policy.is_vlm``) and a dataset whose prompts
+hold images (the built-in ``clevr``, or a file with ``data.images_key``) come together or not at all (docs/vlm.md)."""
+
+from __future__ import annotations
+
+from sc_lightning.config.report import Report, ties
+from sc_lightning.config.runtime import IMAGE_DATASETS
+from sc_lightning.config.schema import SCConfig
+
+IMAGE_SOURCES = f"data.dataset_name: {' or '.join(IMAGE_DATASETS)}, or a dataset file with data.images_key"
+"""Where a vision-language run's images may come from, as the errors name them."""
+
+
+@ties("policy.is_vlm", "data.dataset_name", "data.images_key")
+def vlm_needs_images(config: SCConfig, report: Report) -> None:
+    """A vision-language policy trains on prompts with images: a text-only dataset is refused."""
+    data = config.data
+    if config.policy.is_vlm and not data.has_images():
+        report.error(
+            "policy.is_vlm",
+            f"is true, but the prompts of data.dataset_name ({data.dataset_name}) hold no images; give images "
+            f"({IMAGE_SOURCES}), or set policy.is_vlm: false",
+        )
+
+
+@ties("policy.is_vlm", "data.dataset_name", "data.images_key")
+def images_need_a_vlm(config: SCConfig, report: Report) -> None:
+    """Prompts with images need a policy that sees them: a text policy would train on image tokens it cannot read."""
+    data = config.data
+    if data.has_images() and not config.policy.is_vlm:
+        source = f"data.images_key: {data.images_key}" if data.images_key else f"data.dataset_name: {data.dataset_name}"
+        report.error(
+            "policy.is_vlm",
+            f"is false, but the prompts hold images ({source}); set policy.is_vlm: true with a vision-language "
+            "policy, or use a text dataset",
+        )
+
+
+@ties("data.images_key", "data.dataset_name", "data.messages_key", "data.apply_chat_template")
+def images_come_from_text_prompt_files(config: SCConfig, report: Report) -> None:
+    """data.images_key reads a dataset file's column; its prompts are text, placed around the images (chat rendering
+    with images is not supported yet)."""
+    data = config.data
+    if data.images_key is None:
+        return
+    if data.builtin_dataset():
+        report.error(
+            "data.images_key",
+            f"is {data.images_key!r}, but data.dataset_name ({data.dataset_name}) is a built-in dataset, which has no "
+            "such column; set data.images_key: null (it applies to dataset files)",
+        )
+    elif data.messages_key is not None or data.apply_chat_template:
+        chat = "data.messages_key" if data.messages_key is not None else "data.apply_chat_template"
+        report.error(
+            "data.images_key",
+            f"is set together with {chat}, but prompts with images are not rendered by a chat template yet; give "
+            "text prompts (data.prompt_key, with <image> placeholders where the images go) and unset " + chat,
+        )
+
+
+VLM_RULES = (vlm_needs_images, images_need_a_vlm, images_come_from_text_prompt_files)

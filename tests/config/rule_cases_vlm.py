@@ -1,0 +1,60 @@
+"""Rule cases for the rules of prompts with images (config/rules/vlm.py).
+
+Every passing config here has ``policy.is_vlm: false``; the rules' silence on a vision-language run with images is
+checked by calling them directly (test_rules.py), so these cases hold whatever the model rules say of is_vlm.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tests.helpers.configs import variant
+
+VLM = {"policy": {"is_vlm": True}}
+FILE = {"data": {"dataset_name": "p.parquet", "prompt_key": "q"}}
+IMAGES = {"data": {"images_key": "images"}}
+
+VLM_CASES: list[tuple[str, dict[str, Any], dict[str, Any], str, str]] = [
+    (
+        "a vlm needs images (built-in text task)",
+        variant(),
+        variant(VLM),
+        "policy.is_vlm",
+        "the prompts of data.dataset_name (arithmetic) hold no images",
+    ),
+    (
+        "a vlm needs images (file without data.images_key)",
+        variant(FILE),
+        variant(FILE, VLM),
+        "policy.is_vlm",
+        "data.dataset_name: clevr, or a dataset file with data.images_key",
+    ),
+    (
+        "images need a vlm (clevr)",
+        variant({"data": {"dataset_name": "arithmetic"}}),
+        variant({"data": {"dataset_name": "clevr"}, "env": {"name": "clevr"}}),
+        "policy.is_vlm",
+        "the prompts hold images (data.dataset_name: clevr)",
+    ),
+    (
+        "images need a vlm (file)",
+        variant(FILE),
+        variant(FILE, IMAGES),
+        "policy.is_vlm",
+        "the prompts hold images (data.images_key: images)",
+    ),
+    (
+        "images come from files",
+        variant(),
+        variant(IMAGES),
+        "data.images_key",
+        "set data.images_key: null (it applies to dataset files)",
+    ),
+    (
+        "images come from text prompts",
+        variant(FILE, {"data": {"apply_chat_template": True}}),
+        variant(FILE, IMAGES, {"data": {"apply_chat_template": True}}),
+        "data.images_key",
+        "is set together with data.apply_chat_template",
+    ),
+]
