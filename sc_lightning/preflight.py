@@ -123,7 +123,40 @@ def _model_issues(config: SCConfig) -> list[ConfigIssue]:
             issues.append(ConfigIssue(knob, f"is {name!r}: {problem}"))
         elif problem_of is _model_problem and not name.startswith("builtin:"):
             issues += [ConfigIssue(knob, line) for line in _architecture_problems(name)]
+    if not _model_problem(config.policy.model_name):
+        issues += _vision_issues(config.policy.model_name, config.policy.is_vlm)
     return issues
+
+
+def _vision_issues(name: str, is_vlm: bool) -> list[ConfigIssue]:
+    """``policy.is_vlm`` disagreeing with what the policy ``name`` is (a vision-language model or a text one)."""
+    from sc_lightning.models.spec import BUILTIN_SPECS
+
+    spec = BUILTIN_SPECS.get(name)
+    if not name.startswith("builtin:") or spec is None:  # a directory (a text model: no HF VLM imports) or warm start
+        if not is_vlm:
+            return []
+        return [
+            ConfigIssue(
+                "policy.is_vlm",
+                f"is true, but policy.model_name ({name!r}) is not a built-in vision-language model; no Hugging Face "
+                "VLM architecture imports yet (docs/vlm.md): use builtin:tiny-vlm",
+            )
+        ]
+    if is_vlm == (spec.vision is not None):
+        return []
+    if is_vlm:
+        return [
+            ConfigIssue(
+                "policy.is_vlm", f"is true, but policy.model_name ({name!r}) is a text model; use builtin:tiny-vlm"
+            )
+        ]
+    return [
+        ConfigIssue(
+            "policy.is_vlm",
+            f"is false, but policy.model_name ({name!r}) is a vision-language model; set policy.is_vlm: true",
+        )
+    ]
 
 
 def _model_problem(name: str) -> str | None:

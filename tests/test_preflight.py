@@ -84,7 +84,7 @@ def test_unknown_built_in_models_and_missing_model_paths_are_refused(
     assert (
         "policy.model_name: is 'builtin:tiny-arithmetic': unknown built-in model; known: builtin:bench-1.26b, "
         "builtin:bench-llama1b, builtin:medium, builtin:medium-worked, builtin:small, builtin:small-arith, "
-        "builtin:tiny, builtin:tiny-arith, builtin:tiny-calc"
+        "builtin:tiny, builtin:tiny-arith, builtin:tiny-calc, builtin:tiny-vlm"
     ) in err
     assert f"policy.tokenizer_name: is '{tmp_path / 'no-tokenizer'}': neither a local directory" in err
     assert f"value.model_name: is '{tmp_path / 'no-model'}': neither a local directory" in err
@@ -210,3 +210,27 @@ def test_a_gpu_run_that_cannot_fit_its_device_is_refused_naming_the_knob(
     err = refused(capsys, *args)
     assert expected in err and f"on a {device_gib}.0 GiB device" in err
     assert "set it to at most" in err or "does not fit one rank" in err
+
+
+@pytest.mark.parametrize(
+    ("model", "is_vlm", "text"),
+    [
+        ("builtin:tiny", True, "is a text model; use builtin:tiny-vlm"),
+        ("builtin:tiny-vlm", False, "is a vision-language model; set policy.is_vlm: true"),
+        ("builtin:tiny-arith", True, "no Hugging Face VLM architecture imports yet"),
+    ],
+)
+def test_policy_is_vlm_must_say_what_the_model_is(model: str, is_vlm: bool, text: str) -> None:
+    from sc_lightning.cli.load import LIGHTNING_KEYS
+    from sc_lightning.config import load_config
+    from sc_lightning.preflight import preflight_issues
+    from tests.helpers.configs import variant
+
+    def vision_issues(model: str, is_vlm: bool) -> list[str]:
+        config = load_config(
+            variant({"policy": {"model_name": model, "is_vlm": is_vlm}}), extra_top_level=LIGHTNING_KEYS
+        )
+        return [issue.message for issue in preflight_issues(config, {}) if issue.path == "policy.is_vlm"]
+
+    assert any(text in message for message in vision_issues(model, is_vlm))
+    assert vision_issues("builtin:tiny-vlm", True) == vision_issues("builtin:tiny", False) == []

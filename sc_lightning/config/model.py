@@ -193,7 +193,11 @@ class PolicyConfig:
     offload_optimizer_for_logprob: bool = knob(
         False, "Move optimizer state off the accelerator during logprob passes (PPO needs it for the critic)."
     )
-    is_vlm: bool = knob(False, "Vision-language policy (not supported by sc_lightning yet).")
+    is_vlm: bool = knob(
+        False,
+        "Vision-language policy: policy.model_name is a VLM (builtin:tiny-vlm) and the prompts hold images; GRPO with "
+        "Megatron generation (docs/vlm.md).",
+    )
 
 
 @section

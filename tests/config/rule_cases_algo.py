@@ -262,7 +262,30 @@ ALGORITHM_CASES: list[tuple[str, dict[str, Any], dict[str, Any], str, str]] = [
         "value.megatron_cfg.tensor_model_parallel_size",
         "share one megatron parallel state per trainer rank",
     ),
-    ("vlm", variant(), variant({"policy": {"is_vlm": True}}), "policy.is_vlm", "not supported"),
+    (
+        "a vlm generates on the megatron engine",
+        variant(),
+        variant({"policy": {"is_vlm": True, "generation": {"backend": "vllm"}}}),
+        "policy.generation.backend",
+        "has no Hugging Face form it could load",
+    ),
+    ("a vlm trains with grpo", ppo(), ppo({"policy": {"is_vlm": True}}), "policy.is_vlm", "GRPO only"),
+    (
+        "a vlm on one pipeline stage",
+        variant(),
+        variant({"policy": {"is_vlm": True, "megatron_cfg": {"pipeline_model_parallel_size": 2}}}),
+        "policy.megatron_cfg.pipeline_model_parallel_size",
+        "run on one pipeline stage",
+    ),
+    (
+        "a vlm without sequence parallelism",
+        variant(),
+        variant(
+            {"policy": {"is_vlm": True, "megatron_cfg": {"tensor_model_parallel_size": 2, "sequence_parallel": True}}}
+        ),
+        "policy.megatron_cfg.sequence_parallel",
+        "merged into the whole sequence",
+    ),
     (
         "IS for in_order lookahead",
         variant(sampler(max_lookahead_versions=0), {"loss_fn": {"use_importance_sampling_correction": False}}),

@@ -84,7 +84,6 @@ READ_ONLY_BY_VALIDATION: dict[str, str] = {
     "policy.train_global_batch_size": _TRAINER_BATCH,
     "value.train_global_batch_size": _TRAINER_BATCH,
     "policy.generation.vllm_cfg.async_engine": "vLLM always runs its async engine: generation_engine rejects false",
-    "policy.is_vlm": "vision-language policies are not supported yet: megatron_models rejects true",
 }
 
 

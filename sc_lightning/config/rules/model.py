@@ -88,11 +88,10 @@ def prompts_fit_the_context(config: SCConfig, report: Report) -> None:
     "value.megatron_cfg.pipeline_model_parallel_size",
     "policy.megatron_cfg.tensor_model_parallel_size",
     "value.megatron_cfg.tensor_model_parallel_size",
-    "policy.is_vlm",
 )
 def megatron_models(config: SCConfig, report: Report) -> None:
     """megatron-core is the only trainer (and Megatron generation needs it); the critic splits like the policy
-    (megatron's parallel state is one per process); sequence parallelism needs TP > 1; VLM is not supported yet."""
+    (megatron's parallel state is one per process); sequence parallelism needs TP > 1."""
     if not config.policy.megatron_cfg.enabled:
         report.error("policy.megatron_cfg.enabled", "is false; megatron-core is the only trainer, set it to true")
     if config.value is not None and not config.value.megatron_cfg.enabled:
@@ -117,8 +116,45 @@ def megatron_models(config: SCConfig, report: Report) -> None:
                     f"is {critic} but policy.megatron_cfg.{size} is {policy}; the critic and the policy share one "
                     f"megatron parallel state per trainer rank, so set both to the same size",
                 )
-    if config.policy.is_vlm:
-        report.error("policy.is_vlm", "is true but vision-language policies are not supported yet; set false")
+
+
+@ties(
+    "policy.is_vlm",
+    "policy.generation.backend",
+    "policy.megatron_cfg.sequence_parallel",
+    "policy.megatron_cfg.pipeline_model_parallel_size",
+)
+def vision_language_policy(config: SCConfig, report: Report) -> None:
+    """A vision-language policy (docs/vlm.md) generates on the Megatron engine, trains with GRPO (no critic), on one
+    pipeline stage and without sequence parallelism."""
+    if not config.policy.is_vlm:
+        return
+    if config.policy.generation.backend == "vllm":
+        report.error(
+            "policy.generation.backend",
+            "is vllm with policy.is_vlm: true; vLLM builds Hugging Face architectures, and the VLM policy's vision "
+            "side (megatron-core's CLIP ViT and projector) has no Hugging Face form it could load (docs/vlm.md): "
+            "use the megatron backend",
+        )
+    if config.value is not None:
+        report.error(
+            "policy.is_vlm",
+            "is true with a PPO critic (value:); the critic is a text model that would not see the images, so "
+            "vision-language training is GRPO only: use grpo:",
+        )
+    mcfg = config.policy.megatron_cfg
+    if mcfg.sequence_parallel:
+        report.error(
+            "policy.megatron_cfg.sequence_parallel",
+            "is true with policy.is_vlm: true; the image embeddings are merged into the whole sequence, which "
+            "sequence parallelism splits over ranks first: set it to false",
+        )
+    if mcfg.pipeline_model_parallel_size > 1:
+        report.error(
+            "policy.megatron_cfg.pipeline_model_parallel_size",
+            f"is {mcfg.pipeline_model_parallel_size} with policy.is_vlm: true; the vision tower and the language "
+            "model run on one pipeline stage: set it to 1 (tensor parallelism works)",
+        )
 
 
 @ties(
@@ -284,6 +320,7 @@ MODEL_RULES = (
     generation_engine,
     prompts_fit_the_context,
     megatron_models,
+    vision_language_policy,
     learning_rate_schedule,
     importance_sampling,
     truncated_importance_sampling,
