@@ -28,7 +28,6 @@ LAUNCHER=${LAUNCHER:-lightning}
 [[ $LAUNCHER == lightning || $LAUNCHER == torchrun ]] || { echo "error: LAUNCHER=$LAUNCHER: lightning or torchrun" >&2; exit 2; }
 free_port() { "$PYTHON" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
 RAY_PORT=${RAY_PORT:-$(free_port)}
-MASTER_PORT=${MASTER_PORT:-$(free_port)}
 DIR=${TWO_NODES_DIR:-$(mktemp -d -t sc-two-nodes-XXXXXX)}
 mkdir -p "$DIR"
 RAY_DIR=$(mktemp -d -t sc-ray-XXXXXX)  # Ray's session files, in a short path: its sockets' paths are bounded
@@ -53,6 +52,7 @@ trap 'exit 143' TERM
 start_ray_node() {  # <log> <cpus> <ray start arguments...>: start a Ray node, return once it runs (within 120 s)
   local log=$1 cpus=$2
   shift 2
+  : >"$log"
   "$RAY" start --block --num-cpus="$cpus" --num-gpus=0 --temp-dir="$RAY_DIR" --disable-usage-stats "$@" \
     >"$log" 2>&1 &
   RAY_PIDS+=($!)
@@ -72,6 +72,7 @@ export RAY_AUTH_MODE=${RAY_AUTH_MODE:-token}
 start_ray_node "$DIR/ray-head.log" "$HEAD_CPUS" --head --port="$RAY_PORT" --include-dashboard=false \
   --system-config='{"prestart_worker_first_driver": false}'
 start_ray_node "$DIR/ray-node1.log" "$NODE1_CPUS" --address="127.0.0.1:$RAY_PORT"
+MASTER_PORT=${MASTER_PORT:-$(free_port)}  # once Ray's processes hold their ports, so none takes it meanwhile
 echo "Ray cluster: 2 nodes at 127.0.0.1:$RAY_PORT ($HEAD_CPUS and $NODE1_CPUS CPUs); trainer rendezvous 127.0.0.1:$MASTER_PORT" >&2
 
 export RAY_ADDRESS="127.0.0.1:$RAY_PORT" MASTER_ADDR=127.0.0.1 MASTER_PORT

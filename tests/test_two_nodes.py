@@ -5,7 +5,7 @@ processes (one rank each, joined at MASTER_ADDR; by Lightning's launcher with NO
 The Ray head has no CPUs (as Ray advises for large clusters), so the engine and the TransferQueue data plane live on
 the second Ray node: every rank reads its rows across the Ray cluster. GRPO and PPO train 4 steps each, as DP=2 (one
 replica per node) and as TP=2 (each layer split across the nodes), every prompt exactly once; each launcher starts
-both layouts and both algorithms once.
+both layouts and both algorithms once. Four ranks, two per node, write a bundle together and resume from it.
 """
 
 from __future__ import annotations
@@ -39,20 +39,17 @@ CASES = [
 ]
 
 
-@pytest.mark.slow
-@pytest.mark.long(minutes=1.5)
-@pytest.mark.timeout(400)
-@pytest.mark.parametrize(("algo", "layout", "launcher"), CASES, ids=["-".join(case) for case in CASES])
-def test_two_nodes_train_every_prompt_once(tmp_path: Path, algo: str, layout: str, launcher: str) -> None:
-    write_dataset(tmp_path / "prompts.jsonl")
-    split, tp = LAYOUTS[layout]
-    configs, policy_start = ALGOS[algo]
-    stderr = two_node_run(
-        tmp_path,
+def _fit(tmp_path: Path, algo: str, steps: int, tp: str) -> list[str]:
+    """``fit``'s arguments: ``algo``'s tiny example at 4 groups x 4 generations for ``steps`` steps on a dataset it
+    writes in ``tmp_path``, one step ahead, TransferQueue as the data plane, the train-data log on, TP ``tp``."""
+    configs, _ = ALGOS[algo]
+    dataset = tmp_path / "prompts.jsonl"
+    write_dataset(dataset)
+    return [
         *configs,
-        f"--{algo}.max_num_steps", str(STEPS),
+        f"--{algo}.max_num_steps", str(steps),
         f"--{algo}.max_num_epochs", "1",
-        "--data.dataset_name", str(tmp_path / "prompts.jsonl"),
+        "--data.dataset_name", str(dataset),
         "--data.train_data_log", "true",
         "--data_plane.backend", "simple",
         "--async_rl.max_buffered_rollouts", "8",  # one step ahead, as the tiny examples
@@ -61,22 +58,62 @@ def test_two_nodes_train_every_prompt_once(tmp_path: Path, algo: str, layout: st
         *(["--value.megatron_cfg.tensor_model_parallel_size", tp] if algo == "ppo" else []),
         "--trainer.default_root_dir", str(tmp_path),
         "--trainer.enable_progress_bar", "false",
-        launcher=launcher,
-        head_cpus=0,
-        node1_cpus=4,
-        timeout_s=300,
-    )  # fmt: skip
-    assert f"trainer: 2 ranks = {split} on cpu (1 device x 2 nodes)" in stderr
-    assert f"fit stopped after step {STEPS}: {algo}.max_num_steps ({STEPS}) reached" in stderr
-    trained = assert_trained_once(tmp_path, STEPS)
-    assert len(trained) == STEPS * ROWS_PER_STEP // 4
+    ]  # fmt: skip
+
+
+def _assert_steps_trained_once(tmp_path: Path) -> None:
+    """The run's train-data log holds STEPS steps of ROWS_PER_STEP rows each (every data-parallel replica's), every
+    prompt of them trained exactly once."""
+    assert len(assert_trained_once(tmp_path, STEPS)) == STEPS * ROWS_PER_STEP // 4
     rows = (tmp_path / "train_data.jsonl").read_text().splitlines()
     assert Counter(json.loads(row)["step"] for row in rows) == dict.fromkeys(range(STEPS), ROWS_PER_STEP)
+
+
+@pytest.mark.slow
+@pytest.mark.long(minutes=1.5)
+@pytest.mark.timeout(400)
+@pytest.mark.parametrize(("algo", "layout", "launcher"), CASES, ids=["-".join(case) for case in CASES])
+def test_two_nodes_train_every_prompt_once(tmp_path: Path, algo: str, layout: str, launcher: str) -> None:
+    split, tp = LAYOUTS[layout]
+    stderr = two_node_run(
+        tmp_path, *_fit(tmp_path, algo, STEPS, tp), launcher=launcher, head_cpus=0, node1_cpus=4, timeout_s=300
+    )
+    assert f"trainer: 2 ranks = {split} on cpu (1 device x 2 nodes)" in stderr
+    assert f"fit stopped after step {STEPS}: {algo}.max_num_steps ({STEPS}) reached" in stderr
+    _assert_steps_trained_once(tmp_path)
+    policy_start = ALGOS[algo][1]
     counted = [
         float(row["train/num_valid_samples"]) for row in step_metrics(tmp_path) if row["train/num_valid_samples"]
     ]
     # every row of each step that trained the policy, node 1's replica's included
     assert counted == [float(ROWS_PER_STEP)] * (STEPS - policy_start)
+
+
+@pytest.mark.slow
+@pytest.mark.long(minutes=2)
+@pytest.mark.timeout(600)
+def test_two_ranks_per_node_write_a_bundle_together_and_resume_every_prompt_once(tmp_path: Path) -> None:
+    """Four ranks, two per node (node 1's launcher starts its second rank), TP=2 in each node x DP=2 across them:
+    every rank writes its shards of a bundle at step 2 into the leader's, and the same command resumes from it for two
+    steps more."""
+    checkpoints = tmp_path / "checkpoints"
+    bundles = ("--checkpointing.enabled", "true", "--checkpointing.checkpoint_dir", str(checkpoints))
+    bundles += ("--checkpointing.save_period", "2", "--checkpointing.save_data_plane", "true")
+    for steps in (2, STEPS):
+        stderr = two_node_run(
+            tmp_path,
+            *_fit(tmp_path, "grpo", steps, "2"),
+            *bundles,
+            launcher="lightning",
+            ranks_per_node=2,
+            head_cpus=0,
+            node1_cpus=4,
+            timeout_s=300,
+        )
+        assert "trainer: 4 ranks = TP 2 x PP 1 x DP 2 on cpu (2 devices x 2 nodes)" in stderr
+        assert (steps == STEPS) == (f"resuming from {checkpoints / 'step_2'}" in stderr)
+        assert (checkpoints / f"step_{steps}" / "sharded" / ".metadata").is_file()
+    _assert_steps_trained_once(tmp_path)
 
 
 def test_the_slurm_recipe_starts_ray_on_every_node_and_the_trainer_on_the_first_nodes(tmp_path: Path) -> None:

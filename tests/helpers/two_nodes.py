@@ -19,11 +19,17 @@ STOP_GRACE_S = 60.0
 
 
 def two_node_run(
-    tmp_path: Path, *fit_args: str, launcher: str, head_cpus: int, node1_cpus: int, timeout_s: float
+    tmp_path: Path,
+    *fit_args: str,
+    launcher: str,
+    head_cpus: int,
+    node1_cpus: int,
+    timeout_s: float,
+    ranks_per_node: int = 1,
 ) -> str:
-    """Run the script with ``fit_args``, the nodes' ranks started by ``launcher`` (``lightning`` or ``torchrun``), on a
-    cluster of its own (Ray nodes of ``head_cpus`` and ``node1_cpus`` CPUs, its own auth token, the Ray nodes' output
-    under ``tmp_path / "nodes"``); return its stderr once it succeeded.
+    """Run the script with ``fit_args``, each node's ``ranks_per_node`` ranks started by ``launcher`` (``lightning`` or
+    ``torchrun``), on a cluster of its own (Ray nodes of ``head_cpus`` and ``node1_cpus`` CPUs, its own auth token,
+    the Ray nodes' output under ``tmp_path / "nodes"``); return its stderr once it succeeded.
 
     Past ``timeout_s`` the script is stopped as Ctrl-C stops it (it ends its node processes and Ray nodes), then its
     whole session is killed; either way the call fails with the script's output.
@@ -31,6 +37,7 @@ def two_node_run(
     env = user_environment(without=("RAY_ADDRESS", "RAY_AUTH_TOKEN")) | {
         "LAUNCHER": launcher,
         "PYTHON": sys.executable,
+        "RANKS_PER_NODE": str(ranks_per_node),
         "RAY_AUTH_MODE": "token",
         "RAY_AUTH_TOKEN": secrets.token_hex(32),
         "RAY_HEAD_CPUS": str(head_cpus),
