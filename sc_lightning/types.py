@@ -163,13 +163,15 @@ def generation_from_dict(data: Mapping[str, Any]) -> Generation:
 class TeacherScores:
     """A distillation teacher's judgement of a group's generations (docs/distillation.md).
 
-    ``alias`` names the teacher the prompt was routed to; ``logprobs[i]`` is generation ``i``'s row aligned with its
+    ``alias`` names the teacher the prompt was routed to, ``index`` its place in the run's sorted aliases (the rows'
+    ``teacher_id``); ``logprobs[i]`` is generation ``i``'s row aligned with its
     ``input_ids`` (prompt + completion): the teacher's logprob of each model token, 0 on prompt and environment
     tokens, shape (T,); with full-vocabulary distillation the teacher's logprobs of every vocabulary entry there,
     (T, V).
     """
 
     alias: str
+    index: int
     logprobs: tuple[torch.Tensor, ...]
 
 

@@ -8,7 +8,7 @@
 - the errors a train-side call raises: :class:`RolloutPumpError`, :class:`SelectTimeout`,
   :class:`ControllerUnresponsive`, :class:`ControllerDied`;
 - the trained row's schema, :data:`TRAINED_ROW`: the fields the rollout pump writes for each generation, their
-  dtypes in the data plane and as the trainer reads them, and :data:`ROW_TAGS`.
+  dtypes in the data plane and as the trainer reads them, and :data:`ROW_TAGS` (:data:`OPTIONAL_ROW_TAGS` besides).
 
 Metadata crosses this port, never tensors: the trainer reads a group's rows from the data plane by key. Everything
 here is plain Python and torch, so the trainer imports it without importing the controller's machinery.
@@ -94,6 +94,30 @@ TRAINED_ROW: tuple[RowField, ...] = (
         "the prompt's images, (num_images, H, W, 3) RGB at the model's image size; only on rows whose prompt has "
         "images (a vision-language run's)",
     ),
+    RowField(
+        "teacher_logprobs",
+        "token",
+        torch.float32,
+        torch.float32,
+        "the distillation teacher's logprob of each model token (0 on prompt and environment tokens); only on an "
+        "on-policy distillation run's rows",
+    ),
+    RowField(
+        "teacher_id",
+        "row",
+        torch.int64,
+        torch.int64,
+        "the row's teacher: its alias's index in the sorted `on_policy_distillation.teachers`; only on a distillation "
+        "run's rows",
+    ),
+    RowField(
+        "teacher_vocab_logprobs",
+        "token",
+        torch.float32,
+        torch.float32,
+        "the teacher's logprobs of every vocabulary entry at each model token, (T, V) (0 elsewhere); only with "
+        "`on_policy_distillation.full_vocabulary`",
+    ),
 )
 """The fields written at commit, one entry per field (per-token fields are jagged and aligned with input_ids;
 per-image fields are jagged along the prompt's images)."""
@@ -101,7 +125,16 @@ per-image fields are jagged along the prompt's images)."""
 IMAGE_FIELDS: tuple[str, ...] = tuple(field.name for field in TRAINED_ROW if field.per == "image")
 """The fields written only on rows whose prompt has images; the trainer reads them for a vision-language policy."""
 
-ROW_FIELDS: tuple[str, ...] = tuple(field.name for field in TRAINED_ROW if field.name not in IMAGE_FIELDS)
+TEACHER_FIELDS: tuple[str, ...] = ("teacher_logprobs", "teacher_id")
+"""The fields written only on an on-policy distillation run's rows (``teacher_vocab_logprobs`` besides, with
+``full_vocabulary``): the trainer reads them for the opd advantages."""
+
+TEACHER_VOCAB_FIELDS: tuple[str, ...] = ("teacher_vocab_logprobs",)
+"""The field written only with full-vocabulary distillation: T x V x 4 bytes per row."""
+
+ROW_FIELDS: tuple[str, ...] = tuple(
+    field.name for field in TRAINED_ROW if field.name not in (*IMAGE_FIELDS, *TEACHER_FIELDS, *TEACHER_VOCAB_FIELDS)
+)
 """The names of the fields every trained row has, in schema order."""
 
 READ_FIELDS: tuple[str, ...] = tuple(f.name for f in TRAINED_ROW if f.trained is not None and f.name in ROW_FIELDS)
@@ -124,6 +157,9 @@ ROW_TAGS: tuple[str, ...] = (
 )
 """The tags of a trained row: the prompt's position in its dataset and id, its group and generation index, its
 start weight (``weight_version``), end weight and the step it was stamped for."""
+
+OPTIONAL_ROW_TAGS: tuple[str, ...] = ("teacher",)
+"""Tags only some runs' rows have: ``teacher``, the alias of an on-policy distillation run's row's teacher."""
 
 
 # ------------------------------------------------------------------------------------------------ stats

@@ -18,7 +18,8 @@ def group_to_columns(
     group_id: str, group: ScoredGroup, *, start_weight: int, end_weight: int
 ) -> tuple[list[str], dict[str, list[torch.Tensor]], list[dict[str, object]]]:
     """Keys, field columns (one tensor per row) and tags for the N rows of a scored group (``pixel_values`` only when
-    its prompt has images: every row holds them all)."""
+    its prompt has images: every row holds them all; the teacher fields and tag only when a distillation teacher
+    scored it)."""
     prompt, generations = group.prompt.token_ids, group.generations
     if len(group.rewards) != len(generations):
         raise ValueError(f"group {group_id}: {len(group.rewards)} rewards for {len(generations)} generations")
@@ -45,6 +46,10 @@ def group_to_columns(
     columns = {name: columns[name] for name in ROW_FIELDS}
     if group.prompt.images:
         columns["pixel_values"] = [images_tensor(group.prompt.images)] * len(generations)  # the put copies each row
+    if group.teacher is not None:  # on-policy distillation: the routed teacher's logprobs, and which teacher
+        name = "teacher_vocab_logprobs" if group.teacher.logprobs[0].dim() == 2 else "teacher_logprobs"
+        columns[name] = [row.to(ROW_DTYPES[name]) for row in group.teacher.logprobs]
+        columns["teacher_id"] = list(tensor("teacher_id", [group.teacher.index] * len(generations)).unbind())
     keys = [row_key(group_id, i) for i in range(len(group.generations))]
     tags = [
         {
@@ -54,6 +59,7 @@ def group_to_columns(
             "generation_index": i,
             "weight_version": start_weight,
             "end_weight": end_weight,
+            **({"teacher": group.teacher.alias} if group.teacher is not None else {}),
         }
         for i in range(len(keys))
     ]

@@ -2,7 +2,8 @@
 
 Each line: ``step`` (the RL step, 0-based: the trainer's ``global_step`` before that step's optimizer step),
 ``prompt_index`` (the prompt's position in its dataset), ``prompt_id``, ``group_id``, ``generation_index``,
-``start_weight``, ``end_weight``, ``target_step`` and ``reward``. With dynamic sampling (``grpo.use_dynamic_sampling``)
+``start_weight``, ``end_weight``, ``target_step`` and ``reward`` (and ``teacher``, an on-policy distillation row's
+teacher alias). With dynamic sampling (``grpo.use_dynamic_sampling``)
 a group filtered before its commit — consumed, never trained — gets one line of its own, under the step it was
 filtered for: ``step``, ``prompt_index``, ``prompt_id``, ``group_id``, ``filtered`` (the reason,
 ``zero_reward_variance``) and ``rewards`` (its N rewards); readers of trained rows skip lines with ``filtered``.
@@ -20,7 +21,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from sc_lightning.controller.api import ROW_TAGS
+from sc_lightning.controller.api import OPTIONAL_ROW_TAGS, ROW_TAGS
 
 FILENAME = "train_data.jsonl"
 FIELDS = (*ROW_TAGS, "reward")
@@ -56,6 +57,7 @@ class TrainDataLog:
             raise RuntimeError("TrainDataLog.open() was not called")
         for row in rows:
             record = {"step": step, **{name: row.get(name) for name in FIELDS}}
+            record |= {name: row[name] for name in OPTIONAL_ROW_TAGS if name in row}
             record["start_weight"] = record.pop("weight_version")
             self._handle.write(json.dumps(record) + "\n")
         self._handle.flush()
