@@ -6,9 +6,10 @@ under ``env_timeout_s``), and commit the group with the versions seen at start a
 the one-completion sample with a whole rollout that scores itself (a multi-turn conversation, an external agent).
 
 Any failure or cancellation removes the slot, so the buffer never holds a group that will not commit; a failed
-attempt is retried within ``async_rl.rollout_failure``'s budgets; once they are spent the controller drops the
-group within its drop budgets (``controller/drops.py``) or stops the run. Every attempt's engine time and tokens go
-to the goodput accounts (``rollout/goodput.py``).
+attempt is retried within ``async_rl.rollout_failure``'s budgets (a distillation teacher's scoring, just before the
+commit, is part of the attempt); once they are spent the controller drops the group within its drop budgets
+(``controller/drops.py``) or stops the run. Every attempt's engine time and tokens go to the goodput accounts
+(``rollout/goodput.py``).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import asyncio
 import dataclasses
 import hashlib
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
@@ -160,6 +161,8 @@ class RolloutManager:
     goodput: EngineGoodput = field(default_factory=EngineGoodput)
     reward_transform: Callable[[ScoredGroup], ScoredGroup] | None = None  # scaling / overlong shaping, then:
     group_filter: Callable[[ScoredGroup], str | None] | None = None  # a reason filters the group before its commit
+    teacher_scoring: Callable[[ScoredGroup, str], Awaitable[ScoredGroup]] | None = None  # distillation: the routed
+    # teacher's logprobs, added to a group that passed the filter (rollout/teachers.py); its failures retry as ours
     sample_source: SampleSource | None = None  # None: one engine completion per sample, scored by ``environment``
     _visits: dict[str, int] = field(default_factory=dict)
 
@@ -262,6 +265,8 @@ class RolloutManager:
             reason = None if self.group_filter is None else self.group_filter(group)
             if reason is not None:
                 raise GroupFiltered(prompt_id=prompt.prompt_id, group_id=group_id, reason=reason, rewards=group.rewards)
+            if self.teacher_scoring is not None:
+                group = await self.teacher_scoring(group, group_id)
             committed = await self.sink.commit(group_id, group, start_weight=start, end_weight=self.weight_version)
         except BaseException as exc:
             self.goodput.failed(group_id)

@@ -1,0 +1,181 @@
+"""Teacher scoring for on-policy distillation: each scored group's routed teacher scores its generations before the
+group commits, so its rows enter the data plane with their ``teacher_logprobs`` (docs/distillation.md).
+
+A prompt's teacher is the alias its ``on_policy_distillation.route_key`` field names (a dataset column, in
+``Prompt.extra``), else ``default_teacher``; :func:`check_routes` checks every dataset row at start. A
+:class:`TeacherScorer` (a model in the rollout side's process, or in a Ray actor: built by the composition root)
+returns per-token logprobs; :class:`TeacherScoring` runs it under ``teacher_timeout_s`` and turns a failure into a
+:class:`TeacherError`, which the rollout manager classifies and retries like an engine's (a dead actor or a missed
+deadline is an infra failure; an error of the teacher's own, data). The teachers are a fleet of their own in goodput:
+each one's busy time (scoring), idle time and scored tokens (:class:`TeacherTime`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import torch
+
+from sc_lightning.config.distillation import DistillationConfig
+from sc_lightning.rollout.manager import RolloutError, RolloutTimeout
+from sc_lightning.types import Prompt, ScoredGroup, TeacherScores
+
+KNOB = "on_policy_distillation"
+
+
+class TeacherError(RolloutError):
+    """A teacher failed to score a group; names the prompt, the group and the teacher (its cause says why)."""
+
+
+class UnroutedPromptError(ValueError):
+    """A prompt names no known teacher; names the prompt's row and the knob."""
+
+
+class TeacherScorer(Protocol):
+    """An inference-only teacher: per-token logprobs of whole sequences."""
+
+    async def score(self, sequences: Sequence[Sequence[int]], *, temperature: float) -> list[torch.Tensor]:
+        """For each sequence of token ids, its (T,) logprobs ``log p(ids[t] | ids[:t])`` (0 at t = 0), or with a
+        full-vocabulary teacher its (T, V) logprobs of every vocabulary entry at each position; CPU fp32."""
+
+    async def shutdown(self) -> None:
+        """Release the teacher (its actor, its memory)."""
+
+
+@dataclass(frozen=True)
+class TeacherTime:
+    """One teacher's goodput accounts since the start: seconds scoring and idle, rows and model tokens scored."""
+
+    busy_s: float = 0.0
+    idle_s: float = 0.0
+    scored_rows: int = 0
+    scored_tokens: int = 0
+
+    @property
+    def wall_s(self) -> float:
+        """The wall time the accounts cover: busy plus idle."""
+        return self.busy_s + self.idle_s
+
+
+def route(prompt: Prompt, config: DistillationConfig) -> str:
+    """The alias of ``prompt``'s teacher: its route_key field, else the default teacher; UnroutedPromptError naming
+    the prompt's row and the knob when that is no teacher."""
+    named = prompt.extra.get(config.route_key) if config.route_key is not None else None
+    alias = str(named) if named is not None else config.default_teacher
+    if alias in config.teachers:
+        return alias
+    row = f"prompt {prompt.prompt_id}" + (f" (dataset row {prompt.index})" if prompt.index is not None else "")
+    known = ", ".join(config.aliases())
+    if alias is None:
+        raise UnroutedPromptError(
+            f"{row} has no {config.route_key!r} field and {KNOB}.default_teacher is null; give the row its teacher "
+            f"({known}) or set {KNOB}.default_teacher"
+        )
+    source = f"its {config.route_key!r} field" if named is not None else f"{KNOB}.default_teacher"
+    raise UnroutedPromptError(
+        f"{row}: {source} names teacher {alias!r}, which {KNOB}.teachers does not have (known: {known}); fix the "
+        f"row or add the teacher"
+    )
+
+
+def check_routes(prompts: Iterable[Prompt], config: DistillationConfig) -> dict[str, int]:
+    """Route every prompt (UnroutedPromptError at the first that names no teacher); prompts per alias."""
+    counts = dict.fromkeys(config.aliases(), 0)
+    for prompt in prompts:
+        counts[route(prompt, config)] += 1
+    return counts
+
+
+@dataclass
+class _Account:
+    """A teacher's running goodput: when it started and what it did since."""
+
+    started: float
+    busy_s: float = 0.0
+    scored_rows: int = 0
+    scored_tokens: int = 0
+
+
+@dataclass
+class TeacherScoring:
+    """Scores each group with its routed teacher before the commit (the rollout manager's ``teacher_scoring``)."""
+
+    config: DistillationConfig
+    scorers: Mapping[str, TeacherScorer]
+    temperature: float = 1.0  # the sampling temperature: the teacher scores the same tempered distribution
+    clock: Callable[[], float] = time.monotonic
+    _accounts: dict[str, _Account] = field(default_factory=dict)
+    _locks: dict[str, asyncio.Lock] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        now = self.clock()
+        self._accounts = {alias: _Account(now) for alias in self.config.aliases()}
+
+    async def __call__(self, group: ScoredGroup, group_id: str) -> ScoredGroup:
+        """``group`` with its teacher's logprobs (TeacherError naming the teacher when scoring fails or runs past
+        ``teacher_timeout_s``)."""
+        alias = route(group.prompt, self.config)
+        engine = f"teacher {alias}"
+        prompt = group.prompt.token_ids
+        sequences = [(*prompt, *g.token_ids) for g in group.generations]
+        lock = self._locks.setdefault(alias, asyncio.Lock())  # one forward at a time per teacher
+        try:
+            async with lock:
+                started = self.clock()
+                try:
+                    scored = await asyncio.wait_for(
+                        self.scorers[alias].score(sequences, temperature=self.temperature),
+                        self.config.teacher_timeout_s,
+                    )
+                finally:
+                    self._accounts[alias].busy_s += self.clock() - started
+        except TimeoutError:
+            raise RolloutTimeout(
+                f"scoring exceeded {KNOB}.teacher_timeout_s={self.config.teacher_timeout_s}",
+                prompt_id=group.prompt.prompt_id,
+                group_id=group_id,
+                engine=engine,
+            ) from None
+        except Exception as exc:
+            raise TeacherError(
+                f"{type(exc).__name__}: {exc}", prompt_id=group.prompt.prompt_id, group_id=group_id, engine=engine
+            ) from exc
+        rows = [
+            _model_tokens_only(lp, len(prompt), g.trainable) for lp, g in zip(scored, group.generations, strict=True)
+        ]
+        account = self._accounts[alias]
+        account.scored_rows += len(rows)
+        account.scored_tokens += sum(g.model_token_count for g in group.generations)
+        return ScoredGroup(
+            group.prompt,
+            group.generations,
+            group.rewards,
+            group.masked,
+            TeacherScores(alias, self.config.aliases().index(alias), tuple(rows)),
+        )
+
+    def snapshot(self) -> dict[str, TeacherTime]:
+        """Each teacher's goodput accounts now."""
+        now = self.clock()
+        return {
+            alias: TeacherTime(a.busy_s, now - a.started - a.busy_s, a.scored_rows, a.scored_tokens)
+            for alias, a in self._accounts.items()
+        }
+
+    async def shutdown(self) -> None:
+        """Shut every teacher down."""
+        for scorer in self.scorers.values():
+            await scorer.shutdown()
+
+
+def _model_tokens_only(logprobs: torch.Tensor, prompt_length: int, trainable: Sequence[bool]) -> torch.Tensor:
+    """A row's teacher logprobs with the prompt's and the environment's tokens zeroed, fp32 on the CPU."""
+    row = logprobs.detach().to("cpu", torch.float32).clone()
+    keep = torch.zeros(row.shape[0], dtype=torch.bool)
+    keep[prompt_length:] = torch.tensor(list(trainable), dtype=torch.bool)
+    row[~keep] = 0.0
+    return row
