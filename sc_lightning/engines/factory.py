@@ -60,11 +60,11 @@ def default_engine_factory(
         return MegatronEngine.from_pretrained(model_name, device=device, **kwargs)
     from sc_lightning.engines.megatron.ray_engine import RayMegatronEngine
 
-    _start_ray()
+    start_ray()
     return RayMegatronEngine(model_name, **kwargs)
 
 
-def _start_ray() -> None:
+def start_ray() -> None:
     """Join the Ray cluster ``RAY_ADDRESS`` names (a multi-node run), or start a local one."""
     import ray
 
@@ -110,7 +110,7 @@ def _vllm_engine(
         eos_token_id=load_tokenizer(policy.tokenizer_name or model_name).eos_token_id,
     )
     gpus = _engine_gpus(config)
-    _start_ray()
+    start_ray()
     replicas = [
         VLLMEngine(
             settings, name=f"vllm-{i}", num_gpus=vllm_cfg.tensor_parallel_size if gpus else 0, cleanup_paths=written

@@ -15,7 +15,8 @@ engine holds: the ``generate`` command's pass.)
 
 At :meth:`~RolloutSide.start` the leader rank — the only rank of a one-process run, global rank 0 of many — loads the
 prompt dataset (a bad one fails here, before anything starts), then starts, in order: the data plane, the generation
-engine (seeded with the policy's current weights), and the controller with its rollout pump (on a background
+engine (seeded with the policy's current weights), a distillation run's teachers (every prompt's route checked
+first: :mod:`~sc_lightning.rollout_side.teachers`), and the controller with its rollout pump (on a background
 thread). With ``expose_http_server`` on (``vllm_cfg`` or ``mcore_generation_config``, by backend) it also serves the
 engine as an OpenAI-compatible endpoint on loopback (:attr:`~RolloutSide.endpoint_url`, on the backend's
 ``http_port``, which :meth:`~RolloutSide.listen` binds first: a port in use fails before anything starts, as an
@@ -57,6 +58,7 @@ from sc_lightning.rollout.envs import Environment, answer_check, build_environme
 from sc_lightning.rollout.prompts import check_dataset_fits_steps
 from sc_lightning.rollout.serving.listen import listen_on
 from sc_lightning.rollout.serving.server import OpenAIEndpoint
+from sc_lightning.rollout.teachers import TeacherScoring
 from sc_lightning.rollout_side.parts import (
     EngineFactory,
     PolicyModel,
@@ -68,6 +70,7 @@ from sc_lightning.rollout_side.parts import (
     http_server_port,
     rollout_snapshotter,
 )
+from sc_lightning.rollout_side.teachers import build_teacher_scoring
 from sc_lightning.trainer.data_parallel import data_parallel_representative
 from sc_lightning.trainer.rank_sync import FollowerSelect, LeaderSelect, RankGroup
 from sc_lightning.trainer.refit_gather import policy_buckets
@@ -91,6 +94,7 @@ class RolloutSide:
         self.data_plane: DataPlane | None = None
         self.controller: LocalController | None = None
         self.engine: GenerationEngine | None = None  # the leader's generation engine, once started
+        self.teachers: TeacherScoring | None = None  # the leader's distillation teachers, once started (else None)
         self.endpoint: OpenAIEndpoint | None = None
         self.endpoint_url: str | None = None
         self.last_refit: RefitRecord | None = None
@@ -148,6 +152,8 @@ class RolloutSide:
         check_dataset_fits_steps(config, len(dataset))  # bad rows and a too-small dataset fail before anything starts
         self.data_plane = data_plane = build_data_plane(config.data_plane)
         self.engine = engine = self.engine_factory(config, weights)  # here, on the main thread (it may start Ray)
+        device = weights[0][1].device if weights else torch.device("cpu")
+        self.teachers = teachers = build_teacher_scoring(config, tokenizer, dataset, device=device)
         self.accepts_megatron_weights = bool(getattr(engine, "accepts_megatron_weights", False))
         snapshotter = rollout_snapshotter(config)
         external = external_rollouts(config, engine)
@@ -166,6 +172,7 @@ class RolloutSide:
                 controller.add_background_task("rollout snapshots", snapshotter.run)
             if external is not None:
                 controller.manager.sample_source = external  # each sample: an agent's rollout, scored by the agent
+            controller.manager.teacher_scoring = teachers  # distillation: each group's teacher scores it (or None)
             return controller
 
         self.controller = LocalController(build, before_start=self._restorer(bundle, weights))
@@ -330,9 +337,12 @@ class RolloutSide:
             if self.controller is not None:
                 if self.endpoint is not None:
                     self.controller.call(self.endpoint.stop())
+                if self.teachers is not None:
+                    self.controller.call(self.teachers.shutdown())
                 self.controller.shutdown()
         finally:
             self.controller, self.endpoint, self.endpoint_url, self.engine = None, None, None, None
+            self.teachers = None
             if self._endpoint_socket is not None:  # closed already if the endpoint served on it
                 self._endpoint_socket.close()
                 self._endpoint_socket = None

@@ -51,9 +51,9 @@ def test_engines_join_the_ray_cluster_ray_address_names(monkeypatch: pytest.Monk
     monkeypatch.setattr(ray, "is_initialized", lambda: False)
     monkeypatch.setattr(ray, "init", lambda **kwargs: calls.append(kwargs))
     monkeypatch.setenv("RAY_ADDRESS", "10.0.0.1:6379")
-    factory._start_ray()
+    factory.start_ray()
     monkeypatch.delenv("RAY_ADDRESS")
-    factory._start_ray()
+    factory.start_ray()
     assert calls[0] == {"address": "10.0.0.1:6379", "log_to_driver": False}
     assert "address" not in calls[1] and calls[1]["num_cpus"] >= 2
 

@@ -41,6 +41,14 @@ T = TypeVar("T")
 _INHERITED_DIST_VARS = ("MASTER_PORT", "WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE")
 
 
+def leave_driver_world() -> None:
+    """In an actor process without torch.distributed yet: drop the rendezvous variables inherited from the driver, so
+    the models built here start a world of their own."""
+    if not torch.distributed.is_initialized():
+        for var in _INHERITED_DIST_VARS:
+            os.environ.pop(var, None)
+
+
 class MegatronEngineActor(BatchedGenerateActor):
     """The Ray actor body: one :class:`MegatronEngine` built in the actor process, its protocol as async methods."""
 
@@ -52,9 +60,7 @@ class MegatronEngineActor(BatchedGenerateActor):
         import_megatron_without_compile()  # this actor process's first megatron import
         from sc_lightning.engines.megatron.engine import MegatronEngine
 
-        if not torch.distributed.is_initialized():
-            for var in _INHERITED_DIST_VARS:
-                os.environ.pop(var, None)
+        leave_driver_world()
 
         super().__init__()
         self.engine = MegatronEngine.from_spec(
