@@ -144,6 +144,8 @@ class GRPOModule(LightningModule):
             seq_logprob_error_knob=f"{self.config.algo_name}.seq_logprob_error_threshold",
             max_token_staleness=self.config.loss_fn.max_token_staleness,
             frozen_pass=self.logprob_pass,
+            teachers=distillation.aliases() if (distillation := self.config.on_policy_distillation) else (),
+            full_vocabulary_coef=distillation.full_vocabulary_coef if distillation else 1.0,
         )
 
     def logprob_pass(self) -> AbstractContextManager[object]:

@@ -61,6 +61,13 @@ from sc_lightning.trainer.pipeline import (
     train_microbatches,
 )
 from sc_lightning.trainer.step_totals import StepTotals
+from sc_lightning.trainer.teacher_terms import (
+    full_vocabulary_term,
+    student_vocab_logprobs,
+    teacher_denominator,
+    teacher_metrics,
+    teacher_reductions,
+)
 
 
 class EmptyStepError(RuntimeError):
@@ -172,6 +179,8 @@ class PolicyUpdate:
         seq_logprob_error_knob: str = "grpo.seq_logprob_error_threshold",
         max_token_staleness: int | None = None,
         frozen_pass: Callable[[], AbstractContextManager[object]] = contextlib.nullcontext,
+        teachers: tuple[str, ...] = (),
+        full_vocabulary_coef: float = 1.0,
     ) -> None:
         if loss_fn.reference_policy_kl_penalty > 0 and reference_model is None:
             raise ValueError("loss_fn.reference_policy_kl_penalty > 0 needs a reference model for the KL term")
@@ -187,6 +196,9 @@ class PolicyUpdate:
         self.micro_batch_tokens = micro_batch_tokens  # padded-token budget of a micro-batch; None: rows only
         self.trained_lengths = [] if trained_lengths is None else trained_lengths  # each run row's length (perf)
         self.frozen_pass = frozen_pass  # wraps each frozen logprob pass (the step's perf times them)
+        self.teachers = teachers  # on-policy distillation: the aliases rows' teacher_ids index (metrics per teacher)
+        self.full_vocabulary_coef = full_vocabulary_coef  # weight of the full-vocabulary reverse-KL term
+        self.reductions = {**_REDUCTIONS, **teacher_reductions(teachers)}
         self._totals: _StepTotals | None = None
 
     def begin(self, step: int | None = None, version: int | None = None) -> None:
@@ -198,7 +210,7 @@ class PolicyUpdate:
         self.optimizer.zero_grad(set_to_none=True)
         group = data_parallel_group()
         device = next(self.model.parameters()).device
-        values = StepTotals(_REDUCTIONS, process_group=group, sync=group is not None).to(device)
+        values = StepTotals(self.reductions, process_group=group, sync=group is not None).to(device)
         self._totals = _StepTotals(values, step=step, version=version)
 
     def train_chunk(self, chunk: TrainChunk) -> None:
@@ -234,11 +246,17 @@ class PolicyUpdate:
         """The micro-batch's loss from the policy's (last stage's) logits."""
         input_ids = batch.input_ids.to(logits.device)
         vocab = self.vocab_size if self.vocab_size is not None else real_vocab_size(self.model)
+        student = None  # full-vocabulary distillation: read before logprobs_from_logits may overwrite the logits
+        if batch.teacher_vocab_logprobs is not None:
+            student = student_vocab_logprobs(logits, vocab or logits.shape[-1], self.temperature)
         logprobs = logprobs_from_logits(logits, input_ids, vocab_size=vocab, temperature=self.temperature)
-        return self._microbatch_loss(batch, logprobs, totals)
+        return self._microbatch_loss(batch, logprobs, totals, student)
 
-    def _microbatch_loss(self, batch: TrainChunk, logprobs: torch.Tensor, totals: _StepTotals) -> torch.Tensor:
-        """The micro-batch's loss as a raw sum (normaliser 1), its counts and metrics folded into ``totals``."""
+    def _microbatch_loss(
+        self, batch: TrainChunk, logprobs: torch.Tensor, totals: _StepTotals, student: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """The micro-batch's loss as a raw sum (normaliser 1), its counts and metrics folded into ``totals``; with
+        ``student`` (its (B, T, V) logprobs) the full-vocabulary reverse-KL term joins it."""
         mask = loss_mask(batch.token_mask, batch.sample_mask)
         stamped = totals.version is not None and batch.token_versions is not None
         if stamped:
@@ -260,6 +278,11 @@ class PolicyUpdate:
             reference_logprobs=batch.reference_logprobs,
         )
         totals.add(metrics)
+        totals.add(teacher_metrics(batch, mask, self.teachers))
+        if student is not None:
+            term, kl_metrics = full_vocabulary_term(batch, student, mask, self.full_vocabulary_coef)
+            totals.add(kl_metrics)
+            loss = loss + term
         return loss  # an all-masked micro-batch backpropagates 0; its metrics are neutral
 
     def _mask_seq_logprob_error(
@@ -295,9 +318,9 @@ class PolicyUpdate:
             self.scheduler.step()
         metrics = {}
         for name, value in read.items():
-            if name in COUNTS:
+            if name in COUNTS or name.startswith("teacher_tokens/"):
                 continue
-            if _REDUCTIONS[name] != "sum":
+            if self.reductions[name] != "sum":
                 metrics[name] = value  # min / max over the step
                 continue
             denominator = self._denominator(name, read)
@@ -324,6 +347,9 @@ class PolicyUpdate:
 
     def _denominator(self, name: str, read: dict[str, float]) -> float:
         loss_fn = self.loss_fn
+        teacher = teacher_denominator(name, read)
+        if teacher is not None:
+            return teacher
         seq_error_counts = {
             "mean_seq_mult_prob_error": read["checked_seqs"],
             "mean_seq_mult_prob_error_after_mask": read["seqs"],

@@ -22,7 +22,7 @@ import torch
 from sc_lightning.config import SCConfig, resolve
 from sc_lightning.controller.api import GroupMeta, WaitInterrupted
 from sc_lightning.data_plane.base import DataPlane
-from sc_lightning.trainer.chunks import TrainChunk, load_chunk
+from sc_lightning.trainer.chunks import Distillation, TrainChunk, load_chunk
 from sc_lightning.trainer.data_parallel import data_parallel_rank, data_parallel_size, share_of_groups
 
 
@@ -63,6 +63,7 @@ class StepSettings:
     leave_one_out: bool
     normalize_rewards: bool
     log_rows: bool = False
+    distillation: Distillation | None = None  # on-policy distillation: the opd advantages from the teacher fields
 
     @classmethod
     def from_config(cls, config: SCConfig, *, pad_token_id: int) -> StepSettings:
@@ -78,6 +79,12 @@ class StepSettings:
             leave_one_out=getattr(estimator, "use_leave_one_out_baseline", True),
             normalize_rewards=getattr(estimator, "normalize_rewards", True),
             log_rows=config.data.train_data_log,
+            distillation=Distillation(
+                reward_weight=estimator.reward_weight,
+                full_vocabulary=config.on_policy_distillation.full_vocabulary,
+            )
+            if config.distills
+            else None,
         )
 
 
@@ -150,6 +157,7 @@ class RLStepBatch:
             overlong_filtering=s.overlong_filtering,
             leave_one_out=s.leave_one_out,
             normalize_rewards=s.normalize_rewards,
+            distillation=s.distillation,
         )
         return chunk.to(self.device)
 
