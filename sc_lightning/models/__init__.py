@@ -1,4 +1,5 @@
-"""The model layer: megatron-core ``GPTModel`` policies, HF <-> megatron conversion, token log-probs, CPU support.
+"""The model layer: megatron-core ``GPTModel`` policies and vision-language ones, HF <-> megatron conversion, token
+log-probs, CPU support.
 
 Names are imported lazily (``from sc_lightning.models import load_policy`` loads megatron-core only then), so
 reading a :class:`ModelSpec` stays cheap.
@@ -10,7 +11,7 @@ import importlib
 from typing import Any
 
 _EXPORTS = {
-    "spec": ("BUILTIN_SPECS", "ModelSpec", "builtin_spec"),
+    "spec": ("BUILTIN_SPECS", "ModelSpec", "VisionSpec", "builtin_spec"),
     "megatron": ("build_gpt_model", "init_model_parallel", "load_hf_weights", "load_policy", "transformer_config"),
     "convert": (
         "export_hf_weights",
@@ -25,6 +26,7 @@ _EXPORTS = {
     "attention": ("SDPACoreAttention", "gpt_layer_spec_sdpa"),
     "hf_dir": ("save_hf_directory",),
     "value": ("ValueHead", "attach_value_head", "load_critic", "token_values"),
+    "vlm": ("VisionLanguageModel", "build_vlm", "image_embeddings", "merged_embeddings", "vlm_logits"),
 }
 _WHERE = {name: module for module, names in _EXPORTS.items() for name in names}
 __all__ = sorted(_WHERE)
