@@ -5,7 +5,9 @@ built-in model with cross-entropy on a few hundred worked examples until its gre
 ``target_accuracy`` (deliberately partial: RL must do the rest), then writes a Hugging Face directory that
 ``policy.model_name`` can point at. :data:`WARM_STARTS` names them: ``builtin:tiny-arith`` (the 85k-parameter CPU
 example), ``builtin:small-arith`` (142M parameters, the one-GPU example), ``builtin:tiny-calc`` (the tiny model on
-the multi-turn calculator conversations of docs/multiturn.md) and ``builtin:medium-worked`` (312M parameters on the
+the multi-turn calculator conversations of docs/multiturn.md), the distillation example's teachers and student
+(``builtin:tiny-add-teacher``, ``builtin:tiny-mul-teacher``, ``builtin:tiny-mixed``: docs/distillation.md) and
+``builtin:medium-worked`` (312M parameters on the
 long worked-arithmetic answers, :mod:`~sc_lightning.models.warm_worked`); :func:`resolve_model_name` builds one on
 first use (seconds on a CPU, or on a GPU for the larger ones; about three minutes for the 312M one) and caches it.
 
@@ -50,14 +52,23 @@ class WarmRecipe:
     lr: float  # AdamW learning rate: the 142M model needs ten times less than the 85k one
     check_every: int  # steps between greedy-accuracy checks: a large model passes the target in a few steps, so
     # it is checked every step (a coarser check overshoots the target by a varying amount, and the RL start with it)
-    task: Literal["addition", "calculator", "worked_arithmetic"] = "addition"  # which worked examples it trains on
+    task: Literal["addition", "multiplication", "mixed", "calculator", "worked_arithmetic"] = "addition"  # which
+    # worked examples it trains on (mixed: addition and multiplication, half each)
     budget: WorkedBudget | None = None  # worked_arithmetic: its token budget and target (None: the default budget)
+    target_accuracy: float = 0.4  # greedy accuracy it trains to (deliberately partial for a policy; high for a teacher)
 
 
 WARM_STARTS: dict[str, WarmRecipe] = {
     "builtin:tiny-arith": WarmRecipe("builtin:tiny", lr=3e-3, check_every=25),
     "builtin:small-arith": WarmRecipe("builtin:small", lr=3e-4, check_every=1),
     "builtin:tiny-calc": WarmRecipe("builtin:tiny", lr=1e-2, check_every=2, task="calculator"),
+    # on-policy distillation's tiny example (configs/distill_tiny.yaml): two teachers that know their task well, and
+    # a student that has seen both only briefly
+    "builtin:tiny-add-teacher": WarmRecipe("builtin:tiny", lr=3e-3, check_every=25, target_accuracy=0.95),
+    "builtin:tiny-mul-teacher": WarmRecipe(
+        "builtin:tiny", lr=3e-3, check_every=25, task="multiplication", target_accuracy=0.95
+    ),
+    "builtin:tiny-mixed": WarmRecipe("builtin:tiny", lr=3e-3, check_every=5, task="mixed", target_accuracy=0.1),
     # trains until sampling would earn reward 0.3, within a token budget (models/warm_worked.py)
     "builtin:medium-worked": WarmRecipe(
         "builtin:medium", lr=3e-4, check_every=20, task="worked_arithmetic", budget=WorkedBudget()
@@ -175,7 +186,8 @@ def _recipe_digest(recipe: WarmRecipe) -> str:
 def _examples(tokenizer: CharTokenizer, count: int, seed: int, task: str) -> tuple[torch.Tensor, torch.Tensor]:
     """``count`` worked examples of ``task`` as right-padded rows of token ids, and the mask of the model's tokens.
 
-    addition: ``<bos>a+b=S<eos>`` (the model's tokens: the sum and eos). calculator: the conversation
+    addition: ``<bos>a+b=S<eos>`` (the model's tokens: the sum and eos); multiplication: ``<bos>a*b=P<eos>`` alike;
+    mixed: either, half each (single digits throughout). calculator: the conversation
     ``<bos>a*b=a*b<eos>P=P<eos>`` of two-digit factors in the built-in chat template (the model's tokens: its call
     ``a*b<eos>`` and its answer ``P<eos>``).
     """
@@ -183,9 +195,11 @@ def _examples(tokenizer: CharTokenizer, count: int, seed: int, task: str) -> tup
     bos, eos, encode = tokenizer.bos_token_id, tokenizer.eos_token_id, tokenizer.encode
     rows: list[list[int]] = []
     masks: list[list[bool]] = []
-    if task == "addition":
-        for a, b in torch.randint(0, 10, (count, 2), generator=g, device="cpu").tolist():
-            rows.append([bos, *encode(f"{a}+{b}={a + b}"), eos])
+    if task in ("addition", "multiplication", "mixed"):
+        operators = {"addition": "+", "multiplication": "*"}.get(task, "+*")
+        for n, (a, b) in enumerate(torch.randint(0, 10, (count, 2), generator=g, device="cpu").tolist()):
+            op = operators[n % len(operators)]
+            rows.append([bos, *encode(f"{a}{op}{b}={a + b if op == '+' else a * b}"), eos])
             masks.append([i >= 5 for i in range(len(rows[-1]))])
     else:
         for a, b in torch.randint(10, 100, (count, 2), generator=g, device="cpu").tolist():
@@ -214,12 +228,13 @@ def warm_start(
     path: Path,
     *,
     seed: int,
-    target_accuracy: float = 0.4,
+    target_accuracy: float | None = None,
     max_steps: int = 2000,
     device: str | torch.device = "cpu",
     recipe: WarmRecipe = WARM_STARTS["builtin:tiny-arith"],
 ) -> float:
-    """Train ``recipe``'s model on ``device`` until greedy accuracy reaches ``target_accuracy``; save it as an HF dir
+    """Train ``recipe``'s model on ``device`` until greedy accuracy reaches ``target_accuracy`` (None: the recipe's);
+    save it as an HF dir
     at ``path``. A GPU run warms up on its GPU: building a model on the CPU would patch megatron for the CPU in a
     process whose models live on CUDA. The worked-arithmetic recipe measures and bounds itself instead
     (:mod:`~sc_lightning.models.warm_worked`: the reward sampling would earn, within a token budget) and returns that
@@ -251,7 +266,7 @@ def warm_start(
         if step % recipe.check_every == 0:
             accuracy = greedy_accuracy(model.eval(), held_out, held_out_mask, spec.vocab_size)
             model.train()
-            if accuracy >= target_accuracy:
+            if accuracy >= (recipe.target_accuracy if target_accuracy is None else target_accuracy):
                 break
     save_hf_directory(spec, export_hf_weights(model, spec), path)
     return accuracy
