@@ -65,13 +65,6 @@ _PER_ALGORITHM = {
         "the reference pass is skipped whenever loss_fn.reference_policy_kl_penalty is 0 (lightning/module.py); "
         "loss_consistency only checks that this flag comes with a zero penalty"
     ),
-    **{
-        f"{{algo}}.adv_estimator.name ({estimator})": (
-            "the estimator follows from the algorithm block (grpo: group baseline, ppo: GAE); "
-            "estimator_matches_algorithm rejects the other name"
-        )
-        for estimator in ("GRPOAdvantage", "GAEAdvantage")
-    },
 }
 _TRAINER_BATCH = (
     "must equal num_prompts_per_step x num_generations_per_prompt (batch_matches_step); the step batch is built "
