@@ -8,6 +8,7 @@ Megatron engine, controller and data plane; only the timing of the kills is rand
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -66,3 +67,31 @@ def test_sigkill_with_rollout_snapshots_resumes_between_trainer_checkpoints(tmp_
     resumed = [line for err in stderrs for line in err.splitlines() if line.startswith("resuming from")]
     assert any(SNAPSHOTS_DIR in line for line in resumed), resumed  # at least one restart used a rollout snapshot
     assert_each_prompt_trained_once(tmp_path)
+
+
+@pytest.mark.long(minutes=1.5)
+def test_sigkill_during_distillation_resumes_with_the_teachers_logprobs(tmp_path: Path) -> None:
+    """On-policy distillation, async (one version ahead), a bundle every step: after the kills every prompt is trained
+    exactly once, each row by its teacher. A restored row is trained from its saved teacher logprobs: the trainer
+    reads them with the row, and a row without them fails the step (MissingRowsError), so the run could not finish."""
+    write_dataset(tmp_path / "prompts.jsonl")
+    checkpoints = tmp_path / "checkpoints"
+    layers = (
+        REPO / "configs" / "grpo_tiny.yaml",
+        REPO / "tests" / "small_steps.yaml",
+        REPO / "tests" / "distill_steps.yaml",
+    )
+    argv = command(
+        tmp_path,
+        layers,
+        "--data_plane.backend", "memory",
+        "--async_rl.max_buffered_rollouts", "8",
+        "--async_rl.max_inflight_prompts", "8",
+        "--checkpointing.save_period", "1",
+    )  # fmt: skip
+    kills, stderrs = run_until_done(argv, [(a_new_bundle(checkpoints), 0.2)] * 3, seed=40)
+    assert kills >= 2, f"only {kills} kills landed"
+    assert any(line.startswith("resuming from") for err in stderrs for line in err.splitlines())
+    assert_each_prompt_trained_once(tmp_path)
+    rows = [json.loads(line) for line in (tmp_path / "train_data.jsonl").read_text().splitlines()]
+    assert {row["teacher"] for row in rows} == {"add"}
