@@ -12,8 +12,10 @@ split into
 and the engine fleet's accounts (:class:`~sc_lightning.rollout.goodput.EngineTime`, kept by the rollout side) into
 trained, wasted, pending, stood_down and idle. Logged as ``goodput/<fleet>/<part>_s`` (the step) and
 ``goodput/<fleet>/<part>_total_s`` (since the start; ``goodput/<fleet>/wall_total_s`` their sum), with
-``goodput/engine/{trained,wasted}_tokens_total``; the progress bar shows ``tok_s``, the step's trained completion
-tokens per second. At the end of the fit the leader prints
+``goodput/engine/{trained,wasted}_tokens_total``; a distillation run's teachers are a fleet of their own,
+``goodput/teacher/<alias>/{busy,idle}_total_s`` and ``scored_tokens_total`` (since this process began: a resumed run
+starts them again; :class:`~sc_lightning.rollout.teachers.TeacherTime`). The progress bar shows ``tok_s``, the
+step's trained completion tokens per second. At the end of the fit the leader prints
 :func:`~sc_lightning.trainer.goodput.allocation_advice` (``report`` prints it too, from the logged totals).
 
 From the same window, the step's throughput (:func:`~sc_lightning.trainer.perf.step_throughput`):
@@ -78,6 +80,11 @@ class GoodputMonitor(Callback):
         logged["goodput/engine/wall_total_s"] = engine.wall_s
         logged["goodput/engine/trained_tokens_total"] = float(engine.trained_tokens)
         logged["goodput/engine/wasted_tokens_total"] = float(engine.wasted_tokens)
+        teachers = trainer.strategy.rollout_side.teachers  # distillation: the teachers' fleet, since this process began
+        for alias, teacher in (teachers.snapshot() if teachers is not None else {}).items():
+            logged |= {f"goodput/teacher/{alias}/busy_total_s": teacher.busy_s}
+            logged |= {f"goodput/teacher/{alias}/idle_total_s": teacher.idle_s}
+            logged |= {f"goodput/teacher/{alias}/scored_tokens_total": float(teacher.scored_tokens)}
         work = pl_module.step_work if isinstance(pl_module, GRPOModule) else None
         gpus = sum(self.devices) if self.devices is not None else trainer.world_size
         perf = step_throughput(step, work or StepWork(0, 0.0), trained_tokens, gpus)
