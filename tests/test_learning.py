@@ -6,6 +6,9 @@ Each test runs alone on the machine (marker ``exclusive``): the bar is for the e
 
 from __future__ import annotations
 
+import json
+from collections import Counter
+
 import pytest
 import yaml
 
@@ -100,3 +103,28 @@ def test_the_tiny_multiturn_example_visibly_learns(tmp_path) -> None:
 def test_the_tiny_vllm_example_visibly_learns(tmp_path) -> None:
     """grpo_tiny_vllm.yaml, unchanged: the same bar as with the Megatron engine."""
     assert_reward_climbs(train_unchanged("configs/grpo_tiny_vllm.yaml", tmp_path))
+
+
+@pytest.mark.exclusive  # its 10-minute bar is for the example alone on the 2-core box
+@pytest.mark.timeout(900)  # the subprocess's own 600 s deadline is the bar; this only outlasts it
+def test_the_tiny_distillation_example_visibly_learns(tmp_path) -> None:
+    """configs/distill_tiny.yaml, unchanged (two teachers, full-vocabulary distillation, about 4 minutes): the
+    student's reward rises by >= 0.3 on both tasks, each teacher's KL is logged and falls, and every trained row went
+    to the teacher its dataset row names (the per-teacher routing counts are the dataset's)."""
+    steps = train_unchanged("configs/distill_tiny.yaml", tmp_path)
+    for alias in ("add", "mul"):
+        assert_reward_climbs([{"train/reward": step[f"train/teacher_reward/{alias}"]} for step in steps])
+        kl = [float(step[f"train/teacher_kl/{alias}"]) for step in steps]
+        assert sum(kl[-5:]) < sum(kl[:5]) / 2, alias  # the student moved towards its teacher
+        assert float(steps[-1][f"goodput/teacher/{alias}/busy_total_s"]) > 0  # each teacher: a fleet of its own
+        assert float(steps[-1][f"goodput/teacher/{alias}/scored_tokens_total"]) > 0
+    dataset = [json.loads(line) for line in (REPO / "examples" / "distill_tiny_prompts.jsonl").read_text().splitlines()]
+    rows = [json.loads(line) for line in (tmp_path / "train_data.jsonl").read_text().splitlines()]
+    assert [row["teacher"] for row in rows] == [dataset[row["prompt_index"]]["teacher"] for row in rows]
+    routed = Counter(row["teacher"] for row in rows)  # 1500 steps of 8 prompts: 60 whole epochs of the 200 rows
+    assert routed == {
+        alias: n * len(rows) // len(dataset) for alias, n in Counter(d["teacher"] for d in dataset).items()
+    }
+    assert [routed["add"], routed["mul"]] == [
+        sum(float(step[f"train/teacher_rows/{alias}"]) for step in steps) for alias in ("add", "mul")
+    ]
