@@ -86,15 +86,26 @@ for node in 0 1; do
   fi
   NODE_PIDS+=($!)
 done
+# As the nodes end. When one fails the other's next collective fails too, and it ends with its own error within
+# seconds; after FAILED_NODE_GRACE_S (default 60) it is stopped (on EXIT).
 running=("${NODE_PIDS[@]}")
-while [[ ${#running[@]} -gt 0 ]]; do  # as the nodes end: the first that fails takes the other down (on EXIT)
+status=0
+while [[ ${#running[@]} -gt 0 ]]; do
   code=0
   wait -n -p ended "${running[@]}" || code=$?
-  if [[ $code -ne 0 ]]; then
-    echo "error: node $([[ $ended == "${NODE_PIDS[0]}" ]] && echo 0 || echo 1) exited with code $code" >&2
-    exit "$code"
-  fi
   left=()
   for pid in "${running[@]}"; do [[ $pid == "$ended" ]] || left+=("$pid"); done
   running=("${left[@]}")
+  if [[ $code -ne 0 && $status -eq 0 ]]; then
+    status=$code
+    echo "error: node $([[ $ended == "${NODE_PIDS[0]}" ]] && echo 0 || echo 1) exited with code $code" >&2
+    for _ in $(seq "$((${FAILED_NODE_GRACE_S:-60} * 10))"); do
+      alive=0
+      for pid in "${running[@]}"; do kill -0 "$pid" 2>/dev/null && alive=1; done
+      ((alive)) || break
+      sleep 0.1
+    done
+    break
+  fi
 done
+exit "$status"

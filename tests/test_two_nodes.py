@@ -12,17 +12,19 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
+import time
 from collections import Counter
 from pathlib import Path
 
 import pytest
 
-from tests.helpers.cli import step_metrics, user_environment
+from tests.helpers.cli import child_pid, step_metrics, user_environment, wait_for
 from tests.helpers.configs import REPO
 from tests.helpers.recovery import assert_trained_once, write_dataset
 from tests.helpers.shims import install_shims
-from tests.helpers.two_nodes import two_node_run
+from tests.helpers.two_nodes import finish, start_two_nodes, two_node_run
 
 STEPS = 4
 ROWS_PER_STEP = 16  # 4 groups x 4 generations (tests/small_steps.yaml, tests/small_ppo_steps.yaml)
@@ -114,6 +116,32 @@ def test_two_ranks_per_node_write_a_bundle_together_and_resume_every_prompt_once
         assert (steps == STEPS) == (f"resuming from {checkpoints / 'step_2'}" in stderr)
         assert (checkpoints / f"step_{steps}" / "sharded" / ".metadata").is_file()
     _assert_steps_trained_once(tmp_path)
+
+
+@pytest.mark.slow
+@pytest.mark.long(minutes=1)
+@pytest.mark.timeout(400)
+def test_a_node_that_dies_ends_the_other_within_seconds(tmp_path: Path) -> None:
+    """SIGKILL of node 1's process mid-run: node 0's next collective with it fails and node 0 ends by itself within
+    seconds (the script stops nothing), and the script names the node that died."""
+    process = start_two_nodes(
+        tmp_path, *_fit(tmp_path, "grpo", 40, "1"), launcher="lightning", head_cpus=0, node1_cpus=4
+    )
+    try:
+        trained = tmp_path / "train_data.jsonl"
+        assert wait_for(lambda: trained.exists() and trained.stat().st_size > 0, process, "a trained step")
+        node1 = child_pid(process.pid, "NODE_RANK=1")
+        assert node1 is not None
+        os.kill(node1, signal.SIGKILL)
+        killed = time.monotonic()
+    finally:
+        stderr = finish(process, 120)
+    took = time.monotonic() - killed
+    assert process.returncode == 128 + signal.SIGKILL, stderr[-3000:]
+    assert took < 30, f"the run outlived its dead node by {took:.0f} s"
+    assert "error: node 1 exited with code 137" in stderr
+    assert "Connection closed by peer" in stderr or "Connection reset by peer" in stderr  # node 0's own error
+    assert "Received SIGTERM" not in stderr  # nobody had to stop node 0
 
 
 def test_the_slurm_recipe_starts_ray_on_every_node_and_the_trainer_on_the_first_nodes(tmp_path: Path) -> None:

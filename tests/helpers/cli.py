@@ -76,6 +76,22 @@ def wait_for(
     return True
 
 
+def child_pid(parent: int, assignment: str) -> int | None:
+    """The pid of a child process of ``parent`` whose environment holds ``assignment`` (e.g. ``LOCAL_RANK=1``, a
+    trainer rank that Lightning's launcher started); None while there is none."""
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            env = (entry / "environ").read_bytes().split(b"\0")
+        except (OSError, IndexError, ValueError):
+            continue  # gone meanwhile
+        if ppid == parent and assignment.encode() in env:
+            return int(entry.name)
+    return None
+
+
 def step_metrics(root: Path) -> list[dict[str, str]]:
     """The per-step rows of the one run's CSV metrics under ``root``, as dicts."""
     (metrics,) = root.glob("lightning_logs/version_*/metrics.csv")
@@ -111,14 +127,4 @@ def stopped_after(stderr: str, reason: str) -> int:
 
 def child_rank_pid(parent: int, local_rank: int) -> int | None:
     """The pid of the trainer rank ``local_rank`` that Lightning's launcher in ``parent`` started (None: not yet)."""
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            env = (entry / "environ").read_bytes().split(b"\0")
-        except (OSError, IndexError, ValueError):
-            continue  # gone meanwhile
-        if ppid == parent and f"LOCAL_RANK={local_rank}".encode() in env:
-            return int(entry.name)
-    return None
+    return child_pid(parent, f"LOCAL_RANK={local_rank}")

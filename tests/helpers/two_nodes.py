@@ -1,5 +1,5 @@
-"""Two trainer nodes on one box: ``scripts/two_nodes_local.sh`` (a two-node Ray cluster on 127.0.0.1 and the node
-processes NODE_RANK 0 and 1) run to its end, and the run's arguments."""
+"""Two trainer nodes on one box: ``scripts/two_nodes_local.sh`` (a two-node Ray cluster on 127.0.0.1 and the two
+node processes) started, run to its end, and its node processes found."""
 
 from __future__ import annotations
 
@@ -18,22 +18,12 @@ SCRIPT = REPO / "scripts" / "two_nodes_local.sh"
 STOP_GRACE_S = 60.0
 
 
-def two_node_run(
-    tmp_path: Path,
-    *fit_args: str,
-    launcher: str,
-    head_cpus: int,
-    node1_cpus: int,
-    timeout_s: float,
-    ranks_per_node: int = 1,
-) -> str:
-    """Run the script with ``fit_args``, each node's ``ranks_per_node`` ranks started by ``launcher`` (``lightning`` or
-    ``torchrun``), on a cluster of its own (Ray nodes of ``head_cpus`` and ``node1_cpus`` CPUs, its own auth token,
-    the Ray nodes' output under ``tmp_path / "nodes"``); return its stderr once it succeeded.
-
-    Past ``timeout_s`` the script is stopped as Ctrl-C stops it (it ends its node processes and Ray nodes), then its
-    whole session is killed; either way the call fails with the script's output.
-    """
+def start_two_nodes(
+    tmp_path: Path, *fit_args: str, launcher: str, head_cpus: int, node1_cpus: int, ranks_per_node: int = 1
+) -> subprocess.Popen:
+    """Start the script with ``fit_args``, each node's ``ranks_per_node`` ranks started by ``launcher`` (``lightning``
+    or ``torchrun``), on a cluster of its own (Ray nodes of ``head_cpus`` and ``node1_cpus`` CPUs, its own auth token,
+    the Ray nodes' output under ``tmp_path / "nodes"``), in a session of its own; its stderr is piped (text)."""
     env = user_environment(without=("RAY_ADDRESS", "RAY_AUTH_TOKEN")) | {
         "LAUNCHER": launcher,
         "PYTHON": sys.executable,
@@ -44,7 +34,7 @@ def two_node_run(
         "RAY_NODE1_CPUS": str(node1_cpus),
         "TWO_NODES_DIR": str(tmp_path / "nodes"),
     }
-    process = subprocess.Popen(
+    return subprocess.Popen(
         [str(SCRIPT), *fit_args],
         cwd=REPO,
         env=env,
@@ -53,12 +43,17 @@ def two_node_run(
         text=True,
         start_new_session=True,  # every process it starts is in its session
     )
+
+
+def finish(process: subprocess.Popen, timeout_s: float) -> str:
+    """Wait for the script to end; its stderr. Past ``timeout_s`` it is stopped as Ctrl-C stops it (it ends its node
+    processes and Ray nodes) and the call fails with its output; either way its whole session is killed after."""
     try:
-        _, stderr = process.communicate(timeout=timeout_s)
+        return process.communicate(timeout=timeout_s)[1]
     except subprocess.TimeoutExpired:
         process.send_signal(signal.SIGINT)
         try:
-            _, stderr = process.communicate(timeout=STOP_GRACE_S)
+            stderr = process.communicate(timeout=STOP_GRACE_S)[1]
         except subprocess.TimeoutExpired:
             stderr = "(the script did not stop within its grace either)"
         raise AssertionError(f"the two-node run outlived {timeout_s:.0f} s:\n{stderr[-3000:]}") from None
@@ -66,5 +61,28 @@ def two_node_run(
         with contextlib.suppress(ProcessLookupError):  # whatever of its session is left (nothing, normally)
             os.killpg(process.pid, signal.SIGKILL)
         process.wait()
+
+
+def two_node_run(tmp_path: Path, *fit_args: str, timeout_s: float, **cluster: object) -> str:
+    """Run the script (:func:`start_two_nodes` with ``cluster``'s keywords) to its end within ``timeout_s``; its
+    stderr once it succeeded."""
+    process = start_two_nodes(tmp_path, *fit_args, **cluster)  # type: ignore[arg-type]
+    stderr = finish(process, timeout_s)
     assert process.returncode == 0, stderr[-5000:]
     return stderr
+
+
+def node_pid(script: subprocess.Popen, node: int) -> int | None:
+    """The pid of the script's node process ``node`` (Lightning's launcher: its child with ``NODE_RANK=node``), or
+    None while there is none."""
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            env = (entry / "environ").read_bytes().split(b"\0")
+        except (OSError, IndexError, ValueError):
+            continue  # gone meanwhile
+        if ppid == script.pid and f"NODE_RANK={node}".encode() in env:
+            return int(entry.name)
+    return None
