@@ -207,10 +207,14 @@ class MultiRankSingleControllerStrategy(SingleControllerHooks, DDPStrategy):
 
     def on_exception(self, exception: BaseException) -> None:
         """Name the trainer ranks whose process died in the error (a dead rank shows up on the others as a broken
-        connection). Children of Lightning's own launcher only: torchrun and SLURM report their ranks themselves."""
+        connection): children of this node's Lightning launcher by their exit, else, with several nodes, the other
+        nodes whose rank this one may have lost. torchrun and SLURM report their ranks themselves."""
         super().on_exception(exception)
         if died := dead_ranks(self.launcher, node_rank=self.node_rank, ranks_per_node=self.num_processes):
             died = f"{died}; rank {self.global_rank} noticed it {training_phase(self.lightning_module)}"
+        else:
+            died = lost_peer(exception, node_rank=self.node_rank, num_nodes=self.num_nodes)
+        if died:
             exception.args = (f"{exception.args[0] if exception.args else exception!r}\n{died}", *exception.args[1:])
 
 
@@ -240,6 +244,22 @@ def dead_ranks(launcher: Any, *, node_rank: int, ranks_per_node: int, grace_s: f
     return "; ".join(
         f"trainer rank {node_rank * ranks_per_node + local} (pid {child.pid}) died: {_exit_reason(child.returncode)}"
         for local, child in failed
+    )
+
+
+LOST_CONNECTION = ("Connection closed by peer", "Connection reset by peer")
+"""How gloo words a collective whose peer process has ended."""
+
+
+def lost_peer(exception: BaseException, *, node_rank: int, num_nodes: int) -> str:
+    """With several nodes, a sentence for a collective broken by a lost connection: a rank of another node may have
+    ended, and that node's output says why ('' for one node or another error)."""
+    if num_nodes == 1 or not any(words in str(exception) for words in LOST_CONNECTION):
+        return ""
+    others = ", ".join(str(node) for node in range(num_nodes) if node != node_rank)
+    return (
+        f"node {node_rank} lost its connection to another trainer rank: if a rank of another node (node {others}) "
+        "ended, that node's output says why"
     )
 
 
