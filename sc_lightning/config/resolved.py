@@ -69,3 +69,12 @@ def resolve(config: SCConfig) -> Resolved:
         min_groups_for_streaming_train=min_groups_for_streaming_train(config),
         max_inflight_prompts=config.async_rl.max_inflight_prompts or buffered,
     )
+
+
+def response_limit(config: SCConfig) -> int:
+    """The length the overlong penalty is measured against: ``max_response_length``, else the longest completion
+    (``policy.generation.max_new_tokens``; a multi-turn run must give ``max_response_length``, a rule says)."""
+    shaping = config.algo.reward_shaping
+    if shaping.max_response_length is not None:
+        return shaping.max_response_length
+    return config.policy.generation.max_new_tokens

@@ -28,6 +28,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from sc_lightning.config import SCConfig
+from sc_lightning.config.resolved import response_limit
 from sc_lightning.types import ScoredGroup
 
 
@@ -84,15 +85,6 @@ class RewardTransform:
         """``group`` with each reward transformed."""
         rewards = tuple(self.reward(r, len(g.token_ids)) for r, g in zip(group.rewards, group.generations, strict=True))
         return dataclasses.replace(group, rewards=rewards)
-
-
-def response_limit(config: SCConfig) -> int:
-    """The length the overlong penalty is measured against: ``max_response_length``, else the longest completion
-    (``policy.generation.max_new_tokens``; a multi-turn run must give ``max_response_length``, a rule says)."""
-    shaping = config.algo.reward_shaping
-    if shaping.max_response_length is not None:
-        return shaping.max_response_length
-    return config.policy.generation.max_new_tokens
 
 
 def reward_transform(config: SCConfig) -> RewardTransform | None:

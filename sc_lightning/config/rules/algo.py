@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from sc_lightning.config.algorithm import GAEAdvantage, GRPOAdvantage
 from sc_lightning.config.report import Report, ties
-from sc_lightning.config.resolved import min_groups_for_streaming_train
+from sc_lightning.config.resolved import min_groups_for_streaming_train, response_limit
 from sc_lightning.config.rules.model import MODEL_RULES
 from sc_lightning.config.schema import SCConfig
 
@@ -77,8 +77,6 @@ def overlong_shaping_fits(config: SCConfig, report: Report) -> None:
     """Overlong shaping needs its buffer and penalty; the buffer fits inside the length it is measured against."""
     if not config.has_one_algorithm or not config.algo.reward_shaping.enabled:
         return
-    from sc_lightning.rollout.reward_shaping import response_limit
-
     shaping, block = config.algo.reward_shaping, f"{config.algo_name}.reward_shaping"
     for knob in ("overlong_buffer_length", "overlong_buffer_penalty"):
         if getattr(shaping, knob) is None:
