@@ -8,7 +8,7 @@ from typing import Any
 import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
 
-from sc_lightning.lightning.strategy import training_phase
+from sc_lightning.trainer.rank_deaths import training_phase
 
 
 class Recorder(LightningModule):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from sc_lightning.lightning.strategy import lost_peer
+from sc_lightning.trainer.rank_deaths import lost_peer
 
 GLOO_LOST = RuntimeError("[gloo/transport/tcp/pair.cc:553] Connection closed by peer [10.0.0.7]:41234")
 
