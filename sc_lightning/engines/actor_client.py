@@ -101,9 +101,15 @@ class ActorEngineClient:
         await self._call("startup", "ready", timeout_s=self.startup_timeout_s)
 
     async def generate(
-        self, prompt_token_ids: tuple[int, ...], sampling: SamplingParams, *, stop_token_ids: Iterable[int] = ()
+        self,
+        prompt_token_ids: tuple[int, ...],
+        sampling: SamplingParams,
+        *,
+        stop_token_ids: Iterable[int] = (),
+        images: torch.Tensor | None = None,
     ) -> Generation:
-        """Sample one completion in the actor: queued, and sent with the other requests of this loop turn."""
+        """Sample one completion in the actor: queued, and sent with the other requests of this loop turn.
+        ``images``: the prompt's images, uint8 ``(N, H, W, 3)`` on the CPU (a vision-language policy's prompt)."""
         if self._actor is None:
             raise self._shut_down(f"client request {self._requests + 1}")
         self._requests += 1
@@ -111,7 +117,8 @@ class ActorEngineClient:
         future: asyncio.Future[Generation] = loop.create_future()
         if not self._queued:
             loop.call_soon(self._send_queued)
-        self._queued.append((self._requests, (tuple(prompt_token_ids), sampling, tuple(stop_token_ids)), future))
+        request = (tuple(prompt_token_ids), sampling, tuple(stop_token_ids), images)
+        self._queued.append((self._requests, request, future))
         return await future
 
     def _send_queued(self) -> None:
@@ -240,22 +247,26 @@ class BatchedGenerateActor:
         self._running: dict[int, asyncio.Task] = {}  # generate_batch's requests by client id, until they end
 
     async def generate(
-        self, prompt_token_ids: tuple[int, ...], sampling: SamplingParams, stop_token_ids: tuple[int, ...]
+        self,
+        prompt_token_ids: tuple[int, ...],
+        sampling: SamplingParams,
+        stop_token_ids: tuple[int, ...],
+        images: torch.Tensor | None = None,
     ) -> Generation:
-        """Sample one completion (the subclass's engine)."""
+        """Sample one completion (the subclass's engine); ``images``: the prompt's, or None (a text prompt)."""
         raise NotImplementedError
 
     async def generate_batch(
-        self, requests: list[tuple[int, tuple[int, ...], SamplingParams, tuple[int, ...]]]
+        self, requests: list[tuple[int, tuple[int, ...], SamplingParams, tuple[int, ...], torch.Tensor | None]]
     ) -> AsyncIterator[list[tuple[int, Generation | BaseException | None]]]:
-        """:meth:`generate` of each ``(client id, prompt, sampling, stop tokens)``, all at once (a Ray streaming
-        call); yields the ``(position in requests, outcome)`` of the requests that ended since the last yield (those
-        of one engine step come together): the Generation, the exception it raised, or None when :meth:`cancel`
-        cancelled it."""
+        """:meth:`generate` of each ``(client id, prompt, sampling, stop tokens, images)``, all at once (a Ray
+        streaming call); yields the ``(position in requests, outcome)`` of the requests that ended since the last
+        yield (those of one engine step come together): the Generation, the exception it raised, or None when
+        :meth:`cancel` cancelled it."""
         loop = asyncio.get_running_loop()
         tasks: dict[asyncio.Task, int] = {}
-        for index, (rid, prompt, sampling, stops) in enumerate(requests):
-            task = loop.create_task(self.generate(prompt, sampling, stops))
+        for index, (rid, prompt, sampling, stops, images) in enumerate(requests):
+            task = loop.create_task(self.generate(prompt, sampling, stops, images))
             self._running[rid] = task
             tasks[task] = index
         try:

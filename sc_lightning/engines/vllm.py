@@ -41,7 +41,7 @@ import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sc_lightning.engines.actor_client import (
     ActorEngineClient,
@@ -51,6 +51,9 @@ from sc_lightning.engines.actor_client import (
 )
 from sc_lightning.engines.base import EngineError
 from sc_lightning.types import FinishReason, Generation, SamplingParams
+
+if TYPE_CHECKING:
+    import torch
 
 SHUTDOWN_GRACE_S = 30.0
 INSTALL_HINT = (
@@ -140,10 +143,21 @@ class VLLMEngineActor(BatchedGenerateActor):
         return self.version
 
     async def generate(
-        self, prompt_token_ids: tuple[int, ...], sampling: SamplingParams, stop_token_ids: tuple[int, ...]
+        self,
+        prompt_token_ids: tuple[int, ...],
+        sampling: SamplingParams,
+        stop_token_ids: tuple[int, ...],
+        images: torch.Tensor | None = None,
     ) -> Generation:
-        """Sample one completion; its logprobs are the processed (temperature-scaled) ones of the sampled tokens."""
+        """Sample one completion; its logprobs are the processed (temperature-scaled) ones of the sampled tokens.
+        Text prompts only: EngineError for ``images`` (a vision-language policy generates on the megatron backend)."""
         from vllm import SamplingParams as VSamplingParams
+
+        if images is not None:
+            raise EngineError(
+                f"engine {self.settings.model_path!r}: a prompt with images, but the vLLM engine serves text prompts "
+                "only; policy.is_vlm: true generates with policy.generation.backend: megatron (docs/vlm.md)"
+            )
 
         version = self.version
         params = VSamplingParams(

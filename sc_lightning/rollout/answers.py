@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from sc_lightning.engines.base import GenerationEngine
 from sc_lightning.rollout.envs.base import Environment, Score, as_score
 from sc_lightning.rollout.envs.daemon_call import daemon_call
+from sc_lightning.rollout.images import engine_images
 from sc_lightning.tokenizer import Tokenizer
 from sc_lightning.types import Generation, Prompt, SamplingParams
 
@@ -73,7 +74,8 @@ async def answer_prompts(
         async with slots:
             try:
                 generation = await asyncio.wait_for(
-                    engine.generate(prompt.token_ids, settings.sampling_for(prompt)), settings.generation_timeout_s
+                    engine.generate(prompt.token_ids, settings.sampling_for(prompt), **engine_images(prompt)),
+                    settings.generation_timeout_s,
                 )
             except TimeoutError:
                 raise AnswerError(

@@ -6,7 +6,7 @@
   marks one image's place, in order; a text without any gets its images first. Each place becomes
   ``tokens_per_image`` ids ``image_token_id`` (the placeholder is never given to the tokenizer to spell);
 - :func:`images_tensor` views a prompt's images as one uint8 ``(N, H, W, 3)`` tensor (the ``pixel_values`` row
-  field, the model's input).
+  field, the model's input); :func:`engine_images` hands them to an engine's ``generate``.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Protocol
 import torch
 
 from sc_lightning.tokenizer import Tokenizer
-from sc_lightning.types import PromptImage
+from sc_lightning.types import Prompt, PromptImage
 
 if TYPE_CHECKING:
     import numpy as np
@@ -85,6 +85,12 @@ def images_tensor(images: Sequence[PromptImage]) -> torch.Tensor:
         raise ValueError(f"the images of one prompt must share a size, got {sorted(sizes)}")
     (height, width), data = sizes.pop(), b"".join(image.pixels for image in images)
     return torch.frombuffer(bytearray(data), dtype=torch.uint8).reshape(len(images), height, width, 3)
+
+
+def engine_images(prompt: Prompt) -> dict[str, torch.Tensor]:
+    """The keyword arguments that give an engine's ``generate`` the prompt's images (``images=``, uint8
+    ``(N, H, W, 3)``); none for a text prompt, so text-only engines are called as before."""
+    return {"images": images_tensor(prompt.images)} if prompt.images else {}
 
 
 def image_prompt_ids(tokenizer: Tokenizer, text: str, count: int, fmt: ImageFormat) -> tuple[int, ...]:

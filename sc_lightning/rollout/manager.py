@@ -27,6 +27,7 @@ from sc_lightning.rollout.envs.base import Environment, Score, as_score, request
 from sc_lightning.rollout.envs.daemon_call import daemon_call
 from sc_lightning.rollout.failures import RetryBudget, classify
 from sc_lightning.rollout.goodput import EngineGoodput
+from sc_lightning.rollout.images import engine_images
 from sc_lightning.tokenizer import Tokenizer
 from sc_lightning.types import Generation, Prompt, SamplingParams, ScoredGroup
 
@@ -344,7 +345,8 @@ class RolloutManager:
     async def _generate(self, prompt: Prompt, group_id: str, seed: int) -> Generation:
         sampling = dataclasses.replace(self.settings.sampling, seed=seed)
         shape = request_sampling(self.environment)  # an environment may set each request's sampling
-        request = self.engine.generate(prompt.token_ids, sampling if shape is None else shape(prompt, sampling))
+        sampling = sampling if shape is None else shape(prompt, sampling)
+        request = self.engine.generate(prompt.token_ids, sampling, **engine_images(prompt))  # a VLM's: the images
         # an engine with an active-time clock excludes the time it is stood down (colocated) from the deadline
         wait_for = getattr(self.engine, "active_wait_for", asyncio.wait_for)
         try:

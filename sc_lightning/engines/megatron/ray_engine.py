@@ -72,10 +72,15 @@ class MegatronEngineActor(BatchedGenerateActor):
         return self.engine.weight_version
 
     async def generate(
-        self, prompt_token_ids: tuple[int, ...], sampling: SamplingParams, stop_token_ids: tuple[int, ...]
+        self,
+        prompt_token_ids: tuple[int, ...],
+        sampling: SamplingParams,
+        stop_token_ids: tuple[int, ...],
+        images: torch.Tensor | None = None,
     ) -> Generation:
-        """``MegatronEngine.generate`` in the actor (one request of a ``generate_batch`` call)."""
-        return await self.engine.generate(prompt_token_ids, sampling, stop_token_ids=stop_token_ids)
+        """``MegatronEngine.generate`` in the actor (one request of a ``generate_batch`` call), with the prompt's
+        images (a vision-language policy)."""
+        return await self.engine.generate(prompt_token_ids, sampling, stop_token_ids=stop_token_ids, images=images)
 
     async def update_weights(self, shipped: ShippedWeights, version: int) -> int:
         """``MegatronEngine.update_weights`` in the actor; returns the version now loaded."""
