@@ -63,6 +63,7 @@ class GenerateOnce(Callback):
             seed=config.algo.seed,
             count=request.count,
             check_answer=answer_check(environment),
+            images=pl_module.spec.vision,
         )
         bar = tqdm(
             total=len(self.split.prompts),

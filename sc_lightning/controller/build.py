@@ -30,6 +30,7 @@ from sc_lightning.engines.base import GenerationEngine
 from sc_lightning.rollout.answers import AnswerSettings
 from sc_lightning.rollout.datasets import PromptDataset, build_validation_set
 from sc_lightning.rollout.envs.base import Environment, answer_check
+from sc_lightning.rollout.images import ImageFormat
 from sc_lightning.rollout.manager import RolloutManager, RolloutSettings, ServedPolicy
 from sc_lightning.rollout.multiturn.protocol import MultiTurnEnvironment, TurnLimits
 from sc_lightning.rollout.multiturn.source import attach_multiturn
@@ -83,8 +84,10 @@ def build_controller(
     tokenizer: Tokenizer,
     dataset: PromptDataset,
     weight_version: int = 0,
+    images: ImageFormat | None = None,
 ) -> SingleController:
-    """A ready-to-start controller for ``config``; the sampler's capacity need is checked on the instance."""
+    """A ready-to-start controller for ``config``; the sampler's capacity need is checked on the instance.
+    ``images``: a vision-language policy's image format (its validation prompts' images take it)."""
     resolved = resolve(config)
     buffer = TQReplayBuffer(data_plane)
     sampler = create_sampler(buffer, config.async_rl.sampler)
@@ -115,7 +118,7 @@ def build_controller(
         dynamic_sampling=DynamicSampling(resolved.groups_per_step, config.algo.dynamic_sampling_max_gen_batches)
         if config.algo.use_dynamic_sampling
         else None,
-        validator=build_validator(config, manager.environment, tokenizer),
+        validator=build_validator(config, manager.environment, tokenizer, images=images),
     )
     controller = SingleController(parts, controller_settings(config))
     watchdog = config.async_rl.stall_watchdog
@@ -144,8 +147,11 @@ def controller_settings(config: SCConfig) -> ControllerSettings:
     )
 
 
-def build_validator(config: SCConfig, environment: Environment, tokenizer: Tokenizer) -> Validator | None:
+def build_validator(
+    config: SCConfig, environment: Environment, tokenizer: Tokenizer, *, images: ImageFormat | None = None
+) -> Validator | None:
     """The validator of a run that validates (``{algo}.val_period`` / ``val_at_start`` / ``val_at_end``), else None.
+    ``images``: the policy's image format (a vision-language policy), None for a text one.
 
     It validates the steps ``{algo}.validation_due`` names, sampling as the rollouts do (one completion per prompt).
     """
@@ -153,7 +159,11 @@ def build_validator(config: SCConfig, environment: Environment, tokenizer: Token
     if not algo.validates():
         return None
     prompts = build_validation_set(
-        config.data, tokenizer, max_samples=algo.max_val_samples, check_answer=answer_check(environment)
+        config.data,
+        tokenizer,
+        max_samples=algo.max_val_samples,
+        check_answer=answer_check(environment),
+        images=images,
     )
     settings = ValidationSettings(
         due=lambda step: algo.validation_due(step, last_step=algo.max_num_steps),

@@ -18,6 +18,7 @@ from typing import Any
 from sc_lightning.config.runtime import DataConfig
 from sc_lightning.rollout.answers import Answer
 from sc_lightning.rollout.datasets import AnswerCheck, build_dataset, build_validation_set, validation_set_name
+from sc_lightning.rollout.images import ImageFormat
 from sc_lightning.tokenizer import Tokenizer
 from sc_lightning.types import Prompt
 
@@ -50,16 +51,18 @@ def split_prompts(
     seed: int,
     count: int | None,
     check_answer: AnswerCheck | None = None,
+    images: ImageFormat | None = None,
 ) -> PromptSplit:
-    """The first ``count`` prompts (None = all) of ``split`` (None = :func:`default_split`); a DatasetError when the
-    split's dataset cannot be read, or ``val`` is asked for and the config has no validation set."""
+    """The first ``count`` prompts (None = all) of ``split`` (None = :func:`default_split`), their images in
+    ``images``' format (a vision-language policy); a DatasetError when the split's dataset cannot be read, or ``val``
+    is asked for and the config has no validation set."""
     name = split or default_split(data)
     if name not in SPLITS:
         raise ValueError(f"unknown split {name!r}; the splits are {', '.join(SPLITS)}")
     if name == "val":
-        prompts = build_validation_set(data, tokenizer, max_samples=count, check_answer=check_answer)
+        prompts = build_validation_set(data, tokenizer, max_samples=count, check_answer=check_answer, images=images)
         return PromptSplit(name, str(validation_set_name(data)), prompts)
-    dataset = build_dataset(data, tokenizer, seed=seed, check_answer=check_answer)
+    dataset = build_dataset(data, tokenizer, seed=seed, check_answer=check_answer, images=images)
     size = len(dataset) if count is None else min(count, len(dataset))
     return PromptSplit(name, str(data.dataset_name), [dataset[i] for i in range(size)])
 

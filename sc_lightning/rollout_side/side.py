@@ -148,7 +148,9 @@ class RolloutSide:
     def _start_leader(self, model: PolicyModel, weights: Named, bundle: Path | None) -> None:
         config, tokenizer = self.config, model.tokenizer
         environment = build_environment(config.env)  # its answer check runs on every dataset row
-        dataset = build_dataset(config.data, tokenizer, seed=config.algo.seed, check_answer=answer_check(environment))
+        images = model.spec.vision  # a vision-language policy's image format (None: a text policy)
+        check = answer_check(environment)
+        dataset = build_dataset(config.data, tokenizer, seed=config.algo.seed, check_answer=check, images=images)
         check_dataset_fits_steps(config, len(dataset))  # bad rows and a too-small dataset fail before anything starts
         self.data_plane = data_plane = build_data_plane(config.data_plane)
         self.engine = engine = self.engine_factory(config, weights)  # here, on the main thread (it may start Ray)
@@ -167,6 +169,7 @@ class RolloutSide:
                 environment=environment,
                 tokenizer=tokenizer,
                 dataset=dataset,
+                images=images,
             )
             if snapshotter is not None:
                 controller.add_background_task("rollout snapshots", snapshotter.run)

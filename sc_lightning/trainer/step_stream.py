@@ -63,6 +63,7 @@ class StepSettings:
     leave_one_out: bool
     normalize_rewards: bool
     log_rows: bool = False
+    with_images: bool = False  # a vision-language policy: each row's pixel_values too
     distillation: Distillation | None = None  # on-policy distillation: the opd advantages from the teacher fields
 
     @classmethod
@@ -79,6 +80,7 @@ class StepSettings:
             leave_one_out=getattr(estimator, "use_leave_one_out_baseline", True),
             normalize_rewards=getattr(estimator, "normalize_rewards", True),
             log_rows=config.data.train_data_log,
+            with_images=config.policy.is_vlm,
             distillation=Distillation(
                 reward_weight=estimator.reward_weight,
                 full_vocabulary=config.on_policy_distillation.full_vocabulary,
@@ -157,6 +159,7 @@ class RLStepBatch:
             overlong_filtering=s.overlong_filtering,
             leave_one_out=s.leave_one_out,
             normalize_rewards=s.normalize_rewards,
+            with_images=s.with_images,
             distillation=s.distillation,
         )
         return chunk.to(self.device)
