@@ -130,25 +130,14 @@ def _model_issues(config: SCConfig) -> list[ConfigIssue]:
 
 def _vision_issues(name: str, is_vlm: bool) -> list[ConfigIssue]:
     """``policy.is_vlm`` disagreeing with what the policy ``name`` is (a vision-language model or a text one)."""
-    from sc_lightning.models.spec import BUILTIN_SPECS
-
-    spec = BUILTIN_SPECS.get(name)
-    if not name.startswith("builtin:") or spec is None:  # a directory (a text model: no HF VLM imports) or warm start
-        if not is_vlm:
-            return []
-        return [
-            ConfigIssue(
-                "policy.is_vlm",
-                f"is true, but policy.model_name ({name!r}) is not a built-in vision-language model; no Hugging Face "
-                "VLM architecture imports yet (docs/vlm.md): use builtin:tiny-vlm",
-            )
-        ]
-    if is_vlm == (spec.vision is not None):
+    if is_vlm == _is_vision_language(name):
         return []
     if is_vlm:
         return [
             ConfigIssue(
-                "policy.is_vlm", f"is true, but policy.model_name ({name!r}) is a text model; use builtin:tiny-vlm"
+                "policy.is_vlm",
+                f"is true, but policy.model_name ({name!r}) is a text model; use builtin:tiny-vlm or its CLEVR warm "
+                "start builtin:tiny-vlm-clevr (no Hugging Face VLM architecture imports yet, docs/vlm.md)",
             )
         ]
     return [
@@ -157,6 +146,19 @@ def _vision_issues(name: str, is_vlm: bool) -> list[ConfigIssue]:
             f"is false, but policy.model_name ({name!r}) is a vision-language model; set policy.is_vlm: true",
         )
     ]
+
+
+def _is_vision_language(name: str) -> bool:
+    """Whether the loadable model ``name`` is a vision-language one: a built-in (or the warm start of one) with a
+    vision side, or a model directory with a vision config (a warm-started VLM's)."""
+    from sc_lightning.models.hf_dir import read_vision_config
+    from sc_lightning.models.spec import BUILTIN_SPECS
+    from sc_lightning.models.warm_start import WARM_STARTS
+
+    if name.startswith("builtin:"):
+        return BUILTIN_SPECS[WARM_STARTS[name].base if name in WARM_STARTS else name].vision is not None
+    root = _local_dir(name)
+    return root is not None and read_vision_config(root) is not None
 
 
 def _model_problem(name: str) -> str | None:

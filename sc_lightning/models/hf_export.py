@@ -31,7 +31,7 @@ from torch import Tensor
 from sc_lightning.models.convert import hf_param_shapes
 from sc_lightning.models.hf_config import hf_config_dict, mcore_spec_from_hf_config
 from sc_lightning.models.hf_dir import resolve_model_dir
-from sc_lightning.models.spec import ModelSpec
+from sc_lightning.models.spec import ModelSpec, VisionSpec
 from sc_lightning.tokenizer import HuggingFaceTokenizer, Tokenizer, load_tokenizer
 
 DEFAULT_MAX_SHARD_BYTES = 5 * 10**9
@@ -59,8 +59,10 @@ class PolicySource:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> PolicySource:
-        """The source :meth:`to_dict` wrote."""
-        return cls(**{**data, "spec": ModelSpec(**data["spec"])})
+        """The source :meth:`to_dict` wrote (a vision-language spec's vision side as its :class:`VisionSpec`)."""
+        vision = data["spec"].get("vision")
+        spec = ModelSpec(**{**data["spec"], "vision": None if vision is None else VisionSpec(**vision)})
+        return cls(**{**data, "spec": spec})
 
     def directory(self) -> Path | None:
         """The source's Hugging Face directory (None for a built-in model); ExportError when it is gone."""
@@ -129,10 +131,11 @@ def save_tokenizer(directory: Path, source: PolicySource) -> Tokenizer:
     tokenizer = load_tokenizer(source.tokenizer_name or str(source.directory() or source.model_name))
     if isinstance(tokenizer, HuggingFaceTokenizer):
         tokenizer.transformers_tokenizer.save_pretrained(str(directory))
-    else:  # the built-in character tokenizer
+    else:  # the built-in character tokenizer (with <image>: a vision-language model's)
         from sc_lightning.models.tiny_tokenizer import save_char_tokenizer
 
-        save_char_tokenizer(directory, model_max_length=source.spec.max_position_embeddings)
+        image_token = getattr(tokenizer, "IMAGE_TOKEN", None)
+        save_char_tokenizer(directory, model_max_length=source.spec.max_position_embeddings, image_token=image_token)
     return tokenizer
 
 

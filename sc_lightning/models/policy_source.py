@@ -8,23 +8,25 @@ processes that only build the model (engine actors).
 from __future__ import annotations
 
 from sc_lightning.models.hf_config import mcore_spec_from_hf_config
-from sc_lightning.models.hf_dir import resolve_model_dir
+from sc_lightning.models.hf_dir import read_vision_config, resolve_model_dir
 from sc_lightning.models.spec import ModelSpec, builtin_spec
 from sc_lightning.tokenizer import Tokenizer, load_tokenizer
 
 
 def model_spec(model_name: str) -> ModelSpec:
-    """The architecture ``model_name`` names (a ``"builtin:<name>"`` or an HF directory/id's config), read without
-    building the model."""
+    """The architecture ``model_name`` names (a ``"builtin:<name>"`` or an HF directory/id's config, with the vision
+    side of a vision-language model directory), read without building the model."""
     if model_name.startswith("builtin:"):
         return builtin_spec(model_name)
     from transformers import AutoConfig
 
     root = resolve_model_dir(model_name)
     try:
-        return mcore_spec_from_hf_config(AutoConfig.from_pretrained(str(root), local_files_only=True))
+        spec = mcore_spec_from_hf_config(AutoConfig.from_pretrained(str(root), local_files_only=True))
     except NotImplementedError as err:
         raise NotImplementedError(f"{root / 'config.json'}: {err}") from None
+    vision = read_vision_config(root)
+    return spec if vision is None else spec.replace(vision=vision)
 
 
 def policy_tokenizer(model_name: str, tokenizer_name: str | None = None) -> Tokenizer:

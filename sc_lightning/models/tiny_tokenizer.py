@@ -31,8 +31,9 @@ CHAR_CHAT_TEMPLATE = (  # CharChatTemplate (rollout/multiturn/chat.py) as Jinja:
 )
 
 
-def save_char_tokenizer(path: str | Path, model_max_length: int = 256) -> None:
-    """Save a ``transformers`` fast tokenizer that encodes/decodes exactly like CharTokenizer.
+def save_char_tokenizer(path: str | Path, model_max_length: int = 256, image_token: str | None = None) -> None:
+    """Save a ``transformers`` fast tokenizer that encodes/decodes exactly like CharTokenizer (with ``image_token``:
+    like CharImageTokenizer, that special token the next id).
 
     A byte-level BPE without merges over single characters: every character is one token.
     """
@@ -44,6 +45,8 @@ def save_char_tokenizer(path: str | Path, model_max_length: int = 256) -> None:
     raw.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
     raw.decoder = decoders.ByteLevel()
     raw.add_special_tokens([AddedToken(t, special=True) for t in SPECIAL_TOKENS.values()])
+    if image_token is not None:
+        raw.add_special_tokens([AddedToken(image_token, special=True)])
     tok = PreTrainedTokenizerFast(
         tokenizer_object=raw,
         model_max_length=model_max_length,

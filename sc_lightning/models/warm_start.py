@@ -6,8 +6,9 @@ built-in model with cross-entropy on a few hundred worked examples until its gre
 ``policy.model_name`` can point at. :data:`WARM_STARTS` names them: ``builtin:tiny-arith`` (the 85k-parameter CPU
 example), ``builtin:small-arith`` (142M parameters, the one-GPU example), ``builtin:tiny-calc`` (the tiny model on
 the multi-turn calculator conversations of docs/multiturn.md), the distillation example's teachers and student
-(``builtin:tiny-add-teacher``, ``builtin:tiny-mul-teacher``, ``builtin:tiny-mixed``: docs/distillation.md) and
-``builtin:medium-worked`` (312M parameters on the
+(``builtin:tiny-add-teacher``, ``builtin:tiny-mul-teacher``, ``builtin:tiny-mixed``: docs/distillation.md), the
+vision-language ``builtin:tiny-vlm-clevr`` (``builtin:tiny-vlm`` on the built-in CLEVR, :mod:`~sc_lightning.models.
+warm_vlm`: docs/vlm.md) and ``builtin:medium-worked`` (312M parameters on the
 long worked-arithmetic answers, :mod:`~sc_lightning.models.warm_worked`); :func:`resolve_model_name` builds one on
 first use (seconds on a CPU, or on a GPU for the larger ones; about three minutes for the 312M one) and caches it.
 
@@ -39,8 +40,9 @@ import torch
 from sc_lightning.models.convert import export_hf_weights
 from sc_lightning.models.hf_dir import save_hf_directory
 from sc_lightning.models.spec import builtin_spec
+from sc_lightning.models.warm_vlm import warm_start_clevr
 from sc_lightning.models.warm_worked import WorkedBudget, warm_start_worked
-from sc_lightning.tasks import worked_arithmetic
+from sc_lightning.tasks import clevr, worked_arithmetic
 from sc_lightning.tokenizer import CharTokenizer
 
 
@@ -52,10 +54,11 @@ class WarmRecipe:
     lr: float  # AdamW learning rate: the 142M model needs ten times less than the 85k one
     check_every: int  # steps between greedy-accuracy checks: a large model passes the target in a few steps, so
     # it is checked every step (a coarser check overshoots the target by a varying amount, and the RL start with it)
-    task: Literal["addition", "multiplication", "mixed", "calculator", "worked_arithmetic"] = "addition"  # which
-    # worked examples it trains on (mixed: addition and multiplication, half each)
+    task: Literal["addition", "multiplication", "mixed", "calculator", "worked_arithmetic", "clevr"] = "addition"  #
+    # which worked examples it trains on (mixed: addition and multiplication, half each; clevr: scenes' questions)
     budget: WorkedBudget | None = None  # worked_arithmetic: its token budget and target (None: the default budget)
-    target_accuracy: float = 0.4  # greedy accuracy it trains to (deliberately partial for a policy; high for a teacher)
+    target_accuracy: float = 0.4  # greedy accuracy it trains to (deliberately partial for a policy; high for a teacher;
+    # clevr: the reward sampling would earn)
 
 
 WARM_STARTS: dict[str, WarmRecipe] = {
@@ -69,6 +72,8 @@ WARM_STARTS: dict[str, WarmRecipe] = {
         "builtin:tiny", lr=3e-3, check_every=25, task="multiplication", target_accuracy=0.95
     ),
     "builtin:tiny-mixed": WarmRecipe("builtin:tiny", lr=3e-3, check_every=5, task="mixed", target_accuracy=0.1),
+    # the tiny VLM until sampling would earn reward 0.1: it answers with a digit, rarely the right one (docs/vlm.md)
+    "builtin:tiny-vlm-clevr": WarmRecipe("builtin:tiny-vlm", lr=3e-3, check_every=2, task="clevr", target_accuracy=0.1),
     # trains until sampling would earn reward 0.3, within a token budget (models/warm_worked.py)
     "builtin:medium-worked": WarmRecipe(
         "builtin:medium", lr=3e-4, check_every=20, task="worked_arithmetic", budget=WorkedBudget()
@@ -179,6 +184,8 @@ def _recipe_digest(recipe: WarmRecipe) -> str:
     sources = [Path(__file__)]
     if recipe.task == "worked_arithmetic":
         sources += [Path(__file__).with_name("warm_worked.py"), Path(worked_arithmetic.__file__)]
+    if recipe.task == "clevr":
+        sources += [Path(__file__).with_name("warm_vlm.py"), Path(clevr.__file__)]
     text = repr(recipe) + repr(builtin_spec(recipe.base)) + "".join(path.read_text() for path in sources)
     return hashlib.blake2b(text.encode(), digest_size=4).hexdigest()
 
@@ -238,13 +245,20 @@ def warm_start(
     at ``path``. A GPU run warms up on its GPU: building a model on the CPU would patch megatron for the CPU in a
     process whose models live on CUDA. The worked-arithmetic recipe measures and bounds itself instead
     (:mod:`~sc_lightning.models.warm_worked`: the reward sampling would earn, within a token budget) and returns that
-    reward."""
+    reward; the CLEVR recipe trains the VLM until sampling would earn ``target_accuracy`` as reward
+    (:mod:`~sc_lightning.models.warm_vlm`) and returns that reward."""
     from sc_lightning.models import build_gpt_model, token_logprobs  # megatron-core, only when a model is built
 
     if recipe.task == "worked_arithmetic":
         spec, budget = builtin_spec(recipe.base), recipe.budget or WorkedBudget()
         return warm_start_worked(
             path, spec, lr=recipe.lr, seed=seed, check_every=recipe.check_every, device=device, budget=budget
+        )
+    target = recipe.target_accuracy if target_accuracy is None else target_accuracy
+    if recipe.task == "clevr":
+        spec = builtin_spec(recipe.base)
+        return warm_start_clevr(
+            path, spec, lr=recipe.lr, seed=seed, check_every=recipe.check_every, target_reward=target, device=device
         )
     tokenizer, spec = CharTokenizer(), builtin_spec(recipe.base)
     model = build_gpt_model(spec, precision="fp32", seed=seed, device=device)
@@ -266,7 +280,7 @@ def warm_start(
         if step % recipe.check_every == 0:
             accuracy = greedy_accuracy(model.eval(), held_out, held_out_mask, spec.vocab_size)
             model.train()
-            if accuracy >= (recipe.target_accuracy if target_accuracy is None else target_accuracy):
+            if accuracy >= target:
                 break
     save_hf_directory(spec, export_hf_weights(model, spec), path)
     return accuracy
