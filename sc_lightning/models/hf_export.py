@@ -77,6 +77,17 @@ class PolicySource:
             ) from None
 
 
+def check_exportable(source: PolicySource) -> None:
+    """ExportError when the policy ``source`` describes has no Hugging Face form: a vision-language policy, whose
+    vision side (megatron-core's CLIP ViT and projector) no ``transformers`` architecture loads (docs/vlm.md)."""
+    if source.spec.vision is not None:
+        raise ExportError(
+            f"the policy ({source.model_name}) is a vision-language model; its vision tower and projector have no "
+            "Hugging Face form that transformers loads, so it cannot be exported (docs/vlm.md, 'Weights'); resume "
+            "from the bundle itself (fit --ckpt_path) instead"
+        )
+
+
 def check_output_dir(output: Path) -> None:
     """ExportError unless ``output`` is free: absent, or an empty directory (an export never overwrites)."""
     if output.exists() and (not output.is_dir() or any(output.iterdir())):
@@ -94,8 +105,10 @@ def write_hf_export(
     """Write ``weights`` (HF names, as :func:`~sc_lightning.models.convert.export_hf_weights` streams them) of the
     policy ``source`` describes as a Hugging Face directory at ``output``; returns ``output``.
 
-    ``progress`` shows a bar over the tensors (on a terminal). ExportError when ``output`` is not free.
+    ``progress`` shows a bar over the tensors (on a terminal). ExportError when ``output`` is not free, or the policy
+    is a vision-language one (:func:`check_exportable`).
     """
+    check_exportable(source)
     check_output_dir(output)
     output.parent.mkdir(parents=True, exist_ok=True)
     staging = output.parent / f".{output.name}.tmp-{uuid.uuid4().hex[:8]}"

@@ -21,6 +21,7 @@ from sc_lightning.models.hf_export import (
     DEFAULT_MAX_SHARD_BYTES,
     ExportError,
     PolicySource,
+    check_exportable,
     check_output_dir,
     write_hf_export,
 )
@@ -70,6 +71,7 @@ def load_bundle_policy(
 
     checkpoint = torch.load(trainer_checkpoint, map_location="cpu", weights_only=False, mmap=True)
     source = policy_source_of(checkpoint, trainer_checkpoint, fallback)
+    check_exportable(source)  # a vision-language policy: before its model is built as a text one
     directory = sharded_directory(checkpoint, trainer_checkpoint)
     # the vocabulary as saved: padded to a multiple of the saving run's TP size (an export drops the padding rows)
     spec = source.spec.replace(vocab_size=_saved_vocab_rows(directory)) if directory else source.spec

@@ -57,4 +57,15 @@ VLM_CASES: list[tuple[str, dict[str, Any], dict[str, Any], str, str]] = [
         "data.images_key",
         "is set together with data.apply_chat_template",
     ),
+    (
+        "a vlm has no hf export",
+        variant({"checkpointing": {"enabled": True, "save_data_plane": True, "export_hf_at_end": True}}),
+        variant(
+            {"data": {"dataset_name": "clevr"}, "env": {"name": "clevr"}},
+            VLM,
+            {"checkpointing": {"enabled": True, "save_data_plane": True, "export_hf_at_end": True}},
+        ),
+        "checkpointing.export_hf_at_end",
+        "no Hugging Face form that transformers loads",
+    ),
 ]

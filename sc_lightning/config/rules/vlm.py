@@ -58,4 +58,16 @@ def images_come_from_text_prompt_files(config: SCConfig, report: Report) -> None
         )
 
 
-VLM_RULES = (vlm_needs_images, images_need_a_vlm, images_come_from_text_prompt_files)
+@ties("policy.is_vlm", "checkpointing.export_hf_at_end")
+def vlm_has_no_hf_export(config: SCConfig, report: Report) -> None:
+    """A vision-language policy's bundles are not exported: its vision side has no Hugging Face form."""
+    if config.policy.is_vlm and config.checkpointing.export_hf_at_end:
+        report.error(
+            "checkpointing.export_hf_at_end",
+            "is true with policy.is_vlm: true; a vision-language policy's vision tower and projector have no Hugging "
+            "Face form that transformers loads (docs/vlm.md), so there is nothing to export: set it to false and "
+            "resume from the bundles",
+        )
+
+
+VLM_RULES = (vlm_needs_images, images_need_a_vlm, images_come_from_text_prompt_files, vlm_has_no_hf_export)
