@@ -15,7 +15,8 @@
 # default: the node's first rank starts the others, NODE_RANK set; or `torchrun`: --nnodes 2 --node-rank N), PYTHON
 # (default .venv/bin/python), RAY_HEAD_CPUS and RAY_NODE1_CPUS (each Ray node's logical CPUs, default 2; a head with 0
 # runs no actor, so the engines and the data plane all live on the second node), RAY_PORT and MASTER_PORT (default:
-# free ports), TWO_NODES_DIR (the Ray nodes' output, default a new temporary directory; kept when given).
+# free ports), TWO_NODES_DIR (the Ray nodes' output, default a new temporary directory; kept when given),
+# FAILED_NODE_GRACE_S (how long a node may take to end by itself once the other failed, default 60).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
