@@ -225,7 +225,8 @@ def _local_dir(name: str) -> Path | None:
 def _dataset_issues(config: SCConfig) -> list[ConfigIssue]:
     """Dataset files that are missing, unreadable or of no known format, or whose schema lacks a column the key knobs
     name (``data.prompt_key``: ``'question' is not a column of ...``); no row is read."""
-    from sc_lightning.rollout.datasets import BUILTIN_NAMES, prompt_file_issues
+    from sc_lightning.rollout.dataset_base import BUILTIN_NAMES
+    from sc_lightning.rollout.prompt_files import prompt_file_issues
 
     data = config.data
     names = [("data.dataset_name", data.dataset_name)]

@@ -23,7 +23,7 @@ def bad_input_errors() -> tuple[type[Exception], ...]:
     """What a fit reports as bad input (one line, no traceback, exit code 2): the config, the dataset, the tokenizer
     or their fit, the endpoint's port. Any other error is a bug or a failure and keeps its traceback."""
     from sc_lightning.config import ConfigError
-    from sc_lightning.rollout.datasets import DatasetError
+    from sc_lightning.rollout.dataset_base import DatasetError
     from sc_lightning.rollout.serving.listen import EndpointPortError
     from sc_lightning.tokenizer import TokenizerLoadError, TokenizerMismatchError
 

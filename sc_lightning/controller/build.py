@@ -28,7 +28,8 @@ from sc_lightning.controller.watchdog import StallWatchdog
 from sc_lightning.data_plane.base import DataPlane
 from sc_lightning.engines.base import GenerationEngine
 from sc_lightning.rollout.answers import AnswerSettings
-from sc_lightning.rollout.datasets import PromptDataset, build_validation_set
+from sc_lightning.rollout.dataset_base import PromptDataset
+from sc_lightning.rollout.datasets import build_validation_set
 from sc_lightning.rollout.envs.base import Environment, answer_check
 from sc_lightning.rollout.images import ImageFormat
 from sc_lightning.rollout.manager import RolloutManager, RolloutSettings, ServedPolicy

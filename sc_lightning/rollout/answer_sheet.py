@@ -17,7 +17,8 @@ from typing import Any
 
 from sc_lightning.config.runtime import DataConfig
 from sc_lightning.rollout.answers import Answer
-from sc_lightning.rollout.datasets import AnswerCheck, build_dataset, build_validation_set, validation_set_name
+from sc_lightning.rollout.dataset_base import AnswerCheck
+from sc_lightning.rollout.datasets import build_dataset, build_validation_set, validation_set_name
 from sc_lightning.rollout.images import ImageFormat
 from sc_lightning.tokenizer import Tokenizer
 from sc_lightning.types import Prompt

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from sc_lightning.config.resume_rules import PROMPT_STREAM_VERSION, check_prompt_stream
-from sc_lightning.rollout.datasets import DatasetError, PromptDataset
+from sc_lightning.rollout.dataset_base import DatasetError, PromptDataset
 from sc_lightning.types import Prompt
 
 if TYPE_CHECKING:

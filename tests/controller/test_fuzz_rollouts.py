@@ -26,9 +26,10 @@ from sc_lightning.controller.api import RolloutPumpError
 from sc_lightning.controller.build import build_controller
 from sc_lightning.controller.controller import SingleController
 from sc_lightning.data_plane.memory import MemoryDataPlane
-from sc_lightning.rollout.datasets import DatasetError, FilePromptDataset
+from sc_lightning.rollout.dataset_base import DatasetError
 from sc_lightning.rollout.envs.arithmetic import ArithmeticEnvironment
 from sc_lightning.rollout.envs.base import RewardError, Score
+from sc_lightning.rollout.prompt_files import FilePromptDataset
 from sc_lightning.testing.scripted_engine import ScriptedEngine
 from tests.helpers.drops import DATASET, drop_config, make
 from tests.helpers.scripts import TOKENIZER, answer_correctly

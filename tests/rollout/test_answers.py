@@ -16,7 +16,8 @@ import pytest
 from sc_lightning.config.runtime import DataConfig
 from sc_lightning.rollout.answer_sheet import AnswerSummary, answer_row, example_lines, split_prompts, write_rows
 from sc_lightning.rollout.answers import Answer, AnswerError, AnswerSettings, answer_prompts
-from sc_lightning.rollout.datasets import ArithmeticValidationSet, DatasetError
+from sc_lightning.rollout.dataset_base import DatasetError
+from sc_lightning.rollout.datasets import ArithmeticValidationSet
 from sc_lightning.rollout.envs import ArithmeticEnvironment, answer_extractor
 from sc_lightning.testing.scripted_engine import ScriptedEngine
 from sc_lightning.types import Generation, SamplingParams

@@ -17,7 +17,9 @@ from sc_lightning.cli.load import LIGHTNING_KEYS
 from sc_lightning.config import ConfigError, load_config
 from sc_lightning.config.runtime import DataConfig
 from sc_lightning.preflight import check_preflight
-from sc_lightning.rollout.datasets import DatasetError, FilePromptDataset, build_dataset, build_validation_set
+from sc_lightning.rollout.dataset_base import DatasetError
+from sc_lightning.rollout.datasets import build_dataset, build_validation_set
+from sc_lightning.rollout.prompt_files import FilePromptDataset
 from sc_lightning.tokenizer import CharTokenizer, Tokenizer, load_tokenizer
 from tests.helpers.configs import REPO, variant
 from tests.helpers.dataset_files import FORMATS, save_byte_level_tokenizer, write_rows

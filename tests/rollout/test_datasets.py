@@ -10,16 +10,10 @@ from pathlib import Path
 import pytest
 
 from sc_lightning.config.runtime import DataConfig
-from sc_lightning.rollout.datasets import (
-    ARITHMETIC_DATASET_SIZE,
-    LISTED_BAD_ROWS,
-    ArithmeticDataset,
-    DatasetError,
-    FilePromptDataset,
-    PromptDataset,
-    build_dataset,
-)
+from sc_lightning.rollout.dataset_base import LISTED_BAD_ROWS, DatasetError, PromptDataset
+from sc_lightning.rollout.datasets import ARITHMETIC_DATASET_SIZE, ArithmeticDataset, build_dataset
 from sc_lightning.rollout.envs import ArithmeticEnvironment, answer_check
+from sc_lightning.rollout.prompt_files import FilePromptDataset
 from sc_lightning.tokenizer import CharTokenizer, Tokenizer, load_tokenizer
 
 TOK = CharTokenizer()

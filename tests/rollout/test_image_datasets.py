@@ -10,8 +10,10 @@ from pathlib import Path
 import pytest
 
 from sc_lightning.config.runtime import DataConfig
-from sc_lightning.rollout.datasets import DatasetError, FilePromptDataset, build_dataset, prompt_file_issues
+from sc_lightning.rollout.dataset_base import DatasetError
+from sc_lightning.rollout.datasets import build_dataset
 from sc_lightning.rollout.images import images_tensor
+from sc_lightning.rollout.prompt_files import FilePromptDataset, prompt_file_issues
 from sc_lightning.tasks.clevr import draw_questions, render
 from sc_lightning.tokenizer import CharTokenizer
 from tests.helpers.dataset_files import write_rows

@@ -11,7 +11,8 @@ from hypothesis import strategies as st
 
 from sc_lightning.config import SCConfig, load_config
 from sc_lightning.config.resume_rules import ResumeMismatch
-from sc_lightning.rollout.datasets import ArithmeticDataset, DatasetError
+from sc_lightning.rollout.dataset_base import DatasetError
+from sc_lightning.rollout.datasets import ArithmeticDataset
 from sc_lightning.rollout.prompts import PromptStream, check_dataset_fits_steps
 from sc_lightning.tokenizer import CharTokenizer
 from tests.helpers.configs import variant

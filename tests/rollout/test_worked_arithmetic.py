@@ -10,7 +10,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from sc_lightning.config.runtime import DataConfig, EnvConfig
-from sc_lightning.rollout.datasets import DatasetError, WorkedArithmeticDataset, build_dataset
+from sc_lightning.rollout.dataset_base import DatasetError
+from sc_lightning.rollout.datasets import WorkedArithmeticDataset, build_dataset
 from sc_lightning.rollout.envs import RewardError, WorkedArithmeticEnvironment, answer_extractor, build_environment
 from sc_lightning.tasks.worked_arithmetic import WorkedProblem, credit, draw_problems, parse_prompt
 from sc_lightning.tokenizer import CharTokenizer
