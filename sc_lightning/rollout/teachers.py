@@ -118,10 +118,24 @@ class TeacherScoring:
     async def __call__(self, group: ScoredGroup, group_id: str) -> ScoredGroup:
         """``group`` with its teacher's logprobs (TeacherError naming the teacher when scoring fails or runs past
         ``teacher_timeout_s``)."""
-        alias = route(group.prompt, self.config)
-        engine = f"teacher {alias}"
-        prompt = group.prompt.token_ids
-        sequences = [(*prompt, *g.token_ids) for g in group.generations]
+        return (await self.score_groups([group], group_id))[0]
+
+    async def score_groups(self, groups: Sequence[ScoredGroup], group_id: str) -> list[ScoredGroup]:
+        """Each of ``groups`` with its routed teacher's logprobs, in order: one scoring request per teacher for all of
+        its groups (its forward passes batch up to ``max_batch_rows`` rows). ``group_id`` names them in errors."""
+        aliases = [route(group.prompt, self.config) for group in groups]
+        out: list[ScoredGroup] = list(groups)
+        for alias in dict.fromkeys(aliases):
+            mine = [i for i, routed in enumerate(aliases) if routed == alias]
+            for i, scored in zip(mine, await self._score(alias, [groups[i] for i in mine], group_id), strict=True):
+                out[i] = scored
+        return out
+
+    async def _score(self, alias: str, groups: Sequence[ScoredGroup], group_id: str) -> list[ScoredGroup]:
+        """``groups`` (all routed to ``alias``) scored by that teacher in one request, under the timeout."""
+        engine, first = f"teacher {alias}", groups[0].prompt.prompt_id
+        prompt_id = first if len(groups) == 1 else f"{first} and {len(groups) - 1} more"
+        sequences = [(*group.prompt.token_ids, *g.token_ids) for group in groups for g in group.generations]
         lock = self._locks.setdefault(alias, asyncio.Lock())  # one forward at a time per teacher
         try:
             async with lock:
@@ -136,27 +150,32 @@ class TeacherScoring:
         except TimeoutError:
             raise RolloutTimeout(
                 f"scoring exceeded {KNOB}.teacher_timeout_s={self.config.teacher_timeout_s}",
-                prompt_id=group.prompt.prompt_id,
+                prompt_id=prompt_id,
                 group_id=group_id,
                 engine=engine,
             ) from None
         except Exception as exc:
             raise TeacherError(
-                f"{type(exc).__name__}: {exc}", prompt_id=group.prompt.prompt_id, group_id=group_id, engine=engine
+                f"{type(exc).__name__}: {exc}", prompt_id=prompt_id, group_id=group_id, engine=engine
             ) from exc
-        rows = [
-            _model_tokens_only(lp, len(prompt), g.trainable) for lp, g in zip(scored, group.generations, strict=True)
-        ]
-        account = self._accounts[alias]
-        account.scored_rows += len(rows)
-        account.scored_tokens += sum(g.model_token_count for g in group.generations)
-        return ScoredGroup(
-            group.prompt,
-            group.generations,
-            group.rewards,
-            group.masked,
-            TeacherScores(alias, self.config.aliases().index(alias), tuple(rows)),
-        )
+        if len(scored) != len(sequences):
+            raise TeacherError(
+                f"returned {len(scored)} rows for {len(sequences)} sequences",
+                prompt_id=prompt_id,
+                group_id=group_id,
+                engine=engine,
+            )
+        rows = iter(scored)
+        out = []
+        for group in groups:
+            length = len(group.prompt.token_ids)
+            logprobs = tuple(_model_tokens_only(next(rows), length, g.trainable) for g in group.generations)
+            account = self._accounts[alias]
+            account.scored_rows += len(logprobs)
+            account.scored_tokens += sum(g.model_token_count for g in group.generations)
+            teacher = TeacherScores(alias, self.config.aliases().index(alias), logprobs)
+            out.append(ScoredGroup(group.prompt, group.generations, group.rewards, group.masked, teacher))
+        return out
 
     def snapshot(self) -> dict[str, TeacherTime]:
         """Each teacher's goodput accounts now."""
