@@ -329,6 +329,28 @@ class ControllerClient(Protocol):
 
 
 @dataclass(frozen=True)
+class TeacherAgreement:
+    """How close the student's validation completions routed to one distillation teacher are to that teacher: the
+    prompts, their summed reward, and ``log pi_student - log pi_teacher`` summed over their model tokens."""
+
+    alias: str
+    samples: int
+    reward_sum: float
+    kl_sum: float
+    tokens: int
+
+    def metrics(self) -> dict[str, float]:
+        """``val/teacher_kl/<alias>`` (per model token), ``val/teacher_reward/<alias>`` (per prompt) and
+        ``val/teacher_samples/<alias>``; a teacher without prompts logs only its 0 samples."""
+        out = {f"val/teacher_samples/{self.alias}": float(self.samples)}
+        if self.samples:
+            out[f"val/teacher_reward/{self.alias}"] = self.reward_sum / self.samples
+        if self.tokens:
+            out[f"val/teacher_kl/{self.alias}"] = self.kl_sum / self.tokens
+        return out
+
+
+@dataclass(frozen=True)
 class ValidationResult:
     """One finished validation: its step, the weight version every completion was generated at, and its scores."""
 
@@ -338,12 +360,15 @@ class ValidationResult:
     completion_lengths: tuple[int, ...]
     generation_versions: tuple[int, ...]
     seconds: float
+    teachers: tuple[TeacherAgreement, ...] = ()  # a distillation run's: one per teacher
 
     def metrics(self) -> dict[str, float]:
         """The ``val/*`` metrics: mean reward, accuracy (the share of completions with reward > 0: the exact-match
-        rate of a 0/1 verifier), mean completion length in tokens, the weight version, the prompt count."""
+        rate of a 0/1 verifier), mean completion length in tokens, the weight version, the prompt count, and in a
+        distillation run each teacher's agreement with the student (:meth:`TeacherAgreement.metrics`)."""
         count = len(self.rewards)
-        return {
+        teachers = {name: value for teacher in self.teachers for name, value in teacher.metrics().items()}
+        return teachers | {
             "val/reward": sum(self.rewards) / count,
             "val/accuracy": sum(reward > 0 for reward in self.rewards) / count,
             "val/completion_len_mean": sum(self.completion_lengths) / count,

@@ -37,6 +37,7 @@ from sc_lightning.rollout.multiturn.protocol import MultiTurnEnvironment, TurnLi
 from sc_lightning.rollout.multiturn.source import attach_multiturn
 from sc_lightning.rollout.prompts import PromptStream
 from sc_lightning.rollout.reward_shaping import reward_transform
+from sc_lightning.rollout.teachers import TeacherScoring
 from sc_lightning.tokenizer import Tokenizer
 from sc_lightning.types import SamplingParams
 
@@ -86,9 +87,11 @@ def build_controller(
     dataset: PromptDataset,
     weight_version: int = 0,
     images: ImageFormat | None = None,
+    teachers: TeacherScoring | None = None,
 ) -> SingleController:
     """A ready-to-start controller for ``config``; the sampler's capacity need is checked on the instance.
-    ``images``: a vision-language policy's image format (its validation prompts' images take it)."""
+    ``images``: a vision-language policy's image format (its validation prompts' images take it). ``teachers``: a
+    distillation run's, which score each group before its commit and each validation completion."""
     resolved = resolve(config)
     buffer = TQReplayBuffer(data_plane)
     sampler = create_sampler(buffer, config.async_rl.sampler)
@@ -101,6 +104,7 @@ def build_controller(
     served = ServedPolicy(engine, weight_version)
     manager = RolloutManager(served, environment, tokenizer, buffer, rollout_settings(config))
     manager.reward_transform = reward_transform(config)
+    manager.teacher_scoring = teachers
     if isinstance(environment, MultiTurnEnvironment) and not isinstance(environment, Environment):
         attach_multiturn(manager, environment, TurnLimits.from_env_config(config.env))
     prompts = PromptStream(
@@ -119,7 +123,7 @@ def build_controller(
         dynamic_sampling=DynamicSampling(resolved.groups_per_step, config.algo.dynamic_sampling_max_gen_batches)
         if config.algo.use_dynamic_sampling
         else None,
-        validator=build_validator(config, manager.environment, tokenizer, images=images),
+        validator=build_validator(config, manager.environment, tokenizer, images=images, teachers=teachers),
     )
     controller = SingleController(parts, controller_settings(config))
     watchdog = config.async_rl.stall_watchdog
@@ -149,10 +153,16 @@ def controller_settings(config: SCConfig) -> ControllerSettings:
 
 
 def build_validator(
-    config: SCConfig, environment: Environment, tokenizer: Tokenizer, *, images: ImageFormat | None = None
+    config: SCConfig,
+    environment: Environment,
+    tokenizer: Tokenizer,
+    *,
+    images: ImageFormat | None = None,
+    teachers: TeacherScoring | None = None,
 ) -> Validator | None:
     """The validator of a run that validates (``{algo}.val_period`` / ``val_at_start`` / ``val_at_end``), else None.
-    ``images``: the policy's image format (a vision-language policy), None for a text one.
+    ``images``: the policy's image format (a vision-language policy), None for a text one. ``teachers``: a
+    distillation run's, which score the validation completions.
 
     It validates the steps ``{algo}.validation_due`` names, sampling as the rollouts do (one completion per prompt).
     """
@@ -171,7 +181,7 @@ def build_validator(
         timeout_s=algo.val_timeout_s,
         answering=answer_settings(config),
     )
-    return Validator(prompts, environment, tokenizer, settings)
+    return Validator(prompts, environment, tokenizer, settings, teachers)
 
 
 def answer_settings(config: SCConfig) -> AnswerSettings:

@@ -14,6 +14,11 @@ The pass itself — one seeded completion per prompt, scored by the environment 
 flowing: at most ``{algo}.val_batch_size`` validation requests are in flight at once, beside the
 rollouts' ``max_inflight_prompts`` groups; the refit after a validation's step waits only for what is left of it.
 
+In an on-policy distillation run each completion is then scored by its prompt's routed teacher (the rollouts'
+:class:`~sc_lightning.rollout.teachers.TeacherScoring`, one request per teacher for the whole validation), and the
+result carries per teacher the estimate of KL(student || teacher) on the validation completions
+(:class:`~sc_lightning.controller.api.TeacherAgreement`; docs/validation.md says why that measure).
+
 Validation is a separate path: its prompts never come from the training stream, and its completions never reach
 the replay buffer, the data plane, the recovery ledger or ``train_data.jsonl``. Results wait in
 :meth:`Validator.take_results` until the trainer side logs them at their step.
@@ -26,12 +31,16 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from sc_lightning.controller.api import ValidationResult
+import torch
+
+from sc_lightning.controller.api import TeacherAgreement, ValidationResult
 from sc_lightning.engines.base import GenerationEngine
-from sc_lightning.rollout.answers import AnswerError, AnswerSettings, answer_prompts
+from sc_lightning.rollout.answers import Answer, AnswerError, AnswerSettings, answer_prompts
 from sc_lightning.rollout.envs.base import Environment
+from sc_lightning.rollout.manager import RolloutError
+from sc_lightning.rollout.teachers import TeacherScoring
 from sc_lightning.tokenizer import Tokenizer
-from sc_lightning.types import Prompt
+from sc_lightning.types import Prompt, ScoredGroup
 
 
 class ValidationError(RuntimeError):
@@ -61,10 +70,13 @@ class Validator:
         environment: Environment,
         tokenizer: Tokenizer,
         settings: ValidationSettings,
+        teachers: TeacherScoring | None = None,
     ) -> None:
+        """``teachers``: a distillation run's teachers, which score every validation completion (None: none)."""
         if not prompts:
             raise ValidationError("the validation set is empty")
         self.prompts, self.environment, self.tokenizer, self.settings = list(prompts), environment, tokenizer, settings
+        self.teachers = teachers
         self._task: asyncio.Task[ValidationResult] | None = None
         self._step: int | None = None
         self._results: list[ValidationResult] = []
@@ -134,4 +146,37 @@ class Validator:
             completion_lengths=tuple(len(answer.generation.token_ids) for answer in done),
             generation_versions=tuple(answer.generation.weight_version for answer in done),
             seconds=time.monotonic() - started,
+            teachers=await self._agreement(step, done),
         )
+
+    async def _agreement(self, step: int, done: Sequence[Answer]) -> tuple[TeacherAgreement, ...]:
+        """Each teacher's agreement with the completions routed to it (none without teachers)."""
+        if self.teachers is None:
+            return ()
+        groups = [ScoredGroup(answer.prompt, (answer.generation,), (answer.score.reward,)) for answer in done]
+        try:
+            scored = await self.teachers.score_groups(groups, f"validation of step {step}")
+        except RolloutError as failure:
+            raise ValidationError(f"step {step}: the validation's teacher scoring failed: {failure}") from failure
+        rows: dict[str, list[tuple[float, float, int]]] = {alias: [] for alias in self.teachers.config.aliases()}
+        for group in scored:
+            assert group.teacher is not None
+            rows[group.teacher.alias].append((group.rewards[0], *_student_teacher_gap(group)))
+        return tuple(
+            TeacherAgreement(
+                alias, len(mine), sum(r for r, _, _ in mine), sum(g for _, g, _ in mine), sum(t for *_, t in mine)
+            )
+            for alias, mine in rows.items()
+        )
+
+
+def _student_teacher_gap(group: ScoredGroup) -> tuple[float, int]:
+    """A one-completion group's sum over its model tokens of ``log pi_student - log pi_teacher`` (the sampled
+    token's; a full-vocabulary teacher's row is read at it), and the number of those tokens."""
+    assert group.teacher is not None
+    generation, row = group.generations[0], group.teacher.logprobs[0][len(group.prompt.token_ids) :]
+    ids = torch.tensor(generation.token_ids, dtype=torch.long)
+    teacher = row.gather(1, ids[:, None])[:, 0] if row.dim() == 2 else row
+    student = torch.tensor(generation.logprobs, dtype=torch.float32)
+    model = torch.tensor(generation.trainable, dtype=torch.bool)
+    return float((student - teacher)[model].sum()), int(model.sum())

@@ -170,12 +170,12 @@ class RolloutSide:
                 tokenizer=tokenizer,
                 dataset=dataset,
                 images=images,
+                teachers=teachers,
             )
             if snapshotter is not None:
                 controller.add_background_task("rollout snapshots", snapshotter.run)
             if external is not None:
                 controller.manager.sample_source = external  # each sample: an agent's rollout, scored by the agent
-            controller.manager.teacher_scoring = teachers  # distillation: each group's teacher scores it (or None)
             return controller
 
         self.controller = LocalController(build, before_start=self._restorer(bundle, weights))
