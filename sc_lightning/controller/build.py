@@ -37,7 +37,7 @@ from sc_lightning.rollout.multiturn.protocol import MultiTurnEnvironment, TurnLi
 from sc_lightning.rollout.multiturn.source import attach_multiturn
 from sc_lightning.rollout.prompts import PromptStream
 from sc_lightning.rollout.reward_shaping import reward_transform
-from sc_lightning.rollout.teachers import TeacherScoring
+from sc_lightning.rollout.teachers import TeacherScoring, check_routes
 from sc_lightning.tokenizer import Tokenizer
 from sc_lightning.types import SamplingParams
 
@@ -162,7 +162,7 @@ def build_validator(
 ) -> Validator | None:
     """The validator of a run that validates (``{algo}.val_period`` / ``val_at_start`` / ``val_at_end``), else None.
     ``images``: the policy's image format (a vision-language policy), None for a text one. ``teachers``: a
-    distillation run's, which score the validation completions.
+    distillation run's, which score the validation completions (every validation prompt's route is checked here).
 
     It validates the steps ``{algo}.validation_due`` names, sampling as the rollouts do (one completion per prompt).
     """
@@ -176,6 +176,8 @@ def build_validator(
         check_answer=answer_check(environment),
         images=images,
     )
+    if teachers is not None:
+        check_routes(prompts, teachers.config)  # an unknown teacher fails now, naming the validation row
     settings = ValidationSettings(
         due=lambda step: algo.validation_due(step, last_step=algo.max_num_steps),
         timeout_s=algo.val_timeout_s,

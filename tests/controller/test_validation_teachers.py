@@ -19,11 +19,12 @@ import torch
 from sc_lightning.config import SCConfig, load_config
 from sc_lightning.controller.api import ValidationResult
 from sc_lightning.controller.build import build_controller
+from sc_lightning.controller.controller import SingleController
 from sc_lightning.controller.validation import ValidationError
 from sc_lightning.data_plane.memory import MemoryDataPlane
 from sc_lightning.rollout.datasets import ArithmeticDataset
 from sc_lightning.rollout.envs.arithmetic import ArithmeticEnvironment
-from sc_lightning.rollout.teachers import TeacherScoring
+from sc_lightning.rollout.teachers import TeacherScoring, UnroutedPromptError
 from sc_lightning.testing.scripted_engine import ScriptedEngine
 from tests.helpers.scripts import TOKENIZER
 
@@ -81,11 +82,13 @@ def scripted(prompt: tuple[int, ...], call: int) -> tuple[int, ...]:
     return tuple(TOKENIZER.encode(next(completion for problem, *_, completion in ROWS if problem == text)))
 
 
-def validate_once(tmp_path: Path, teachers: dict[str, ConstantTeacher]) -> ValidationResult:
-    """Build the controller with ``teachers`` and run its validator once at step 0 (no rollouts start)."""
+def distill_controller(
+    tmp_path: Path, teachers: dict[str, ConstantTeacher], rows: Sequence[tuple[str, str, str | None, str]] = ROWS
+) -> tuple[SingleController, ScriptedEngine]:
+    """A controller validating ``rows`` (as a dataset file) with ``teachers``, and its engine (nothing started)."""
     val_file = tmp_path / "val.jsonl"
     with val_file.open("w") as out:
-        for problem, expected, teacher, _ in ROWS:
+        for problem, expected, teacher, _ in rows:
             row = {"problem": problem, "expected_answer": expected}
             out.write(json.dumps(row | ({"teacher": teacher} if teacher else {})) + "\n")
     config = distill_config(val_file)
@@ -100,6 +103,12 @@ def validate_once(tmp_path: Path, teachers: dict[str, ConstantTeacher]) -> Valid
         dataset=ArithmeticDataset(8, 0, TOKENIZER),
         teachers=TeacherScoring(config.on_policy_distillation, teachers),
     )
+    return controller, engine
+
+
+def validate_once(tmp_path: Path, teachers: dict[str, ConstantTeacher]) -> ValidationResult:
+    """Run the validator of :func:`distill_controller` once at step 0 (no rollouts start)."""
+    controller, engine = distill_controller(tmp_path, teachers)
     validator = controller.validator
     assert validator is not None
 
@@ -146,3 +155,13 @@ def test_a_teacher_failing_in_validation_fails_it_naming_the_step_and_the_teache
         r"teacher add\): ActorDiedError: the actor died",
     ):
         validate_once(tmp_path, teachers)
+
+
+def test_a_validation_row_naming_an_unknown_teacher_fails_at_start_naming_the_row(tmp_path: Path) -> None:
+    rows = [*ROWS, ("4+4=", "8", "sub", "8")]
+    with pytest.raises(
+        UnroutedPromptError,
+        match=r"\(dataset row 4\): its 'teacher' field names teacher 'sub', which on_policy_distillation.teachers does "
+        r"not have \(known: add, mul\)",
+    ):
+        distill_controller(tmp_path, {"add": ConstantTeacher(-1.0), "mul": ConstantTeacher(-1.0)}, rows)
