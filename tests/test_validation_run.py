@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import json
+from collections import Counter
 from types import SimpleNamespace
 from typing import Any
 
@@ -13,7 +14,7 @@ import pytest
 from sc_lightning.callbacks.validation import ValidationMonitor
 from sc_lightning.config.algorithm import GRPOConfig
 from tests.helpers.cli import run
-from tests.helpers.configs import TINY
+from tests.helpers.configs import REPO, TINY
 
 VALIDATE = ["--grpo.val_period", "2", "--grpo.val_at_start", "true", "--grpo.val_at_end", "true"]
 
@@ -72,6 +73,43 @@ def test_a_tiny_run_validates_each_period_once_at_its_version_and_a_resume_logs_
         assert float(row["val/weight_version"]) == int(row["step"])
         assert 0 <= float(row["val/accuracy"]) <= 1 and float(row["val/samples"]) == 100
         assert float(row["val/completion_len_mean"]) > 0
+
+
+DISTILL = "configs/distill_tiny.yaml"
+DISTILL_PROMPTS = "examples/distill_tiny_prompts.jsonl"
+
+
+@pytest.mark.long(minutes=1)
+@pytest.mark.slow
+def test_a_distillation_run_validates_each_teacher_s_agreement_with_the_student(tmp_path) -> None:
+    """configs/distill_tiny.yaml for 4 steps, validating its own 200 prompts at 0, 2, 4: each validation logs per
+    teacher its routed prompts (the dataset's routing counts), their reward (which makes up val/reward) and the
+    student-teacher KL per token (positive: the student knows neither task); the validate command on the initial
+    policy scores what the run's step 0 scored."""
+    common = ["--config", DISTILL, "--data.val_dataset_name", DISTILL_PROMPTS, "--trainer.enable_progress_bar=false"]
+    fit = run(
+        "fit",
+        *common,
+        *VALIDATE,
+        "--grpo.max_num_steps",
+        "4",
+        f"--trainer.default_root_dir={tmp_path}",
+    )
+    assert fit.returncode == 0, fit.stderr[-3000:]
+    alone = run("validate", *common, f"--trainer.default_root_dir={tmp_path / 'alone'}")
+    assert alone.returncode == 0, alone.stderr[-3000:]
+    routed = Counter(json.loads(line)["teacher"] for line in (REPO / DISTILL_PROMPTS).read_text().splitlines())
+    rows = val_rows(tmp_path)
+    assert [int(row["step"]) for row in rows] == [0, 2, 4]
+    for row in rows:
+        samples = {alias: float(row[f"val/teacher_samples/{alias}"]) for alias in routed}
+        assert samples == routed and float(row["val/samples"]) == sum(routed.values())
+        rewards = sum(float(row[f"val/teacher_reward/{alias}"]) * samples[alias] for alias in routed)
+        assert rewards / sum(routed.values()) == pytest.approx(float(row["val/reward"]))
+        assert all(1.0 < float(row[f"val/teacher_kl/{alias}"]) < 10.0 for alias in routed)
+    printed = json.loads(alone.stdout.strip().splitlines()[-1])
+    for alias in routed:
+        assert printed[f"val/teacher_kl/{alias}"] == pytest.approx(float(rows[0][f"val/teacher_kl/{alias}"]))
 
 
 class FakeController:
