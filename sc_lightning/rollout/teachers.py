@@ -101,6 +101,63 @@ class _Account:
 
 
 @dataclass
+class _Request:
+    """Sequences waiting for a teacher's forward pass, and where their rows go."""
+
+    sequences: list[tuple[int, ...]]
+    rows: asyncio.Future[list[torch.Tensor]]
+
+
+class _TeacherQueue:
+    """One teacher's requests: one forward pass at a time, and every request that arrives meanwhile goes in the next
+    one, so groups that finish together are scored in one forward (batched up to the teacher's ``max_batch_rows``)."""
+
+    def __init__(self, alias: str, scoring: TeacherScoring) -> None:
+        self.alias, self.scoring = alias, scoring
+        self.scorer, self.account = scoring.scorers[alias], scoring._accounts[alias]
+        self.waiting: list[_Request] = []
+        self.drain: asyncio.Task[None] | None = None
+
+    async def score(self, sequences: list[tuple[int, ...]]) -> list[torch.Tensor]:
+        """The teacher's rows of ``sequences``, from the next forward pass (the scorer's error, or TimeoutError past
+        ``teacher_timeout_s``, raised here)."""
+        request = _Request(sequences, asyncio.get_running_loop().create_future())
+        self.waiting.append(request)
+        if self.drain is None or self.drain.done():
+            self.drain = asyncio.create_task(self._drain(), name=f"teacher {self.alias}")
+        return await request.rows
+
+    async def _drain(self) -> None:
+        """Score what waits, one forward at a time, until nothing does; a cancelled caller's request is dropped."""
+        while self.waiting:
+            batch, self.waiting = [r for r in self.waiting if not r.rows.done()], []
+            sequences = [ids for request in batch for ids in request.sequences]
+            started = self.scoring.clock()
+            try:
+                scored = await asyncio.wait_for(
+                    self.scorer.score(sequences, temperature=self.scoring.temperature),
+                    self.scoring.config.teacher_timeout_s,
+                )
+                if len(scored) != len(sequences):
+                    raise ValueError(f"returned {len(scored)} rows for {len(sequences)} sequences")
+            except Exception as exc:
+                scored, failure = [], exc
+            else:
+                failure = None
+            finally:
+                self.account.busy_s += self.scoring.clock() - started
+            start = 0
+            for request in batch:
+                if request.rows.done():
+                    pass  # its caller gave up meanwhile
+                elif failure is not None:
+                    request.rows.set_exception(failure)
+                else:
+                    request.rows.set_result(scored[start : start + len(request.sequences)])
+                start += len(request.sequences)
+
+
+@dataclass
 class TeacherScoring:
     """Scores each group with its routed teacher before the commit (the rollout manager's ``teacher_scoring``)."""
 
@@ -109,11 +166,12 @@ class TeacherScoring:
     temperature: float = 1.0  # the sampling temperature: the teacher scores the same tempered distribution
     clock: Callable[[], float] = time.monotonic
     _accounts: dict[str, _Account] = field(default_factory=dict)
-    _locks: dict[str, asyncio.Lock] = field(default_factory=dict)
+    _queues: dict[str, _TeacherQueue] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         now = self.clock()
         self._accounts = {alias: _Account(now) for alias in self.config.aliases()}
+        self._queues = {alias: _TeacherQueue(alias, self) for alias in self.scorers}
 
     async def __call__(self, group: ScoredGroup, group_id: str) -> ScoredGroup:
         """``group`` with its teacher's logprobs (TeacherError naming the teacher when scoring fails or runs past
@@ -132,21 +190,13 @@ class TeacherScoring:
         return out
 
     async def _score(self, alias: str, groups: Sequence[ScoredGroup], group_id: str) -> list[ScoredGroup]:
-        """``groups`` (all routed to ``alias``) scored by that teacher in one request, under the timeout."""
+        """``groups`` (all routed to ``alias``) scored by that teacher in one request (its forward may hold other
+        requests' too), under the timeout."""
         engine, first = f"teacher {alias}", groups[0].prompt.prompt_id
         prompt_id = first if len(groups) == 1 else f"{first} and {len(groups) - 1} more"
         sequences = [(*group.prompt.token_ids, *g.token_ids) for group in groups for g in group.generations]
-        lock = self._locks.setdefault(alias, asyncio.Lock())  # one forward at a time per teacher
         try:
-            async with lock:
-                started = self.clock()
-                try:
-                    scored = await asyncio.wait_for(
-                        self.scorers[alias].score(sequences, temperature=self.temperature),
-                        self.config.teacher_timeout_s,
-                    )
-                finally:
-                    self._accounts[alias].busy_s += self.clock() - started
+            scored = await self._queues[alias].score(sequences)
         except TimeoutError:
             raise RolloutTimeout(
                 f"scoring exceeded {KNOB}.teacher_timeout_s={self.config.teacher_timeout_s}",
@@ -158,13 +208,6 @@ class TeacherScoring:
             raise TeacherError(
                 f"{type(exc).__name__}: {exc}", prompt_id=prompt_id, group_id=group_id, engine=engine
             ) from exc
-        if len(scored) != len(sequences):
-            raise TeacherError(
-                f"returned {len(scored)} rows for {len(sequences)} sequences",
-                prompt_id=prompt_id,
-                group_id=group_id,
-                engine=engine,
-            )
         rows = iter(scored)
         out = []
         for group in groups:
@@ -186,7 +229,10 @@ class TeacherScoring:
         }
 
     async def shutdown(self) -> None:
-        """Shut every teacher down."""
+        """Stop scoring and shut every teacher down."""
+        for queue in self._queues.values():
+            if queue.drain is not None:
+                queue.drain.cancel()
         for scorer in self.scorers.values():
             await scorer.shutdown()
 

@@ -126,3 +126,46 @@ def test_teacher_failures_are_classified_like_the_engines(error: BaseException |
     assert "prompt p0 (group g5, engine teacher add)" in str(failure.value)
     if error is None:
         assert "on_policy_distillation.teacher_timeout_s=0.05" in str(failure.value)
+
+
+class GatedTeacher:
+    """FAKE teacher: minus a sequence's length at each of its positions (so a row says whose it is); its first
+    request waits for ``gate``; records each request's size."""
+
+    def __init__(self) -> None:
+        self.gate = asyncio.Event()
+        self.requests: list[int] = []
+
+    async def score(self, sequences: Sequence[Sequence[int]], *, temperature: float) -> list[torch.Tensor]:
+        """Minus each sequence's length at each position, once the gate is open."""
+        self.requests.append(len(sequences))
+        await self.gate.wait()
+        return [torch.full((len(ids),), -float(len(ids))) for ids in sequences]
+
+    async def shutdown(self) -> None:
+        """Nothing to release."""
+
+
+def test_groups_that_wait_for_a_busy_teacher_share_its_next_forward() -> None:
+    """While the teacher scores one group, two more arrive: both go in its next forward, one request of 4 rows."""
+    teacher = GatedTeacher()
+    scoring = TeacherScoring(DistillationConfig(teachers=TEACHERS), {"add": teacher, "mul": teacher})
+
+    async def scenario() -> list[ScoredGroup]:
+        first = asyncio.create_task(scoring(group("1+2=", teacher="add"), "g0"))
+        while not teacher.requests:  # the first forward has started
+            await asyncio.sleep(0)
+        rest = [asyncio.create_task(scoring(group(f"{k}+1=", teacher="add"), f"g{k}")) for k in (1, 2)]
+        await asyncio.sleep(0)  # one turn of the loop: the two new tasks run up to their wait in the queue
+        teacher.gate.set()
+        return await asyncio.gather(first, *rest)
+
+    scored = asyncio.run(scenario())
+    assert teacher.requests == [2, 4]
+    assert [s.prompt.text for s in scored] == ["1+2=", "1+1=", "2+1="]
+    for s in scored:  # each group got its own rows back
+        assert s.teacher is not None
+        for generation, row in zip(s.generations, s.teacher.logprobs, strict=True):
+            length = len(s.prompt.token_ids) + len(generation.token_ids)
+            assert row[len(s.prompt.token_ids) :][list(generation.trainable)].eq(-length).all()
+    assert scoring.snapshot()["add"].scored_rows == 6
