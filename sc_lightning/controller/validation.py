@@ -139,6 +139,7 @@ class Validator:
                 f"step {step}: validation completions on engine {engine.name!r} were generated at weight version(s) "
                 f"{off}, not the pinned {version}"
             )
+        teachers = await self._agreement(step, done)
         return ValidationResult(
             step=step,
             weight_version=version,
@@ -146,7 +147,7 @@ class Validator:
             completion_lengths=tuple(len(answer.generation.token_ids) for answer in done),
             generation_versions=tuple(answer.generation.weight_version for answer in done),
             seconds=time.monotonic() - started,
-            teachers=await self._agreement(step, done),
+            teachers=teachers,
         )
 
     async def _agreement(self, step: int, done: Sequence[Answer]) -> tuple[TeacherAgreement, ...]:

@@ -59,10 +59,13 @@ def distill_config(val_file: Path) -> SCConfig:
 
 
 class ConstantTeacher:
-    """FAKE teacher: the logprob ``value`` for every token of every sequence; records each request's sequences."""
+    """FAKE teacher: the logprob ``value`` for every token of every sequence; records each request's sequences.
 
-    def __init__(self, value: float, error: BaseException | None = None) -> None:
-        self.value, self.error = value, error
+    With a ``vocabulary`` it answers as a full-vocabulary teacher: (T, V) rows holding ``value`` at each position's
+    own token and -9 everywhere else."""
+
+    def __init__(self, value: float, error: BaseException | None = None, vocabulary: int | None = None) -> None:
+        self.value, self.error, self.vocabulary = value, error, vocabulary
         self.requests: list[list[tuple[int, ...]]] = []
 
     async def score(self, sequences: Sequence[Sequence[int]], *, temperature: float) -> list[torch.Tensor]:
@@ -70,7 +73,12 @@ class ConstantTeacher:
         self.requests.append([tuple(ids) for ids in sequences])
         if self.error is not None:
             raise self.error
-        return [torch.full((len(ids),), self.value) for ids in sequences]
+        if self.vocabulary is None:
+            return [torch.full((len(ids),), self.value) for ids in sequences]
+        rows = [torch.full((len(ids), self.vocabulary), -9.0) for ids in sequences]
+        for row, ids in zip(rows, sequences, strict=True):
+            row[torch.arange(len(ids)), torch.tensor(list(ids))] = self.value
+        return rows
 
     async def shutdown(self) -> None:
         """Nothing to release."""
@@ -121,10 +129,17 @@ def validate_once(tmp_path: Path, teachers: dict[str, ConstantTeacher]) -> Valid
     return asyncio.run(scenario())
 
 
-def test_each_teacher_s_agreement_with_the_student_is_logged_with_the_hand_computed_value(tmp_path: Path) -> None:
+@pytest.mark.parametrize("vocabulary", [None, TOKENIZER.vocab_size])
+def test_each_teacher_s_agreement_with_the_student_is_logged_with_the_hand_computed_value(
+    tmp_path: Path, vocabulary: int | None
+) -> None:
     """add's 2 completions (1 token each, right) and mul's 2 (2 tokens each, wrong; one by the default route):
-    KL per token = student -0.5 minus teacher's logprob, i.e. 1.0 for add (teacher -1.5) and 0.25 for mul (-0.75)."""
-    teachers = {"add": ConstantTeacher(-1.5), "mul": ConstantTeacher(-0.75)}
+    KL per token = student -0.5 minus teacher's logprob, i.e. 1.0 for add (teacher -1.5) and 0.25 for mul (-0.75);
+    a full-vocabulary teacher's row is read at the student's token."""
+    teachers = {
+        "add": ConstantTeacher(-1.5, vocabulary=vocabulary),
+        "mul": ConstantTeacher(-0.75, vocabulary=vocabulary),
+    }
     metrics = validate_once(tmp_path, teachers).metrics()
     assert {name: value for name, value in metrics.items() if name.startswith("val/teacher")} == {
         "val/teacher_kl/add": pytest.approx(1.0),
