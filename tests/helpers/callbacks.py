@@ -53,10 +53,16 @@ class CutAfterAStall(Callback):
             time.sleep(0.005)
 
 
+def image_summary(pixels: Any) -> list[list[int]]:
+    """A row's images ``(N, H, W, 3)`` uint8 as ``[[H, W, 3, pixel sum], ...]``: their shape and a checksum."""
+    return [[*image.shape, int(image.sum())] for image in pixels]
+
+
 class TrainedTokens(Callback):
     """Writes every row the policy trains to ``<trainer.default_root_dir>/trained_tokens.jsonl``: one line per row,
-    ``{"step", "input_ids", "token_mask", "logprobs", "token_versions"}`` (right-padded; the mask marks the
-    completion's tokens, ``logprobs`` are the engine's, ``token_versions`` None when the rows hold none).
+    ``{"step", "input_ids", "token_mask", "logprobs", "token_versions", "images"}`` (right-padded; the mask marks the
+    completion's tokens, ``logprobs`` are the engine's, ``token_versions`` None when the rows hold none; ``images``
+    the row's images as ``[[H, W, 3, pixel sum], ...]``, None for a text policy).
 
     The step's chunks are produced lazily inside ``training_step``, so the callback wraps the step's ``chunks`` and
     records each chunk as it is handed to training.
@@ -69,11 +75,12 @@ class TrainedTokens(Callback):
         def recorded() -> Iterator[Any]:
             for chunk in chunks():
                 versions = [None] * len(chunk) if chunk.token_versions is None else chunk.token_versions.tolist()
+                images = [None] * len(chunk) if chunk.pixel_values is None else map(image_summary, chunk.pixel_values)
                 columns = (chunk.input_ids.tolist(), chunk.token_mask.tolist(), chunk.generation_logprobs.tolist())
                 with path.open("a") as out:
-                    for i, m, lp, v in zip(*columns, versions, strict=True):
+                    for i, m, lp, v, im in zip(*columns, versions, images, strict=True):
                         row = {"step": step, "input_ids": i, "token_mask": m, "logprobs": lp, "token_versions": v}
-                        out.write(json.dumps(row) + "\n")
+                        out.write(json.dumps({**row, "images": im}) + "\n")
                 yield chunk
 
         batch.chunks = recorded
