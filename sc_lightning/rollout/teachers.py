@@ -131,6 +131,8 @@ class _TeacherQueue:
         """Score what waits, one forward at a time, until nothing does; a cancelled caller's request is dropped."""
         while self.waiting:
             batch, self.waiting = [r for r in self.waiting if not r.rows.done()], []
+            if not batch:
+                continue  # every caller waiting gave up: nothing to score
             sequences = [ids for request in batch for ids in request.sequences]
             started = self.scoring.clock()
             try:

@@ -169,3 +169,25 @@ def test_groups_that_wait_for_a_busy_teacher_share_its_next_forward() -> None:
             length = len(s.prompt.token_ids) + len(generation.token_ids)
             assert row[len(s.prompt.token_ids) :][list(generation.trainable)].eq(-length).all()
     assert scoring.snapshot()["add"].scored_rows == 6
+
+
+def test_a_group_whose_rollout_gave_up_while_queued_is_not_scored() -> None:
+    """A group cancelled while it waits for the busy teacher (its rollout was aborted) costs no forward."""
+    teacher = GatedTeacher()
+    scoring = TeacherScoring(DistillationConfig(teachers=TEACHERS), {"add": teacher, "mul": teacher})
+
+    async def scenario() -> None:
+        first = asyncio.create_task(scoring(group("1+2=", teacher="add"), "g0"))
+        while not teacher.requests:  # the first forward has started
+            await asyncio.sleep(0)
+        queued = asyncio.create_task(scoring(group("2+1=", teacher="add"), "g1"))
+        await asyncio.sleep(0)  # one turn of the loop: the new task runs up to its wait in the queue
+        queued.cancel()
+        teacher.gate.set()
+        await first
+        with pytest.raises(asyncio.CancelledError):
+            await queued
+
+    asyncio.run(scenario())
+    assert teacher.requests == [2]
+    assert scoring.snapshot()["add"].scored_rows == 2
