@@ -160,6 +160,9 @@ def test_goodput_and_validation_columns_are_drawn_whatever_their_names(tiny_run:
         "goodput/engine/wall_total_s": [0.7, 1.7, 2.8, 3.8, 4.9, 5.9],  # their sum: a line over the stack
         "goodput/engine/trained_s": [0.5, 1.0, 1.0, 1.0, 1.0, 1.0],  # per step, not cumulative: not stacked
         "val/reward": ["", "", "0.25", "", "", "0.5"],
+        "val/teacher_reward/add": ["", "", "0.5", "", "", "0.75"],
+        "val/teacher_kl/add": ["", "", "3.0", "", "", "1.0"],  # not a reward: kept off the reward axis
+        "val/duration_s": ["", "", "9.0", "", "", "8.0"],
     }
     with csv_path(tiny_run).open() as handle:
         rows = [{k: v for k, v in row.items() if not k.startswith("goodput/")} for row in csv.DictReader(handle)]
@@ -173,6 +176,8 @@ def test_goodput_and_validation_columns_are_drawn_whatever_their_names(tiny_run:
     assert plots["goodput"].series == expected
     check_png(run_dir / "report_plots" / "goodput.png", panels=2)  # one panel per fleet
     assert plots["reward"].series["val/reward"] == ((2.0, 5.0), (0.25, 0.5))
+    assert plots["reward"].series["val/teacher_reward/add"] == ((2.0, 5.0), (0.5, 0.75))
+    assert not {"val/teacher_kl/add", "val/duration_s"} & set(plots["reward"].series)
 
 
 def test_the_report_subcommand_writes_the_html_beside_the_run(tiny_run: Path, tmp_path: Path) -> None:
