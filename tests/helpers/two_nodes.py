@@ -11,7 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.helpers.cli import user_environment
+from tests.helpers.cli import child_pid, user_environment
 from tests.helpers.configs import REPO
 
 SCRIPT = REPO / "scripts" / "two_nodes_local.sh"
@@ -75,14 +75,4 @@ def two_node_run(tmp_path: Path, *fit_args: str, timeout_s: float, **cluster: ob
 def node_pid(script: subprocess.Popen, node: int) -> int | None:
     """The pid of the script's node process ``node`` (Lightning's launcher: its child with ``NODE_RANK=node``), or
     None while there is none."""
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            env = (entry / "environ").read_bytes().split(b"\0")
-        except (OSError, IndexError, ValueError):
-            continue  # gone meanwhile
-        if ppid == script.pid and f"NODE_RANK={node}".encode() in env:
-            return int(entry.name)
-    return None
+    return child_pid(script.pid, f"NODE_RANK={node}")
