@@ -17,31 +17,24 @@ from sc_lightning.data_plane.snapshot_files import ROWS_FILE
 from tests.helpers.cli import run
 from tests.helpers.configs import REPO, TINY_PATH
 from tests.helpers.old_formats import as_version_1_snapshot, restamp_bundle, set_manifest_version
-from tests.helpers.recovery import assert_history_exactly_once
+from tests.helpers.recovery import assert_history_exactly_once, one_ahead_with_a_bundle_per_step
 
 pytestmark = pytest.mark.slow
 
 GROUPS = 4
+HOLDS_ROWS = '--trainer.callbacks=[{"class_path": "tests.helpers.callbacks.BundleHoldsABufferedGroup"}]'
+"""Each bundle's cut waits for a buffered group, so the bundles hold rows (whether one is committed by then is a
+race)."""
 
 
 def fit(tmp_path: Path, steps: int) -> tuple[int, str]:
-    """The one command, one version ahead with a buffer of two steps (so bundles hold rows), to ``steps`` steps."""
+    """The one command, one version ahead with a buffer of two steps and bundles holding rows, to ``steps`` steps."""
     done = run(
         "fit",
         "--config", str(TINY_PATH), "--config", str(REPO / "configs" / "samplers" / "in_order.yaml"),
         "--config", str(REPO / "tests" / "small_steps.yaml"),
-        "--policy.generation.colocated.enabled", "true",
-        "--async_rl.max_buffered_rollouts", str(2 * GROUPS),
-        "--async_rl.max_inflight_prompts", str(2 * GROUPS),
-        "--data_plane.backend", "memory",
-        "--grpo.max_num_steps", str(steps),
-        "--checkpointing.enabled", "true",
-        "--checkpointing.checkpoint_dir", str(tmp_path / "checkpoints"),
-        "--checkpointing.save_data_plane", "true",
-        "--checkpointing.save_period", "1",
-        "--data.train_data_log", "true",
-        "--trainer.default_root_dir", str(tmp_path),
-        "--trainer.enable_progress_bar", "false",
+        *one_ahead_with_a_bundle_per_step(tmp_path, steps, GROUPS),
+        HOLDS_ROWS,
     )  # fmt: skip
     return done.returncode, done.stderr
 

@@ -26,7 +26,7 @@ from sc_lightning.checkpoint.atomic import complete_bundles
 from sc_lightning.checkpoint.snapshots import SNAPSHOTS_DIR, snapshot_dirs
 from tests.helpers.cli import run
 from tests.helpers.configs import REPO, TINY_PATH
-from tests.helpers.recovery import assert_history_exactly_once
+from tests.helpers.recovery import assert_history_exactly_once, one_ahead_with_a_bundle_per_step
 
 pytestmark = pytest.mark.slow
 
@@ -48,21 +48,10 @@ def fit(tmp_path: Path, sampler: str, steps: int) -> str:
     done = run(
         "fit",
         "--config", str(TINY_PATH), *SAMPLERS[sampler], "--config", str(REPO / "tests" / "small_steps.yaml"),
-        "--policy.generation.colocated.enabled", "true",
-        "--async_rl.max_buffered_rollouts", str(2 * GROUPS),
-        "--async_rl.max_inflight_prompts", str(2 * GROUPS),
-        "--data_plane.backend", "memory",
-        "--grpo.max_num_steps", str(steps),
-        "--checkpointing.enabled", "true",
-        "--checkpointing.checkpoint_dir", str(tmp_path / "checkpoints"),
-        "--checkpointing.save_data_plane", "true",
-        "--checkpointing.save_period", "1",
+        *one_ahead_with_a_bundle_per_step(tmp_path, steps, GROUPS),
         "--rollout_checkpointing.snapshot_attempt_interval_s", "0.02",
         "--policy.train_micro_batch_size", "2",  # longer train steps: wider windows for a snapshot to land
         "--token_capture.enabled", "true",
-        "--data.train_data_log", "true",
-        "--trainer.default_root_dir", str(tmp_path),
-        "--trainer.enable_progress_bar", "false",
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     return done.stderr

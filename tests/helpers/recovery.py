@@ -108,3 +108,23 @@ def assert_history_exactly_once(tmp_path: Path, steps: int, groups: int = 4, gen
     prompts_of_group = {(row["group_id"], row["prompt_index"]) for row in rows}
     per_prompt = Counter(prompt for _, prompt in prompts_of_group)
     assert len(prompts_of_group) == len(per_group) and set(per_prompt.values()) == {1}, "no prompt twice"
+
+
+def one_ahead_with_a_bundle_per_step(tmp_path: Path, steps: int, groups: int = 4) -> list[str]:
+    """``fit`` arguments for ``steps`` steps of the colocated engine one version ahead, a buffer of two steps and the
+    in-process data plane (quick runs whose bundles hold buffered rows), a bundle every step with its rows, and the
+    train-data log in ``tmp_path``."""
+    return [
+        "--policy.generation.colocated.enabled", "true",
+        "--async_rl.max_buffered_rollouts", str(2 * groups),
+        "--async_rl.max_inflight_prompts", str(2 * groups),
+        "--data_plane.backend", "memory",
+        "--grpo.max_num_steps", str(steps),
+        "--checkpointing.enabled", "true",
+        "--checkpointing.checkpoint_dir", str(tmp_path / "checkpoints"),
+        "--checkpointing.save_data_plane", "true",
+        "--checkpointing.save_period", "1",
+        "--data.train_data_log", "true",
+        "--trainer.default_root_dir", str(tmp_path),
+        "--trainer.enable_progress_bar", "false",
+    ]  # fmt: skip
