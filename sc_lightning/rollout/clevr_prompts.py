@@ -13,7 +13,7 @@ def clevr_prompts(size: int, seed: int, tokenizer: Tokenizer, images: ImageForma
     ``images.image_size``.
 
     Prompt ``i`` has id ``clevr-{i:06d}``, text the coded question (``"+1="``: how many green objects?), answer one
-    digit and task ``"clevr"``; ``extra`` holds the English ``question`` and its ``kind`` (count, colour, relation).
+    digit and task ``"clevr"``; ``extra`` holds the English ``question`` and its ``kind`` (count, colour).
     Its token ids are bos, the image's ``tokens_per_image`` ids, then the text. UnrepresentableTextError when the
     tokenizer cannot spell the questions.
     """
