@@ -9,6 +9,7 @@ Hugging Face cache only (never the network).
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from itertools import groupby
 from typing import Any, Protocol, runtime_checkable
 
 BUILTIN_TOKENIZER_NAMES = (  # every built-in model uses it
@@ -22,6 +23,8 @@ BUILTIN_TOKENIZER_NAMES = (  # every built-in model uses it
 )
 MAX_LISTED_CHARACTERS = 12
 """How many unrepresentable characters (or pieces) an UnrepresentableTextError lists (with the total count)."""
+IMAGE_PLACEHOLDER = "<image>"
+"""What marks an image's place in a prompt's text (its token ids hold a run of ``<image>`` ids there)."""
 
 
 @runtime_checkable
@@ -49,6 +52,22 @@ class Tokenizer(Protocol):
 
     def decode(self, ids: Sequence[int]) -> str:
         """Text of ``ids``, with special tokens left out."""
+
+
+def decode_with_images(
+    tokenizer: Tokenizer, ids: Sequence[int], *, image_token_id: int | None = None, tokens_per_image: int = 1
+) -> str:
+    """Text of ``ids`` with each image's ``tokens_per_image`` ``image_token_id`` ids shown as one ``<image>``
+    placeholder: the inverse of :func:`~sc_lightning.rollout.images.image_prompt_ids` (up to the special ids
+    ``decode`` leaves out). Plain ``tokenizer.decode`` when ``image_token_id`` is None."""
+    if image_token_id is None:
+        return tokenizer.decode(ids)
+    parts = []
+    for is_image, run in groupby((int(i) for i in ids), key=lambda i: i == image_token_id):
+        ids_of_run = list(run)
+        images = -(-len(ids_of_run) // tokens_per_image)  # a short run still stands for an image
+        parts.append(IMAGE_PLACEHOLDER * images if is_image else tokenizer.decode(ids_of_run))
+    return "".join(parts)
 
 
 class TokenizerLoadError(OSError):
@@ -143,7 +162,7 @@ class CharImageTokenizer(CharTokenizer):
     """
 
     IMAGE = 18
-    IMAGE_TOKEN = "<image>"
+    IMAGE_TOKEN = IMAGE_PLACEHOLDER
 
     @property
     def image_token_id(self) -> int:

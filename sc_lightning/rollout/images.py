@@ -17,15 +17,12 @@ from typing import TYPE_CHECKING, Protocol
 
 import torch
 
-from sc_lightning.tokenizer import Tokenizer
+from sc_lightning.tokenizer import IMAGE_PLACEHOLDER, Tokenizer
 from sc_lightning.types import Prompt, PromptImage
 
 if TYPE_CHECKING:
     import numpy as np
     from PIL.Image import Image
-
-IMAGE_PLACEHOLDER = "<image>"
-"""What marks an image's place in a prompt's text."""
 
 
 class ImageFormat(Protocol):

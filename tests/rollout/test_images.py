@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from sc_lightning.rollout.images import array_image, decode_image, image_prompt_ids, images_tensor
-from sc_lightning.tokenizer import CharTokenizer
+from sc_lightning.tokenizer import CharImageTokenizer, CharTokenizer, decode_with_images
 from sc_lightning.types import Prompt, PromptImage, prompt_from_dict, prompt_to_dict
 from tests.helpers.images import TinyImageFormat, encoded, pattern
 
@@ -70,6 +70,16 @@ def test_a_text_without_placeholders_gets_its_images_first() -> None:
     tok = CharTokenizer()
     ids = image_prompt_ids(tok, "+1=", 2, FMT)
     assert list(ids) == [tok.BOS, *[FMT.image_token_id] * (2 * FMT.tokens_per_image), *tok.encode("+1=")]
+
+
+@pytest.mark.parametrize("text", ["1+<image>=<image>", "<image><image>+1=", "+1=<image>", "2*3="])
+def test_decode_with_images_gives_back_the_text_with_its_placeholders(text: str) -> None:
+    """The inverse of image_prompt_ids: each image's run of ids is one placeholder, even two images side by side."""
+    tok = CharImageTokenizer()
+    ids = image_prompt_ids(tok, text, text.count("<image>"), FMT)
+    shown = decode_with_images(tok, ids, image_token_id=FMT.image_token_id, tokens_per_image=FMT.tokens_per_image)
+    assert shown == text
+    assert decode_with_images(tok, ids) == text.replace("<image>", "")  # without the id: decode drops them
 
 
 def test_placeholders_must_match_the_images() -> None:
