@@ -276,6 +276,21 @@ class DataConfig:
         "Write <trainer.default_root_dir>/train_data.jsonl, one JSON object per trained row (step, prompt_index, "
         "prompt_id, generation_index, start_weight, end_weight, reward); a resume rolls it back to its checkpoint.",
     )
+    sample_log_prompts: int = knob(
+        4,
+        "Prompt groups of a step whose sampled answers <trainer.default_root_dir>/samples/ records (the first ones the "
+        "step trained, every generation: prompt and answer text, reward, the prompt's images as PNG files) at the "
+        "first step, every data.sample_log_every_n_steps steps and the last; the run report shows them; 0 = no record.",
+        unit="prompt groups",
+        ge=0,
+    )
+    sample_log_every_n_steps: int = knob(
+        50,
+        "How often samples/ records a step besides the first and the last: the steps whose 0-based number is a "
+        "multiple of it; a resume rolls the record back to its checkpoint.",
+        unit="steps",
+        ge=1,
+    )
 
     def builtin_dataset(self) -> bool:
         """Whether ``dataset_name`` names a built-in task, not a dataset file."""

@@ -29,6 +29,7 @@ from sc_lightning.trainer.bundle_policy import POLICY_SOURCE_KEY, policy_source_
 from sc_lightning.trainer.optim import adamw
 from sc_lightning.trainer.perf import StepPerf, StepWork
 from sc_lightning.trainer.policy_update import PolicyUpdate
+from sc_lightning.trainer.sample_log import SAMPLES_DIR, SampleLog, read_sampled_prompts
 from sc_lightning.trainer.step_stream import RLStep
 from sc_lightning.trainer.step_totals import row_totals
 from sc_lightning.trainer.train_data_log import FILENAME as TRAIN_DATA_FILENAME
@@ -49,6 +50,7 @@ class GRPOModule(LightningModule):
         self.tokenizer: Any = None
         self.loss_fn = ClippedPGLoss.from_config(config.loss_fn)
         self._train_data_log: TrainDataLog | None = None
+        self._sample_log: SampleLog | None = None
         self._perf: StepPerf | None = None
         self._trained_lengths: list[int] = []  # the rows the policy ran this step (perf/*)
         self.step_work: StepWork | None = None  # the last step's tokens and logprob passes (GoodputMonitor's perf/*)
@@ -153,11 +155,15 @@ class GRPOModule(LightningModule):
         return self._perf.logprob_pass() if self._perf is not None else contextlib.nullcontext()
 
     def on_train_start(self) -> None:
-        """Open train_data.jsonl (``data.train_data_log``), rolled back to the step training starts at."""
+        """Open train_data.jsonl and samples/ (``data.*_log*``) on the leader, each rolled back to the resume step."""
         self._perf = StepPerf(self.policy, self.spec)
-        if self.config.data.train_data_log and self.trainer.is_global_zero:  # the leader writes every rank's rows
-            self._train_data_log = TrainDataLog(Path(self.trainer.default_root_dir) / TRAIN_DATA_FILENAME)
+        root, data, leader = Path(self.trainer.default_root_dir), self.config.data, self.trainer.is_global_zero
+        if data.train_data_log and leader:  # the leader writes every rank's rows
+            self._train_data_log = TrainDataLog(root / TRAIN_DATA_FILENAME)
             self._train_data_log.open(resume_step=self.trainer.global_step)
+        if data.sample_log_prompts and leader:
+            self._sample_log = SampleLog(root / SAMPLES_DIR, every_n_steps=data.sample_log_every_n_steps)
+            self._sample_log.open(resume_step=self.trainer.global_step)
 
     def log_filtered_groups(self, step: int, records: Sequence[Mapping[str, Any]]) -> None:
         """Record in train_data.jsonl the groups dynamic sampling filtered for ``step`` (consumed, never trained)."""
@@ -165,9 +171,19 @@ class GRPOModule(LightningModule):
             self._train_data_log.write_filtered(step, records)
 
     def on_train_end(self) -> None:
-        """Close train_data.jsonl."""
+        """Close train_data.jsonl, and write the fit's last step into samples/."""
         if self._train_data_log is not None:
             self._train_data_log.close()
+        if self._sample_log is not None:
+            self._sample_log.close()
+
+    def record_samples(self, step: RLStep, index: int) -> None:
+        """On the leader, take step ``index``'s first ``data.sample_log_prompts`` prompt groups, decoded from the
+        rows it trained (still in the data plane: the refit releases them), into the samples/ record."""
+        if self._sample_log is not None:
+            rows = self.trainer.strategy.rollout_side.data_plane
+            groups = step.selected[: self.config.data.sample_log_prompts]
+            self._sample_log.record(index, read_sampled_prompts(rows, groups, self.tokenizer, self.spec.vision))
 
     def train_dataloader(self) -> Any:
         """One item per RL step, from the Single-Controller strategy's rollout side; the version of each is the
@@ -212,7 +228,7 @@ class GRPOModule(LightningModule):
         model_turns: torch.Tensor,
         staleness: list[int],
     ) -> dict[str, torch.Tensor]:
-        """Write the step's train_data.jsonl rows and log ``train/*``, ``perf/*``, timings and the progress bar.
+        """Record the step (train_data.jsonl, samples/); log ``train/*``, ``perf/*``, timings and the progress bar.
 
         ``rewards``, ``model_turns`` and ``staleness`` are this rank's rows'; the logged values cover every
         data-parallel rank's.
@@ -228,6 +244,7 @@ class GRPOModule(LightningModule):
             "policy_training": time.monotonic() - started - step.chunk_wait_s,
         }
         self.step_log.log(self.trainer, {f"timing/train/{k}": v for k, v in timing.items()})
+        self.record_samples(step, index)
         if self._perf is not None and self._trained_lengths:
             perf = self._perf.finish(self._trained_lengths, timing["policy_training"])
             self.step_log.log(self.trainer, {f"perf/{k}": v for k, v in perf.items()})

@@ -1,4 +1,4 @@
-"""The train pump, Lightning-free: RL-step stream, chunks, policy and critic updates, lr schedule, train-data log.
+"""The train pump, Lightning-free: RL-step stream, chunks, policy and critic updates, lr schedule, run records.
 
 Lightning drives it (``sc_lightning/lightning/`` is the adapter), but nothing here imports Lightning: each piece is
 plain torch over the controller's port (``controller/api.py``) and the data plane's contract. One RL step ``v``
@@ -20,6 +20,8 @@ plain torch over the controller's port (``controller/api.py``) and the data plan
                                                    optimizer.step (global_step -> v + 1), scheduler.step
                                                    (optimizer and schedule: optim.py, lr_schedule.py)
     train_data_log.write(v, step.trained_rows)     train_data_log.py (data.train_data_log)
+    sample_log.record(v, read_sampled_prompts(…))  sample_log.py (data.sample_log_prompts): the first groups' answers,
+                                                   decoded from the rows still in the data plane
     log train/*, timing/train/*
     # --- on_train_batch_end: refit, then bundle (Lightning runs Checkpoint callbacks after all others) ---
     rollout_side.refit(v + 1)                      callbacks/refit.py -> rollout_side/side.py

@@ -42,6 +42,7 @@ class RLStep(Protocol):
     first_wait_s: float
     chunk_wait_s: float
     trained_rows: list[dict[str, Any]]  # this rank's, filled as chunks are trained, with data.train_data_log
+    selected: list[GroupMeta]  # every group the step took, in the controller's order (all ranks alike)
 
     def chunks(self) -> Iterable[TrainChunk]:
         """This rank's share of each of the step's chunks of whole prompt groups (shares without rows are skipped)."""
@@ -108,6 +109,7 @@ class RLStepBatch:
         self.first_wait_s = waited_s  # waiting for the first chunk, before training_step starts
         self.chunk_wait_s = 0.0  # waiting for later chunks, inside training_step
         self.trained_rows: list[dict[str, Any]] = []  # with settings.log_rows: the tags and reward of each row
+        self.selected: list[GroupMeta] = []  # every group taken so far, in the controller's order
         self.device = torch.device("cpu")  # where the chunks go: Lightning sets it through :meth:`to`
 
     def to(self, device: torch.device | str) -> RLStepBatch:
@@ -123,6 +125,7 @@ class RLStepBatch:
         while groups is not None:
             if not groups:
                 return  # closed short
+            self.selected += groups
             if share := share_of_groups(groups, data_parallel_rank(), data_parallel_size()):
                 yield from self._train_share(share)
             self.groups += len(groups)

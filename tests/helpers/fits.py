@@ -4,6 +4,7 @@ the FAKE scripted engine, and a callback that records Lightning's hooks."""
 from __future__ import annotations
 
 import copy
+import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -38,6 +39,8 @@ def tiny_trainer(
 
     Quiet (no logger, progress bar or model summary); Lightning's checkpointing is on only when ``callbacks`` hold a
     checkpoint callback (a BundleCheckpoint or ModelCheckpoint). ``max_steps`` defaults to the config's budget.
+    Without ``root`` the run's files (samples/, on by default) go to a fresh temporary directory, never the working
+    directory (Lightning's default, here the repository).
     """
     from lightning.pytorch.callbacks import Checkpoint
 
@@ -46,7 +49,7 @@ def tiny_trainer(
     return Trainer(
         strategy=SingleControllerStrategy(config, engine_factory, resume_state=resume_state),
         accelerator=accelerator,
-        default_root_dir=root,
+        default_root_dir=root if root is not None else tempfile.mkdtemp(prefix="sc_lightning_fit_"),
         max_steps=config.algo.max_num_steps if max_steps is None else max_steps,
         logger=False,
         enable_checkpointing=any(isinstance(callback, Checkpoint) for callback in callbacks),
