@@ -11,6 +11,7 @@ from sc_lightning.report.page import render_page
 from sc_lightning.report.plots import PLOTTERS, Plot
 from sc_lightning.report.plots.goodput import advice_of
 from sc_lightning.report.run_info import RUN_INFO
+from sc_lightning.report.samples import samples_section
 from sc_lightning.report.tables import metrics_files, read_run
 from sc_lightning.trainer.train_data_log import FILENAME as TRAIN_DATA
 
@@ -23,9 +24,10 @@ class ReportError(ValueError):
 
 
 def build_report(run_dir: str | Path, out: str | Path | None = None) -> list[Plot]:
-    """Write ``out`` (default ``run_dir/report.html``) and each plot as ``<out stem>_plots/<name>.png`` beside it;
-    returns the plots, each with the series it drew. Works on a finished, running or killed run; raises
-    :class:`ReportError` naming the problem when ``run_dir`` holds no run or ``out`` cannot be written."""
+    """Write ``out`` (default ``run_dir/report.html``) and each plot as ``<out stem>_plots/<name>.png`` beside it
+    (the sampled answers' images as ``<out stem>_plots/samples/<name>.png``); returns the plots, each with the
+    series it drew. Works on a finished, running or killed run; raises :class:`ReportError` naming the problem when
+    ``run_dir`` holds no run or ``out`` cannot be written."""
     run_dir = Path(run_dir)
     check_run_dir(run_dir)
     out = Path(out) if out is not None else run_dir / REPORT
@@ -38,7 +40,7 @@ def build_report(run_dir: str | Path, out: str | Path | None = None) -> list[Plo
         plots = [plotter(run) for plotter in PLOTTERS]
         for plot in plots:
             (folder / f"{plot.name}.png").write_bytes(plot.png)
-        out.write_text(render_page(run, plots))
+        out.write_text(render_page(run, plots, samples_section(run, folder)))
     except OSError as err:
         raise ReportError(
             f"cannot write the report {out} (and its plots in {folder}): {err.strerror or err}; give --out a path "

@@ -40,12 +40,16 @@ h1 { font-size: 1.5em; margin-bottom: 0; } h2 { font-size: 1.15em; margin: 28px 
 table { border-collapse: collapse; font-size: 0.9em; } td { padding: 2px 14px 2px 0; vertical-align: top; }
 td:first-child { color: #555; } code, pre { font-size: 0.85em; } pre { background: #f6f6f6; padding: 8px; }
 img { max-width: 100%; border: 1px solid #eee; } .caption { color: #444; font-size: 0.9em; margin-top: 2px; }
+h3 { font-size: 1em; margin: 18px 0 4px; } .sample { display: flex; gap: 14px; margin: 8px 0 14px; }
+img.scene { width: 128px; image-rendering: pixelated; margin-right: 4px; }
+pre.prompt, pre.answer { white-space: pre-wrap; margin: 0; max-height: 12em; overflow: auto; }
 """
 
 
-def render_page(run: RunData, plots: Sequence[Plot]) -> str:
-    """The whole report as one HTML document."""
-    sections = "".join(_figure(plot) for plot in plots)
+def render_page(run: RunData, plots: Sequence[Plot], extra: str = "") -> str:
+    """The whole report as one HTML document: the header, the plots, then ``extra`` (the sections that are no
+    plot, as HTML: the sampled answers)."""
+    sections = "".join(_figure(plot) for plot in plots) + extra
     return (
         '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
         f"<title>sc_lightning report: {escape(run.run_dir.name)}</title><style>{STYLE}</style></head><body>"
@@ -55,7 +59,8 @@ def render_page(run: RunData, plots: Sequence[Plot]) -> str:
 
 
 def progress(run: RunData) -> list[tuple[str, str]]:
-    """How far the run got, by source: the steps metrics.csv holds and those train_data.jsonl holds."""
+    """How far the run got, by source: the steps metrics.csv holds, those train_data.jsonl holds, and those the
+    samples/ record holds."""
     rows = []
     steps = sorted(run.metrics)
     versions = ", ".join(path.parent.name for path in run.metrics_files) or "none"
@@ -64,6 +69,8 @@ def progress(run: RunData) -> list[tuple[str, str]]:
     trained = run.sample_steps()
     jsonl = f"{len(run.samples)} samples over {len(trained)} steps" if trained else "absent or empty"
     rows.append(("train_data.jsonl", jsonl))
+    recorded = ", ".join(map(str, run.sample_records))
+    rows.append(("samples/", f"steps {recorded}" if recorded else "none recorded"))
     last = max([*steps, *trained], default=None)
     config = _config(run)
     budget = _lookup(config, f"{_algo(config)}.max_num_steps") if config else None

@@ -15,11 +15,12 @@ import json
 import math
 import re
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from sc_lightning.report.run_info import read_run_info
+from sc_lightning.trainer.sample_log import SAMPLES_DIR, recorded_steps
 from sc_lightning.trainer.train_data_log import FILENAME as TRAIN_DATA
 
 Series = tuple[tuple[float, ...], tuple[float, ...]]
@@ -32,13 +33,15 @@ VERSION = re.compile(r"version_(\d+)$")
 @dataclass(frozen=True)
 class RunData:
     """What a run directory holds: ``metrics`` (step -> column -> value), ``samples`` (train_data.jsonl's rows),
-    ``info`` (run_info.yaml, or None) and the metrics files read, in version order."""
+    ``info`` (run_info.yaml, or None), the metrics files read, in version order, and ``sample_records`` (step ->
+    its ``samples/`` record's file)."""
 
     run_dir: Path
     metrics: dict[int, dict[str, float]]
     samples: list[dict[str, Any]]
     info: dict[str, Any] | None
     metrics_files: tuple[Path, ...]
+    sample_records: dict[int, Path] = field(default_factory=dict)
 
     def columns(self, prefix: str = "") -> list[str]:
         """The metric columns starting with ``prefix`` that hold a value at some step, sorted."""
@@ -85,7 +88,8 @@ def read_run(run_dir: str | Path) -> RunData:
             first = min(version)
             metrics = {step: row for step, row in metrics.items() if step < first}
             metrics.update(version)
-    return RunData(run_dir, metrics, read_train_data(run_dir / TRAIN_DATA), read_run_info(run_dir), files)
+    samples = read_train_data(run_dir / TRAIN_DATA)
+    return RunData(run_dir, metrics, samples, read_run_info(run_dir), files, recorded_steps(run_dir / SAMPLES_DIR))
 
 
 def metrics_files(run_dir: Path) -> tuple[Path, ...]:
