@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import json
 from collections import Counter
+from pathlib import Path
 
 import pytest
 import yaml
+from PIL import Image
 
 from sc_lightning.rollout.goodput import EngineTime
 from sc_lightning.trainer.goodput import TRAINER_PARTS
@@ -134,10 +136,29 @@ def test_the_tiny_distillation_example_visibly_learns(tmp_path) -> None:
 @pytest.mark.timeout(900)  # the subprocess's own 600 s deadline is the bar; this only outlasts it
 def test_the_tiny_vlm_example_visibly_learns(tmp_path) -> None:
     """configs/grpo_tiny_vlm.yaml, unchanged (the tiny VLM on the built-in CLEVR, about 2 minutes): the reward rises
-    by >= 0.3 from a warm start well below what reading the scenes earns (docs/vlm.md, "Running")."""
+    by >= 0.3 from a warm start well below what reading the scenes earns (docs/vlm.md, "Running"), and the samples/
+    record the report shows holds scenes and their answers at the first and the last step."""
     steps = train_unchanged("configs/grpo_tiny_vlm.yaml", tmp_path)
     shipped = yaml.safe_load((REPO / "configs" / "grpo_tiny_vlm.yaml").read_text())
     assert len(steps) == shipped["grpo"]["max_num_steps"]
     assert max(float(step["train/staleness_max"]) for step in steps) == 1  # it really ran one version ahead
     assert sum(float(step["train/reward"]) for step in steps[:5]) / 5 < 0.25  # the warm start leaves RL the climb
     assert_reward_climbs(steps)
+    assert_scenes_with_answers(
+        tmp_path, first=0, last=len(steps) - 1, answers=shipped["grpo"]["num_generations_per_prompt"]
+    )
+
+
+def assert_scenes_with_answers(run_dir: Path, *, first: int, last: int, answers: int) -> None:
+    """samples/ holds the ``first`` and ``last`` steps (and some between), each with its 4 prompts (the default
+    data.sample_log_prompts): a scene as a 32x32 PNG, the coded question after it, ``answers`` rewarded answers."""
+    steps = sorted(int(path.stem.removeprefix("step_")) for path in (run_dir / "samples").glob("step_*.json"))
+    assert steps[0] == first and steps[-1] == last, steps
+    for step in (first, last):
+        record = json.loads((run_dir / "samples" / f"step_{step:06d}.json").read_text())
+        assert record["step"] == step and len(record["prompts"]) == 4
+        for prompt in record["prompts"]:
+            (image,) = prompt["images"]
+            assert Image.open(run_dir / "samples" / image).size == (32, 32)
+            assert prompt["prompt"].startswith("<image>") and len(prompt["answers"]) == answers
+            assert {answer["reward"] for answer in prompt["answers"]} <= {0.0, 1.0}

@@ -6,8 +6,10 @@ from __future__ import annotations
 import base64
 import csv
 import json
+import re
 import shutil
 from collections import Counter
+from html import escape
 from importlib import metadata
 from pathlib import Path
 
@@ -16,6 +18,7 @@ import pytest
 from matplotlib.image import imread
 
 from sc_lightning.report.main import build_report, main, plot_folder
+from sc_lightning.rollout.envs.arithmetic import leading_integer
 from tests.helpers.cli import run
 from tests.helpers.run_dirs import TINY_RUN_STEPS
 
@@ -116,6 +119,35 @@ def test_the_report_of_a_finished_run_draws_its_data(tiny_run: Path, tmp_path: P
     ):
         assert shown in html
     assert metadata.version("torch") in html
+    assert_sampled_answers(tiny_run, html)
+
+
+def assert_sampled_answers(run_dir: Path, html: str) -> None:
+    """The samples/ record (on by default) holds the first and the last step: 4 prompts of each, every generation
+    decoded from the rows the step trained (their rewards are train_data.jsonl's), and the report shows both."""
+    records = {int(path.stem.removeprefix("step_")): json.loads(path.read_text()) for path in
+               (run_dir / "samples").glob("step_*.json")}  # fmt: skip
+    assert sorted(records) == [0, TINY_RUN_STEPS - 1]
+    trained = {(s["step"], s["group_id"], s["generation_index"]): s["reward"] for s in samples(run_dir)}
+    for step, record in records.items():
+        assert len(record["prompts"]) == 4 and {p["prompt_id"] for p in samples_of(run_dir, step)} >= {
+            p["prompt_id"] for p in record["prompts"]
+        }
+        for prompt in record["prompts"]:
+            assert re.fullmatch(r"\d+\+\d+=", prompt["prompt"]), prompt["prompt"]  # the arithmetic question
+            assert prompt["images"] == []
+            answers = prompt["answers"]
+            assert sorted(a["generation_index"] for a in answers) == [0, 1, 2, 3]
+            for answer in answers:
+                assert answer["reward"] == trained[(step, prompt["group_id"], answer["generation_index"])]
+            right = sum(int(n) for n in prompt["prompt"][:-1].split("+"))  # the text is what the verifier scored
+            assert all((leading_integer(a["text"]) == right) == (a["reward"] == 1.0) for a in answers), answers
+        assert f"<h3>step {step} (" in html
+        assert escape(record["prompts"][0]["answers"][0]["text"]) in html
+
+
+def samples_of(run_dir: Path, step: int) -> list[dict]:
+    return [sample for sample in samples(run_dir) if sample["step"] == step]
 
 
 def test_a_killed_run_without_metrics_csv_reports_from_train_data(tiny_run: Path, tmp_path: Path) -> None:
