@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import threading
+import time
 from collections.abc import Awaitable, Callable, Coroutine
 from concurrent.futures import Future
 from typing import Any, TypeVar
@@ -39,6 +40,11 @@ DEFAULT_CALL_TIMEOUT_S = 600.0
 SELECT_GRACE_S = 30.0
 """How much longer than its own ``timeout_s`` a select may take to answer: the controller's SelectTimeout comes
 first."""
+SIGNAL_CHECK_S = 0.1
+"""How often a blocking call wakes to let its thread run Python's signal handlers. The kernel may deliver a signal
+sent to the process to any of its threads; Python then runs the handler in the main thread only once that thread
+runs Python code again, so a wait on one lock would hold a stop signal until the call returned (a select waiting
+for rollouts that hang: minutes, not the seconds a SIGTERM may take)."""
 
 TRAIN_SIDE_METHODS = frozenset(
     {
@@ -182,13 +188,17 @@ class LocalController(ControllerHandle):
         limit = timeout_s if timeout_s is not None else self.call_timeout_s
         name = name or getattr(coroutine, "__qualname__", "a call")
         future: Future[T] = asyncio.run_coroutine_threadsafe(coroutine, self._loop)
-        try:
-            return future.result(timeout=limit)
-        except TimeoutError:
-            if future.done():  # the call itself raised a TimeoutError (e.g. SelectTimeout): that is its answer
-                raise
-            future.cancel()
-            raise ControllerUnresponsive(f"SingleController.{name}", limit) from None
+        deadline = time.monotonic() + limit
+        while True:
+            try:  # in slices: between two, this thread runs the signal handlers due (SIGNAL_CHECK_S)
+                return future.result(timeout=max(0.0, min(SIGNAL_CHECK_S, deadline - time.monotonic())))
+            except TimeoutError:
+                if future.done():  # the call itself raised a TimeoutError (e.g. SelectTimeout): that is its answer
+                    raise
+                if time.monotonic() >= deadline:
+                    break
+        future.cancel()
+        raise ControllerUnresponsive(f"SingleController.{name}", limit)
 
     def _invoke(self, method: str, *args: Any, deadline_s: float | None = None, **kwargs: Any) -> Any:
         """Run the controller's ``method`` on its loop; ControllerUnresponsive past the deadline."""

@@ -2,22 +2,25 @@
 
 from __future__ import annotations
 
+import signal
 import threading
+import time
 
 import pytest
 
 from benchmarks.ray_controller import RayController
-from sc_lightning.controller.api import ControllerClient, ControllerDied, ControllerUnresponsive
+from sc_lightning.controller.api import ControllerClient, ControllerDied, ControllerUnresponsive, WaitInterrupted
 from sc_lightning.controller.runners import LocalController
 from sc_lightning.data_plane.memory import MemoryDataPlane
 from sc_lightning.rollout.datasets import ArithmeticDataset
 from sc_lightning.rollout.envs.arithmetic import ArithmeticEnvironment
 from sc_lightning.testing.scripted_engine import ScriptedEngine
+from sc_lightning.types import Prompt
 from tests.helpers.controllers import config
 from tests.helpers.scripts import TOKENIZER, answer_correctly
 
 
-def build():
+def build(environment: ArithmeticEnvironment | None = None):
     """Runs inside the controller's home: everything, the in-process data plane included, is built there."""
     from sc_lightning.controller.build import build_controller
 
@@ -25,7 +28,7 @@ def build():
         config({"name": "in_order", "max_lookahead_versions": 1}, buffered=4),
         data_plane=MemoryDataPlane(),
         engine=ScriptedEngine(answer_correctly),
-        environment=ArithmeticEnvironment(),
+        environment=environment or ArithmeticEnvironment(),
         tokenizer=TOKENIZER,
         dataset=ArithmeticDataset(8, 0, TOKENIZER),
     )
@@ -83,6 +86,40 @@ def test_a_dead_controller_actor_is_reported_by_the_trainer_side(ray_cluster) ->
     with pytest.raises(ControllerDied, match=r"Ray actor died; SingleController.select got no answer"):
         client.select(0, 2, 2, timeout_s=60)
     client.shutdown()  # a dead controller shuts down quietly
+
+
+class HangingArithmetic(ArithmeticEnvironment):
+    """The arithmetic verifier whose scores hang until ``released`` is set."""
+
+    def __init__(self, released: threading.Event) -> None:
+        super().__init__()
+        self.released = released
+
+    def score(self, prompt: Prompt, completion_text: str) -> float:
+        """The arithmetic reward, once released."""
+        self.released.wait(60)
+        return super().score(prompt, completion_text)
+
+
+def test_a_stop_signal_on_another_thread_ends_a_waiting_select_at_once() -> None:
+    """The kernel may deliver a signal sent to the process to any of its threads, and Python runs the handler in the
+    main thread only once that thread runs Python code again: a select waiting for rollouts that hang lets it run
+    (FitStop's handler then ends the wait) instead of holding it until the rollouts come (a SIGTERM that once took a
+    fit minutes to obey, tests/test_preemption.py)."""
+    released = threading.Event()
+    client = LocalController(lambda: build(HangingArithmetic(released)))
+    previous = signal.signal(signal.SIGUSR1, lambda signum, frame: client.interrupt_waits())
+    try:
+        signalled = time.monotonic() + 0.5
+        # the signal lands on the controller's thread, as the kernel may deliver one sent to the process
+        threading.Timer(0.5, signal.pthread_kill, (client._thread.ident, signal.SIGUSR1)).start()
+        with pytest.raises(WaitInterrupted):
+            client.select(0, 2, 2, timeout_s=10)
+        assert time.monotonic() - signalled < 2.0
+    finally:
+        signal.signal(signal.SIGUSR1, previous)
+        released.set()
+        client.shutdown()
 
 
 def test_a_handle_invokes_only_train_side_methods() -> None:

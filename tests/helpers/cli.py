@@ -3,6 +3,7 @@ leave behind (the per-step metrics, the error lines)."""
 
 from __future__ import annotations
 
+import ctypes
 import os
 import re
 import subprocess
@@ -90,6 +91,23 @@ def child_pid(parent: int, assignment: str) -> int | None:
         if ppid == parent and assignment.encode() in env:
             return int(entry.name)
     return None
+
+
+def signal_another_thread(pid: int, signum: int) -> int:
+    """Send ``signum`` to a thread of process ``pid`` other than its main one (the oldest that does not block it), as
+    the kernel may deliver a signal sent to the process; Python runs the handler in the main thread only once that
+    thread runs Python code again. Returns the thread's id."""
+    tgkill = ctypes.CDLL(None, use_errno=True).tgkill
+    for tid in sorted(int(entry.name) for entry in Path(f"/proc/{pid}/task").iterdir()):
+        try:
+            status = (Path(f"/proc/{pid}/task") / str(tid) / "status").read_text()
+        except OSError:
+            continue  # ended meanwhile
+        (mask,) = re.findall(r"^SigBlk:\s*([0-9a-f]+)$", status, re.MULTILINE)
+        blocked = int(mask, 16)
+        if tid != pid and not blocked >> (signum - 1) & 1 and tgkill(pid, tid, signum) == 0:
+            return tid
+    raise AssertionError(f"process {pid} has no thread but its main one that takes signal {signum}")
 
 
 def step_metrics(root: Path) -> list[dict[str, str]]:
