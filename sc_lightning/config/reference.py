@@ -138,8 +138,10 @@ def _default_text(fld: dataclasses.Field) -> str:
         return "required"
     if value is None:
         return "null"
-    if isinstance(value, tuple | list | dict) and not value:
-        return "[]" if not isinstance(value, dict) else "{}"
+    if isinstance(value, tuple | list):  # as YAML writes a list: [count, colour]
+        return f"[{', '.join(str(item) for item in value)}]"
+    if isinstance(value, dict) and not value:
+        return "{}"
     return str(value).lower() if isinstance(value, bool) else str(value)
 
 
