@@ -1,7 +1,8 @@
 """The tiny CLEVR verifier: reward 1 when the completion's first word is exactly the answer.
 
 The task (:mod:`sc_lightning.tasks.clevr`): a 32x32 scene of coloured shapes and a question about it in codes
-(``+1=`` asks how many green objects there are); every answer is one digit.
+(``+1=`` asks how many green objects there are; ``-052=`` whether the red object is left of the blue one); every
+answer is one digit, scored alike whatever the question's kind.
 """
 
 from __future__ import annotations
