@@ -202,6 +202,10 @@ IMAGE_DATASETS = ("clevr",)
 DATASET_FILES = "a .jsonl or .parquet file, or a directory written by datasets' save_to_disk"
 """What ``data.dataset_name`` may name besides a built-in task (docs/datasets.md)."""
 AnswerFormat = Literal["plain", "gsm8k"]
+ClevrKind = Literal["count", "colour", "relation"]
+"""The kinds of question the built-in clevr dataset asks (``sc_lightning.tasks.clevr.KINDS``)."""
+DEFAULT_CLEVR_KINDS: tuple[ClevrKind, ...] = ("count", "colour")
+"""The kinds it draws unless ``data.clevr_kinds`` names others (``sc_lightning.tasks.clevr.DEFAULT_KINDS``)."""
 
 
 @section
@@ -214,6 +218,12 @@ class DataConfig:
         "env.name: calculator; worked_arithmetic: remainders by repeated subtraction, worked in 65 to 2,045 tokens, "
         f"for env.name: worked_arithmetic; clevr: questions about rendered 32x32 scenes of coloured shapes, for "
         f"env.name: clevr and a vision-language policy) or the path of the prompts: {DATASET_FILES}.",
+    )
+    clevr_kinds: tuple[ClevrKind, ...] = knob(
+        DEFAULT_CLEVR_KINDS,
+        "Kinds of question the built-in clevr dataset draws, in turn, each listed once: count (how many objects of a "
+        "colour), colour (the colour of a shape), relation (is one object left of, right of, above or below "
+        "another; opt-in: the tiny VLM does not learn it, docs/vlm.md); only with data.dataset_name: clevr.",
     )
     prompt_key: str = knob(
         "problem", "Column (JSONL key) of a dataset file holding each prompt's text; unread with data.messages_key."

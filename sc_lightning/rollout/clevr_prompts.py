@@ -8,17 +8,19 @@ from sc_lightning.tokenizer import Tokenizer
 from sc_lightning.types import Prompt
 
 
-def clevr_prompts(size: int, seed: int, tokenizer: Tokenizer, images: ImageFormat) -> list[Prompt]:
-    """``size`` questions drawn from ``seed`` (:mod:`sc_lightning.tasks.clevr`), each scene resized to
+def clevr_prompts(
+    size: int, seed: int, tokenizer: Tokenizer, images: ImageFormat, kinds: tuple[str, ...]
+) -> list[Prompt]:
+    """``size`` questions of ``kinds`` drawn from ``seed`` (:mod:`sc_lightning.tasks.clevr`), each scene resized to
     ``images.image_size``.
 
     Prompt ``i`` has id ``clevr-{i:06d}``, text the coded question (``"+1="``: how many green objects?), answer one
-    digit and task ``"clevr"``; ``extra`` holds the English ``question`` and its ``kind`` (count, colour).
+    digit and task ``"clevr"``; ``extra`` holds the English ``question`` and its ``kind`` (count, colour, relation).
     Its token ids are bos, the image's ``tokens_per_image`` ids, then the text. UnrepresentableTextError when the
     tokenizer cannot spell the questions.
     """
     prompts = []
-    for i, question in enumerate(clevr.draw_questions(size, seed)):
+    for i, question in enumerate(clevr.draw_questions(size, seed, kinds)):
         prompts.append(
             Prompt(
                 f"clevr-{i:06d}",

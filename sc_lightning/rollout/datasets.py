@@ -114,12 +114,19 @@ class WorkedArithmeticDataset(ListDataset):
 
 
 class ClevrDataset(ListDataset):
-    """Questions about rendered scenes of coloured shapes drawn from ``seed``, for a vision-language policy whose
-    image format is ``images`` (:func:`~sc_lightning.rollout.clevr_prompts.clevr_prompts`); DatasetError naming
-    ``policy.is_vlm`` when ``images`` is None (a text policy cannot see the scenes)."""
+    """Questions of ``kinds`` about rendered scenes of coloured shapes drawn from ``seed``, for a vision-language
+    policy whose image format is ``images`` (:func:`~sc_lightning.rollout.clevr_prompts.clevr_prompts`); DatasetError
+    naming ``policy.is_vlm`` when ``images`` is None (a text policy cannot see the scenes)."""
 
     def __init__(
-        self, size: int, seed: int, tokenizer: Tokenizer, images: ImageFormat | None, *, max_prompt_length: int | None
+        self,
+        size: int,
+        seed: int,
+        tokenizer: Tokenizer,
+        images: ImageFormat | None,
+        *,
+        max_prompt_length: int | None,
+        kinds: tuple[str, ...],
     ) -> None:
         if images is None:
             raise DatasetError(
@@ -127,7 +134,7 @@ class ClevrDataset(ListDataset):
                 "set policy.is_vlm: true with a vision-language policy (policy.model_name)"
             )
         try:
-            self._prompts = clevr_prompts(size, seed, tokenizer, images)
+            self._prompts = clevr_prompts(size, seed, tokenizer, images, kinds)
         except UnrepresentableTextError as err:
             raise unspellable_task("clevr", err) from None
         for prompt in self._prompts:
@@ -143,8 +150,9 @@ def build_dataset(
     images: ImageFormat | None = None,
 ) -> PromptDataset:
     """The dataset named by ``cfg.dataset_name``: ``"arithmetic"`` or ``"calculator"`` (512 prompts from ``seed``),
-    ``"worked_arithmetic"`` (4,096), ``"clevr"`` (1,024, for a vision-language policy whose image format is
-    ``images``) or the path of a dataset file (:class:`FilePromptDataset`, its images in ``images``' format).
+    ``"worked_arithmetic"`` (4,096), ``"clevr"`` (1,024 questions of ``cfg.clevr_kinds``, for a vision-language
+    policy whose image format is ``images``) or the path of a dataset file (:class:`FilePromptDataset`, its images
+    in ``images``' format).
 
     Every prompt is checked against ``cfg.max_prompt_length`` and the tokenizer here, and every file's answer against
     ``check_answer``, so a bad prompt fails at load time; a file may have up to ``cfg.max_skipped_rows`` bad rows,
@@ -158,7 +166,9 @@ def build_dataset(
     if name == "worked_arithmetic":
         return WorkedArithmeticDataset(WORKED_DATASET_SIZE, seed, tokenizer, max_prompt_length=cfg.max_prompt_length)
     if name == "clevr":
-        return ClevrDataset(CLEVR_DATASET_SIZE, seed, tokenizer, images, max_prompt_length=cfg.max_prompt_length)
+        return ClevrDataset(
+            CLEVR_DATASET_SIZE, seed, tokenizer, images, max_prompt_length=cfg.max_prompt_length, kinds=cfg.clevr_kinds
+        )
     return FilePromptDataset(name, tokenizer, cfg, check_answer=check_answer, images=images)
 
 

@@ -13,6 +13,7 @@ from tests.helpers.configs import variant
 VLM = {"policy": {"is_vlm": True}}
 FILE = {"data": {"dataset_name": "p.parquet", "prompt_key": "q"}}
 IMAGES = {"data": {"images_key": "images"}}
+CLEVR = {"data": {"dataset_name": "clevr"}, "env": {"name": "clevr"}}
 
 VLM_CASES: list[tuple[str, dict[str, Any], dict[str, Any], str, str]] = [
     (
@@ -56,6 +57,35 @@ VLM_CASES: list[tuple[str, dict[str, Any], dict[str, Any], str, str]] = [
         variant(FILE, IMAGES, {"data": {"apply_chat_template": True}}),
         "data.images_key",
         "is set together with data.apply_chat_template",
+    ),
+    (
+        "clevr kinds only for clevr",
+        variant({"data": {"clevr_kinds": ["count", "colour"]}}),
+        variant({"data": {"clevr_kinds": ["relation"]}}),
+        "data.clevr_kinds",
+        "data.dataset_name (arithmetic) is not the built-in clevr, the one dataset that draws kinds of question; "
+        "remove data.clevr_kinds (the default: [count, colour])",
+    ),
+    (
+        "clevr kinds not empty",
+        variant(),
+        variant(CLEVR, {"data": {"clevr_kinds": []}}),
+        "data.clevr_kinds",
+        "is empty, but every clevr question is of some kind; list one or more of count, colour, relation",
+    ),
+    (
+        "clevr kinds each once",
+        variant(),
+        variant(CLEVR, {"data": {"clevr_kinds": ["relation", "count", "relation"]}}),
+        "data.clevr_kinds",
+        "lists relation more than once; list each once",
+    ),
+    (
+        "clevr kinds are known (loader)",
+        variant(),
+        variant(CLEVR, {"data": {"clevr_kinds": ["count", "colours"]}}),
+        "data.clevr_kinds[1]",
+        "must be one of 'count', 'colour', 'relation', got 'colours'; did you mean 'colour'?",
     ),
     (
         "a vlm has no hf export",

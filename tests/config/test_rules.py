@@ -49,7 +49,12 @@ def test_every_rule_function_has_a_failing_case() -> None:
 
 
 @pytest.mark.parametrize(
-    "data", [{"dataset_name": "clevr"}, {"dataset_name": "p.parquet", "prompt_key": "q", "images_key": "images"}]
+    "data",
+    [
+        {"dataset_name": "clevr"},
+        {"dataset_name": "clevr", "clevr_kinds": ["relation", "count", "colour"]},
+        {"dataset_name": "p.parquet", "prompt_key": "q", "images_key": "images"},
+    ],
 )
 def test_the_image_rules_pass_a_vision_language_run_with_images(data: dict) -> None:
     from sc_lightning.cli.load import LIGHTNING_KEYS

@@ -6,16 +6,18 @@ from __future__ import annotations
 
 import hashlib
 import random
+import typing
 
 import numpy as np
 import pytest
 
-from sc_lightning.config.runtime import EnvConfig
+from sc_lightning.config.runtime import DEFAULT_CLEVR_KINDS, ClevrKind, EnvConfig
 from sc_lightning.rollout.envs import build_environment
 from sc_lightning.rollout.envs.base import RewardError
 from sc_lightning.tasks.clevr import (
     BACKGROUND,
     COLOURS,
+    DEFAULT_KINDS,
     KINDS,
     RELATIONS,
     SHAPES,
@@ -137,6 +139,11 @@ def test_a_relation_needs_two_objects_of_colours_only_they_have() -> None:
         SceneObject("blue", "square", 3),
     )
     assert ask(two_reds_and_a_blue, "relation", rng) is None
+
+
+def test_data_clevr_kinds_offers_the_tasks_kinds_and_defaults_to_its_default() -> None:
+    assert typing.get_args(ClevrKind) == KINDS
+    assert DEFAULT_CLEVR_KINDS == DEFAULT_KINDS == ("count", "colour")
 
 
 @pytest.mark.parametrize("kinds", [(), ("count", "size")])

@@ -124,6 +124,14 @@ def test_the_builtin_dataset_gives_each_prompt_its_scene_and_image_tokens() -> N
         assert images_tensor(prompt.images)[0].numpy().tolist() == render(question.objects).tolist()
 
 
+def test_the_builtin_dataset_draws_the_kinds_data_clevr_kinds_names() -> None:
+    data = DataConfig(dataset_name="clevr", clevr_kinds=("relation", "count"))
+    dataset = build_dataset(data, CharTokenizer(), seed=3, images=TinyImageFormat())
+    questions = draw_questions(1024, 3, ("relation", "count"))
+    assert [(p.text, p.answer, p.extra["kind"]) for p in dataset] == [(q.text, q.answer, q.kind) for q in questions]
+    assert [p.extra["kind"] for p in list(dataset)[:4]] == ["relation", "count", "relation", "count"]
+
+
 def test_the_builtin_dataset_needs_a_vision_language_policy() -> None:
     with pytest.raises(DatasetError, match="policy.is_vlm"):
         build_dataset(DataConfig(dataset_name="clevr"), CharTokenizer(), seed=0)

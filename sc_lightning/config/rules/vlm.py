@@ -1,10 +1,13 @@
 """Validation rules for prompts with images: a vision-language policy (``policy.is_vlm``) and a dataset whose prompts
-hold images (the built-in ``clevr``, or a file with ``data.images_key``) come together or not at all (docs/vlm.md)."""
+hold images (the built-in ``clevr``, or a file with ``data.images_key``) come together or not at all, and the kinds of
+question the built-in ``clevr`` draws (docs/vlm.md)."""
 
 from __future__ import annotations
 
+from typing import get_args
+
 from sc_lightning.config.report import Report, ties
-from sc_lightning.config.runtime import IMAGE_DATASETS
+from sc_lightning.config.runtime import DEFAULT_CLEVR_KINDS, IMAGE_DATASETS, ClevrKind
 from sc_lightning.config.schema import SCConfig
 
 IMAGE_SOURCES = f"data.dataset_name: {' or '.join(IMAGE_DATASETS)}, or a dataset file with data.images_key"
@@ -58,6 +61,31 @@ def images_come_from_text_prompt_files(config: SCConfig, report: Report) -> None
         )
 
 
+@ties("data.clevr_kinds", "data.dataset_name")
+def clevr_kinds(config: SCConfig, report: Report) -> None:
+    """data.clevr_kinds lists the kinds the built-in clevr dataset draws in turn, at least one and each once; no other
+    dataset draws question kinds."""
+    data = config.data
+    kinds = list(data.clevr_kinds)
+    default = ", ".join(DEFAULT_CLEVR_KINDS)
+    twice = sorted({kind for kind in kinds if kinds.count(kind) > 1})
+    if not kinds:
+        report.error(
+            "data.clevr_kinds",
+            f"is empty, but every clevr question is of some kind; list one or more of {', '.join(get_args(ClevrKind))} "
+            f"(the default: [{default}])",
+        )
+    elif twice:
+        report.error("data.clevr_kinds", f"is {kinds}, which lists {', '.join(twice)} more than once; list each once")
+    if data.clevr_kinds != DEFAULT_CLEVR_KINDS and data.dataset_name != "clevr":
+        report.error(
+            "data.clevr_kinds",
+            f"is {kinds}, but data.dataset_name ({data.dataset_name}) is not the built-in clevr, the one dataset that "
+            f"draws kinds of question; remove data.clevr_kinds (the default: [{default}]), or set "
+            "data.dataset_name: clevr",
+        )
+
+
 @ties("policy.is_vlm", "checkpointing.export_hf_at_end")
 def vlm_has_no_hf_export(config: SCConfig, report: Report) -> None:
     """A vision-language policy's bundles are not exported: its vision side has no Hugging Face form."""
@@ -70,4 +98,10 @@ def vlm_has_no_hf_export(config: SCConfig, report: Report) -> None:
         )
 
 
-VLM_RULES = (vlm_needs_images, images_need_a_vlm, images_come_from_text_prompt_files, vlm_has_no_hf_export)
+VLM_RULES = (
+    vlm_needs_images,
+    images_need_a_vlm,
+    images_come_from_text_prompt_files,
+    clevr_kinds,
+    vlm_has_no_hf_export,
+)
