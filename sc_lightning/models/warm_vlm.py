@@ -20,16 +20,18 @@ from sc_lightning.tasks import clevr
 from sc_lightning.tokenizer import CharImageTokenizer
 
 
-def clevr_examples(spec: ModelSpec, count: int, seed: int | str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``count`` CLEVR questions drawn from ``seed`` with their answers: right-padded token ids ``(B, T)``, the mask of
-    the model's tokens (the answer digit and eos), and the scenes ``(B, H, W, 3)`` uint8."""
+def clevr_examples(
+    spec: ModelSpec, count: int, seed: int | str, kinds: tuple[str, ...] = clevr.DEFAULT_KINDS
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``count`` CLEVR questions of ``kinds`` drawn from ``seed`` with their answers: right-padded token ids
+    ``(B, T)``, the mask of the model's tokens (the answer digit and eos), and the scenes ``(B, H, W, 3)`` uint8."""
     vision = spec.vision
     if vision is None or vision.image_size != clevr.IMAGE_SIZE:
         raise ValueError(f"the CLEVR warm start needs a vision-language spec of {clevr.IMAGE_SIZE}-pixel images")
     tokenizer = CharImageTokenizer()
     prompt_start = [tokenizer.bos_token_id, *[vision.image_token_id] * vision.tokens_per_image]
     rows, masks, scenes = [], [], []
-    for question in clevr.draw_questions(count, seed):
+    for question in clevr.draw_questions(count, seed, kinds):
         prompt = prompt_start + tokenizer.encode(question.text)
         answer = [*tokenizer.encode(question.answer), tokenizer.eos_token_id]
         rows.append(prompt + answer)
@@ -52,6 +54,29 @@ def expected_clevr_reward(model: torch.nn.Module, ids: torch.Tensor, mask: torch
     return float((logprobs * mask).sum(-1).exp().mean())
 
 
+def clevr_step(
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    examples: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+    step: int,
+    batch_size: int,
+) -> float:
+    """One supervised step: cross-entropy on the answer tokens of ``batch_size`` of ``examples`` (ids, mask, scenes
+    as :func:`clevr_examples` gives them) picked with seed ``step``; returns the loss."""
+    from sc_lightning.models.logprobs import device_of, logprobs_from_logits
+    from sc_lightning.models.vlm import vlm_logits
+
+    ids, mask, scenes = examples
+    pick = torch.randint(0, len(ids), (batch_size,), generator=torch.Generator().manual_seed(step))
+    batch, answer = ids[pick].to(device_of(model)), mask[pick].to(device_of(model))
+    logprobs = logprobs_from_logits(vlm_logits(model, batch, list(scenes[pick, None])), batch)  # (B, T)
+    loss = -(logprobs * answer).sum() / answer.sum()
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+    return float(loss.detach())
+
+
 def warm_start_clevr(
     path: Path,
     spec: ModelSpec,
@@ -69,22 +94,15 @@ def warm_start_clevr(
     ``path`` (:func:`~sc_lightning.models.hf_dir.save_hf_directory`) and return that reward."""
     from sc_lightning.models.convert import export_hf_weights
     from sc_lightning.models.hf_dir import save_hf_directory
-    from sc_lightning.models.logprobs import logprobs_from_logits
-    from sc_lightning.models.vlm import build_vlm, vlm_logits
+    from sc_lightning.models.vlm import build_vlm
 
     model = build_vlm(spec, precision="fp32", seed=seed, device=device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
-    ids, mask, scenes = clevr_examples(spec, 1024, f"warm-{seed}")
+    examples = clevr_examples(spec, 1024, f"warm-{seed}")
     held_out = clevr_examples(spec, 256, f"warm-held-out-{seed}")
     reward = 0.0
     for step in range(max_steps):
-        pick = torch.randint(0, len(ids), (batch_size,), generator=torch.Generator().manual_seed(step))
-        batch, answer = ids[pick].to(device), mask[pick].to(device)
-        logprobs = logprobs_from_logits(vlm_logits(model, batch, list(scenes[pick, None])), batch)  # (B, T)
-        loss = -(logprobs * answer).sum() / answer.sum()
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
+        clevr_step(model, optimizer, examples, step, batch_size)
         if step % check_every == 0:
             reward = expected_clevr_reward(model.eval(), *held_out)
             model.train()
