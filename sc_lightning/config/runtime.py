@@ -223,7 +223,8 @@ class DataConfig:
         DEFAULT_CLEVR_KINDS,
         "Kinds of question the built-in clevr dataset draws, in turn, each listed once: count (how many objects of a "
         "colour), colour (the colour of a shape), relation (is one object left of, right of, above or below "
-        "another; opt-in: the tiny VLM does not learn it, docs/vlm.md); only with data.dataset_name: clevr.",
+        "another; opt-in: the tiny VLM learns it only after a long supervised plateau, docs/vlm.md); only with "
+        "data.dataset_name: clevr.",
     )
     prompt_key: str = knob(
         "problem", "Column (JSONL key) of a dataset file holding each prompt's text; unread with data.messages_key."
