@@ -12,6 +12,7 @@ and ``**`` matches any number of levels, zero included. An excluded path removes
 
 - :func:`compatibility_identity` — the config as nested plain data, minus the excluded paths;
 - :func:`fingerprint` — SHA-256 over the canonical JSON of ``{schema_version, excluded_paths, identity}``;
+- :func:`with_added_knobs` — an older identity completed with the defaults of knobs added since;
 - :func:`changed_paths` / :func:`check_compatible` — the exact dotpaths that differ, ``path: old -> new``, for the
   error that rejects a restart (identities never hold credentials: their keys are excluded at any depth).
 """
@@ -70,6 +71,9 @@ BUILTIN_EXCLUDED_PATHS = (
     "async_rl.drain_timeout_s",
     "data_plane.storage_capacity",
     "async_rl.stall_watchdog",
+    # what the trainer records of the rows it trained (train_data.jsonl, samples/): never what they are
+    "data.train_data_log",
+    "data.sample_log_*",
     # a skip budget never changes which rows a file yields: rows are kept or skipped by their content alone
     "data.max_skipped_rows",
     # how long the run trains: a resume may train a run longer or shorter, from a bootstrap snapshot as from a bundle
@@ -151,6 +155,23 @@ def _flatten(value: Any, path: str = "") -> dict[str, Any]:
 def _show(value: Any) -> str:
     text = "(absent)" if value is _MISSING else json.dumps(value, default=str)
     return text if len(text) <= MAX_VALUE_CHARS else text[: MAX_VALUE_CHARS - 3] + "..."
+
+
+def with_added_knobs(
+    saved: Mapping[str, Any], current: Mapping[str, Any], defaults: Mapping[str, Any]
+) -> dict[str, Any]:
+    """``saved`` (an identity an older version wrote) with each path it lacks and ``current`` has taken from
+    ``defaults`` (today's default config): a knob added since is at the value that keeps the older behaviour, so a
+    run still at that default is compatible, and one that changed it is not."""
+    merged = dict(saved)
+    for key, value in current.items():
+        if key not in defaults:
+            continue
+        if key not in merged:
+            merged[key] = defaults[key]
+        elif isinstance(value, Mapping) and isinstance(merged[key], Mapping) and isinstance(defaults[key], Mapping):
+            merged[key] = with_added_knobs(merged[key], value, defaults[key])
+    return merged
 
 
 def changed_paths(saved: Mapping[str, Any], current: Mapping[str, Any]) -> list[str]:

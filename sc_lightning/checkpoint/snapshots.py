@@ -33,7 +33,12 @@ from sc_lightning.checkpoint.atomic import (
     write_atomically,
 )
 from sc_lightning.checkpoint.bundle import TRAINER_FILE, bundle_name, latest_bundle, read_controller_state
-from sc_lightning.checkpoint.fingerprint import check_compatible, compatibility_identity, fingerprint
+from sc_lightning.checkpoint.fingerprint import (
+    check_compatible,
+    compatibility_identity,
+    fingerprint,
+    with_added_knobs,
+)
 from sc_lightning.checkpoint.retention import remove_bundle
 from sc_lightning.config import SCConfig
 from sc_lightning.config.schema import config_to_dict
@@ -132,14 +137,16 @@ def check_bootstrap(anchor: Path, identity: dict[str, Any]) -> None:
     """FingerprintMismatch naming the changed dotpaths unless ``identity`` matches the bootstrap anchor's.
 
     The saved identity loses today's built-in exclusions first, so an anchor written before a path joined them
-    still fits.
+    still fits, and gains the defaults of knobs added since it was written (a run at those defaults still fits).
     """
     try:
         saved = json.loads((anchor / BOOTSTRAP_FILE).read_text())
     except (OSError, ValueError) as err:
         raise BundleError(f"{anchor / BOOTSTRAP_FILE}: unreadable ({err}); nothing was deleted") from None
     if saved.get("fingerprint") != fingerprint(identity):
-        check_compatible(compatibility_identity(saved.get("identity", {})), identity, where=str(anchor))
+        older = compatibility_identity(saved.get("identity", {}))
+        defaults = config_to_dict(SCConfig())
+        check_compatible(with_added_knobs(older, identity, defaults), identity, where=str(anchor))
 
 
 def next_snapshot_dir(anchor: Path) -> Path:

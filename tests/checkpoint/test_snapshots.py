@@ -137,6 +137,22 @@ def test_a_bootstrap_resume_trains_longer_as_a_bundle_resume_does(tmp_path) -> N
         resume_point(tmp_path, "latest", tiny_identity("grpo.seed=8"))
 
 
+def test_an_anchor_written_before_a_knob_existed_resumes_at_its_default_only(tmp_path) -> None:
+    """An older version's identity lacks the knobs added since: a run at their defaults resumes (they keep the older
+    behaviour), one that moved such a knob off its default is refused, naming it. What the trainer records
+    (train_data.jsonl, samples/) is no part of the identity."""
+    first = snapshot(anchor_for(tmp_path, 0, tiny_identity()))
+    record = tmp_path / BOOTSTRAP_DIR / "BOOTSTRAP.json"
+    older = json.loads(record.read_text())
+    del older["identity"]["data"]["clevr_kinds"], older["identity"]["on_policy_distillation"]
+    older["fingerprint"] = "written by an older version"
+    record.write_text(json.dumps(older))
+    recording = ("data.train_data_log=true", "data.sample_log_prompts=0")
+    assert resume_point(tmp_path, "latest", tiny_identity(*recording)).state_dir == first
+    with pytest.raises(FingerprintMismatch, match=r'data.clevr_kinds: \["count", "colour"\] -> \["count"\]'):
+        resume_point(tmp_path, "latest", tiny_identity("data.clevr_kinds=[count]"))
+
+
 def test_trainer_checkpoint_mode_fails_on_bootstrap_only_state_and_deletes_nothing(tmp_path) -> None:
     snapshot(anchor_for(tmp_path, 0, IDENTITY))
     before = tree(tmp_path)
