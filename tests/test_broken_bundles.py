@@ -5,7 +5,6 @@ tests/checkpoint/test_atomic.py."""
 
 from __future__ import annotations
 
-import subprocess
 from collections.abc import Callable
 from pathlib import Path
 
@@ -13,6 +12,7 @@ import pytest
 
 from sc_lightning.checkpoint.atomic import verify_bundle
 from sc_lightning.checkpoint.bundle import TRAINER_FILE
+from tests.helpers.cli import run
 from tests.helpers.configs import TEST_BASE
 from tests.helpers.recovery import assert_each_prompt_trained_once, command, write_dataset
 
@@ -40,12 +40,12 @@ def test_a_damaged_newest_bundle_is_skipped_for_the_newest_valid_one(
 ) -> None:
     write_dataset(tmp_path / "prompts.jsonl")
     argv = command(tmp_path, TEST_BASE, "--data_plane.backend", "memory", "--checkpointing.save_period", "2")
-    first = subprocess.run([*argv, "--grpo.max_num_steps", "6"], capture_output=True, text=True, timeout=600)
+    first = run(*argv[3:], "--grpo.max_num_steps", "6", timeout_s=600)
     assert first.returncode == 0, first.stderr[-3000:]
     checkpoints = tmp_path / "checkpoints"
     damage(checkpoints / "step_6")
     damaged = files_of(checkpoints / "step_6")
-    again = subprocess.run(argv, capture_output=True, text=True, timeout=600)
+    again = run(*argv[3:], timeout_s=600)
     assert again.returncode == 0, again.stderr[-3000:]
     assert f"skipping the damaged bundle {checkpoints / 'step_6'}" in again.stderr
     assert f"resuming from {checkpoints / 'step_4'}" in again.stderr

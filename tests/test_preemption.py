@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers.cli import signal_another_thread, start, stopped_after, user_environment, wait_for
+from tests.helpers.cli import run, signal_another_thread, start, stopped_after, user_environment, wait_for
 from tests.helpers.configs import REPO, TEST_BASE, TINY_PATH
 from tests.helpers.recovery import assert_each_prompt_trained_once, command, write_dataset
 
@@ -58,7 +58,7 @@ def test_a_stop_signal_while_waiting_for_rollouts_ends_the_fit_in_seconds_and_re
     step = stopped_after(stderr, f"{signum.name} received")
     assert (tmp_path / "checkpoints" / f"step_{step}").is_dir() and "Traceback" not in stderr
     stall.unlink()
-    again = subprocess.run(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, timeout=600)
+    again = run(*argv[3:], env=env, timeout_s=600)
     assert again.returncode == 0, again.stderr[-3000:]
     assert f"resuming from {tmp_path / 'checkpoints' / f'step_{step}'}" in again.stderr
     assert_each_prompt_trained_once(tmp_path)
@@ -107,7 +107,7 @@ def test_a_stop_signal_inside_a_streamed_step_ends_the_fit_without_its_bundle_an
     assert (checkpoints / "step_1").is_dir() and not (checkpoints / "step_2").exists()
     assert "Traceback" not in stderr
     stall.unlink()
-    again = subprocess.run(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, timeout=600)
+    again = run(*argv[3:], env=env, timeout_s=600)
     assert again.returncode == 0, again.stderr[-3000:]
     assert f"resuming from {checkpoints / 'step_1'}" in again.stderr
     assert_each_prompt_trained_once(tmp_path)

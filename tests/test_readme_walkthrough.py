@@ -7,8 +7,6 @@ from __future__ import annotations
 import json
 import re
 import shlex
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -17,6 +15,7 @@ from tests.helpers.cli import user_environment
 from tests.helpers.configs import REPO
 from tests.helpers.dataset_files import write_rows
 from tests.helpers.hf_models import make_hf_model_dir
+from tests.helpers.warm_cli import run_warm
 
 pytestmark = pytest.mark.slow  # a fit, an export and a generate: a minute or two on 2 cores
 
@@ -58,9 +57,9 @@ def test_the_bring_your_own_model_walkthrough_runs_as_written(tmp_path: Path) ->
     (tmp_path / "configs").symlink_to(REPO / "configs")  # the README's commands run from the repository root
 
     results = []
-    for command in commands:
-        argv = [sys.executable, *shlex.split(command)[1:]]
-        done = subprocess.run(argv, cwd=tmp_path, env=user_environment(), capture_output=True, text=True, timeout=600)
+    for command in commands:  # each a fork of the tests' preloaded interpreter (tests/helpers/warm_cli.py)
+        args = shlex.split(command)[3:]  # after "python -m sc_lightning"
+        done = run_warm(args, cwd=str(tmp_path), env=user_environment(), timeout_s=600)
         assert done.returncode == 0, f"{command}\n{done.stderr[-3000:]}"
         results.append(done)
 
