@@ -16,7 +16,9 @@
 # (default .venv/bin/python), RAY_HEAD_CPUS and RAY_NODE1_CPUS (each Ray node's logical CPUs, default 2; a head with 0
 # runs no actor, so the engines and the data plane all live on the second node), RAY_PORT and MASTER_PORT (default:
 # free ports), TWO_NODES_DIR (the Ray nodes' output, default a new temporary directory; kept when given),
-# FAILED_NODE_GRACE_S (how long a node may take to end by itself once the other failed, default 60).
+# FAILED_NODE_GRACE_S (how long a node may take to end by itself once the other failed, default 60), RAY_CLUSTER (the
+# address of a Ray cluster already running, e.g. one an earlier run's nodes left up: the node processes join it and
+# no Ray node is started or stopped; its token in RAY_AUTH_TOKEN).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -70,13 +72,20 @@ start_ray_node() {  # <log> <cpus> <ray start arguments...>: start a Ray node, r
 # Ray's token authentication, as Ray's own clusters have by default: every node and process sends the token (from
 # RAY_AUTH_TOKEN, or ~/.ray/auth_token, which the head creates when missing).
 export RAY_AUTH_MODE=${RAY_AUTH_MODE:-token}
-start_ray_node "$DIR/ray-head.log" "$HEAD_CPUS" --head --port="$RAY_PORT" --include-dashboard=false \
-  --system-config='{"prestart_worker_first_driver": false}'
-start_ray_node "$DIR/ray-node1.log" "$NODE1_CPUS" --address="127.0.0.1:$RAY_PORT"
+if [[ -n ${RAY_CLUSTER:-} ]]; then
+  RAY_ADDRESS=$RAY_CLUSTER
+  cluster="the running Ray cluster at $RAY_ADDRESS"
+else
+  start_ray_node "$DIR/ray-head.log" "$HEAD_CPUS" --head --port="$RAY_PORT" --include-dashboard=false \
+    --system-config='{"prestart_worker_first_driver": false}'
+  start_ray_node "$DIR/ray-node1.log" "$NODE1_CPUS" --address="127.0.0.1:$RAY_PORT"
+  RAY_ADDRESS="127.0.0.1:$RAY_PORT"
+  cluster="2 nodes at $RAY_ADDRESS ($HEAD_CPUS and $NODE1_CPUS CPUs)"
+fi
 MASTER_PORT=${MASTER_PORT:-$(free_port)}  # once Ray's processes hold their ports, so none takes it meanwhile
-echo "Ray cluster: 2 nodes at 127.0.0.1:$RAY_PORT ($HEAD_CPUS and $NODE1_CPUS CPUs); trainer rendezvous 127.0.0.1:$MASTER_PORT" >&2
+echo "Ray cluster: $cluster; trainer rendezvous 127.0.0.1:$MASTER_PORT" >&2
 
-export RAY_ADDRESS="127.0.0.1:$RAY_PORT" MASTER_ADDR=127.0.0.1 MASTER_PORT
+export RAY_ADDRESS MASTER_ADDR=127.0.0.1 MASTER_PORT
 fit=(-m sc_lightning fit "$@" --trainer.num_nodes 2 --trainer.devices "$RANKS_PER_NODE")
 for node in 0 1; do
   if [[ $LAUNCHER == torchrun ]]; then
