@@ -125,9 +125,11 @@ def test_tensorboard_and_offline_wandb_hold_the_csv_metrics_at_every_rl_step(tmp
     assert all(set(r) - WANDB_OWN_KEYS == names for r in history)
     assert all(len(points) == 3 for points in scalars.values())
 
-    # every logger wrote under trainer.default_root_dir (not WANDB_DIR, not the working directory)
+    # every logger wrote under trainer.default_root_dir (not WANDB_DIR, not the working directory), beside the
+    # run's own records (run_info.yaml, samples/)
     assert not (tmp_path / "wandb_dir").exists()
-    assert sorted(p.name for p in root.iterdir()) == ["lightning_logs", "run_info.yaml", "tensorboard", "wandb"]
+    expected = ["lightning_logs", "run_info.yaml", "samples", "tensorboard", "wandb"]
+    assert sorted(p.name for p in root.iterdir()) == expected
 
 
 def test_without_an_overlay_the_csv_logger_stays_the_default_with_tensorboard_installed(tmp_path: Path) -> None:
