@@ -5,7 +5,9 @@ processes (one rank each, joined at MASTER_ADDR; by Lightning's launcher with NO
 The Ray head has no CPUs (as Ray advises for large clusters), so the engine and the TransferQueue data plane live on
 the second Ray node: every rank reads its rows across the Ray cluster. GRPO and PPO train 4 steps each, as DP=2 (one
 replica per node) and as TP=2 (each layer split across the nodes), every prompt exactly once; each launcher starts
-both layouts and both algorithms once. Four ranks, two per node, write a bundle together and resume from it.
+both layouts and both algorithms once. Four ranks, two per node, write a bundle together and resume from it. These
+runs share one two-node Ray cluster (the script's ``RAY_CLUSTER``), as runs on a long-lived cluster do; a node that
+dies is tested on the script's own.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import signal
 import subprocess
 import time
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -24,7 +27,7 @@ from tests.helpers.cli import child_pid, step_metrics, user_environment, wait_fo
 from tests.helpers.configs import REPO
 from tests.helpers.recovery import assert_trained_once, write_dataset
 from tests.helpers.shims import install_shims
-from tests.helpers.two_nodes import finish, start_two_nodes, two_node_run
+from tests.helpers.two_nodes import finish, start_two_nodes, two_node_cluster, two_node_run
 
 STEPS = 4
 ROWS_PER_STEP = 16  # 4 groups x 4 generations (tests/small_steps.yaml, tests/small_ppo_steps.yaml)
@@ -39,6 +42,15 @@ CASES = [
     ("ppo", "dp2", "torchrun"),
     ("ppo", "tp2", "lightning"),
 ]
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[dict[str, str]]:
+    """One two-node Ray cluster (a head of no CPUs, a second node of 4) that the runs of the tests below join, each
+    with its own node processes, engine and data plane; the dead-node test starts the script's own cluster, as a
+    user's run does."""
+    with two_node_cluster(head_cpus=0, node1_cpus=4) as env:
+        yield env
 
 
 def _fit(tmp_path: Path, algo: str, steps: int, tp: str) -> list[str]:
@@ -75,10 +87,18 @@ def _assert_steps_trained_once(tmp_path: Path) -> None:
 @pytest.mark.long(minutes=1.5)
 @pytest.mark.timeout(400)
 @pytest.mark.parametrize(("algo", "layout", "launcher"), CASES, ids=["-".join(case) for case in CASES])
-def test_two_nodes_train_every_prompt_once(tmp_path: Path, algo: str, layout: str, launcher: str) -> None:
+def test_two_nodes_train_every_prompt_once(
+    tmp_path: Path, cluster: dict[str, str], algo: str, layout: str, launcher: str
+) -> None:
     split, tp = LAYOUTS[layout]
     stderr = two_node_run(
-        tmp_path, *_fit(tmp_path, algo, STEPS, tp), launcher=launcher, head_cpus=0, node1_cpus=4, timeout_s=300
+        tmp_path,
+        *_fit(tmp_path, algo, STEPS, tp),
+        launcher=launcher,
+        head_cpus=0,
+        node1_cpus=4,
+        cluster=cluster,
+        timeout_s=300,
     )
     assert f"trainer: 2 ranks = {split} on cpu (1 device x 2 nodes)" in stderr
     assert f"fit stopped after step {STEPS}: {algo}.max_num_steps ({STEPS}) reached" in stderr
@@ -94,7 +114,9 @@ def test_two_nodes_train_every_prompt_once(tmp_path: Path, algo: str, layout: st
 @pytest.mark.slow
 @pytest.mark.long(minutes=2)
 @pytest.mark.timeout(600)
-def test_two_ranks_per_node_write_a_bundle_together_and_resume_every_prompt_once(tmp_path: Path) -> None:
+def test_two_ranks_per_node_write_a_bundle_together_and_resume_every_prompt_once(
+    tmp_path: Path, cluster: dict[str, str]
+) -> None:
     """Four ranks, two per node (node 1's launcher starts its second rank), TP=2 in each node x DP=2 across them:
     every rank writes its shards of a bundle at step 2 into the leader's, and the same command resumes from it for two
     steps more."""
@@ -110,6 +132,7 @@ def test_two_ranks_per_node_write_a_bundle_together_and_resume_every_prompt_once
             ranks_per_node=2,
             head_cpus=0,
             node1_cpus=4,
+            cluster=cluster,
             timeout_s=300,
         )
         assert "trainer: 4 ranks = TP 2 x PP 1 x DP 2 on cpu (2 devices x 2 nodes)" in stderr

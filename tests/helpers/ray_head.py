@@ -38,29 +38,36 @@ _HEAD_SESSIONS: set[int] = set()
 
 
 class RayHead:
-    """A local Ray head node in its own process group, started by ``ray start --head --block``."""
+    """A local Ray head node in its own process group, started by ``ray start --head --block`` (or, joining another
+    head, a second node of its cluster, started by ``ray start --address --block``)."""
 
-    def __init__(self, temp_dir: Path, *, num_cpus: int) -> None:
-        """Start the head with ``num_cpus`` logical CPUs, its session files and output under ``temp_dir``.
+    def __init__(self, temp_dir: Path, *, num_cpus: int, join: RayHead | None = None) -> None:
+        """Start the head with ``num_cpus`` logical CPUs, its session files and output under ``temp_dir``; with
+        ``join``, a node of ``join``'s cluster instead (its address, token and session files; its output under
+        ``temp_dir``, which :meth:`stop` then leaves to ``join``).
 
         Not under Ray's default ``/tmp/ray``: ``ray start`` records its address there, and every later ``ray.init()``
         on the machine without an address, a test's own local instance included, would join it.
         """
-        self.temp_dir = temp_dir
-        self.auth_env = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(32)}
+        self.temp_dir, self.joined = temp_dir, join is not None
+        self.auth_env = (
+            {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(32)} if join is None else join.auth_env
+        )
         """Token authentication's settings, for the head and every process that joins it."""
-        self.log_path = temp_dir / "ray-head.log"
-        self.address = f"127.0.0.1:{free_port()}"
+        self.log_path = temp_dir / ("ray-head.log" if join is None else f"ray-node-{secrets.token_hex(4)}.log")
+        self.address = f"127.0.0.1:{free_port()}" if join is None else join.address
         ray_cli = Path(sys.executable).parent / "ray"
-        command = [
-            str(ray_cli), "start", "--head", "--block",
-            f"--port={self.address.rpartition(':')[2]}",
-            f"--num-cpus={num_cpus}",
-            f"--temp-dir={temp_dir}",
-            "--include-dashboard=false",
-            "--disable-usage-stats",
-            "--system-config=" + json.dumps(LOCAL_RAY_SYSTEM_CONFIG),  # as sc_lightning's own local instances
-        ]  # fmt: skip
+        if join is None:
+            role = [
+                "--head",
+                f"--port={self.address.rpartition(':')[2]}",
+                f"--temp-dir={temp_dir}",
+                "--include-dashboard=false",
+                "--system-config=" + json.dumps(LOCAL_RAY_SYSTEM_CONFIG),  # as sc_lightning's own local instances
+            ]
+        else:
+            role = [f"--address={self.address}", f"--temp-dir={join.temp_dir}"]
+        command = [str(ray_cli), "start", "--block", *role, f"--num-cpus={num_cpus}", "--disable-usage-stats"]
         env = {k: v for k, v in os.environ.items() if k != RAY_ADDRESS} | self.auth_env
         with self.log_path.open("w") as log:
             self.process = subprocess.Popen(
@@ -79,7 +86,7 @@ class RayHead:
 
     def stop(self) -> None:
         """End the head and every process it started (``ray start --block`` stops them on SIGTERM); remove its
-        session files."""
+        session files (a joined node: its head's, which the head removes)."""
         if self.process.poll() is None:
             self.process.terminate()
             try:
@@ -87,7 +94,8 @@ class RayHead:
             except subprocess.TimeoutExpired:
                 os.killpg(self.process.pid, 9)
                 self.process.wait()
-        shutil.rmtree(self.temp_dir, ignore_errors=True)
+        if not self.joined:
+            shutil.rmtree(self.temp_dir, ignore_errors=True)
 
 
 def in_shared_cluster(pid: int) -> bool:
