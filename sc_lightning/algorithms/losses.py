@@ -62,6 +62,7 @@ METRIC_REDUCTIONS: dict[str, Reduction] = {
     "sampling_importance_ratio": "sum",  # mean over valid tokens of the IS weight used (1 without correction)
     "is_oob_ratio": "sum",  # fraction of tokens (sequences for seq-mask-tis / GSPO) the IS truncation touched
     "num_valid_samples": "sum",  # rows with at least one valid token (a count, not a fraction)
+    "advantage_abs_max": "max",  # max over valid tokens of |A|: one row's outsized advantage steers the whole step
     # clipped_value_loss
     "vf_clipfrac": "sum",  # fraction of valid tokens where the clipped value term was the larger one
     "values_mean": "sum",  # mean over valid tokens of V
@@ -299,7 +300,9 @@ class ClippedPGLoss:
             loss = loss + self.reference_policy_kl_penalty * kl
 
         metrics = _policy_metrics(red, lp.detach(), prev, gen, ratio.detach(), clamped.detach(), weights)
-        metrics.update(loss=loss.detach(), kl_penalty=kl.detach(), is_oob_ratio=oob)
+        metrics.update(
+            loss=loss.detach(), kl_penalty=kl.detach(), is_oob_ratio=oob, advantage_abs_max=red.extreme(adv.abs(), True)
+        )
         return loss, metrics
 
     def _log_ratio(self, lp: Tensor, prev: Tensor, red: _Reducer) -> Tensor:

@@ -219,6 +219,7 @@ def test_a_micro_batch_without_valid_tokens_contributes_nothing() -> None:
     assert loss == 0.0 and grad.abs().sum() == 0.0
     assert metrics["probs_ratio_min"] == INF and metrics["probs_ratio_max"] == -INF  # identities of min / max
     assert metrics["probs_ratio"] == 0.0 and metrics["num_valid_samples"] == 0.0
+    assert metrics["advantage_abs_max"] == -INF
 
 
 # ---------------------------------------------------------------- importance-sampling correction
@@ -442,6 +443,13 @@ def test_beta_zero_needs_no_reference_and_beta_positive_does() -> None:
 
 
 # ---------------------------------------------------------------- metrics and config
+
+
+def test_advantage_abs_max_reads_valid_tokens_only() -> None:
+    # column 0 (9.0) and the padding of row 1 (-7.0) are not trained: the largest |A| is row 0's -3
+    adv, mask = [[9.0, 1.0, -3.0], [0.0, 2.0, -7.0]], [[0, 1, 1], [0, 1, 0]]
+    _, m, _ = run(ClippedPGLoss(reference_policy_kl_penalty=0.0), lp=[[0.0] * 3] * 2, adv=adv, mask=mask)
+    assert m["advantage_abs_max"] == approx(3.0)
 
 
 def test_metrics_by_hand() -> None:
