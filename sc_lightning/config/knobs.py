@@ -86,6 +86,21 @@ def discriminated_choices(tp: Any) -> dict[str, type] | None:
     return {typing.get_args(field_types(m)["name"])[0]: m for m in members}
 
 
+def _named_as_default(fld: dataclasses.Field, tp: Any, value: Any) -> Any:
+    """``value`` for a union of named sections; a mapping without ``name`` gets the name of the field's default (so
+    ``adv_estimator: {normalize_rewards: false}`` changes one setting of the default estimator)."""
+    if not isinstance(value, Mapping) or "name" in value or discriminated_choices(tp) is None:
+        return value
+    if fld.default_factory is not MISSING:
+        default = fld.default_factory()
+    elif fld.default is not MISSING:
+        default = fld.default
+    else:
+        return value
+    name = getattr(default, "name", None)
+    return value if name is None else {"name": name, **value}
+
+
 def closest(word: str, candidates: list[str]) -> str | None:
     """The candidate most like ``word``, or None when nothing is close."""
     found = difflib.get_close_matches(word, candidates, n=1, cutoff=0.6)
@@ -145,7 +160,9 @@ class _Builder:
                 ok = False
                 continue
             fld = next(f for f in dataclasses.fields(cls) if f.name == key)
-            converted = self.value(hints[key], value, _join(path, key), fld.metadata)
+            converted = self.value(
+                hints[key], _named_as_default(fld, hints[key], value), _join(path, key), fld.metadata
+            )
             if converted is _INVALID:
                 ok = False
             else:

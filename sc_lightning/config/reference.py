@@ -25,8 +25,9 @@ Every knob of an sc_lightning config, by dotpath. Generated from `sc_lightning/c
 
 A config is one YAML file (or several, merged in order) with these top-level sections plus Lightning's
 `trainer:` and `seed_everything:`. Unknown keys are errors that name the closest known key. `null` knobs
-take the derived default their meaning states. Cross-field rules are listed at the end; every violated rule
-is reported at once, naming the dotpaths, values and fix.
+take the derived default their meaning states. A section whose `name` picks its kind (`async_rl.sampler`,
+`grpo.adv_estimator`) and that leaves `name` out is the default kind with the settings given. Cross-field rules
+are listed at the end; every violated rule is reported at once, naming the dotpaths, values and fix.
 
 Every knob has an effect: `tests/config/test_silent_knobs.py` fails for a knob that nothing outside
 `sc_lightning/config/` reads, unless it is listed there with the reason only validation or migration reads it.

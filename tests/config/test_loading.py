@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from sc_lightning.cli.load import LIGHTNING_KEYS
 from sc_lightning.config import ConfigError, config_to_dict, load_config
+from sc_lightning.config.algorithm import GAEAdvantage, GRPOAdvantage
 from sc_lightning.config.samplers import WindowedSamplerConfig
 from sc_lightning.config.yaml_io import apply_override, load_yaml_layers, merge_into
-from tests.config.helpers import errors_of
+from tests.config.helpers import PPO_COMPANION, errors_of
 from tests.helpers.configs import TEST_BASE, tiny_raw, variant
 
 
@@ -109,6 +112,19 @@ def test_floats_accept_ints_and_exponent_strings() -> None:
     )
     assert config.policy.optimizer.lr == pytest.approx(1e-5)
     assert config.policy.optimizer.weight_decay == 0.0
+
+
+def test_a_named_section_without_a_name_changes_the_fields_default() -> None:
+    grpo = load_config(
+        variant({"grpo": {"adv_estimator": {"normalize_rewards": False}}}), extra_top_level=LIGHTNING_KEYS
+    )
+    assert grpo.grpo.adv_estimator == GRPOAdvantage(normalize_rewards=False)
+    ppo = variant(copy.deepcopy(PPO_COMPANION))
+    ppo["ppo"]["adv_estimator"] = {"gae_lambda": 0.9}
+    assert load_config(ppo, extra_top_level=LIGHTNING_KEYS).ppo.adv_estimator == GAEAdvantage(gae_lambda=0.9)
+    assert errors_of(variant({"grpo": {"adv_estimator": {"name": "grop"}}})) == [
+        "grpo.adv_estimator.name: must be one of 'grpo', 'opd', 'gae', got 'grop'; did you mean 'grpo'?"
+    ]
 
 
 def test_resolved_config_round_trips() -> None:
