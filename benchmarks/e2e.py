@@ -241,7 +241,8 @@ def components(config: SCConfig, shape: Shape, lengths: list[int]) -> dict[str, 
     if device.type == "cuda":
         gc.collect()  # the engine's replica (its worker thread and the engine refer to each other)
         torch.cuda.empty_cache()  # the engine's replica and KV cache are gone: the trainer takes the memory
-    return {"generation_s": generation_s, "refit_s": refit, "train_s": _train_s(config, model, spec, lengths)}
+    train_s, train_cold_s = _train_s(config, model, spec, lengths)
+    return {"generation_s": generation_s, "refit_s": refit, "train_s": train_s, "train_cold_s": train_cold_s}
 
 
 async def _generation_and_refit(
@@ -272,8 +273,10 @@ async def _generation_and_refit(
     return seconds, refit
 
 
-def _train_s(config: SCConfig, model: torch.nn.Module, spec: Any, lengths: list[int]) -> float:
-    """Seconds of one GRPO step over rows of prompt + ``lengths`` tokens, as the fit's module trains them."""
+def _train_s(config: SCConfig, model: torch.nn.Module, spec: Any, lengths: list[int]) -> tuple[float, float]:
+    """Seconds of one GRPO step over rows of prompt + ``lengths`` tokens, as the fit's module trains them: warm (the
+    allocator holding the memory of the step before), and right after ``torch.cuda.empty_cache()`` (cold: as in the
+    colocated fit, where the engine's stand-down hands the memory back before every training step)."""
     from sc_lightning.algorithms import ClippedPGLoss
     from sc_lightning.trainer.chunks import TrainChunk
     from sc_lightning.trainer.optim import adamw
@@ -312,7 +315,10 @@ def _train_s(config: SCConfig, model: torch.nn.Module, spec: Any, lengths: list[
         update.train_chunk(chunk)
         update.finish()
 
-    return median_ms(step, device, reps=1, warmups=1) / 1e3
+    warm = median_ms(step, device, reps=1, warmups=1) / 1e3
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    return warm, median_ms(step, device, reps=1, warmups=0) / 1e3
 
 
 def report_throughput(args: argparse.Namespace, shape: Shape, summary: dict[str, float]) -> None:
@@ -348,6 +354,7 @@ def report_efficiency(last: dict[str, float], parts: dict[str, float]) -> float:
         inside = last[f"perf/split_{name}_s"] + (last["perf/split_logprob_s"] if name == "train" else 0.0)
         print(f"| {name} | {inside:.3f} | {parts[f'{name}_s']:.3f} |")
     print(f"| step | {step:.3f} | {explained:.3f} |")
+    print(f"(train with a cold allocator, after torch.cuda.empty_cache(): {parts['train_cold_s']:.3f} s)")
     print(f"orchestration efficiency = {explained:.3f} / {step:.3f} = {explained / step:.1%}")
     return explained / step
 
