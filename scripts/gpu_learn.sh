@@ -26,7 +26,9 @@ for i in "${!variants[@]}"; do
   ( start=$(date +%s); rc=0; timeout "$limit" python3 -m sc_lightning "${args[@]}" > "$root/$name.log" 2>&1 || rc=$?
     echo "$name (${variants[$i]:-as shipped}): rc $rc after $(( $(date +%s) - start )) s"
     # the metrics beside the log as soon as the run ends, where a shallow copy-back finds them
-    cp "$run"/lightning_logs/version_0/metrics.csv "$run.csv" 2>/dev/null || true ) &
+    cp "$run"/lightning_logs/version_0/metrics.csv "$run.csv" 2>/dev/null || true
+    # a failed run's reason in the printout itself: a device call may bring back too few files to include its log
+    if (( rc != 0 )); then grep -v -i warn "$root/$name.log" | tail -15 | sed "s/^/$name| /" || true; fi ) &
 done
 wait
 python3 scripts/gpu_learn.py climb "$root"
