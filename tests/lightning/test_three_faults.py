@@ -12,6 +12,7 @@ import signal
 import subprocess
 import time
 from collections import defaultdict
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -131,14 +132,26 @@ def test_three_faults_in_one_two_rank_run_train_each_step_as_an_uninterrupted_ru
         root.mkdir()
         write_dataset(root / "prompts.jsonl")
         runs[root] = fit_argv(root), user_environment() | {"SC_TEST_STALL": str(root / "stall")}
+    # the uninterrupted run trains beside the faulty ones, on a Ray instance of its own (a TransferQueue data plane
+    # is one per cluster): its start-up and steps overlap theirs instead of coming first
     argv, env = runs[clean]
-    done = run(*argv[3:], env=env, timeout_s=600)
-    assert done.returncode == 0, done.stderr[-3000:]
-
+    env = {k: v for k, v in env.items() if k != "RAY_ADDRESS"}
+    uninterrupted = start(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    reader = ThreadPoolExecutor(1)
+    ended = reader.submit(uninterrupted.communicate, timeout=600)  # reads its stderr meanwhile
     argv, env = runs[faulty]
-    kill_the_non_leader_inside_a_step(argv, faulty, env)
-    kill_the_leader_while_it_writes_a_bundle(argv, faulty, env)
-    stop_while_waiting_for_rollouts(argv, faulty, env)
+    try:
+        kill_the_non_leader_inside_a_step(argv, faulty, env)
+        kill_the_leader_while_it_writes_a_bundle(argv, faulty, env)
+        stop_while_waiting_for_rollouts(argv, faulty, env)
+    except BaseException:
+        uninterrupted.kill()  # a fault's check failed: the test ends with it, not after the uninterrupted run
+        raise
+    finally:
+        reader.shutdown(wait=False)
+    stderr = ended.result()[1]
+    assert uninterrupted.returncode == 0, stderr[-3000:]
+
     done = run(*argv[3:], env=env, timeout_s=600)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "resuming from" in done.stderr
