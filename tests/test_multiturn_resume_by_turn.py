@@ -2,10 +2,10 @@
 
 Real CLI, megatron-core policy, the Megatron engine in its own Ray actor (one version ahead), a bundle after every
 step. The calculator environment (tests/helpers/stalling_env.py) stalls the second step of every conversation of the
-second and third steps' prompts, so their first turns (sampled with weights 0 while step 0 trains) are sealed when
-the first bundle (weights 1) is cut. The run is killed then and restarted with the same command: the trained rows
-hold the sealed turns' tokens, logprobs and versions as the bundle recorded them — generated again they would carry
-version 1 — and every prompt is trained once.
+second and third steps' prompts, so their first turns (sampled with weights 0 while step 0 trains, or, for the third
+step's, sometimes after the first refit with weights 1) are sealed when the first bundle (weights 1) is cut. The
+run is killed then and restarted with the same command: the trained rows hold the sealed turns' tokens, logprobs and
+versions as the bundle recorded them — generated again they would carry version 1 — and every prompt is trained once.
 """
 
 from __future__ import annotations
@@ -110,7 +110,11 @@ def test_a_kill_mid_conversation_resumes_after_the_sealed_turns(
         if record.generation is not None
     ]
     assert sealed, "no conversation was cut with a sealed turn"
-    assert {generation.weight_version for _, generation in sealed} == {0}
+    # the first turns of the second step's prompts are sampled with weights 0 while step 0 trains; the third step's
+    # may start after the first refit (weights 1), as they did once under load. A turn of weights 0 shows the resume
+    # kept it (generated again it would carry weights 1); every sealed turn is checked below either way
+    versions = {generation.weight_version for _, generation in sealed}
+    assert 0 in versions and versions <= {0, 1}, versions
 
     lines = (tmp_path / "trained_tokens.jsonl").read_text().splitlines()
     resumed = [row for row in map(json.loads, lines) if row["step"] >= 1]
