@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import pytest
@@ -90,6 +91,17 @@ def test_grpo_leave_one_out_with_constant_others_keeps_the_raw_difference() -> N
     #      (0.1 - 0.4) / 0.51962 = -0.57735
     b = -0.3 / (math.sqrt(0.27) + EPS)
     close(adv, [[b, b, b, 0.9]])
+
+
+def test_grpo_bounds_of_docs_training_md_for_groups_of_8() -> None:
+    # every 0/1 reward pattern: the default estimator stays below 2.3, group mean and std below 2.5
+    binary = torch.tensor(list(itertools.product([0.0, 1.0], repeat=8)), dtype=torch.float64)  # (256, 8)
+    assert grpo_advantages(binary).abs().max() == pytest.approx(1 / math.sqrt(1 / 7) * 6 / 7, rel=1e-5)  # 2.2678
+    assert grpo_advantages(binary, leave_one_out=False).abs().max() < 2.5
+    # partial credit: seven nearly equal group-mates make the eighth's advantage huge, unless the std is left out
+    partial = torch.tensor([[1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 0.9, 0.1]], dtype=torch.float64)
+    assert grpo_advantages(partial).abs().max() > 20
+    assert grpo_advantages(partial, normalize=False).abs().max() <= 1
 
 
 def test_grpo_groups_are_independent() -> None:
