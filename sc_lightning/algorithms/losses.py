@@ -301,7 +301,10 @@ class ClippedPGLoss:
 
         metrics = _policy_metrics(red, lp.detach(), prev, gen, ratio.detach(), clamped.detach(), weights)
         metrics.update(
-            loss=loss.detach(), kl_penalty=kl.detach(), is_oob_ratio=oob, advantage_abs_max=red.extreme(adv.abs(), True)
+            loss=loss.detach(),
+            kl_penalty=kl.detach(),
+            is_oob_ratio=oob,
+            advantage_abs_max=red.extreme(adv.abs(), largest=True),
         )
         return loss, metrics
 
