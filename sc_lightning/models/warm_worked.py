@@ -19,8 +19,9 @@ at least the share of the solution's lines it writes token for token, each with 
 or the eos after the last line), before its first deviation (the verifier's credit, :func:`~sc_lightning.tasks.
 worked_arithmetic.credit`, only reads the lines between whitespace). The chance that sampling at temperature 1 writes
 the first ``j`` lines so is ``exp`` of the summed log-probabilities of their tokens, so the expected share is the mean
-of those chances over the ``n`` lines: a lower bound of the expected reward (the verifier also counts a right line
-followed by other whitespace, or by an early end).
+of those chances over the ``n`` lines: the expected reward, give or take two differences of opposite sign (the
+verifier also counts a right line followed by other whitespace, or by an early end, which adds; and it shares a
+completion that runs on past the solution's ``n`` lines over its own lines, which takes away).
 """
 
 from __future__ import annotations

@@ -20,7 +20,9 @@ A completion is right when its lines are exactly the worked solution (:func:`is_
 the answer, reached by the work. Checking the work as well as the last line leaves no shortcut to the reward (for
 ``b`` of 2 or 5 the remainder could be read off the last digit of ``a``), so the answers stay as long as the work.
 Its credit (:func:`credit`) is the share of the solution's lines it writes before its first slip: 1 only when it is
-right, so a policy that slips once in a long answer still learns from the lines before the slip.
+right, so a policy that slips once in a long answer still learns from the lines before the slip. The share is of the
+completion's lines when it writes more than the solution has: a policy that does the work but does not stop after the
+answer would otherwise earn nearly full credit for every line it rambles on, and learn to ramble.
 """
 
 from __future__ import annotations
@@ -105,9 +107,10 @@ def is_right(problem: WorkedProblem, completion: str) -> bool:
 
 
 def credit(problem: WorkedProblem, completion: str) -> float:
-    """The share of ``problem``'s worked lines that ``completion`` writes (split at whitespace) before its first slip:
-    1.0 only when it is exactly the solution; a right solution followed by more lines scores as one whose last line
-    slipped, ``(n - 1) / n`` of ``n`` lines."""
+    """The lines ``completion`` writes (split at whitespace) before its first slip, over the solution's ``n`` lines or
+    the completion's, whichever are more: 1.0 only when it is exactly the solution. Lines written past the answer
+    dilute the credit: a right solution followed by ``k`` more lines scores as one whose last line slipped, over
+    ``n + k`` lines, ``(n - 1) / (n + k)``, so running on to ``max_new_tokens`` earns next to nothing."""
     if is_right(problem, completion):
         return 1.0
     lines, written, right = problem.lines, completion.split(), 0
@@ -115,7 +118,7 @@ def credit(problem: WorkedProblem, completion: str) -> float:
         if want != got:
             break
         right += 1
-    return right / len(lines)
+    return right / max(len(lines), len(written))
 
 
 def final_answer(completion: str) -> str | None:

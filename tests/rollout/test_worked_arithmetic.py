@@ -76,7 +76,9 @@ def test_a_problem_is_worked_one_subtraction_a_line_down_to_its_remainder() -> N
         (" 6100  9000 2000 ", 1.0),  # whitespace between the lines does not matter
         ("6100 9000 3000", 2 / 3),  # the last line is the answer: a wrong one loses its share
         ("6100 9000", 2 / 3),  # stopped early: its last line is no answer
-        ("6100 9000 2000 0000", 2 / 3),  # went on past the answer: as if the last line slipped
+        ("6100 9000 2000 0000", 2 / 4),  # went on past the answer: as if the last line slipped, over 4 lines
+        ("6100 9000 2000 0000 " + "9999 " * 6, 2 / 10),  # every line past the answer dilutes the credit
+        ("6100 8000 " + "9999 " * 8, 1 / 10),  # a slip, then rambling on
         ("2000", 0.0),  # the right answer without the work
         ("6100 8000 2000", 1 / 3),  # a wrong step: nothing after it counts, the right last line included
         ("5100 9000 2000", 0.0),
@@ -93,13 +95,15 @@ def test_the_verifier_credits_the_lines_before_the_first_slip(completion: str, r
 def test_credit_is_the_share_of_lines_up_to_a_slip_and_1_only_for_the_solution(
     b: int, lines: int, rest: int, data: st.DataObject
 ) -> None:
-    """Any slip at line ``k`` (a wrong line, or the end) earns exactly ``k / n``; only the whole solution earns 1."""
+    """Any slip at line ``k`` (a wrong line, or the end) earns exactly ``k / n``, or ``k`` over the completion's
+    lines when it rambles on past ``n``; only the whole solution earns 1."""
     problem = WorkedProblem(b * (lines + 1) + rest % b, b)
     solution = problem.lines
     slip = data.draw(st.integers(0, len(solution) - 1))
     wrong = data.draw(st.sampled_from(["", "9999", "x", solution[slip][::-1] + "0"]))
-    completion = " ".join(solution[:slip] + ([wrong] if wrong else []))
-    assert credit(problem, completion) == pytest.approx(slip / len(solution))
+    rambling = data.draw(st.integers(0, 500)) if wrong else 0
+    written = solution[:slip] + ([wrong] if wrong else []) + ["1000"] * rambling
+    assert credit(problem, " ".join(written)) == pytest.approx(slip / max(len(solution), len(written)))
     assert credit(problem, problem.solution) == 1.0
 
 
