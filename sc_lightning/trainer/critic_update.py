@@ -93,7 +93,7 @@ def explained_variance(values: Tensor, returns: Tensor, mask: Tensor, *, reduce:
     reduce = reduce or (lambda total: total)
     valid = mask.bool()
     r, d = returns[valid].double(), (returns - values)[valid].double()
-    n, r_sum, d_sum = reduce(torch.stack([torch.tensor(float(r.numel()), dtype=r.dtype), r.sum(), d.sum()]))
+    n, r_sum, d_sum = reduce(torch.stack([r.new_tensor(float(r.numel())), r.sum(), d.sum()]))
     if n < 2:
         return 0.0
     r_var, d_var = reduce(torch.stack([(r - r_sum / n).square().sum(), (d - d_sum / n).square().sum()]))

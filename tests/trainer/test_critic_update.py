@@ -23,6 +23,18 @@ def test_explained_variance_by_hand() -> None:
     assert explained_variance(returns, torch.ones_like(returns), mask) == 0.0  # returns that do not vary
 
 
+def test_explained_variance_keeps_to_the_device_of_its_inputs() -> None:
+    """Every tensor it makes is on its inputs' device: the PPO twin on a GPU once failed here ("expected all tensors
+    to be on the same device") with a count made on the default device. A meta default device makes any such tensor
+    disagree with the CPU inputs, as the CPU default did with CUDA inputs."""
+    returns = torch.tensor([[0.0, 1.0, 2.0, 3.0]])
+    residual = torch.tensor([[9.0, 1.5, 2.0, 2.5]])
+    with torch.device("meta"):
+        assert explained_variance(residual, returns, torch.tensor([[0.0, 1.0, 1.0, 1.0]], device="cpu")) == (
+            pytest.approx(0.75)
+        )
+
+
 @pytest.mark.parametrize("micro_batch_size", [1, 4])
 def test_the_critic_update_does_not_depend_on_the_micro_batch_size(micro_batch_size: int) -> None:
     results = []
