@@ -216,8 +216,9 @@ class DataConfig:
         "arithmetic",
         "Built-in task name (arithmetic; calculator: two-digit products rendered by the chat template, for "
         "env.name: calculator; worked_arithmetic: remainders by repeated subtraction, worked in 65 to 2,045 tokens, "
-        f"for env.name: worked_arithmetic; clevr: questions about rendered 32x32 scenes of coloured shapes, for "
-        f"env.name: clevr and a vision-language policy) or the path of the prompts: {DATASET_FILES}.",
+        "for env.name: worked_arithmetic or worked_arithmetic_exact; clevr: questions about rendered 32x32 scenes of "
+        "coloured shapes, for env.name: clevr and a vision-language policy) or the path of the prompts: "
+        f"{DATASET_FILES}.",
     )
     clevr_kinds: tuple[ClevrKind, ...] = knob(
         DEFAULT_CLEVR_KINDS,
@@ -321,8 +322,9 @@ class EnvConfig:
 
     name: str = knob(
         "arithmetic",
-        "Built-in verifier (arithmetic, math, worked_arithmetic, clevr), the throughput benchmark's fixed_length (each "
-        "answer's length drawn, eos ignored: benchmarks/e2e.py), built-in multi-turn environment (calculator), "
+        "Built-in verifier (arithmetic, math, worked_arithmetic with partial credit or worked_arithmetic_exact all or "
+        "nothing, clevr), the throughput benchmark's fixed_length (each answer's length drawn, eos ignored: "
+        "benchmarks/e2e.py), built-in multi-turn environment (calculator), "
         "external (agents drive the rollouts over the HTTP endpoint and post their rewards: docs/multiturn.md), or a "
         'custom Environment or MultiTurnEnvironment class "package.module:ClassName".',
     )

@@ -12,12 +12,19 @@ from hypothesis import strategies as st
 from sc_lightning.config.runtime import DataConfig, EnvConfig
 from sc_lightning.rollout.dataset_base import DatasetError
 from sc_lightning.rollout.datasets import WorkedArithmeticDataset, build_dataset
-from sc_lightning.rollout.envs import RewardError, WorkedArithmeticEnvironment, answer_extractor, build_environment
+from sc_lightning.rollout.envs import (
+    RewardError,
+    WholeSolutionEnvironment,
+    WorkedArithmeticEnvironment,
+    answer_extractor,
+    build_environment,
+)
 from sc_lightning.tasks.worked_arithmetic import WorkedProblem, credit, draw_problems, parse_prompt
 from sc_lightning.tokenizer import CharTokenizer
 from sc_lightning.types import Prompt
 
 ENV = WorkedArithmeticEnvironment()
+EXACT = WholeSolutionEnvironment()
 
 
 def answer_tokens(prompt: Prompt) -> int:
@@ -89,6 +96,7 @@ def test_a_problem_is_worked_one_subtraction_a_line_down_to_its_remainder() -> N
 )
 def test_the_verifier_credits_the_lines_before_the_first_slip(completion: str, reward: float) -> None:
     assert ENV.score(worked_prompt(23, 7), completion) == pytest.approx(reward)
+    assert EXACT.score(worked_prompt(23, 7), completion) == (1.0 if reward == 1.0 else 0.0)  # all or nothing
 
 
 @given(st.integers(2, 9), st.integers(0, 400), st.integers(0, 9), st.data())
@@ -110,9 +118,13 @@ def test_credit_is_the_share_of_lines_up_to_a_slip_and_1_only_for_the_solution(
 def test_the_verifier_reads_the_last_line_and_refuses_prompts_it_cannot_check() -> None:
     assert answer_extractor(ENV)("6100 9000 2000") == "0002" and ENV.extract_answer("  ") is None
     assert isinstance(build_environment(EnvConfig(name="worked_arithmetic")), WorkedArithmeticEnvironment)
+    assert isinstance(build_environment(EnvConfig(name="worked_arithmetic_exact")), WholeSolutionEnvironment)
+    assert EXACT.extract_answer("6100 9000 2000") == "0002"
     with pytest.raises(RewardError, match="is not '0023-7='"):
         ENV.score(worked_prompt(23, 7, answer="3"), "6100 9000 3000")
     with pytest.raises(RewardError, match="worked_arithmetic-000001: '2\\+3=' is no worked-arithmetic prompt"):
         ENV.score(dataclasses.replace(worked_prompt(23, 7), text="2+3="), "5")
     with pytest.raises(RewardError, match="must be an integer"):
         ENV.check_answer("2000 0001")
+    with pytest.raises(RewardError, match="is not '0023-7='"):
+        EXACT.score(worked_prompt(23, 7, answer="3"), "6100 9000 3000")  # all or nothing checks its prompts too

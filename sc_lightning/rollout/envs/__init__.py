@@ -20,7 +20,7 @@ from sc_lightning.rollout.envs.clevr import ClevrEnvironment
 from sc_lightning.rollout.envs.external import ExternalRewards
 from sc_lightning.rollout.envs.fixed_length import FixedLengthEnvironment
 from sc_lightning.rollout.envs.math import MathEnvironment
-from sc_lightning.rollout.envs.worked_arithmetic import WorkedArithmeticEnvironment
+from sc_lightning.rollout.envs.worked_arithmetic import WholeSolutionEnvironment, WorkedArithmeticEnvironment
 
 if TYPE_CHECKING:
     from sc_lightning.config.runtime import EnvConfig
@@ -30,7 +30,8 @@ ENVIRONMENTS: dict[str, Callable[[], Environment]] = {
     "arithmetic": ArithmeticEnvironment,
     "math": MathEnvironment,
     "clevr": ClevrEnvironment,  # questions about rendered scenes (a vision-language policy)
-    "worked_arithmetic": WorkedArithmeticEnvironment,  # worked solutions of long-tailed lengths
+    "worked_arithmetic": WorkedArithmeticEnvironment,  # worked solutions of long-tailed lengths, partial credit
+    "worked_arithmetic_exact": WholeSolutionEnvironment,  # the same, all or nothing (configs/grpo_1gpu_long.yaml)
     "external": ExternalRewards,  # agents post the rewards (rollout/external.py)
     "fixed_length": FixedLengthEnvironment,  # the throughput benchmark's (benchmarks/e2e.py)
 }
@@ -71,6 +72,7 @@ __all__ = [
     "MathEnvironment",
     "RewardError",
     "Score",
+    "WholeSolutionEnvironment",
     "WorkedArithmeticEnvironment",
     "answer_check",
     "answer_extractor",

@@ -1,5 +1,5 @@
-"""The worked-arithmetic verifier: the share of the worked solution's lines written before the first slip, 1 for the
-whole solution, ending in the answer.
+"""The worked-arithmetic verifiers: the share of the worked solution's lines written before the first slip, 1 for the
+whole solution, ending in the answer (``worked_arithmetic``); or all or nothing (``worked_arithmetic_exact``).
 
 The task (:mod:`sc_lightning.tasks.worked_arithmetic`): ``"0023-7="`` asks for 23 minus 7 while at least 7 remains,
 one line per subtraction written units digit first, ``6100 9000 2000`` (16, 9, 2); the last line is the answer
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from sc_lightning.rollout.envs.arithmetic import expected_integer, integer_answer
 from sc_lightning.rollout.envs.base import RewardError
-from sc_lightning.tasks.worked_arithmetic import WorkedProblem, credit, final_answer, parse_prompt
+from sc_lightning.tasks.worked_arithmetic import WorkedProblem, credit, final_answer, is_right, parse_prompt
 from sc_lightning.types import Prompt
 
 
@@ -53,3 +53,21 @@ class WorkedArithmeticEnvironment:
 
     def __repr__(self) -> str:
         return "WorkedArithmeticEnvironment()"
+
+
+class WholeSolutionEnvironment(WorkedArithmeticEnvironment):
+    """Reward: 1.0 for exactly the worked solution, else 0.0 (no partial credit).
+
+    With partial credit a completion that slips later than its group-mates gets a positive advantage, and its slip
+    (a low-probability token, so the one with the largest gradient) is pushed up with it; all or nothing rewards
+    only whole solutions, so every slip a step trains on is pushed down.
+    """
+
+    name: str = "worked_arithmetic_exact"
+
+    def score(self, prompt: Prompt, completion_text: str) -> float:
+        """1.0 for the whole worked solution, else 0.0."""
+        return float(is_right(worked_problem(prompt), completion_text))
+
+    def __repr__(self) -> str:
+        return "WholeSolutionEnvironment()"
