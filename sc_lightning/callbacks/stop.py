@@ -12,7 +12,8 @@ Why a fit stops, in the order it is told (one line on stderr, from the leader, o
   of that step, the newest bundle standing. A step that is computing, refitting or writing finishes first. A second
   SIGINT stops at once, without a bundle of that step (the run then resumes from its previous bundle). Several
   trainer ranks stop together: a signal on the leader ends every rank's wait, and one on any rank counts for all
-  after the step;
+  after the step, and every rank exits with its code (:func:`quiet_child_process_observer` keeps Lightning's launcher
+  from taking the other ranks' exit for a crash);
 - ``<algo>.max_num_steps`` reached;
 - ``trainer.max_time`` reached. It limits each ``fit`` command, not the run's total: the time a resumed run spent
   before is not carried over (Lightning's timer state is dropped from the bundle it resumes from), so a job under a
@@ -86,6 +87,7 @@ class FitStop(Callback):
         if received:
             self.signal = signal.Signals(received)
             trainer.should_stop = True
+            quiet_child_process_observer()  # every rank now exits with the signal's code: not a crash
 
     def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         """Work out why the fit stopped (the signals stay taken while the last bundle is written)."""
@@ -157,6 +159,24 @@ class FitStop(Callback):
         if step >= self.config.algo.max_num_steps:
             return f"{line}; its bundle is {bundle}"
         return f"{line}; its bundle is {bundle}: run the same command to go on"
+
+
+CHILD_PROCESS_OBSERVER = "child-process-observer"
+"""The name of the thread through which Lightning's subprocess launcher watches the ranks it started."""
+
+
+def quiet_child_process_observer() -> None:
+    """Keep Lightning's child-process observer from killing this process when the ranks it started exit non-zero.
+
+    With ``trainer.devices`` > 1 from one command, Lightning's subprocess launcher watches the other ranks from a
+    thread of the leader that SIGKILLs every rank, the leader included, once it sees one that exited non-zero (it looks
+    every 5 s). After a coordinated stop every rank exits with 128 + the signal's number, so a rank that exits first
+    would have the leader killed (exit -9) while it still writes its bundle and stops the rollout side. Lightning has no
+    switch for it: the thread's check is replaced by one that ends it at its next look. A no-op in any other process.
+    """
+    for thread in threading.enumerate():
+        if thread.name == CHILD_PROCESS_OBSERVER and hasattr(thread, "_run"):
+            thread._run = lambda: True  # its loop stops when the check returns True
 
 
 def _drop_timer_state(checkpoint: dict[str, Any]) -> None:

@@ -1,0 +1,41 @@
+"""A coordinated stop quiets Lightning's child-process observer, which would otherwise SIGKILL the leader when the
+ranks it started exit with the stop signal's code."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+from lightning.fabric.strategies.launchers.subprocess_script import _ChildProcessObserver
+
+from sc_lightning.callbacks.stop import CHILD_PROCESS_OBSERVER, quiet_child_process_observer
+
+
+def waiting_process(exit_code: int) -> subprocess.Popen[bytes]:
+    """A Python process that waits for its stdin to close, then exits with ``exit_code``."""
+    code = f"import sys; sys.stdin.read(); sys.exit({exit_code})"
+    return subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE)
+
+
+@pytest.mark.parametrize("quiet", [False, True])
+def test_a_quieted_observer_leaves_the_leader_alive_when_a_rank_exits_143(quiet: bool) -> None:
+    leader, rank = waiting_process(0), waiting_process(143)  # the leader stands in for the launching process
+    observer = _ChildProcessObserver(main_pid=leader.pid, child_processes=[rank], sleep_period=0.01)
+    assert observer.name == CHILD_PROCESS_OBSERVER  # the name the quieting looks for
+    observer.start()
+    try:
+        if quiet:
+            quiet_child_process_observer()
+        rank.stdin.close()
+        assert rank.wait(timeout=60) == 143
+        observer.join(timeout=60)
+        assert not observer.is_alive()
+        if quiet:
+            assert leader.poll() is None  # not killed: it goes on to its bundle and its own exit code
+        else:
+            assert leader.wait(timeout=60) == -9  # what Lightning does unquieted: the leader is SIGKILLed
+    finally:
+        if leader.poll() is None:
+            leader.stdin.close()
+            leader.wait(timeout=60)
