@@ -5,12 +5,13 @@ Model FLOPs of one trained row of ``L`` tokens (forward + backward, the usual de
 
     6 * P * L  +  12 * layers * hidden * L**2
 
-``P`` counts every parameter (embeddings included); the second term is attention's score and value products
-(causal masking not discounted, as megatron and PaLM count it). Only tokens the model actually ran count: a row's
-length ends at its last loss-counted token and padding is excluded. MFU is those FLOPs over the step's training time
-and the device's dense bf16 peak (:data:`DENSE_BF16_PEAK_TFLOPS`, matched on the device name; no MFU is logged on a
-CPU or an unknown GPU). The time is the step's policy-training time (waits for rollouts excluded), read after the
-device has finished its work. For PPO the critic's work is in that time but not in the FLOPs.
+``P`` counts every parameter of the whole model (embeddings included); the second term is attention's score and value
+products (causal masking not discounted, as megatron and PaLM count it). A rank's share is its data-parallel replica's
+rows' FLOPs over the replica's tensor- x pipeline-parallel ranks (:func:`rank_training_flops`). Only tokens the model
+actually ran count: a row's length ends at its last loss-counted token and padding is excluded. MFU is those FLOPs over
+the step's training time and the device's dense bf16 peak (:data:`DENSE_BF16_PEAK_TFLOPS`, matched on the device name;
+no MFU is logged on a CPU or an unknown GPU). The time is the step's policy-training time (waits for rollouts excluded),
+read after the device has finished its work. For PPO the critic's work is in that time but not in the FLOPs.
 
 The whole step's throughput is NeMo-RL's figure: prompt + response tokens of the step (every rank's trained rows,
 counted as above) / the step's wall time (from the previous refit's end to this one's) / the GPUs of the run
@@ -48,12 +49,30 @@ def training_flops(spec: ModelSpec, parameters: int, lengths: list[int]) -> floa
     return float(sum(6 * parameters * length + attention * length * length for length in lengths))
 
 
+def rank_training_flops(spec: ModelSpec, lengths: list[int], model_parallel: int = 1) -> float:
+    """This rank's share of the training FLOPs of its data-parallel replica's rows of ``lengths``: the whole model's
+    (:func:`training_flops` over ``spec``'s parameters) split evenly over the replica's ``model_parallel`` ranks
+    (TP x PP), as MFU counts them. A rank's own parameters would miss the rest of the model's, yet with attention's
+    term count every layer's."""
+    return training_flops(spec, spec.num_parameters, lengths) / model_parallel
+
+
+def model_parallel_size() -> int:
+    """The tensor- x pipeline-parallel ranks of one data-parallel replica (1 before megatron's parallel state)."""
+    from megatron.core import parallel_state
+
+    if not parallel_state.model_parallel_is_initialized():
+        return 1
+    tp = parallel_state.get_tensor_model_parallel_world_size()
+    return tp * parallel_state.get_pipeline_model_parallel_world_size()
+
+
 class StepPerf:
     """Measures one training step at a time: ``start()``, then ``finish(lengths, seconds)`` gives its perf metrics."""
 
     def __init__(self, model: torch.nn.Module, spec: ModelSpec) -> None:
         self.spec = spec
-        self.parameters = sum(p.numel() for p in model.parameters())
+        self.model_parallel = model_parallel_size()  # the ranks that share each row's FLOPs
         self.device = next(model.parameters()).device
         self.peak = peak_tflops(self.device)
         self.logprob_s = 0.0  # seconds of this step's frozen logprob passes (logprob_pass)
@@ -86,7 +105,8 @@ class StepPerf:
         if self.device.type == "cuda":
             metrics["peak_memory_gib"] = torch.cuda.max_memory_allocated(self.device) / 2**30
         if self.peak is not None and seconds > 0:
-            metrics["mfu"] = training_flops(self.spec, self.parameters, lengths) / seconds / (self.peak * 1e12)
+            flops = rank_training_flops(self.spec, lengths, self.model_parallel)
+            metrics["mfu"] = flops / seconds / (self.peak * 1e12)
         return metrics
 
 

@@ -6,7 +6,14 @@ import pytest
 import torch
 
 from sc_lightning.models import build_gpt_model, builtin_spec
-from sc_lightning.trainer.perf import StepPerf, StepWork, peak_tflops, step_throughput, training_flops
+from sc_lightning.trainer.perf import (
+    StepPerf,
+    StepWork,
+    peak_tflops,
+    rank_training_flops,
+    step_throughput,
+    training_flops,
+)
 
 
 def test_training_flops_count_each_row_by_its_own_length() -> None:
@@ -14,6 +21,16 @@ def test_training_flops_count_each_row_by_its_own_length() -> None:
     attention = 12 * spec.num_layers * spec.hidden_size
     assert training_flops(spec, 1000, [3, 5]) == 6 * 1000 * 8 + attention * (9 + 25)
     assert training_flops(spec, 1000, [8]) > training_flops(spec, 1000, [4, 4])  # attention grows with length
+
+
+def test_a_rank_counts_its_share_of_the_whole_models_flops() -> None:
+    """MFU under tensor or pipeline parallelism: each of a replica's TP x PP ranks does an equal share of the whole
+    model's FLOPs (its own parameters would drop the rest of the model from the first term but not attention's)."""
+    spec = builtin_spec("builtin:tiny")
+    model = build_gpt_model(spec, precision="fp32", seed=0)
+    whole = training_flops(spec, sum(p.numel() for p in model.parameters()), [12, 20])  # one rank holds it all
+    assert rank_training_flops(spec, [12, 20]) == whole
+    assert rank_training_flops(spec, [12, 20], model_parallel=4) == whole / 4
 
 
 def test_a_cpu_step_reports_tokens_per_second_only() -> None:
