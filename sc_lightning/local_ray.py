@@ -8,6 +8,7 @@ processes anyway. Stdlib only, imported where Ray is started.
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 LOCAL_RAY_SYSTEM_CONFIG = {"prestart_worker_first_driver": False}
@@ -19,3 +20,22 @@ def init_local_ray(num_cpus: int, **options: Any) -> None:
     import ray
 
     ray.init(num_cpus=num_cpus, include_dashboard=False, _system_config=LOCAL_RAY_SYSTEM_CONFIG, **options)
+
+
+def ray_connected() -> bool:
+    """Whether this process is connected to Ray (started a local instance or joined a cluster); never imports Ray."""
+    ray = sys.modules.get("ray")
+    return ray is not None and ray.is_initialized()
+
+
+def disconnect_ray() -> None:
+    """Leave Ray now, if connected: as at interpreter exit (the job's actors end; a local instance this process
+    started stops), without the half-second sleep Ray's exit hook takes first for late worker output.
+
+    A command calls it once its work has ended well, for the Ray connection it opened itself; on an error the exit
+    hook still runs with its pause, so a failing actor's last words reach the console.
+    """
+    if ray_connected():
+        import ray
+
+        ray.shutdown()

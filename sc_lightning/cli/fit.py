@@ -58,7 +58,13 @@ def fit_command(args: list[str]) -> int:
     if request.dry_run:
         print(_dry_run_summary(config, time.monotonic() - started))
         return 0
-    return fit(config, lightning, watch)
+    from sc_lightning.local_ray import disconnect_ray, ray_connected
+
+    caller_ray = ray_connected()  # a caller's connection (an in-process caller's) stays theirs
+    code = fit(config, lightning, watch)
+    if not caller_ray:
+        disconnect_ray()  # the run's own: now, not in Ray's exit hook after its half-second pause
+    return code
 
 
 def fit(config: SCConfig, lightning: dict[str, Any], watch: InterruptWatch | None = None) -> int:
