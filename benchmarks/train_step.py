@@ -17,13 +17,22 @@ MFU = (6 x parameters x tokens + 12 x layers x hidden x seq x tokens) / step tim
 (989 TFLOP/s for an H200; ``--peak-tflops`` for others). The GPU is synchronised before every clock read; figures
 are medians after two warm-up steps.
 
+Under ``torchrun`` every rank builds its share of the model: ``--tp`` ranks split each layer (tensor parallelism),
+the rest are data-parallel replicas, each training ``--rows`` rows of its own (so a step's tokens grow with the
+replicas). Times are the slowest rank's; MFU is per GPU (each rank's share of the whole model's FLOPs). The first
+GRPO step's loss and gradient norm are printed before any timing: with the same rows (one replica) they must not
+depend on ``--tp``.
+
     python benchmarks/train_step.py --device cuda --precision bf16              # the 1.26B shape on one GPU
+    torchrun --nproc-per-node 2 benchmarks/train_step.py --device cuda --precision bf16 --tp 2   # TP = 2
+    torchrun --nproc-per-node 4 benchmarks/train_step.py --device cuda --precision bf16          # DP = 4
     python benchmarks/train_step.py --layers 2 --hidden 128 --heads 4 --groups 2 --ffn 256 --vocab 512 --seq 128
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import time
 import warnings
@@ -36,8 +45,9 @@ from sc_lightning.config.model import OptimizerConfig
 from sc_lightning.models import build_gpt_model, token_logprobs
 from sc_lightning.models.spec import ModelSpec
 from sc_lightning.trainer.chunks import TrainChunk
+from sc_lightning.trainer.data_parallel import data_parallel_rank, parallel_layout
 from sc_lightning.trainer.optim import adamw
-from sc_lightning.trainer.perf import training_flops
+from sc_lightning.trainer.perf import rank_training_flops
 from sc_lightning.trainer.policy_update import PolicyUpdate, normalised_step
 
 
@@ -55,9 +65,27 @@ def median_ms(step, device: torch.device, reps: int, warmups: int = 2) -> float:
     return statistics.median(times)
 
 
+def rank_device(name: str) -> torch.device:
+    """The device ``--device`` names, for this rank: under torchrun a CUDA rank takes the GPU of its ``LOCAL_RANK``."""
+    device = torch.device(name)
+    if device.type == "cuda" and device.index is None and "LOCAL_RANK" in os.environ:
+        device = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
+    return device
+
+
+def slowest(ms: float, device: torch.device) -> float:
+    """The largest of every rank's ``ms`` (itself in a single process)."""
+    if not torch.distributed.is_initialized() or torch.distributed.get_world_size() == 1:
+        return ms
+    value = torch.tensor([ms], device=device)
+    torch.distributed.all_reduce(value, op=torch.distributed.ReduceOp.MAX)
+    return float(value)
+
+
 def rows(args: argparse.Namespace, device: torch.device) -> TrainChunk:
-    """One chunk of ``--rows`` full-length rows: prompt in the first quarter, the rest generated."""
-    g = torch.Generator().manual_seed(0)
+    """One chunk of ``--rows`` full-length rows (the data-parallel replica's own): prompt in the first quarter, the
+    rest generated."""
+    g = torch.Generator().manual_seed(data_parallel_rank())
     ids = torch.randint(3, args.vocab, (args.rows, args.seq), generator=g)
     token_mask = torch.zeros(args.rows, args.seq)
     token_mask[:, args.seq // 4 :] = 1
@@ -90,7 +118,8 @@ def main() -> None:
     parser.add_argument("--seq", type=int, default=2048)
     parser.add_argument("--micro-batch", type=int, default=4, help="the 1B exemplar's train_micro_batch_size")
     parser.add_argument("--micro-batch-tokens", type=int, default=None, help="policy.train_micro_batch_tokens")
-    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--device", default="cpu", help="cpu or cuda (under torchrun: each rank's LOCAL_RANK GPU)")
+    parser.add_argument("--tp", type=int, default=1, help="tensor-parallel size (under torchrun; the rest is DP)")
     parser.add_argument("--precision", default="fp32", choices=["fp32", "bf16"])
     parser.add_argument("--reps", type=int, default=10)
     parser.add_argument("--peak-tflops", type=float, default=989.0, help="dense bf16 peak of the device")
@@ -98,7 +127,7 @@ def main() -> None:
     parser.add_argument("--profile", action="store_true", help="then print the GPU kernels of one GRPO step")
     args = parser.parse_args()
     warnings.filterwarnings("ignore")
-    device = torch.device(args.device)
+    device = rank_device(args.device)
     spec = ModelSpec(
         vocab_size=args.vocab,
         hidden_size=args.hidden,
@@ -109,8 +138,15 @@ def main() -> None:
         max_position_embeddings=args.seq,
         arch="llama",
     )
-    model = build_gpt_model(spec, precision=args.precision, device=device, fused_kernels=not args.unfused and None)
-    params = sum(p.numel() for p in model.parameters())
+    model = build_gpt_model(
+        spec,
+        precision=args.precision,
+        device=device,
+        tensor_parallel_size=args.tp,
+        fused_kernels=not args.unfused and None,
+    )
+    leader = not torch.distributed.is_initialized() or torch.distributed.get_rank() == 0
+    say = print if leader else lambda *_: None
     optimizer, _ = adamw(model, OptimizerConfig(lr=1e-6), total_steps=1)
     chunk = rows(args, device)
 
@@ -129,29 +165,31 @@ def main() -> None:
         vocab_size=args.vocab,
     )
 
-    def grpo() -> None:
+    def grpo() -> dict[str, float]:
         update.begin()
         update.train_chunk(chunk)
-        update.finish()
+        return update.finish()
 
-    flops = training_flops(spec, params, [args.seq] * args.rows)
-    print(
-        f"{params / 1e9:.2f}B parameters ({args.precision} on {device}), {args.rows} x {args.seq} tokens a step, "
-        f"grpo micro-batch {args.micro_batch} rows / {args.micro_batch_tokens} tokens, optimizer "
-        f"{type(optimizer).__name__}, fused SwiGLU/RoPE {model.config.apply_rope_fusion}; "
-        f"MFU against {args.peak_tflops:.0f} TFLOP/s"
+    first = grpo()  # before any other step: the same weights and rows whatever the layout
+    flops = rank_training_flops(spec, [args.seq] * args.rows, model_parallel=args.tp)
+    say(
+        f"{spec.num_parameters / 1e9:.2f}B parameters ({args.precision} on {device.type}; {parallel_layout()}), "
+        f"{args.rows} x {args.seq} tokens a step per replica, grpo micro-batch {args.micro_batch} rows / "
+        f"{args.micro_batch_tokens} tokens, optimizer {type(optimizer).__name__}, fused SwiGLU/RoPE "
+        f"{model.config.apply_rope_fusion}; MFU per GPU against {args.peak_tflops:.0f} TFLOP/s"
     )
-    print("| step | ms | MFU | peak GiB |\n|---|---:|---:|---:|")
+    say(f"first GRPO step: loss {first['loss']:.8f} grad_norm {first['grad_norm']:.8f}")
+    say("| step | ms | MFU | peak GiB |\n|---|---:|---:|---:|")
     results = {}
     for name, step in (("bare model", bare), ("sc_lightning GRPO", grpo)):
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)
-        ms = median_ms(step, device, args.reps)
+        ms = slowest(median_ms(step, device, args.reps), device)
         peak = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else float("nan")
         results[name] = ms
         mfu = flops / (ms / 1e3) / (args.peak_tflops * 1e12)
-        print(f"| {name} | {ms:.1f} | {mfu:.1%} | {peak:.1f} |")
-    print(f"GRPO step / bare step: {results['sc_lightning GRPO'] / results['bare model']:.2f}x the time")
+        say(f"| {name} | {ms:.1f} | {mfu:.1%} | {peak:.1f} |")
+    say(f"GRPO step / bare step: {results['sc_lightning GRPO'] / results['bare model']:.2f}x the time")
     if args.profile:
         profile(grpo)
 
