@@ -116,3 +116,29 @@ def test_weights_ship_as_arrays_and_arrive_with_their_names_dtypes_and_values(ra
     assert [name for name, _ in received] == [name for name, _ in sent]
     for (_, before), (_, after) in zip(sent, received, strict=True):
         assert after.dtype == before.dtype and torch.equal(after, before)
+
+
+def test_a_refit_by_broadcast_loads_the_weights_a_refit_by_value_does(ray_cluster: None, tiny_dirs: dict) -> None:
+    """Through the weight group (gloo here, NCCL between GPUs) the actor loads the very weights, in buckets too."""
+    from sc_lightning.engines.megatron.ray_engine import RayMegatronEngine
+
+    model_b, spec_b, _ = load_policy(str(tiny_dirs["b"]))
+    model_b.eval()
+    weights = list(export_hf_weights(model_b, spec_b))
+
+    async def scenario() -> None:
+        engine = RayMegatronEngine(str(tiny_dirs["a"]), name="ray-broadcast", stop_on_eos=False)
+        try:
+            await engine.ready()
+            await engine.open_weight_group("cpu", timeout_s=60)
+            half = len(weights) // 2
+            await engine.stage_weights(weights[:half], version=3)
+            assert engine.weight_version == 0  # a bucket: the version stays
+            await engine.update_weights(weights[half:], version=3)
+            assert engine.weight_version == 3
+            after = await engine.generate(PROMPT, SamplingParams(10, temperature=0.0))
+            assert after.weight_version == 3 and all(follows_argmax(model_b, PROMPT, after.token_ids))
+        finally:
+            await engine.shutdown()
+
+    asyncio.run(scenario())

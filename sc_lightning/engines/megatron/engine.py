@@ -339,6 +339,11 @@ class MegatronEngine:
             raise EngineError(f"engine {self.name!r}: the engine is shut down ({kind} refused)")
         await future
 
+    @property
+    def device(self) -> torch.device:
+        """The device the replica and its KV cache are on."""
+        return self._device
+
     async def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
         """Load a full set of weights (or the last bucket after :meth:`stage_weights`: the set must then be complete)
         between two decode steps and adopt ``version``."""

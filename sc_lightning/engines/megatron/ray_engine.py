@@ -4,7 +4,9 @@
 the driver: it starts one actor (``num_cpus`` / ``num_gpus`` of it; CPU-only by default) that builds its own replica
 from ``(model_name, precision, seed)`` and serves the same protocol, many requests concurrently (an async actor).
 Requests travel in batches (see :mod:`~sc_lightning.engines.actor_client`). Weights travel by value:
-``update_weights`` copies the tensors to CPU and ships them in one ``ray.put`` (as numpy arrays). Errors of the actor
+``update_weights`` copies the tensors to CPU and ships them in one ``ray.put`` (as numpy arrays); after
+``open_weight_group`` they travel by broadcast instead, device to device over NCCL between GPUs
+(:mod:`~sc_lightning.engines.weight_group`). Errors of the actor
 come back as :class:`~sc_lightning.engines.base.EngineError` naming the engine and the request; ``shutdown()`` kills
 the actor.
 Ray must be initialised by the caller (``ray.init``) before the client is built.
@@ -15,9 +17,10 @@ The client keeps its own :class:`~sc_lightning.engines.megatron.clock.ActiveCloc
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Iterable
 from typing import Any, TypeVar
 
 import torch
@@ -29,6 +32,13 @@ from sc_lightning.engines.actor_client import (
     received_weights,
 )
 from sc_lightning.engines.megatron.clock import ActiveClock
+from sc_lightning.engines.weight_group import (
+    TensorMeta,
+    WeightGroup,
+    WeightGroupAddress,
+    WeightGroupHost,
+    tensor_metas,
+)
 from sc_lightning.models.policy_source import model_spec, policy_tokenizer
 from sc_lightning.models.spec import ModelSpec
 from sc_lightning.types import Generation, SamplingParams
@@ -66,6 +76,7 @@ class MegatronEngineActor(BatchedGenerateActor):
         self.engine = MegatronEngine.from_spec(
             model_name, spec, eos_token_id=eos_token_id, precision=precision, seed=seed, **kwargs
         )
+        self._weight_group: WeightGroup | None = None  # refits by broadcast once joined
 
     async def ready(self) -> int:
         """The weight version once the model is built (callers await it to know the actor is up)."""
@@ -90,6 +101,23 @@ class MegatronEngineActor(BatchedGenerateActor):
     async def stage_weights(self, shipped: ShippedWeights, version: int) -> None:
         """``MegatronEngine.stage_weights`` in the actor."""
         await self.engine.stage_weights(received_weights(shipped), version)
+
+    async def join_weight_group(self, address: WeightGroupAddress, rank: int) -> None:
+        """Join the leader's weight group as ``rank``: refits come by broadcast from then on
+        (:meth:`receive_weights`)."""
+        self._weight_group = await asyncio.to_thread(WeightGroup.join, address, rank, self.engine.device)
+
+    async def receive_weights(self, metas: list[TensorMeta], version: int, last: bool) -> int:
+        """Receive the tensors ``metas`` lists by broadcast and load them as ``version`` (``last``: the whole set,
+        or its last bucket; else one bucket, more to follow); returns the version now loaded."""
+        if self._weight_group is None:
+            raise RuntimeError("receive_weights before join_weight_group: no weight group to receive from")
+        named = await asyncio.to_thread(self._weight_group.receive, metas)
+        if last:
+            await self.engine.update_weights(named, version)
+        else:
+            await self.engine.stage_weights(named, version)
+        return self.engine.weight_version
 
     async def stand_down(self) -> None:
         """``MegatronEngine.stand_down`` in the actor."""
@@ -143,6 +171,7 @@ class RayMegatronEngine(ActorEngineClient):
         eos_token_id = policy_tokenizer(model_name, tokenizer_name).eos_token_id
         actor = actor_class.options(**options).remote(model_name, spec, eos_token_id, precision, seed, engine_kwargs)
         super().__init__(name, actor, int(engine_kwargs.get("weight_version", 0)))
+        self._weight_group: WeightGroup | None = None  # refits by value until open_weight_group
 
     def active_deadline(self, seconds: float | None) -> contextlib.AbstractAsyncContextManager[None]:
         """``asyncio.timeout(seconds)`` counting only the time the engine is awake (raises ``TimeoutError``)."""
@@ -151,6 +180,40 @@ class RayMegatronEngine(ActorEngineClient):
     async def active_wait_for(self, awaitable: Awaitable[T], timeout: float | None) -> T:
         """``asyncio.wait_for(awaitable, timeout)`` counting only the time the engine is awake."""
         return await self._clock.wait_for(awaitable, timeout)
+
+    async def open_weight_group(self, device: torch.device | str = "cpu", *, timeout_s: float = 600.0) -> None:
+        """Refit by broadcast from now on: open a weight group of this process (on ``device``) and the actor, over
+        NCCL between GPUs, gloo on CPUs (:mod:`~sc_lightning.engines.weight_group`); its collectives time out after
+        ``timeout_s``."""
+        import ray
+
+        host = WeightGroupHost(2, device, host=ray.util.get_node_ip_address(), timeout_s=timeout_s)
+        joined = self._call("join the weight group", "join_weight_group", host.address, 1, timeout_s=timeout_s)
+        self._weight_group, _ = await asyncio.gather(asyncio.to_thread(host.connect), joined)
+
+    async def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
+        """Load HF-named tensors in the actor as ``version``: by broadcast once a weight group is open, else by value
+        through Ray's object store."""
+        if self._weight_group is None:
+            return await super().update_weights(named_tensors, version)
+        self._version = await self._broadcast(named_tensors, version, last=True)
+
+    async def stage_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
+        """Load one bucket of ``version``'s HF-named tensors in the actor (more follow), by broadcast once a weight
+        group is open, else by value."""
+        if self._weight_group is None:
+            return await super().stage_weights(named_tensors, version)
+        await self._broadcast(named_tensors, version, last=False)
+
+    async def _broadcast(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int, last: bool) -> int:
+        """Send the tensors through the weight group while the actor receives them; the version it then holds."""
+        assert self._weight_group is not None
+        named = list(named_tensors)
+        what = f"refit to version {version}" + ("" if last else " (a bucket)")
+        received = self._call(what, "receive_weights", tensor_metas(named), version, last)
+        sent = asyncio.to_thread(self._weight_group.send, [tensor for _, tensor in named])
+        _, loaded = await asyncio.gather(sent, received)
+        return loaded
 
     async def stand_down(self) -> None:
         """Pause the actor's decoding and the client's active clock."""
