@@ -2,7 +2,9 @@
 
 - megatron, colocated: a :class:`MegatronEngine` in the training process (its own model replica, a decode thread),
   on the trainer's device (that of ``initial_weights``);
-- megatron, not colocated: a :class:`RayMegatronEngine` — the same engine in a Ray actor, its own process;
+- megatron, not colocated: a :class:`RayMegatronEngine` — the same engine in a Ray actor, its own process; on a GPU
+  box with ``colocated.resources.gpus_per_node`` set, on a GPU of its own (the node's last: the trainer's ranks take
+  the first ones), refit from the trainer's GPU by broadcast over NCCL (:mod:`~sc_lightning.engines.weight_group`);
 - vllm (never colocated): :class:`VLLMEngine` replicas — vLLM's async engine, one Ray actor each — behind an
   :class:`EngineRouter`; ``colocated.resources`` GPUs / ``vllm_cfg.tensor_parallel_size`` replicas on a GPU box,
   one on a CPU box.
@@ -14,8 +16,11 @@ directory, written from ``initial_weights`` first when the policy is a ``builtin
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import os
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -60,20 +65,66 @@ def default_engine_factory(
         return MegatronEngine.from_pretrained(model_name, device=device, **kwargs)
     from sc_lightning.engines.megatron.ray_engine import RayMegatronEngine
 
-    start_ray()
-    return RayMegatronEngine(model_name, **kwargs)
+    gpus = _engine_gpus(config)
+    start_ray(engine_gpus=gpus)
+    engine = RayMegatronEngine(model_name, num_gpus=1 if gpus else 0, device="cuda" if gpus else "cpu", **kwargs)
+    trainer = initial_weights[0][1].device if initial_weights else torch.device("cpu")
+    if gpus and trainer.type == "cuda":
+        asyncio.run(engine.open_weight_group(trainer))  # refits GPU to GPU from now on
+    return engine
 
 
-def start_ray() -> None:
-    """Join the Ray cluster ``RAY_ADDRESS`` names (a multi-node run), or start a local one."""
+def start_ray(engine_gpus: int = 0) -> None:
+    """Join the Ray cluster ``RAY_ADDRESS`` names (a multi-node run), or start a local one; a local one started for
+    ``engine_gpus`` engine GPUs sees only the node's last ``engine_gpus`` GPUs (:func:`engine_gpu_ids`), so that
+    no actor lands on a GPU of the trainer's."""
     import ray
 
     if ray.is_initialized():
         return
     if os.environ.get("RAY_ADDRESS"):
         ray.init(address=os.environ["RAY_ADDRESS"], log_to_driver=False)  # a cluster's resources are its own
-    else:
+        return
+    with _visible_gpus(engine_gpu_ids(_node_gpus(), engine_gpus) if engine_gpus else None):
         init_local_ray((os.cpu_count() or 1) + 1, log_to_driver=False)
+
+
+def engine_gpu_ids(node_gpus: list[str], count: int) -> list[str]:
+    """The GPUs of ``node_gpus`` (CUDA ids, in order) that ``count`` engine GPUs take: the last ones, as the trainer's
+    ranks take the first; ValueError when none would be left to the trainer."""
+    if count >= len(node_gpus):
+        raise ValueError(
+            f"policy.generation.colocated.resources.gpus_per_node ({count}) leaves none of this node's "
+            f"{len(node_gpus)} GPUs ({','.join(node_gpus) or 'none'}) to the trainer: lower it, or set "
+            "policy.generation.colocated.enabled: true to share the trainer's"
+        )
+    return node_gpus[len(node_gpus) - count :]
+
+
+def _node_gpus() -> list[str]:
+    """This process's GPUs as CUDA ids: ``CUDA_VISIBLE_DEVICES`` when set, else every device torch sees."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        return [gpu.strip() for gpu in visible.split(",") if gpu.strip()]
+    return [str(i) for i in range(torch.cuda.device_count())]
+
+
+@contextlib.contextmanager
+def _visible_gpus(gpus: list[str] | None) -> Iterator[None]:
+    """``CUDA_VISIBLE_DEVICES`` set to ``gpus`` for what starts meanwhile (Ray's node takes its GPUs from it), then
+    put back; this process's own CUDA context, already made, keeps its devices. None: unchanged."""
+    if gpus is None:
+        yield
+        return
+    before = os.environ.get("CUDA_VISIBLE_DEVICES")
+    os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(gpus)
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ["CUDA_VISIBLE_DEVICES"]
+        else:
+            os.environ["CUDA_VISIBLE_DEVICES"] = before
 
 
 _DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}

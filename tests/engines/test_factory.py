@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 
 import pytest
 
@@ -79,3 +80,27 @@ def test_the_engine_actor_count_is_the_number_of_actors_the_factory_starts(overr
     from sc_lightning.engines.factory import engine_actor_count
 
     assert engine_actor_count(tiny_config(*overrides)) == actors
+
+
+def test_engine_gpus_are_the_nodes_last_and_a_local_ray_sees_only_them(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Split placement on one node: the trainer's ranks take the first GPUs, the engines the last; the local Ray
+    instance is started seeing only the engines' (it hands its actors the GPUs it sees), and this process's view
+    is put back."""
+    import ray
+
+    from sc_lightning.engines import factory
+
+    assert factory.engine_gpu_ids(["0", "1", "2", "3"], 1) == ["3"]
+    assert factory.engine_gpu_ids(["4", "6"], 1) == ["6"]  # ids as CUDA_VISIBLE_DEVICES lists them
+    with pytest.raises(ValueError, match=r"gpus_per_node \(2\) leaves none of this node's 2 GPUs"):
+        factory.engine_gpu_ids(["0", "1"], 2)
+
+    seen: list[str | None] = []
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray, "init", lambda **_: seen.append(os.environ.get("CUDA_VISIBLE_DEVICES")))
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
+    factory.start_ray(engine_gpus=1)
+    assert seen == ["1"] and os.environ["CUDA_VISIBLE_DEVICES"] == "0,1"
+    factory.start_ray()  # no engine GPUs (a CPU box, or colocated): Ray sees what this process sees
+    assert seen == ["1", "0,1"]
