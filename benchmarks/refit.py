@@ -21,7 +21,7 @@ the vllm column (``--engines megatron`` skips it).
     python benchmarks/refit.py                         # sizes tiny, 4M, 25M; about 2 minutes on 2 CPU cores
     python benchmarks/refit.py --sizes tiny 4M --reps 3 --engines megatron
     python benchmarks/refit.py --sizes 142M --engines colocated --device cuda --precision bf16   # one GPU
-    python benchmarks/refit.py --sizes 142M --engines broadcast --device cuda --precision bf16   # two GPUs
+    python benchmarks/refit.py --sizes 1.26B --engines broadcast --device cuda --precision bf16   # two GPUs
 """
 
 from __future__ import annotations
@@ -63,6 +63,14 @@ SIZES = {  # ModelSpec overrides of builtin:tiny (head_dim >= 32 so vLLM's CPU a
         "num_attention_heads": 16,
         "num_query_groups": 8,
         "ffn_hidden_size": 2816,
+    },
+    "1.26B": {  # issue 16's Llama-style shape, the split-placement refit of issue 41
+        "hidden_size": 2048,
+        "num_layers": 24,
+        "num_attention_heads": 16,
+        "num_query_groups": 8,
+        "ffn_hidden_size": 5632,
+        "vocab_size": 32000,
     },
 }
 
