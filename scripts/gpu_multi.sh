@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# On a machine with several GPUs (issue 41), in one device call: install what the image lacks (scripts/gpu_env.sh;
+# bring Ray with SC_GPU_RAY=1 scripts/gpu_wheels.sh for the refit), then at the 1.26B shape, bf16:
+#   1. the training step on one GPU, at TP = 2 on two (its first step's loss and gradient norm beside one GPU's: the
+#      same rows, split layers), and data-parallel on every GPU (each replica its own rows: the scaling efficiency
+#      is one GPU's step time over N's) — benchmarks/train_step.py under torchrun;
+#   2. the split-placement refit: the engine actor on the last GPU, the trainer's weights broadcast to it over NCCL,
+#      against one GPU-to-GPU copy of the same bytes (benchmarks/refit.py --engines broadcast; needs Ray).
+# Each part has a deadline and prints its table; the outputs go to $OUT (train-*.txt, refit.txt).
+#   OUT=/tmp/multi scripts/gpu_multi.sh
+#   MULTI_PARTS=train OUT=/tmp/multi scripts/gpu_multi.sh     # the training step only (no Ray needed)
+set -uo pipefail  # one part failing does not stop the others
+out=${OUT:?set OUT to the folder the results go to}
+mkdir -p "$out"
+source "$(dirname "$0")/gpu_env.sh"
+gpus=$(nvidia-smi --list-gpus | wc -l)
+parts=${MULTI_PARTS:-train refit}
+step=(benchmarks/train_step.py --device cuda --precision bf16 --reps 5)
+torchrun=(python3 -m torch.distributed.run --standalone)
+show() { grep -v -i warn "$1" | grep -E "parameters|first GRPO|^\||GRPO step /|^size|^1.26B|measured|Error|error" ; }
+if [[ " $parts " == *" train "* ]]; then
+  timeout -k 10 150 python3 "${step[@]}" > "$out/train-1gpu.txt" 2>&1; echo "rc $?" >> "$out/train-1gpu.txt"
+  timeout -k 10 150 "${torchrun[@]}" --nproc-per-node 2 "${step[@]}" --tp 2 > "$out/train-tp2.txt" 2>&1
+  echo "rc $?" >> "$out/train-tp2.txt"
+  timeout -k 10 150 "${torchrun[@]}" --nproc-per-node "$gpus" "${step[@]}" > "$out/train-dp$gpus.txt" 2>&1
+  echo "rc $?" >> "$out/train-dp$gpus.txt"
+  for f in "$out"/train-*.txt; do echo "== $(basename "$f")"; show "$f"; tail -1 "$f"; done
+fi
+if [[ " $parts " == *" refit "* ]]; then
+  timeout -k 10 240 python3 benchmarks/refit.py --sizes 1.26B --engines broadcast --device cuda --precision bf16 \
+    --reps 3 > "$out/refit.txt" 2>&1
+  echo "rc $?" >> "$out/refit.txt"
+  echo "== refit.txt"; show "$out/refit.txt"; tail -1 "$out/refit.txt"
+fi
