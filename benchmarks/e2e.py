@@ -29,8 +29,11 @@ the parts explain (the rest: orchestration). The modes:
                      stand down paused during the training and go on after the refit on the new weights (per-token
                      versions), so the engine's batch stays full; the figure can pass 100% (the tail it hid)
     async            the engine in a Ray actor, one step of lookahead: generation overlaps training, the figure can
-                     pass 100%; its refit goes to the actor by value, while the refit benchmarked here is the
-                     colocated one
+                     pass 100%; at a GPU shape the actor runs on the node's last GPU and is refit over NCCL (split
+                     placement: two GPUs at least), on the CPU it is refit by value; the refit benchmarked here is
+                     the colocated one
+    actor-sync       the same actor on-policy (lookahead 0): the split placement's sync baseline, whose split gives
+                     async's ideal overlap bound, (generation + training) / max(generation, training)
 
 "engine tok/s" (response tokens over the generation split: the engine's rate while the trainer waits) is a colocated
 figure. ``--no-parts`` skips the parts' benchmarks: to compare modes on the same work in less time.
@@ -104,7 +107,7 @@ SHAPES = {
     # the KV cache: 16 layers x 2 x 8 groups x 64 x 2 bytes x 4,352 positions = 143 MB a row, 37 GB for 256 rows
     "llama1b": Shape("builtin:bench-llama1b", 256, 4096, 512, 16, 256, 64, 16384, "cuda", "bf16"),
 }
-MODES = ("colocated", "colocated-async", "async")
+MODES = ("colocated", "colocated-async", "async", "actor-sync")
 COLOCATED_MODES = MODES[:2]  # the engine in the trainer's process
 PROMPT_ALPHABET = "0123456789+-*="  # the character tokenizer's characters (one token each)
 
@@ -121,8 +124,11 @@ def write_prompts(path: Path, count: int, tokens: int, seed: int) -> None:
 def fit_config(shape: Shape, args: argparse.Namespace, prompts_file: Path, root: Path) -> dict[str, Any]:
     """The run's config: ``--steps`` RL steps of ``shape`` in ``--mode`` (module docstring)."""
     groups = shape.completions // shape.generations
-    lookahead = 0 if args.mode == "colocated" else 1
+    lookahead = 0 if args.mode in ("colocated", "actor-sync") else 1
     colocated = args.mode in COLOCATED_MODES
+    placement: dict[str, Any] = {"enabled": colocated}
+    if not colocated and shape.device == "cuda":
+        placement["resources"] = {"num_nodes": 1, "gpus_per_node": 1}  # the engine actor on a GPU of its own
     return {
         "trainer": {
             "accelerator": "gpu" if shape.device == "cuda" else "cpu",
@@ -149,7 +155,7 @@ def fit_config(shape: Shape, args: argparse.Namespace, prompts_file: Path, root:
                 "backend": "megatron",
                 "max_new_tokens": shape.new_tokens,
                 "temperature": 1.0,
-                "colocated": {"enabled": colocated},
+                "colocated": placement,
                 "mcore_generation_config": {"max_batch_size": shape.engine_batch},
             },
             "megatron_cfg": {"enabled": True},
@@ -333,7 +339,7 @@ def report_throughput(args: argparse.Namespace, shape: Shape, summary: dict[str,
     print("| step s | tokens/step | tokens/s/GPU | generated tok/s | engine tok/s | train MFU |")
     print("|---:|---:|---:|---:|---:|---:|")
     mfu = f"{summary['train_mfu']:.1%}" if "train_mfu" in summary else "-"
-    engine = f"{summary['engine_tokens_per_s']:,.0f}" if args.mode in COLOCATED_MODES else "- (overlapped)"
+    engine = f"{summary['engine_tokens_per_s']:,.0f}" if args.mode != "async" else "- (overlapped)"
     print(
         f"| {wall:.2f} | {summary['step_tokens']:,.0f} | {summary['tokens_per_s_per_gpu']:,.0f} "
         f"| {summary['generated_tokens_per_s']:,.0f} | {engine} | {mfu} |"

@@ -6,9 +6,13 @@
 #      is one GPU's step time over N's) — benchmarks/train_step.py under torchrun;
 #   2. the split-placement refit: the engine actor on the last GPU, the trainer's weights broadcast to it over NCCL,
 #      against one GPU-to-GPU copy of the same bytes (benchmarks/refit.py --engines broadcast; needs Ray).
-# Each part has a deadline and prints its table; the outputs go to $OUT (train-*.txt, refit.txt).
+#   3. (MULTI_PARTS=split, a call of its own) split placement end to end at the 1.26B shape: the engine actor on the
+#      last GPU, the trainer on the first, on-policy (actor-sync) and with one step of lookahead (async), 3 steps each
+#      without the parts' benchmarks (benchmarks/e2e.py; needs Ray).
+# Each part has a deadline and prints its table; the outputs go to $OUT (train-*.txt, refit.txt, e2e-*.txt).
 #   OUT=/tmp/multi scripts/gpu_multi.sh
 #   MULTI_PARTS=train OUT=/tmp/multi scripts/gpu_multi.sh     # the training step only (no Ray needed)
+#   MULTI_PARTS=split OUT=/tmp/multi scripts/gpu_multi.sh     # async vs sync with the engine on its own GPU
 set -uo pipefail  # one part failing does not stop the others
 out=${OUT:?set OUT to the folder the results go to}
 mkdir -p "$out"
@@ -31,4 +35,12 @@ if [[ " $parts " == *" refit "* ]]; then
     --reps 3 > "$out/refit.txt" 2>&1
   echo "rc $?" >> "$out/refit.txt"
   echo "== refit.txt"; show "$out/refit.txt"; tail -1 "$out/refit.txt"
+fi
+if [[ " $parts " == *" split "* ]]; then
+  for mode in actor-sync async; do
+    timeout -k 10 270 python3 benchmarks/e2e.py --shape 1.26b --mode "$mode" --steps 3 --no-parts \
+      --out "/tmp/sc_e2e_$mode" --fit-timeout 250 > "$out/e2e-$mode.txt" 2>&1
+    echo "rc $?" >> "$out/e2e-$mode.txt"
+    echo "== e2e-$mode.txt"; grep -v -i warn "$out/e2e-$mode.txt" | tail -12
+  done
 fi
