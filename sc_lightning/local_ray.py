@@ -3,7 +3,10 @@
 No dashboard, and no worker processes started ahead of need: by default Ray's node starts as many idle Python
 workers as it has CPUs when the first driver connects, each importing Ray (about a CPU second apiece on the 2-core
 box, 128 of them on a 128-core node), while sc_lightning's actors (engines, TransferQueue) start their own worker
-processes anyway. Stdlib only, imported where Ray is started.
+processes anyway. Workers run at the driver's priority: Ray renices its workers to 15 by default, so on a busy box
+(a test suite's other worker, a second run) the actors a run waits for (its engine, TransferQueue's controller and
+storage) get a few percent of a core, and a start that takes 4 s alone took 60 s beside two busy processes.
+Stdlib only, imported where Ray is started.
 """
 
 from __future__ import annotations
@@ -11,8 +14,9 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-LOCAL_RAY_SYSTEM_CONFIG = {"prestart_worker_first_driver": False}
-"""Ray's system settings for the local instances sc_lightning starts (no idle workers started ahead of need)."""
+LOCAL_RAY_SYSTEM_CONFIG = {"prestart_worker_first_driver": False, "worker_niceness": 0}
+"""Ray's system settings for the local instances sc_lightning starts (no idle workers started ahead of need; workers
+not reniced below the driver)."""
 
 
 def init_local_ray(num_cpus: int, **options: Any) -> None:
