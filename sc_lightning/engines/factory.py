@@ -65,11 +65,11 @@ def default_engine_factory(
         return MegatronEngine.from_pretrained(model_name, device=device, **kwargs)
     from sc_lightning.engines.megatron.ray_engine import RayMegatronEngine
 
-    gpus = _engine_gpus(config)
+    trainer = initial_weights[0][1].device if initial_weights else torch.device("cpu")
+    gpus = _engine_gpus(config) if trainer.type == "cuda" else 0  # a CPU run's engine stays on the CPU
     start_ray(engine_gpus=gpus)
     engine = RayMegatronEngine(model_name, num_gpus=1 if gpus else 0, device="cuda" if gpus else "cpu", **kwargs)
-    trainer = initial_weights[0][1].device if initial_weights else torch.device("cpu")
-    if gpus and trainer.type == "cuda":
+    if gpus:
         asyncio.run(engine.open_weight_group(trainer))  # refits GPU to GPU from now on
     return engine
 
