@@ -11,13 +11,15 @@ untouched::
     host.connect()          (both at once: gloo connects every pair as the group is built)
     group.send(tensors)     ─── broadcast ───►  group.receive(metadata)  → the tensors, on the engine's device
 
-Both sides walk the tensors in the same order (the metadata lists it), one broadcast each. Every collective has the
-group's deadline: a peer that died leaves the other side an error, not a hang.
+Both sides walk the tensors in the order the metadata lists them, packed into one flat buffer per dtype: one broadcast
+per dtype of a refit (or of a bucket of one). Every collective has the group's deadline: a peer that died leaves the
+other side an error, not a hang.
 """
 
 from __future__ import annotations
 
 import datetime
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -70,20 +72,30 @@ class WeightGroup:
         return cls(store, rank, address, torch.device(device))
 
     def send(self, tensors: Sequence[torch.Tensor]) -> None:
-        """Broadcast ``tensors`` to every engine, in order (this is the leader, rank 0)."""
+        """Broadcast ``tensors`` to every engine (this is the leader, rank 0): one flat buffer per dtype, the tensors
+        in order in it (a collective per tensor would cost its launch hundreds of times a refit)."""
+        by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
         for tensor in tensors:
-            self._broadcast(tensor.detach().to(self.device).contiguous())
+            by_dtype.setdefault(tensor.dtype, []).append(tensor.detach().to(self.device).reshape(-1))
+        for parts in by_dtype.values():
+            self._broadcast(torch.cat(parts))
         self._synchronize()
 
     def receive(self, metas: Sequence[TensorMeta]) -> list[tuple[str, torch.Tensor]]:
-        """The tensors the leader broadcasts, as ``metas`` lists them, on this member's device."""
-        received = []
-        for name, shape, dtype in metas:
-            tensor = torch.empty(shape, dtype=getattr(torch, dtype), device=self.device)
-            self._broadcast(tensor)
-            received.append((name, tensor))
+        """The tensors the leader broadcasts, as ``metas`` lists them, on this member's device (views of the flat
+        buffer of their dtype)."""
+        by_dtype: dict[torch.dtype, list[int]] = {}
+        for index, (_, _, dtype) in enumerate(metas):
+            by_dtype.setdefault(getattr(torch, dtype), []).append(index)
+        received: dict[int, tuple[str, torch.Tensor]] = {}
+        for dtype, indices in by_dtype.items():
+            sizes = [math.prod(metas[i][1]) for i in indices]
+            flat = torch.empty(sum(sizes), dtype=dtype, device=self.device)
+            self._broadcast(flat)
+            for i, part in zip(indices, flat.split(sizes), strict=True):
+                received[i] = (metas[i][0], part.view(metas[i][1]))
         self._synchronize()
-        return received
+        return [received[i] for i in range(len(metas))]
 
     def _broadcast(self, tensor: torch.Tensor) -> None:
         options = dist.BroadcastOptions()

@@ -31,15 +31,20 @@ def test_the_engine_receives_every_tensor_with_its_name_dtype_shape_and_values()
         ("fp16", torch.randn(2, 2).half()),
         ("transposed", torch.randn(4, 3).t()),  # not contiguous: sent as its values
         ("scalar", torch.tensor(7.0)),
+        ("empty", torch.empty(0, 3, dtype=torch.bfloat16)),
     ]
     received: list = []
     receiver = threading.Thread(target=lambda: received.extend(engine.receive(tensor_metas(sent))))
     receiver.start()
+    broadcasts = []
+    broadcast = leader._broadcast
+    leader._broadcast = lambda tensor: (broadcasts.append(tensor.dtype), broadcast(tensor))  # type: ignore[method-assign]
     leader.send([tensor for _, tensor in sent])
     receiver.join(timeout=60)
     assert [name for name, _ in received] == [name for name, _ in sent]
     for (_, before), (_, after) in zip(sent, received, strict=True):
-        assert after.dtype == before.dtype and torch.equal(after, before)
+        assert after.dtype == before.dtype and after.shape == before.shape and torch.equal(after, before)
+    assert broadcasts == [torch.float32, torch.bfloat16, torch.float16]  # one flat buffer per dtype, not per tensor
 
 
 def test_a_receiver_whose_leader_never_sends_fails_at_the_groups_deadline() -> None:
