@@ -142,3 +142,23 @@ def test_a_refit_by_broadcast_loads_the_weights_a_refit_by_value_does(ray_cluste
             await engine.shutdown()
 
     asyncio.run(scenario())
+
+
+def test_a_refit_by_broadcast_to_a_dead_actor_is_an_engine_error_naming_it(ray_cluster: None, tiny_dirs: dict) -> None:
+    from sc_lightning.engines.megatron.ray_engine import RayMegatronEngine
+
+    model_b, spec_b, _ = load_policy(str(tiny_dirs["b"]))
+    weights = list(export_hf_weights(model_b, spec_b))
+
+    async def scenario() -> None:
+        engine = RayMegatronEngine(str(tiny_dirs["a"]), name="ray-dead", stop_on_eos=False)
+        await engine.ready()
+        await engine.open_weight_group("cpu", timeout_s=5)
+        ray.kill(engine.actor, no_restart=True)
+        started = time.monotonic()
+        with pytest.raises(EngineError, match=r"engine 'ray-dead', refit to version 2"):
+            await engine.update_weights(weights, version=2)
+        assert time.monotonic() - started < 60  # the dead actor or the group's deadline, never a hang
+        await engine.shutdown()
+
+    asyncio.run(scenario())

@@ -31,6 +31,7 @@ from sc_lightning.engines.actor_client import (
     ShippedWeights,
     received_weights,
 )
+from sc_lightning.engines.base import EngineError
 from sc_lightning.engines.megatron.clock import ActiveClock
 from sc_lightning.engines.weight_group import (
     TensorMeta,
@@ -212,7 +213,12 @@ class RayMegatronEngine(ActorEngineClient):
         what = f"refit to version {version}" + ("" if last else " (a bucket)")
         received = self._call(what, "receive_weights", tensor_metas(named), version, last)
         sent = asyncio.to_thread(self._weight_group.send, [tensor for _, tensor in named])
-        _, loaded = await asyncio.gather(sent, received)
+        try:
+            _, loaded = await asyncio.gather(sent, received)
+        except EngineError:
+            raise  # the actor's side, named already
+        except RuntimeError as err:  # the collective's own failure (a deadline, a dead peer): the engine's to name
+            raise EngineError(f"engine {self.name!r}, {what}: the broadcast failed: {err}") from err
         return loaded
 
     async def stand_down(self) -> None:
