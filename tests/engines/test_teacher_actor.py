@@ -9,6 +9,7 @@ Everything is real but the generation engine (the FAKE ScriptedEngine: the teach
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 import torch
@@ -72,6 +73,19 @@ def scored_group(dataset: ArithmeticDataset) -> ScoredGroup:
     return ScoredGroup(dataset[0], generations, (0.0, 1.0))
 
 
+def kill_and_wait(actor: object) -> None:
+    """Kill ``actor`` and return once Ray answers its calls with its death (``ray.kill`` only asks: a call made
+    right after it may still be served)."""
+    ray.kill(actor)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            ray.get(actor.__ray_ready__.remote(), timeout=10)  # type: ignore[attr-defined]
+        except ray.exceptions.RayActorError:
+            return
+    raise AssertionError("the killed actor still answered after 60 s")
+
+
 def test_the_actor_teacher_scores_as_the_in_process_one_and_its_death_is_retried_then_named(
     ray_cluster: None,
 ) -> None:
@@ -93,7 +107,7 @@ def test_the_actor_teacher_scores_as_the_in_process_one_and_its_death_is_retried
             assert (actor_row[len(group.prompt.token_ids) :] < 0).all()  # the model tokens were scored
             torch.testing.assert_close(actor_row, local_row, rtol=0, atol=1e-5)
 
-        ray.kill(actor_scoring.scorers["add"].actor)
+        kill_and_wait(actor_scoring.scorers["add"].actor)
         with pytest.raises(TeacherError, match=r"prompt .* \(group g1, engine teacher add\): ActorDiedError") as died:
             await actor_scoring(group, "g1")
         assert classify(died.value) == "infra"
