@@ -9,10 +9,15 @@
 #   3. (MULTI_PARTS=split, a call of its own) split placement end to end at the 1.26B shape: the engine actor on the
 #      last GPU, the trainer on the first, on-policy (actor-sync) and with one step of lookahead (async), 3 steps each
 #      without the parts' benchmarks (benchmarks/e2e.py; needs Ray).
-# Each part has a deadline and prints its table; the outputs go to $OUT (train-*.txt, refit.txt, e2e-*.txt).
+#   4. (MULTI_PARTS=kill) the fault drill on two GPUs: configs/grpo_1gpu.yaml at DP = 2 over NCCL (its warm start
+#      built first), rank 1 SIGKILLed after two bundles, the run must end naming it and the same command resume with
+#      every prompt trained once (scripts/kill_drill.py; needs Ray: two ranks read TransferQueue).
+# Each part has a deadline and prints its table; the outputs go to $OUT (train-*.txt, refit.txt, e2e-*.txt,
+# kill.txt).
 #   OUT=/tmp/multi scripts/gpu_multi.sh
 #   MULTI_PARTS=train OUT=/tmp/multi scripts/gpu_multi.sh     # the training step only (no Ray needed)
 #   MULTI_PARTS=split OUT=/tmp/multi scripts/gpu_multi.sh     # async vs sync with the engine on its own GPU
+#   MULTI_PARTS=kill OUT=/tmp/multi scripts/gpu_multi.sh      # kill -9 of one of two ranks, and the resume
 set -uo pipefail  # one part failing does not stop the others
 out=${OUT:?set OUT to the folder the results go to}
 mkdir -p "$out"
@@ -43,4 +48,13 @@ if [[ " $parts " == *" split "* ]]; then
     echo "rc $?" >> "$out/e2e-$mode.txt"
     echo "== e2e-$mode.txt"; grep -v -i warn "$out/e2e-$mode.txt" | tail -12
   done
+fi
+if [[ " $parts " == *" kill "* ]]; then
+  rm -rf /tmp/sc_kill_drill  # the drill wants an empty run directory
+  timeout -k 10 200 python3 scripts/gpu_learn.py warm configs/grpo_1gpu.yaml > "$out/kill.txt" 2>&1
+  timeout -k 10 420 python3 scripts/kill_drill.py --dir /tmp/sc_kill_drill --save-period 4 --timeout-s 200 -- \
+    --config configs/grpo_1gpu.yaml --trainer.devices 2 --data_plane.backend simple --grpo.max_num_epochs 1 \
+    --grpo.max_num_steps 24 >> "$out/kill.txt" 2>&1
+  echo "rc $?" >> "$out/kill.txt"
+  echo "== kill.txt"; grep -E "^(warm start|killed|the run|it named|the same|trained|every|PASSED|FAILED)|^rc " "$out/kill.txt"
 fi
