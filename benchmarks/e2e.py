@@ -218,6 +218,10 @@ def summarise(rows: list[dict[str, float]]) -> dict[str, float]:
     summary |= {f"split_{p}_s": sum(r[f"perf/split_{p}_s"] for r in rows) / len(rows) for p in SPLIT}
     if all("perf/mfu" in r for r in rows):
         summary["train_mfu"] = sum(r["perf/mfu"] for r in rows) / len(rows)
+    if all(r.get("perf/decode_steps") for r in rows):  # the engine's batch: rows decoding together, its KV rows
+        steps = sum(r["perf/decode_steps"] for r in rows)
+        summary["decode_rows_mean"] = sum(r["perf/decode_rows_mean"] * r["perf/decode_steps"] for r in rows) / steps
+        summary["decode_slots"] = rows[-1]["perf/decode_slots"]
     return summary
 
 
@@ -348,6 +352,10 @@ def report_throughput(args: argparse.Namespace, shape: Shape, summary: dict[str,
     print("| " + " | ".join(SPLIT) + " |\n|" + "---:|" * len(SPLIT))
     cells = [f"{summary[f'split_{p}_s']:.2f} s ({summary[f'split_{p}_s'] / wall:.0%})" for p in SPLIT]
     print("| " + " | ".join(cells) + " |", flush=True)
+    if "decode_rows_mean" in summary:
+        rows, slots = summary["decode_rows_mean"], summary["decode_slots"]
+        fill = f" ({rows / slots:.0%} of its {slots:.0f} KV rows)" if slots else ""
+        print(f"the engine decoded {rows:.1f} rows at a time on average{fill} (perf/decode_rows_mean)", flush=True)
 
 
 def report_efficiency(last: dict[str, float], parts: dict[str, float]) -> float:

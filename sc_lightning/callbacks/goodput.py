@@ -21,7 +21,10 @@ step's trained completion tokens per second. At the end of the fit the leader pr
 From the same window, the step's throughput (:func:`~sc_lightning.trainer.perf.step_throughput`):
 ``perf/tokens_per_s_per_gpu`` (NeMo-RL's: prompt + response tokens / step wall time / the run's GPUs),
 ``perf/generated_tokens_per_s``, ``perf/step_tokens``, ``perf/step_generated_tokens`` and the split
-``perf/split_{generation,logprob,train,refit,other}_s``, which adds up to the wall time.
+``perf/split_{generation,logprob,train,refit,other}_s``, which adds up to the wall time. Where the engines count
+their decode steps (the Megatron engine: :mod:`~sc_lightning.engines.decode_counters`), how full their batch was:
+``perf/decode_steps`` of the window, ``perf/decode_rows_mean`` (rows decoding together, on average) and
+``perf/decode_slots`` (the rows their KV caches hold).
 
 The totals are the run's, not the process's: they are the callback's state, which Lightning saves in every bundle's
 ``trainer.ckpt``, so a resumed run continues them from the bundle's step (the engines' accounts restart with the
@@ -38,6 +41,7 @@ from lightning.pytorch.utilities import rank_zero_info
 
 from sc_lightning.callbacks.checkpoint import BundleCheckpoint
 from sc_lightning.config import SCConfig
+from sc_lightning.engines.decode_counters import DecodeCounters
 from sc_lightning.lightning.module import GRPOModule
 from sc_lightning.rollout.goodput import EngineTime
 from sc_lightning.trainer.goodput import TRAINER_PARTS, allocation_advice
@@ -56,6 +60,7 @@ class GoodputMonitor(Callback):
         self.steps = 0
         self._resumed_engine = EngineTime()  # the engine totals of the bundle this process resumed from
         self._checkpoint_s = 0.0
+        self._decode = DecodeCounters()  # the engines' decode counters at the last step (this process's engines)
 
     def on_train_batch_end(
         self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int
@@ -89,6 +94,9 @@ class GoodputMonitor(Callback):
         gpus = sum(self.devices) if self.devices is not None else trainer.world_size
         perf = step_throughput(step, work or StepWork(0, 0.0), trained_tokens, gpus)
         logged |= {f"perf/{name}": value for name, value in perf.items()}
+        if (decode := record.decode) is not None:  # engines that count their decode steps
+            logged |= {f"perf/{name}": value for name, value in decode.since(self._decode).items()}
+            self._decode = decode
         pl_module.step_log.log(trainer, logged)
         wall = sum(step.values())
         pl_module.log("tok_s", trained_tokens / wall if wall > 0 else 0.0, prog_bar=True, logger=False, batch_size=1)

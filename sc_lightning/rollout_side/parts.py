@@ -17,6 +17,7 @@ from sc_lightning.checkpoint.snapshots import config_identity
 from sc_lightning.config import SCConfig
 from sc_lightning.controller.api import RefitReport
 from sc_lightning.engines.base import GenerationEngine
+from sc_lightning.engines.decode_counters import DecodeCounters
 from sc_lightning.rollout.external import ExternalRollouts
 
 EngineFactory = Callable[[SCConfig, list[tuple[str, torch.Tensor]]], GenerationEngine]
@@ -45,14 +46,16 @@ class PolicyModel(Protocol):
 
 @dataclass(frozen=True)
 class RefitRecord:
-    """The last refit: the version it published, the controller's report, how long it took, when it ended, and
-    the RL step's wall time (from the previous refit's end, or the fit's start, to this one's end)."""
+    """The last refit: the version it published, the controller's report, how long it took, when it ended, the RL
+    step's wall time (from the previous refit's end, or the fit's start, to this one's end), and the engines' decode
+    counters as the refit began (None where the engines count none)."""
 
     version: int
     report: RefitReport
     duration_s: float
     finished_at: float  # time.monotonic()
     step_s: float
+    decode: DecodeCounters | None = None
 
 
 def _endpoint_block(config: SCConfig) -> tuple[str, Any]:

@@ -51,6 +51,7 @@ from sc_lightning.controller.build import (
 from sc_lightning.data_plane import build_data_plane
 from sc_lightning.data_plane.base import DataPlane
 from sc_lightning.engines.base import GenerationEngine
+from sc_lightning.engines.decode_counters import read_decode_counters
 from sc_lightning.engines.factory import context_tokens
 from sc_lightning.rollout.answers import Answer, AnswerSettings, answer_prompts
 from sc_lightning.rollout.datasets import build_dataset
@@ -253,6 +254,7 @@ class RolloutSide:
                 pass
             return None
         controller = self._running_controller()
+        decode = controller.call(read_decode_counters(self.engine), name="read_decode_counters")  # the step's work
         if trained and not self.accepts_megatron_weights:
             report = self._streamed_refit(controller, version, wake=wake)
         else:
@@ -261,7 +263,8 @@ class RolloutSide:
             weights = megatron_weights(self._started_model().policy) if trained else None
             report = controller.refit(version, weights, wake=wake)
         finished = time.monotonic()
-        self.last_refit = RefitRecord(version, report, finished - started, finished, finished - self._step_clock)
+        step_s = finished - self._step_clock
+        self.last_refit = RefitRecord(version, report, finished - started, finished, step_s, decode)
         self._step_clock = finished
         return report
 

@@ -38,7 +38,9 @@ class EngineStats:
     """Counters of an engine's work since it started (read them to check batching).
 
     ``batches`` counts runs of the continuous batch (from no running request to some); ``forward_calls`` is
-    ``decode_steps`` + ``prefill_chunks``.
+    ``decode_steps`` + ``prefill_chunks``; every token is sampled by a decode step, so ``generated_tokens`` /
+    ``decode_steps`` is the mean rows decoding together, against the ``kv_slots`` rows of the last KV-cache
+    allocation (:mod:`sc_lightning.engines.decode_counters`).
     """
 
     batches: int = 0
@@ -47,6 +49,7 @@ class EngineStats:
     prefill_chunks: int = 0
     generated_tokens: int = 0
     finished_requests: int = 0
+    kv_slots: int = 0
 
 
 @dataclass
@@ -241,6 +244,8 @@ class DecodeWorker:
             stats.decode_steps, stats.prefill_chunks = batch.decode_steps, batch.prefill_calls
             stats.forward_calls = batch.decode_steps + batch.prefill_calls
             stats.generated_tokens = batch.sampled_tokens
+            if batch.cache is not None:  # freed at a stand-down: the last allocation's rows stand
+                stats.kv_slots = batch.cache.slots
         for request, reason in finished:
             self.stats.finished_requests += 1
             request.reply(request.result(reason, self.version))
