@@ -38,10 +38,13 @@ def load_and_check(configs: Sequence[str], overrides: Sequence[str] = ()) -> tup
         validate_single_controller_config(config)
     except ConfigError as error:
         issues.extend(error.issues)
-    try:
-        lightning = parse_lightning_side(raw, config)
-    except ConfigError as error:
-        issues.extend(error.issues)
+    if config.has_one_algorithm:  # the Lightning side's seed defaults to the algorithm's
+        try:
+            lightning = parse_lightning_side(raw, config)
+        except ConfigError as error:
+            issues.extend(error.issues)
+    else:  # the rules above said which block is missing or extra; the trainer's keys are still checked
+        issues.extend(_trainer_issues(raw))
     if issues:
         raise ConfigError(issues)
     return config, lightning
