@@ -75,8 +75,9 @@ def fit_help() -> str:
     )
 
 
-def parse_fit_arguments(argv: list[str]) -> FitRequest | None:
-    """``fit``'s arguments (after the subcommand); None when they ask for help. Raises UsageError."""
+def parse_fit_arguments(argv: list[str], command: str = "fit") -> FitRequest | None:
+    """``fit``'s arguments (after the subcommand ``command``, which takes them too); None when they ask for help.
+    Raises UsageError."""
     request, rest = FitRequest(), list(argv)
     while rest:
         arg = rest.pop(0)
@@ -94,7 +95,7 @@ def parse_fit_arguments(argv: list[str]) -> FitRequest | None:
         else:
             request.overrides.append(f"{key[2:]}={value if eq else take_value(key, rest)}")
     if not request.configs and not request.overrides:
-        raise UsageError("give a config: fit --config configs/grpo_tiny.yaml")
+        raise UsageError(f"give a config: {command} --config configs/grpo_tiny.yaml")
     return request
 
 

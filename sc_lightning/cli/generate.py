@@ -50,7 +50,7 @@ def generate_command(args: list[str]) -> int:
         if split is not None and split not in SPLITS:
             raise UsageError(f"--split takes {' or '.join(SPLITS)}, got {split!r}")
         count = _prompt_count(options.get("--num_prompts", str(DEFAULT_PROMPTS)))
-        request = parse_fit_arguments(rest)
+        request = parse_fit_arguments(rest, "generate")
     except UsageError as exc:
         return usage_error(GENERATE_USAGE, str(exc))
     if request is None:

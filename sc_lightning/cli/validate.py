@@ -35,7 +35,7 @@ def validate_command(args: list[str]) -> int:
     """``validate``: load the policy, bring up the engine, run one validation, print its metrics."""
     try:
         options, rest = take_options(args, valued=("--ckpt_path",))
-        request = parse_fit_arguments(rest)
+        request = parse_fit_arguments(rest, "validate")
     except UsageError as exc:
         return usage_error(VALIDATE_USAGE, str(exc))
     if request is None:
