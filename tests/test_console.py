@@ -216,6 +216,7 @@ def test_the_first_40_lines_of_a_tiny_run_hold_the_banner_and_no_noise(tmp_path:
     first = result.stdout.splitlines()[:40]
     text = "\n".join(first)
     assert "sc_lightning grpo: builtin:tiny-arith (policy 84.9 K parameters)\n" in text
+    assert "\n  model: Qwen2ForCausalLM, vocabulary 18 (18 embedding rows at TP 1); tokenizer " in text  # README's
     assert f"\n  logs: CSVLogger {tmp_path}/lightning_logs/version_0\n" in text
     assert f"\n  endpoint: http://127.0.0.1:{port}/v1 (OpenAI-compatible completions)\n" in text
     for noise in ("Traceback", "Warning", "warnings.warn", "Apex", "Ray instance", "Token authentication", "Tip:"):
