@@ -14,6 +14,8 @@ VLM = {"policy": {"is_vlm": True}}
 FILE = {"data": {"dataset_name": "p.parquet", "prompt_key": "q"}}
 IMAGES = {"data": {"images_key": "images"}}
 CLEVR = {"data": {"dataset_name": "clevr"}, "env": {"name": "clevr"}}
+TEACHER = {"t": {"model_name": "builtin:tiny"}}
+OPD = {"grpo": {"adv_estimator": {"name": "opd"}}, "on_policy_distillation": {"teachers": TEACHER}}
 
 VLM_CASES: list[tuple[str, dict[str, Any], dict[str, Any], str, str]] = [
     (
@@ -97,5 +99,12 @@ VLM_CASES: list[tuple[str, dict[str, Any], dict[str, Any], str, str]] = [
         ),
         "checkpointing.export_hf_at_end",
         "no Hugging Face form that transformers loads",
+    ),
+    (
+        "a vlm is not distilled",
+        variant(OPD),
+        variant(CLEVR, VLM, OPD),
+        "on_policy_distillation",
+        "on-policy distillation of a vision-language policy is not supported",
     ),
 ]

@@ -98,10 +98,24 @@ def vlm_has_no_hf_export(config: SCConfig, report: Report) -> None:
         )
 
 
+@ties("policy.is_vlm", "on_policy_distillation")
+def vlm_is_not_distilled(config: SCConfig, report: Report) -> None:
+    """On-policy distillation of a vision-language policy is not supported: its teachers score the prompt's text, so
+    none would see the images the student answered about."""
+    if config.policy.is_vlm and config.on_policy_distillation is not None:
+        report.error(
+            "on_policy_distillation",
+            "is set with policy.is_vlm: true, but on-policy distillation of a vision-language policy is not supported "
+            "(its teachers score the prompts' text without their images, docs/distillation.md); remove "
+            "on_policy_distillation and set the grpo estimator, or distill a text policy",
+        )
+
+
 VLM_RULES = (
     vlm_needs_images,
     images_need_a_vlm,
     images_come_from_text_prompt_files,
     clevr_kinds,
     vlm_has_no_hf_export,
+    vlm_is_not_distilled,
 )
