@@ -19,11 +19,12 @@ and ``**`` matches any number of levels, zero included. An excluded path removes
 
 from __future__ import annotations
 
-import fnmatch
 import hashlib
 import json
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from typing import Any
+
+from sc_lightning.config.dotpath_patterns import path_matches
 
 SCHEMA_VERSION = 1
 MAX_REPORTED_CHANGES = 20
@@ -100,16 +101,6 @@ class FingerprintMismatch(ValueError):
 
 def _segments(pattern: str) -> tuple[str, ...]:
     return tuple(pattern.split("."))
-
-
-def path_matches(path: Sequence[str], pattern: Sequence[str]) -> bool:
-    """Whether the dotpath ``path`` (its segments) matches ``pattern`` (``*`` one level, ``**`` any number)."""
-    if not pattern:
-        return not path
-    head, rest = pattern[0], pattern[1:]
-    if head == "**":
-        return any(path_matches(path[i:], rest) for i in range(len(path) + 1))
-    return bool(path) and fnmatch.fnmatchcase(path[0], head) and path_matches(path[1:], rest)
 
 
 def compatibility_identity(config: Mapping[str, Any], excluded: Iterable[str] = ()) -> dict[str, Any]:

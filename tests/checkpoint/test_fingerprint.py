@@ -9,14 +9,17 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from sc_lightning.checkpoint.fingerprint import (
+    BUILTIN_EXCLUDED_PATHS,
     FingerprintMismatch,
     changed_paths,
     check_compatible,
     compatibility_identity,
     fingerprint,
-    path_matches,
 )
 from sc_lightning.config import config_to_dict, load_config
+from sc_lightning.config.dotpath_patterns import ROLLOUT_KNOBS, path_matches, rollout_knobs_covered
+from sc_lightning.config.knobs import walk_fields
+from sc_lightning.config.schema import SCConfig
 from tests.helpers.configs import tiny_raw
 
 
@@ -134,3 +137,13 @@ def test_without_double_star_a_match_needs_equal_lengths(path: list[str], patter
     if path_matches(tuple(path), tuple(pattern)):
         assert len(path) == len(pattern)
         assert all(fnmatch.fnmatchcase(s, p) for s, p in zip(path, pattern, strict=True))
+
+
+def test_the_knobs_no_exclusion_may_cover_are_knobs_and_the_builtin_exclusions_leave_them_in() -> None:
+    """ROLLOUT_KNOBS names real dotpaths and none of the built-in exclusions covers one (the rules refuse a user's
+    pattern that covers one: tests/config/rule_cases_runtime.py); a section covers every knob under it."""
+    schema = {field.path for field in walk_fields(SCConfig)}
+    assert set(ROLLOUT_KNOBS) <= schema
+    assert [pattern for pattern in BUILTIN_EXCLUDED_PATHS if rollout_knobs_covered(pattern)] == []
+    generation = [knob for knob in ROLLOUT_KNOBS if knob.startswith("policy.generation.")]
+    assert rollout_knobs_covered("policy.generation") == generation

@@ -261,6 +261,13 @@ RUNTIME_CASES: list[tuple[str, dict[str, Any], dict[str, Any], str, str]] = [
         "whole config",
     ),
     (
+        "excluded path leaves out no knob that shapes the rollouts",
+        variant({"rollout_checkpointing": {"extra_fingerprint_excluded_paths": ["env.private.**", "*.log_dir"]}}),
+        variant({"rollout_checkpointing": {"extra_fingerprint_excluded_paths": ["trainer.logger", "env.**"]}}),
+        "rollout_checkpointing.extra_fingerprint_excluded_paths[1]",
+        "'env.**' would leave out env.name, which decide the prompts, the answers or their rewards",
+    ),
+    (
         "excluded path has no empty segment",
         variant(),
         variant({"rollout_checkpointing": {"extra_fingerprint_excluded_paths": ["a..b"]}}),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from sc_lightning.config.dotpath_patterns import rollout_knobs_covered
 from sc_lightning.config.report import Report, ties
 from sc_lightning.config.resolved import required_buffer_capacity, step_floor
 from sc_lightning.config.rules.env import ENV_RULES
@@ -289,6 +290,11 @@ def _excluded_path_problem(path: str) -> str | None:
         return "would exclude the whole config; name a specific dotpath"
     if any(segment == "" for segment in path.split(".")):
         return "has an empty segment"
+    if covered := rollout_knobs_covered(path):
+        return (
+            f"would leave out {', '.join(covered)}, which decide the prompts, the answers or their rewards that a "
+            "rollout snapshot holds; exclude only runtime-only dotpaths (logging, placement, deadlines)"
+        )
     return None
 
 
