@@ -84,6 +84,12 @@ def test_all_errors_are_reported_at_once() -> None:
     ]
 
 
+def test_both_algorithm_blocks_are_one_error_not_ppo_rules_on_a_grpo_config() -> None:
+    """The tiny GRPO config with a PPO block beside it: the only error says to keep one block (PPO's own rules, e.g.
+    its offloaded optimizer, would name knobs the user never meant for PPO)."""
+    assert [e.split(":")[0] for e in errors_of(variant({"ppo": ppo()["ppo"]}))] == ["grpo, ppo"]
+
+
 WARNING_CASES = [
     (
         "floor leaves no room to shrink",

@@ -262,8 +262,8 @@ def ppo_rules(config: SCConfig, report: Report) -> None:
     warning when the critic warm-up outlasts the run)."""
     sampler = config.async_rl.sampler
     warmup = sampler.warmup_lookahead_versions if isinstance(sampler, InOrderSamplerConfig) else None
-    if config.ppo is None:
-        if warmup is not None:
+    if config.ppo is None or config.grpo is not None:  # GRPO, or both blocks (which the algorithm rules name)
+        if config.ppo is None and warmup is not None:
             report.error(
                 "async_rl.sampler.warmup_lookahead_versions",
                 "is a PPO critic-warm-up knob; delete it from this GRPO config",
