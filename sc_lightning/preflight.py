@@ -3,10 +3,11 @@
 The config rules (:mod:`sc_lightning.config.validate`) check a config against itself; preflight checks it against
 the box it is about to run on: the trainer's hardware request (``trainer.accelerator`` / ``trainer.devices``, seen
 through torch), the model and tokenizer names (a built-in, a warm start, a local directory or the local Hugging Face
-cache; a directory's ``config.json`` must describe an architecture sc_lightning trains), the dataset files and the
-columns their schemas hold, vLLM when generation uses it, and the directories the run writes. It is cheap — no Ray,
-no model build, no Lightning Trainer, no dataset row read, nothing created — and reports every problem at once as a
-ConfigError whose issues name the dotpath, the value and the fix.
+cache; a directory's ``config.json`` must describe an architecture sc_lightning trains), the environment
+(``env.name``: built as the run builds it), the dataset files and the columns their schemas hold, vLLM when
+generation uses it, and the directories the run writes. It is cheap — no Ray, no model build, no Lightning Trainer,
+no dataset row read, nothing created — and reports every problem at once as a ConfigError whose issues name the
+dotpath, the value and the fix.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ def preflight_issues(config: SCConfig, trainer: dict[str, Any]) -> list[ConfigIs
     return [
         *hardware_issues(trainer),
         *_model_issues(config),
+        *_environment_issues(config),
         *_dataset_issues(config),
         *_generation_issues(config),
         *_endpoint_issues(config),
@@ -220,6 +222,19 @@ def _local_dir(name: str) -> Path | None:
         return resolve_model_dir(name)
     except FileNotFoundError:
         return None
+
+
+def _environment_issues(config: SCConfig) -> list[ConfigIssue]:
+    """An ``env.name`` that builds no environment here: an unknown name, or a custom class that does not import, is
+    of the wrong kind or cannot be built without arguments (the run builds it the same way once it starts)."""
+    from sc_lightning.rollout.envs import build_environment
+    from sc_lightning.rollout.envs.base import RewardError
+
+    try:
+        build_environment(config.env)
+    except RewardError as error:
+        return [ConfigIssue("env.name", str(error).replace(" (env.name)", "").removeprefix("env.name "))]
+    return []
 
 
 def _dataset_issues(config: SCConfig) -> list[ConfigIssue]:

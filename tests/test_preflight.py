@@ -154,6 +154,22 @@ def test_a_dry_run_finds_missing_dataset_files(capsys: pytest.CaptureFixture[str
     assert f"data.val_dataset_name: is '{tmp_path / 'val.jsonl'}': no such file" in err
 
 
+@pytest.mark.parametrize(
+    ("name", "said"),
+    [
+        ("nope", "env.name: unknown environment 'nope'; known: arithmetic, clevr,"),
+        ("nope.mod:Cls", "env.name: 'nope.mod:Cls': cannot import module 'nope.mod'"),
+        ("collections:OrderedDict", "env.name: 'collections:OrderedDict' is not an Environment: it needs a name"),
+    ],
+)
+def test_a_dry_run_finds_an_environment_that_cannot_be_built(
+    capsys: pytest.CaptureFixture[str], name: str, said: str
+) -> None:
+    """An env.name the run could not build once started (after Ray and the data plane were up, before this check)."""
+    err = refused(capsys, "fit", *QUICK, f"--env.name={name}", "--dry_run")
+    assert said in err
+
+
 def test_a_dry_run_finds_a_missing_vllm(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
     """generation.backend vllm where vLLM cannot be imported: the dry run refuses it, as fit does."""
     monkeypatch.setitem(sys.modules, "vllm", None)  # importlib finds no vllm
