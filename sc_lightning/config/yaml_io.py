@@ -68,13 +68,39 @@ def _switches_variant(old: Mapping[str, Any], new: Mapping[str, Any]) -> bool:
     return "name" in new and old.get("name") != new["name"]
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """YAML's safe loader, refusing a key that a mapping holds twice (plain YAML keeps the last silently)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        """The mapping, once no key of its own repeats (keys merged in with ``<<`` may be overridden)."""
+        first_line: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue
+            key = self.construct_object(key_node, deep=deep)
+            try:
+                line = first_line.setdefault(key, key_node.start_mark.line)
+            except TypeError:
+                continue  # an unhashable key: the safe loader itself refuses it
+            if line != key_node.start_mark.line:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"found the key {key!r} twice (first on line {line + 1})", key_node.start_mark
+                )
+        return super().construct_mapping(node, deep)
+
+
 def read_yaml_file(path: str | Path) -> dict[str, Any]:
-    """One YAML file as a mapping; a missing file, bad YAML or a non-mapping top level is a ConfigError."""
+    """One YAML file as a mapping; a missing or unreadable file, bad YAML (a key twice included) or a non-mapping top
+    level is a ConfigError."""
     path = Path(path)
     try:
-        data = yaml.safe_load(path.read_text())
+        data = yaml.load(path.read_text(encoding="utf-8"), Loader=_UniqueKeyLoader)  # a safe loader
     except FileNotFoundError:
         raise ConfigError([ConfigIssue("", f"config file {str(path)!r} does not exist")]) from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError([ConfigIssue("", f"config file {str(path)!r} is not UTF-8 text: {exc}")]) from None
+    except OSError as exc:
+        raise ConfigError([ConfigIssue("", f"config file {str(path)!r} cannot be read: {exc.strerror}")]) from None
     except yaml.YAMLError as exc:
         raise ConfigError([ConfigIssue("", f"config file {str(path)!r} is not valid YAML: {exc}")]) from None
     if data is None:

@@ -181,6 +181,24 @@ def test_broken_interpolation_and_missing_files_are_config_errors(tmp_path) -> N
         load_yaml_layers([tmp_path / "list.yaml"])
 
 
+def test_a_key_twice_and_an_unreadable_file_are_config_errors_and_merge_keys_still_override(tmp_path) -> None:
+    """Plain YAML keeps a repeated key's last value silently (a second grpo: block would replace the first); here it
+    is an error naming both lines. A file that is not UTF-8, or a directory, is an error too."""
+    twice = tmp_path / "twice.yaml"
+    twice.write_text("grpo:\n  seed: 7\n  seed: 8\n")
+    with pytest.raises(ConfigError, match=r"found the key 'seed' twice \(first on line 2\)[\s\S]*line 3"):
+        load_yaml_layers([twice])
+    merged = tmp_path / "merged.yaml"  # a key merged in with << may be overridden: that is no repeat
+    merged.write_text("base: &base\n  seed: 7\ngrpo:\n  <<: *base\n  seed: 8\n")
+    assert load_yaml_layers([merged])["grpo"] == {"seed": 8}
+    latin = tmp_path / "latin.yaml"
+    latin.write_bytes(b"# caf\xe9\ngrpo: {}\n")
+    with pytest.raises(ConfigError, match="is not UTF-8 text"):
+        load_yaml_layers([latin])
+    with pytest.raises(ConfigError, match="cannot be read: Is a directory"):
+        load_yaml_layers([tmp_path])
+
+
 @given(
     n=st.integers(1, 64),
     window=st.integers(0, 4),
