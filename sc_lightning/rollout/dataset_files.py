@@ -97,6 +97,8 @@ def _json_object(line: bytes, *, first: bool) -> Record:
         record = json.loads(decoded)
     except json.JSONDecodeError as err:
         return BadRow(f"not valid JSON: {err}")
+    except RecursionError:
+        return BadRow("nested too deeply to read (a JSON value inside thousands of others)")
     if not isinstance(record, dict):
         return BadRow(f"expected a JSON object, got {type(record).__name__}")
     return record

@@ -71,8 +71,8 @@ def read_row(record: Mapping[str, Any], data: DataConfig, directory: Path) -> Ro
     columns = required_columns(data)
     if data.messages_key is None:
         text = _field(record, data.prompt_key, allow_numbers=False)
-        if not text:
-            raise BadRow(f"key {data.prompt_key!r} is an empty string")
+        if not text.strip():
+            raise BadRow(f"key {data.prompt_key!r} is {'an empty string' if not text else 'only whitespace'}")
         prompt: str | Chat = text
     else:
         prompt = _chat(record, data.messages_key)

@@ -88,6 +88,8 @@ def test_jsonl_custom_keys_and_task(tmp_path: Path) -> None:
         (['{"problem": "1+1=", "expected_answer": null}'], r"p\.jsonl:1: key 'expected_answer' must be"),
         (['{"problem": "hello", "expected_answer": "2"}'], r"p\.jsonl:1: cannot tokenize the prompt"),
         (['{"problem": "", "expected_answer": "2"}'], r"p\.jsonl:1: key 'problem' is an empty string"),
+        (['{"problem": " \\n ", "expected_answer": "2"}'], r"p\.jsonl:1: key 'problem' is only whitespace"),
+        (["[" * 100_000 + "]" * 100_000], r"p\.jsonl:1: nested too deeply to read"),
         ([""], r"p\.jsonl holds no records$"),
     ],
 )
