@@ -103,9 +103,9 @@ def metrics_files(run_dir: Path) -> tuple[Path, ...]:
 
 
 def read_metrics_csv(path: Path) -> dict[int, dict[str, float]]:
-    """One CSVLogger file as step -> column -> value; rows of one step merge; torn, short or step-less rows are
-    skipped."""
-    text = path.read_text()
+    """One CSVLogger file as step -> column -> value; rows of one step merge; torn, short or step-less rows, and cells
+    that are no number, are skipped."""
+    text = path.read_text(errors="replace")  # a byte that is not UTF-8 only spoils its own cell
     rows = csv.reader(io.StringIO(text[: text.rfind("\n") + 1]))  # a last line without its newline is torn
     header = next(rows, None)
     if header is None or "step" not in header:

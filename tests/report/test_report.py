@@ -182,6 +182,19 @@ def test_a_short_torn_csv_is_extended_by_train_data(tiny_run: Path, tmp_path: Pa
     )
 
 
+def test_a_byte_that_is_not_utf8_spoils_only_its_own_cell(tiny_run: Path, tmp_path: Path) -> None:
+    run_dir = copy_run(tiny_run, tmp_path)
+    text = csv_path(run_dir).read_bytes()
+    header, first, rest = text.split(b"\n", 2)
+    cells = first.split(b",")
+    column = header.split(b",").index(b"train/loss")
+    cells[column] = b"\xff"
+    csv_path(run_dir).write_bytes(b"\n".join([header, b",".join(cells), rest]))
+    plots = {plot.name: plot for plot in build_report(run_dir)}
+    logged = csv_columns(tiny_run)
+    assert plots["reward"].series["train/reward"][1] == logged["train/reward"][1]  # every step's reward still there
+
+
 def test_goodput_and_validation_columns_are_drawn_whatever_their_names(tiny_run: Path, tmp_path: Path) -> None:
     run_dir = copy_run(tiny_run, tmp_path)
     extra = {  # fleets and parts the report does not know in advance, and a validation metric
