@@ -252,6 +252,9 @@ def test_a_seq_logprob_error_threshold_below_every_error_stops_the_run_naming_th
         (["fit"], "give a config: fit --config"),
         (["generate"], "give a config: generate --config"),  # each subcommand's own example
         (["validate"], "give a config: validate --config"),
+        (["validate", "--config", TINY, "--dry_run"], "--dry_run is fit's option (validate always runs)"),
+        (["generate", "--config", TINY, "--print_config"], "--print_config is fit's option (generate always runs)"),
+        (["generate", "--config", TINY, "--output", "configs"], "--output configs is a directory; give the JSONL"),
         (["fit", "--config"], "--config needs a value"),
         (["fit", "--config", TINY, "--dry_run", "maybe"], "--dry_run takes true or false"),
         (["fit", "stray"], "unexpected argument 'stray'"),

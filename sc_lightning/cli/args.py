@@ -86,6 +86,8 @@ def parse_fit_arguments(argv: list[str], command: str = "fit") -> FitRequest | N
             return None
         if not is_option(key):
             raise UsageError(f"unexpected argument {arg!r}; options look like --key value")
+        if key in ("--print_config", "--dry_run") and command != "fit":
+            raise UsageError(f"{key} is fit's option ({command} always runs): fit --config X.yaml {key}")
         if key == "--print_config":
             request.print_config = True
         elif key == "--dry_run":

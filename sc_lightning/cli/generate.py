@@ -50,6 +50,9 @@ def generate_command(args: list[str]) -> int:
         if split is not None and split not in SPLITS:
             raise UsageError(f"--split takes {' or '.join(SPLITS)}, got {split!r}")
         count = _prompt_count(options.get("--num_prompts", str(DEFAULT_PROMPTS)))
+        output = options.get("--output")
+        if output is not None and Path(output).is_dir():  # found now, not after every prompt is answered
+            raise UsageError(f"--output {output} is a directory; give the JSONL file to write, e.g. {output}/x.jsonl")
         request = parse_fit_arguments(rest, "generate")
     except UsageError as exc:
         return usage_error(GENERATE_USAGE, str(exc))
@@ -57,7 +60,6 @@ def generate_command(args: list[str]) -> int:
         print(GENERATE_USAGE)
         return 0
     ask = GenerateRequest(split=split, count=count, greedy=options.get("--greedy") == "true")
-    output = options.get("--output")
     return run_on_policy(
         options.get("--ckpt_path"),
         request,
