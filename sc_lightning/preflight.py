@@ -196,7 +196,30 @@ def _architecture_problems(name: str) -> list[str]:
         raw = json.loads(config_json.read_text())
     except (OSError, ValueError) as err:
         return [f"{config_json} is not readable JSON: {err}"]
-    return [f"{config_json} {problem}" for problem in hf_config_problems(raw)]
+    if not isinstance(raw, dict):
+        return [f"{config_json} holds a JSON {type(raw).__name__}, not the object of a model's config"]
+    return [f"{config_json} {problem}" for problem in hf_config_problems(raw)] + _weights_problems(root)
+
+
+def _weights_problems(root: Path) -> list[str]:
+    """The model directory's safetensors files that are missing or whose header does not read (a truncated or
+    foreign file); their tensors are not read."""
+    from safetensors import SafetensorError, safe_open
+
+    from sc_lightning.models.convert import weight_files
+
+    try:
+        files = weight_files(root)
+    except (FileNotFoundError, ValueError) as err:
+        return [f"{err}; sc_lightning loads a model's weights from safetensors"]
+    problems = []
+    for file in files:
+        try:
+            with safe_open(str(file), framework="pt"):
+                pass
+        except (SafetensorError, OSError) as err:
+            problems.append(f"{file} is not a readable safetensors file: {err}")
+    return problems
 
 
 def _tokenizer_problem(name: str) -> str | None:

@@ -114,6 +114,28 @@ def test_a_model_directory_of_an_architecture_or_feature_not_trained_is_refused_
     assert f"policy.model_name: {sliding} has use_sliding_window: true; sliding-window attention is not" in err
 
 
+def test_a_model_directory_whose_weights_or_config_do_not_read_is_refused_at_dry_run(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """A config.json that is no object, a directory without safetensors weights, a truncated safetensors file: each
+    is named before anything starts (the load would fail with a traceback after the run started)."""
+    qwen = {"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2"}
+    cases = {"listed": ([1, 2], None), "weightless": (qwen, None), "truncated": (qwen, b"\x10\x00\x00\x00\x00")}
+    for name, (config, weights) in cases.items():
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "config.json").write_text(json.dumps(config))
+        if weights is not None:
+            (tmp_path / name / "model.safetensors").write_bytes(weights)
+    said = {
+        "listed": f"{tmp_path / 'listed' / 'config.json'} holds a JSON list, not the object of a model's config",
+        "weightless": f"{tmp_path / 'weightless'} has neither model.safetensors nor model.safetensors.index.json",
+        "truncated": f"{tmp_path / 'truncated' / 'model.safetensors'} is not a readable safetensors file",
+    }
+    for name, text in said.items():
+        err = refused(capsys, "fit", *QUICK, f"--policy.model_name={tmp_path / name}", "--dry_run")
+        assert f"policy.model_name: {text}" in err
+
+
 def test_a_checkpoint_directory_that_cannot_be_created_is_refused_before_any_step(
     capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:

@@ -399,15 +399,22 @@ def read_hf_safetensors(path: str | Path) -> dict[str, Tensor]:
     """All tensors of a Hugging Face model directory (``model.safetensors`` or a sharded ``*.index.json``)."""
     from safetensors.torch import load_file
 
-    root = Path(path)
+    state: dict[str, Tensor] = {}
+    for file in weight_files(Path(path)):
+        state.update(load_file(str(file)))
+    return state
+
+
+def weight_files(root: Path) -> list[Path]:
+    """The safetensors files of the Hugging Face model directory ``root``: ``model.safetensors``, or the shards its
+    ``model.safetensors.index.json`` maps; FileNotFoundError when it has neither, ValueError for an index that is no
+    such map."""
     index = root / "model.safetensors.index.json"
     if index.is_file():
-        files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-    elif (root / "model.safetensors").is_file():
-        files = ["model.safetensors"]
-    else:
-        raise FileNotFoundError(f"{root} has neither model.safetensors nor model.safetensors.index.json")
-    state: dict[str, Tensor] = {}
-    for name in files:
-        state.update(load_file(str(root / name)))
-    return state
+        try:
+            return [root / name for name in sorted(set(json.loads(index.read_text())["weight_map"].values()))]
+        except (ValueError, KeyError, TypeError, AttributeError) as err:
+            raise ValueError(f"{index} is not a safetensors index (a weight_map of file names): {err!r}") from None
+    if (root / "model.safetensors").is_file():
+        return [root / "model.safetensors"]
+    raise FileNotFoundError(f"{root} has neither model.safetensors nor model.safetensors.index.json")
