@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import types
 import typing
 from collections.abc import Mapping
@@ -273,6 +274,9 @@ class _Builder:
             number = _as_float(value)
             if number is None:
                 return self.mismatch(path, tp, value)
+            if not math.isfinite(number):  # NaN passes every bound, inf most: neither means anything as a knob
+                self.fail(path, f"must be a finite number, got {value!r}")
+                return _INVALID
             value = number
         elif tp is str and not isinstance(value, str):
             return self.mismatch(path, tp, value)

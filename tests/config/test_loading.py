@@ -80,6 +80,13 @@ def test_a_knob_of_another_sampler_mode_is_an_error() -> None:
         ({"data": {"max_skipped_rows": "ten"}}, "data.max_skipped_rows: expected int, got str 'ten'"),
         ({"loss_fn": {"max_token_staleness": -1}}, "loss_fn.max_token_staleness: must be >= 0, got -1"),
         ({"loss_fn": {"max_token_staleness": 1.5}}, "loss_fn.max_token_staleness: expected int, got float 1.5"),
+        # NaN passes every bound and inf most: neither is a knob's value
+        ({"policy": {"optimizer": {"lr": float("inf")}}}, "policy.optimizer.lr: must be a finite number, got inf"),
+        ({"policy": {"optimizer": {"lr": "1e309"}}}, "policy.optimizer.lr: must be a finite number, got '1e309'"),
+        (
+            {"grpo": {"reward_scaling": {"enabled": True, "source_min": float("nan")}}},
+            "grpo.reward_scaling.source_min: must be a finite number, got nan",
+        ),
     ],
 )
 def test_types_and_bounds(layer: dict, expected: str) -> None:
