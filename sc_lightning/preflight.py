@@ -49,7 +49,8 @@ def preflight_issues(config: SCConfig, trainer: dict[str, Any]) -> list[ConfigIs
 
 
 def hardware_issues(trainer: dict[str, Any]) -> list[ConfigIssue]:
-    """``trainer.accelerator`` / ``trainer.devices`` asking for devices this machine lacks (a CPU run always fits)."""
+    """``trainer.accelerator`` / ``trainer.devices`` asking for devices this machine lacks (a CPU run always fits),
+    or a ``trainer.devices`` that is no device request."""
     accelerator = trainer.get("accelerator") or "auto"
     if not isinstance(accelerator, str):  # an Accelerator object: Lightning checks its own
         return []
@@ -57,6 +58,9 @@ def hardware_issues(trainer: dict[str, Any]) -> list[ConfigIssue]:
     counts = _device_counts()
     if kind == "auto":
         kind = "gpu" if counts["gpu"] else "cpu"
+    devices = trainer.get("devices", "auto")
+    if kind not in _UNCOUNTED and (problem := _devices_problem(devices, kind)):
+        return [ConfigIssue("trainer.devices", f"is {devices!r}: {problem}")]
     if kind not in counts:  # cpu, or an accelerator torch alone cannot see (Lightning checks it)
         return []
     have = counts[kind]
@@ -69,7 +73,6 @@ def hardware_issues(trainer: dict[str, Any]) -> list[ConfigIssue]:
                 "trainer.accelerator: cpu (with policy.precision: fp32) or run on a machine that has one",
             )
         ]
-    devices = trainer.get("devices", "auto")
     wanted = _requested_indices(devices) if kind not in _UNCOUNTED else None
     if wanted is not None and max(wanted, default=0) >= have:
         return [
@@ -80,6 +83,20 @@ def hardware_issues(trainer: dict[str, Any]) -> list[ConfigIssue]:
             )
         ]
     return []
+
+
+def _devices_problem(devices: Any, kind: str) -> str | None:
+    """Why ``trainer.devices`` is no request Lightning takes on accelerator ``kind`` (None: it is one)."""
+    if devices in _ALL_DEVICES or devices is None:
+        return None
+    wanted = _requested_indices(devices)
+    if wanted is None:
+        return "not a device count, a list of device indices, 'auto' or -1"
+    if not wanted:
+        return "asks for no device; ask for at least 1, or 'auto'"
+    if kind == "cpu" and (isinstance(devices, (list, tuple)) or "," in str(devices)):
+        return "lists device indices, but a CPU run takes a count of processes (e.g. trainer.devices: 2)"
+    return None
 
 
 def _device_counts() -> dict[str, int]:

@@ -68,6 +68,23 @@ def test_an_accelerator_name_lightning_does_not_know_is_refused(capsys: pytest.C
     assert "trainer.accelerator: is 'gpuu', which Lightning does not know; did you mean gpu?" in err
 
 
+@pytest.mark.parametrize(
+    ("devices", "said"),
+    [
+        ("lots", "is 'lots': not a device count, a list of device indices, 'auto' or -1"),
+        ("0", "is 0: asks for no device; ask for at least 1, or 'auto'"),
+        ("-5", "is -5: not a device count"),
+        ("[0,1]", "is [0, 1]: lists device indices, but a CPU run takes a count of processes"),
+    ],
+)
+def test_a_devices_value_lightning_would_refuse_is_refused_at_dry_run(
+    capsys: pytest.CaptureFixture[str], devices: str, said: str
+) -> None:
+    """On a CPU run too (which always fits the machine): Lightning's Trainer would raise on it after the start."""
+    err = refused(capsys, "fit", *QUICK, "--data_plane.backend=simple", f"--trainer.devices={devices}", "--dry_run")
+    assert f"trainer.devices: {said}" in err
+
+
 @pytest.mark.parametrize("dry_run", [True, False], ids=["dry_run", "fit"])
 def test_unknown_built_in_models_and_missing_model_paths_are_refused(
     capsys: pytest.CaptureFixture[str], tmp_path: Path, dry_run: bool
