@@ -156,8 +156,10 @@ def test_export_splits_the_weights_above_the_shard_size_and_refuses_bad_paths(
 
     assert main(["export", "--ckpt_path", str(hf_fit.bundle), "--output", str(sharded)]) == 2  # never overwritten
     assert f"error: {sharded} exists and is not an empty directory" in capsys.readouterr().err
-    assert main(["export", "--ckpt_path", str(tmp_path), "--output", str(tmp_path / "x")]) == 3
-    assert "not a checkpoint bundle (no trainer.ckpt" in capsys.readouterr().err
+    assert main(["export", "--ckpt_path", str(tmp_path), "--output", str(tmp_path / "x")]) == 2  # as generate says
+    assert "not a checkpoint bundle (no trainer.ckpt); give a bundle directory" in capsys.readouterr().err
+    assert main(["export", "--ckpt_path", str(tmp_path / "nope"), "--output", str(tmp_path / "x")]) == 2
+    assert "--ckpt_path " + str(tmp_path / "nope") + ": no such file or directory" in capsys.readouterr().err
     assert not (tmp_path / "x").exists()
 
 

@@ -60,16 +60,18 @@ def export_command(args: list[str]) -> int:
         print(EXPORT_USAGE)
         return 0
     from sc_lightning.checkpoint.atomic import BundleError, verify_bundle
+    from sc_lightning.cli.policy_run import bundle_directory, not_a_bundle
     from sc_lightning.config import ConfigError
     from sc_lightning.models.hf_export import ExportError, check_output_dir
     from sc_lightning.tokenizer import TokenizerLoadError
 
     given = Path(request.ckpt_path)
-    bundle = given.parent if given.name == TRAINER_FILE else given
+    bundle = bundle_directory(given)
     output = Path(request.output)
+    if bundle is None:  # as generate and validate say it
+        print(f"error: --ckpt_path {given}: {not_a_bundle(given)}", file=sys.stderr)
+        return EXIT_INVALID_CONFIG
     try:
-        if not (bundle / TRAINER_FILE).is_file():
-            raise BundleError(f"--ckpt_path {given}: not a checkpoint bundle (no {TRAINER_FILE} in {bundle})")
         verify_bundle(bundle)
     except BundleError as err:
         print(f"error: {err}", file=sys.stderr)

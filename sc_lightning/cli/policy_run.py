@@ -103,7 +103,7 @@ def run_on_policy(
         return EXIT_INVALID_CONFIG
     bundle = None if ckpt_path is None else bundle_directory(Path(ckpt_path))
     if ckpt_path is not None and bundle is None:
-        print(f"error: --ckpt_path {ckpt_path}: {_not_a_bundle(Path(ckpt_path))}", file=sys.stderr)
+        print(f"error: --ckpt_path {ckpt_path}: {not_a_bundle(Path(ckpt_path))}", file=sys.stderr)
         return EXIT_INVALID_CONFIG
     try:
         if bundle is not None:
@@ -124,7 +124,8 @@ def bundle_directory(path: Path) -> Path | None:
     return directory if (directory / TRAINER_FILE).is_file() else None
 
 
-def _not_a_bundle(path: Path) -> str:
+def not_a_bundle(path: Path) -> str:
+    """Why ``--ckpt_path`` ``path`` names no bundle, and what to give instead."""
     if not path.exists():
         return "no such file or directory; give a bundle directory (checkpointing.checkpoint_dir/step_N)"
     return f"not a checkpoint bundle (no {TRAINER_FILE}); give a bundle directory (checkpointing.checkpoint_dir/step_N)"
