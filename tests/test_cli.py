@@ -279,6 +279,13 @@ def test_a_config_without_an_algorithm_block_is_bad_input_not_a_traceback(comman
     assert "Traceback" not in err
 
 
+@pytest.mark.parametrize("seed", ["x", "{a: 1}"])
+def test_a_seed_everything_that_is_no_int_is_named_in_plain_words(seed: str, capsys) -> None:
+    assert main(["fit", "--config", TINY, "--seed_everything", seed, "--dry_run"]) == 2
+    err = capsys.readouterr().err
+    assert "  - seed_everything: expected an int (or true / false), got " in err and "Parser key" not in err
+
+
 def test_help(capsys) -> None:
     assert main(["--help"]) == 0
     assert "--dry_run" in capsys.readouterr().out

@@ -16,7 +16,14 @@ from typing import Any
 import yaml
 
 from sc_lightning.cli.lean_imports import import_lightning
-from sc_lightning.config import ConfigError, SCConfig, config_to_dict, load_config, validate_single_controller_config
+from sc_lightning.config import (
+    ConfigError,
+    ConfigIssue,
+    SCConfig,
+    config_to_dict,
+    load_config,
+    validate_single_controller_config,
+)
 from sc_lightning.config.yaml_io import load_yaml_layers
 
 LIGHTNING_KEYS = ("trainer", "seed_everything")
@@ -64,6 +71,10 @@ def parse_lightning_side(raw: dict[str, Any], config: SCConfig) -> dict[str, Any
 
     lightning = {key: raw[key] for key in LIGHTNING_KEYS if key in raw}
     lightning.setdefault("seed_everything", config.algo.seed)
+    seed = lightning["seed_everything"]
+    if not isinstance(seed, int):  # bool is an int too: Lightning's true picks a seed, false none
+        found = f"{type(seed).__name__} {seed!r}"
+        raise ConfigError([ConfigIssue("seed_everything", f"expected an int (or true / false), got {found}")])
     return parse_trainer_arguments(lightning, config)
 
 
