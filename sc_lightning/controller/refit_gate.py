@@ -96,7 +96,7 @@ class RefitGate:
         load = engine.update_weights(named_tensors, version) if last else engine.stage_weights(named_tensors, version)
         started = time.monotonic()
         try:
-            await asyncio.wait_for(load, max(0.0, limit - spent))
+            await asyncio.wait_for(load, None if limit is None else max(0.0, limit - spent))  # None: no deadline
         except TimeoutError:
             raise EngineError(
                 f"engine {engine.name!r}: the refit to weight version {version} did not finish within "

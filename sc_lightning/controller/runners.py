@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import math
 import threading
 import time
 from collections.abc import Awaitable, Callable, Coroutine
@@ -91,6 +92,9 @@ class ControllerHandle:
     """The deadline of a call that may drain in-flight rollouts (begin_refit, refit, stand_down_engine) under the
     drain gate: past the controller's own ``drain_timeout_s``, so its DrainTimeout comes first (None: the home's
     default)."""
+    push_deadline_s: float | None = None
+    """The deadline of a call that loads weights into the engine (push_weights): past the engine's own
+    ``refit_timeout_s``, so its EngineError comes first (None: the home's default; inf with no refit deadline)."""
 
     def _invoke(self, method: str, *args: Any, deadline_s: float | None = None, **kwargs: Any) -> Any:
         """Run the controller's ``method`` in its home and wait for the answer (``deadline_s``: the home's
@@ -116,7 +120,9 @@ class ControllerHandle:
         self, version: int, named_tensors: list[tuple[str, torch.Tensor]] | None, *, wake: bool = False
     ) -> RefitReport:
         """One whole refit in one call: begin, push (None: the policy is unchanged), wake, finish."""
-        return self._invoke("refit", version, named_tensors, wake=wake, deadline_s=self.refit_deadline_s)
+        parts = (self.refit_deadline_s, self.push_deadline_s)  # the drain, then the push: each has its own deadline
+        deadline = sum(part for part in parts if part is not None) or None
+        return self._invoke("refit", version, named_tensors, wake=wake, deadline_s=deadline)
 
     def begin_refit(self, next_version: int) -> int:
         """Close dispatch, abort doomed rollouts and (drain gate) wait for the rest to finish."""
@@ -124,7 +130,7 @@ class ControllerHandle:
 
     def push_weights(self, named_tensors: list[tuple[str, torch.Tensor]], version: int, *, last: bool = True) -> None:
         """Load new weights into the generation engine (``last=False``: one bucket of them, more follow)."""
-        self._invoke("push_weights", named_tensors, version, last=last)
+        self._invoke("push_weights", named_tensors, version, last=last, deadline_s=self.push_deadline_s)
 
     def stand_down_engine(self) -> None:
         """Release a colocated engine's accelerator for the train step."""
@@ -178,6 +184,8 @@ class LocalController(ControllerHandle):
         waits = [self.controller.settings.drain_timeout_s, None if validator is None else validator.settings.timeout_s]
         waits = [wait for wait in waits if wait is not None]  # a refit may settle a validation, then drain
         self.refit_deadline_s = sum(waits) + call_timeout_s if waits else None
+        refit_s = self.controller.manager.settings.refit_timeout_s  # an engine's deadline on one version's weights
+        self.push_deadline_s = math.inf if refit_s is None else refit_s + call_timeout_s
 
     def call(self, coroutine: Coroutine[Any, Any, T], timeout_s: float | None = None, *, name: str | None = None) -> T:
         """Run a coroutine on the controller's event loop (e.g. a call on its engine) and return its result.

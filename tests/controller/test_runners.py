@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 import signal
 import threading
 import time
+from collections.abc import Iterable
 
 import pytest
 
@@ -62,6 +65,44 @@ def test_thread_and_ray_actor_run_the_same_scenario_identically(ray_cluster) -> 
     assert local == remote  # same seeds, same prompts, same stamps, same weights
     with pytest.raises(ray_cluster.exceptions.RayActorError):  # shutdown left no actor behind
         ray_cluster.get(ray_client.actor.invoke.remote("stats", (), {}), timeout=30)
+
+
+class SlowUpdateEngine(ScriptedEngine):
+    """FAKE engine: a ScriptedEngine whose weight update takes 0.8 s."""
+
+    async def update_weights(self, named_tensors: Iterable, version: int) -> None:
+        await asyncio.sleep(0.8)
+        await super().update_weights(named_tensors, version)
+
+
+@pytest.mark.parametrize("refit_timeout_s", [2.0, None], ids=["longer", "none"])
+def test_a_weight_update_longer_than_the_call_timeout_has_the_refit_deadline(refit_timeout_s: float | None) -> None:
+    """policy.generation.refit_timeout_s bounds an engine's weight update, not the handle's call_timeout_s (0.5 s
+    here): a 0.8 s update within a 2 s refit deadline, or with none (null), completes."""
+
+    def slow_build():
+        from sc_lightning.controller.build import build_controller
+
+        cfg = config({"name": "in_order", "max_lookahead_versions": 1}, buffered=4)
+        generation = dataclasses.replace(cfg.policy.generation, refit_timeout_s=refit_timeout_s)
+        return build_controller(
+            dataclasses.replace(cfg, policy=dataclasses.replace(cfg.policy, generation=generation)),
+            data_plane=MemoryDataPlane(),
+            engine=SlowUpdateEngine(answer_correctly),
+            environment=ArithmeticEnvironment(),
+            tokenizer=TOKENIZER,
+            dataset=ArithmeticDataset(8, 0, TOKENIZER),
+        )
+
+    client = LocalController(slow_build, call_timeout_s=0.5)
+    try:
+        client.begin_refit(1)
+        client.push_weights([], 1)
+        client.finish_refit(1)
+        assert client.stats().trainer_version == 1
+        assert client.refit(2, []).stats.trainer_version == 2  # the one-call refit too
+    finally:
+        client.shutdown()
 
 
 def test_a_blocked_controller_loop_is_reported_by_the_trainer_side() -> None:
