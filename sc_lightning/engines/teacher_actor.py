@@ -12,6 +12,8 @@ from typing import Any
 
 import torch
 
+from sc_lightning.engines.actor_client import ActorEngineClient
+from sc_lightning.engines.base import EngineError
 from sc_lightning.engines.megatron.ray_engine import leave_driver_world
 
 
@@ -39,14 +41,33 @@ class TeacherActor:
 class RayTeacher:
     """A :class:`~sc_lightning.rollout.teachers.TeacherScorer` whose model runs in a Ray actor."""
 
-    def __init__(self, alias: str, model_name: str, *, num_cpus: float, num_gpus: float, **options: Any) -> None:
-        """Start the actor and wait until its teacher is loaded (its loading error, if any, raised here); ``options``
-        go to :class:`~sc_lightning.models.teacher.TeacherModel`. Ray must be initialised."""
+    def __init__(
+        self,
+        alias: str,
+        model_name: str,
+        *,
+        num_cpus: float,
+        num_gpus: float,
+        startup_timeout_s: float = ActorEngineClient.startup_timeout_s,
+        **options: Any,
+    ) -> None:
+        """Start the actor and wait until its teacher is loaded (its loading error, if any, raised here); EngineError
+        naming the teacher and what it asked for when it is not loaded within ``startup_timeout_s`` (Ray cannot
+        place it, or the load hangs). ``options`` go to :class:`~sc_lightning.models.teacher.TeacherModel`. Ray must
+        be initialised."""
         import ray
 
         actor_class = ray.remote(TeacherActor).options(num_cpus=num_cpus, num_gpus=num_gpus)
         self.actor = actor_class.remote(alias, model_name, options)
-        ray.get(self.actor.ready.remote())
+        try:
+            ray.get(self.actor.ready.remote(), timeout=startup_timeout_s)
+        except ray.exceptions.GetTimeoutError:
+            ray.kill(self.actor)
+            raise EngineError(
+                f"teacher {alias!r} ({model_name}) was not loaded within {startup_timeout_s:.0f} s: Ray could not give "
+                f"its actor {num_cpus} CPU(s) and {num_gpus} GPU(s), or loading hung; check the cluster's free "
+                "resources (ray status) or run it colocated"
+            ) from None
 
     async def score(self, sequences: Sequence[Sequence[int]], *, temperature: float) -> list[torch.Tensor]:
         """The actor's logprobs of ``sequences`` (a dead actor raises Ray's error: an infra failure)."""

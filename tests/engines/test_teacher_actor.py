@@ -130,3 +130,14 @@ def test_the_actor_teacher_scores_as_the_in_process_one_and_its_death_is_retried
         await actor_scoring.shutdown()
 
     asyncio.run(scenario())
+
+
+def test_a_teacher_ray_cannot_place_fails_naming_it_within_its_startup_deadline(ray_cluster: None) -> None:
+    """An actor asking for more CPUs than the cluster has stays pending forever: the wait for its load ends at
+    ``startup_timeout_s`` with an EngineError naming the teacher and what it asked for, and its actor is killed."""
+    from sc_lightning.engines.base import EngineError
+
+    started = time.monotonic()
+    with pytest.raises(EngineError, match=r"teacher 'big' \(builtin:tiny\) was not loaded within 2 s: .* 4096 CPU"):
+        RayTeacher("big", "builtin:tiny", num_cpus=4096, num_gpus=0, startup_timeout_s=2.0, seed=SEED)
+    assert time.monotonic() - started < 30
