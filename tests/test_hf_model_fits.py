@@ -176,6 +176,24 @@ def test_export_refuses_an_incomplete_bundle(hf_fit: HFFit, tmp_path: Path, caps
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.parametrize("hf_fit", ["llama3"], indirect=True)
+def test_the_end_of_fit_export_stops_past_its_deadline_naming_the_bundle(
+    hf_fit: HFFit, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A hung export child does not hang the fit that launched it (holding its checkpoint directory's lock): it is
+    stopped at the deadline, and the message says how to export by hand."""
+    import shutil
+
+    from sc_lightning.cli import export
+
+    bundle = shutil.copytree(hf_fit.bundle, tmp_path / "checkpoints" / hf_fit.bundle.name)
+    monkeypatch.setattr(export, "FINAL_EXPORT_TIMEOUT_S", 0.5)  # an interpreter alone takes longer to start
+    assert export.export_final_bundle(tmp_path / "checkpoints") == 1
+    err = capsys.readouterr().err
+    assert f"exporting {bundle} to {tmp_path / 'checkpoints' / 'hf_export' / bundle.name} ran past 0 s" in err
+    assert f"python -m sc_lightning export --ckpt_path {bundle} --output OUT" in err
+
+
 # one architecture: fit reads an export as any HF directory. CASES' first, whose parameter index (0) pytest groups
 # this test's with, so it runs beside that fit's other tests and no fit is repeated
 @pytest.mark.parametrize("hf_fit", ["llama3"], indirect=True)

@@ -36,6 +36,8 @@ python -m sc_lightning export --ckpt_path BUNDLE --output DIR [--max_shard_size 
 
 HF_EXPORT_DIR = "hf_export"
 """Where ``checkpointing.export_hf_at_end`` writes, inside ``checkpointing.checkpoint_dir``: ``hf_export/step_N``."""
+FINAL_EXPORT_TIMEOUT_S = 3600.0
+"""How long ``checkpointing.export_hf_at_end``'s export may take (an 8B policy's, read and written whole: minutes)."""
 _RENDEZVOUS = ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK", "NODE_RANK", "LOCAL_WORLD_SIZE")
 _UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "kib": 2**10, "mib": 2**20, "gib": 2**30}
 
@@ -109,7 +111,15 @@ def export_final_bundle(checkpoint_dir: Path) -> int:
         return 0
     command = [sys.executable, "-m", "sc_lightning", "export", "--ckpt_path", str(bundle), "--output", str(output)]
     env = {k: v for k, v in os.environ.items() if k not in _RENDEZVOUS}  # a world of its own, not the run's
-    return subprocess.run(command, env=env, check=False).returncode
+    try:
+        return subprocess.run(command, env=env, check=False, timeout=FINAL_EXPORT_TIMEOUT_S).returncode
+    except subprocess.TimeoutExpired:  # the child is killed; the bundle stands, and export can be run by hand
+        print(
+            f"checkpointing.export_hf_at_end: exporting {bundle} to {output} ran past {FINAL_EXPORT_TIMEOUT_S:.0f} s "
+            f"and was stopped; run python -m sc_lightning export --ckpt_path {bundle} --output OUT",
+            file=sys.stderr,
+        )
+        return 1  # a failure of the export, not of the fit: its bundles stand
 
 
 def _export(trainer_checkpoint: Path, output: Path, request: ExportRequest) -> Path:
