@@ -71,6 +71,7 @@ class TransferQueueDataPlane:
         storage_capacity: int | None = 100_000,
         num_storage_units: int = 1,
         start_timeout_s: float = 120.0,
+        read_timeout_s: float = 1200.0,
         ray_num_cpus: int | None = None,
     ) -> None:
         """Start or join Ray and TransferQueue now.
@@ -81,6 +82,8 @@ class TransferQueueDataPlane:
                 starts TransferQueue (an attaching process gets the running one's settings).
             num_storage_units: Storage actors to start (one Ray CPU each).
             start_timeout_s: Deadline for starting or joining Ray and TransferQueue.
+            read_timeout_s: Deadline of one read (``get``, ``tags``): TransferQueue's own calls wait without one,
+                forever if its controller actor dies or hangs.
             ray_num_cpus: Logical CPUs of a local Ray this call starts (default: cores + 1 + num_storage_units, so
                 TransferQueue's mostly idle actors do not take the CPUs the rest of the program schedules on).
         """
@@ -92,6 +95,7 @@ class TransferQueueDataPlane:
         self.storage_capacity = storage_capacity
         self.num_storage_units = num_storage_units
         self.start_timeout_s = start_timeout_s
+        self.read_timeout_s = read_timeout_s
         self.ray_num_cpus = ray_num_cpus
         self.ray_address: str | None = None  # on a copy: the owner's Ray cluster, which it joins
         self.ray_token_auth = False  # on a copy: whether the owner's cluster checks Ray's auth token
@@ -112,6 +116,7 @@ class TransferQueueDataPlane:
             "storage_capacity": self.storage_capacity,
             "num_storage_units": self.num_storage_units,
             "start_timeout_s": self.start_timeout_s,
+            "read_timeout_s": self.read_timeout_s,
             "ray_num_cpus": self.ray_num_cpus,
             "ray_address": self._ray_address(),
             "ray_token_auth": ray_token_auth_enabled(),
@@ -181,9 +186,14 @@ class TransferQueueDataPlane:
                 raise_missing(tq, self.partition_id, keys, fields)
             return {}
         try:
-            wire = tq.kv_batch_get(keys=keys, partition_id=self.partition_id, select_fields=fields)
+            wire = self._read(
+                lambda: tq.kv_batch_get(keys=keys, partition_id=self.partition_id, select_fields=fields),
+                f"a get of {len(keys)} rows",
+            )
         except ValueError:  # "keys or partition were not found" / "Some fields are not ready"
             wire = None
+        except DataPlaneError:  # past the read's deadline: it says so itself
+            raise
         except Exception as exc:
             raise self._failed(f"get of {len(keys)} rows", exc) from exc
         if wire is None or wire.batch_size[0] != len(keys) or not set(fields) <= set(wire.keys()):
@@ -201,7 +211,12 @@ class TransferQueueDataPlane:
         if not keys:
             return []
         try:
-            meta = tq.get_client().kv_retrieve_meta(keys=keys, partition_id=self.partition_id, create=False)
+            meta = self._read(
+                lambda: tq.get_client().kv_retrieve_meta(keys=keys, partition_id=self.partition_id, create=False),
+                f"the tags of {len(keys)} rows",
+            )
+        except DataPlaneError:
+            raise
         except Exception as exc:
             raise self._failed(f"tags of {len(keys)} rows", exc) from exc
         if meta.size != len(keys):
@@ -420,6 +435,10 @@ class TransferQueueDataPlane:
 
     def _deadline(self, fn: Callable[[], _T], what: str) -> _T:
         return run_with_deadline(fn, self.start_timeout_s, what)
+
+    def _read(self, fn: Callable[[], _T], what: str) -> _T:
+        """``fn`` (a TransferQueue read) within :attr:`read_timeout_s`, else a DataPlaneError naming the read."""
+        return run_with_deadline(fn, self.read_timeout_s, f"{what} from TransferQueue partition {self.partition_id!r}")
 
     def _failed(self, what: str, exc: Exception) -> DataPlaneError:
         return DataPlaneError(f"{what} in TransferQueue partition {self.partition_id!r} failed: {exc}")

@@ -153,7 +153,8 @@ class RolloutSide:
         check = answer_check(environment)
         dataset = build_dataset(config.data, tokenizer, seed=config.algo.seed, check_answer=check, images=images)
         check_dataset_fits_steps(config, len(dataset))  # bad rows and a too-small dataset fail before anything starts
-        self.data_plane = data_plane = build_data_plane(config.data_plane)
+        stall_s = config.async_rl.stall_watchdog.stall_timeout_s  # a read that long is a stall of the trainer
+        self.data_plane = data_plane = build_data_plane(config.data_plane, read_timeout_s=stall_s)
         self.engine = engine = self.engine_factory(config, weights)  # here, on the main thread (it may start Ray)
         device = weights[0][1].device if weights else torch.device("cpu")
         self.teachers = teachers = build_teacher_scoring(config, tokenizer, dataset, device=device)

@@ -83,3 +83,30 @@ def test_a_copy_told_to_join_another_cluster_names_the_owners_address(owner: obj
     assert done.returncode != 0
     assert "the data plane lives in the one at 192.0.2.250:6379" in done.stderr
     assert "unset RAY_ADDRESS or set it to 192.0.2.250:6379" in done.stderr
+
+
+def test_a_read_from_a_frozen_transfer_queue_ends_at_its_deadline_naming_it(owner: object) -> None:
+    """TransferQueue's own calls wait without a deadline: with its controller actor frozen (SIGSTOP), a trainer-side
+    read ends at ``read_timeout_s`` with a DataPlaneError naming the read and the partition, not never."""
+    import signal
+    import time
+
+    import ray
+
+    from sc_lightning.data_plane.base import DataPlaneError
+    from sc_lightning.data_plane.tq_runtime import CONTROLLER_ACTOR, CONTROLLER_NAMESPACE
+
+    controller = ray.get_actor(CONTROLLER_ACTOR, namespace=CONTROLLER_NAMESPACE)
+    pid = ray.get(controller.__ray_call__.remote(lambda _: os.getpid()), timeout=60)
+    owner.read_timeout_s = 2.0
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        started = time.monotonic()
+        said = r"a get of 2 rows from TransferQueue partition 'attach' did not finish within 2 s"
+        with pytest.raises(DataPlaneError, match=said):
+            owner.get(["a", "b"], ["ids"])
+        assert time.monotonic() - started < 30
+    finally:
+        os.kill(pid, signal.SIGCONT)
+        owner.read_timeout_s = 1200.0
+    assert [row.tolist() for row in owner.get(["a", "b"], ["ids"])["ids"]] == [[0, 1], [0, 1, 2, 3]]  # thawed
