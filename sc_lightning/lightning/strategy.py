@@ -36,7 +36,7 @@ from sc_lightning.rollout_side.side import RolloutSide
 from sc_lightning.trainer.cpu_threads import share_cores_with_engines
 from sc_lightning.trainer.data_parallel import parallel_layout
 from sc_lightning.trainer.rank_deaths import dead_ranks, lost_peer, training_phase
-from sc_lightning.trainer.rank_sync import RankGroup
+from sc_lightning.trainer.rank_sync import RankGroup, leader_wait_s
 from sc_lightning.trainer.sharded_checkpoint import (
     SHARDED_KEY,
     load_sharded,
@@ -198,8 +198,7 @@ class MultiRankSingleControllerStrategy(SingleControllerHooks, DDPStrategy):
     def setup_distributed(self) -> None:
         """Join the ranks (Lightning's process group), then open the metadata channel the leader broadcasts on."""
         super().setup_distributed()
-        timeout_s = self.rollout_side.config.async_rl.stall_watchdog.stall_timeout_s + 60.0
-        self.rollout_side.ranks = RankGroup(timeout_s=timeout_s)
+        self.rollout_side.ranks = RankGroup(timeout_s=leader_wait_s(self.rollout_side.config))
 
     def configure_ddp(self) -> None:
         """No torch DDP wrapper: megatron-core's DDP inside the optimizers sums the gradients."""

@@ -18,11 +18,26 @@ from typing import Any
 
 import torch.distributed
 
+from sc_lightning.config import SCConfig
 from sc_lightning.controller.api import ControllerClient, GroupMeta, WaitInterrupted
 from sc_lightning.trainer.parent_watch import watch_parent
 
 LEADER = 0
 """The global rank that owns the controller, the data plane and the engines."""
+
+
+def leader_wait_s(config: SCConfig) -> float:
+    """How long a rank waits for the leader on the metadata group: the longest the leader may legitimately take
+    between two of its broadcasts, plus a minute. That is a select waiting for rollouts (up to the stall timeout) or
+    a refit, whose drain (the drain gate's), validation settling and weight update each have a deadline of their
+    own; a wait past them all is a dead or hung leader."""
+    runtime, algo = config.async_rl, config.algo
+    refit = [
+        None if runtime.in_flight_weight_updates else runtime.drain_timeout_s,
+        algo.val_timeout_s if algo.validates() else None,
+        config.policy.generation.refit_timeout_s,
+    ]
+    return max(runtime.stall_watchdog.stall_timeout_s, sum(part for part in refit if part is not None)) + 60.0
 
 
 class LeaderFailed(RuntimeError):

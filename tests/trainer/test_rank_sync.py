@@ -137,3 +137,22 @@ def test_a_failed_selection_on_the_leader_ends_every_rank_with_its_error(tmp_pat
     assert follower["error"].startswith("LeaderFailed: rank 1: step 1 cannot go on: the leader (rank 0) failed")
     assert "SelectTimeout: step 1: no ready group" in follower["error"]
     assert leader["trained"] and follower["trained"]  # step 0 trained on both before the failure
+
+
+def test_the_ranks_wait_for_the_leader_as_long_as_its_longest_legitimate_wait() -> None:
+    """A select waits up to the stall timeout; a refit may drain (the drain gate), settle a validation and update
+    the engine, each up to its own deadline: the metadata group's timeout is the longer of the two plus a minute."""
+    from sc_lightning.config import load_config
+    from sc_lightning.trainer.rank_sync import leader_wait_s
+    from tests.helpers.configs import variant
+
+    def wait(*layers: dict) -> float:
+        stall = {"async_rl": {"stall_watchdog": {"stall_timeout_s": 1000.0}}}
+        return leader_wait_s(load_config(variant(stall, *layers), extra_top_level=("trainer", "seed_everything")))
+
+    assert wait() == 1000.0 + 60.0  # the stall timeout: a refit's weight update alone (600 s) is shorter
+    drain = {"async_rl": {"in_flight_weight_updates": False, "drain_timeout_s": 700.0}}
+    validate = {"grpo": {"val_period": 1, "val_timeout_s": 300.0}, "data": {"val_dataset_name": "arithmetic-val"}}
+    assert wait(drain, validate) == 700.0 + 300.0 + 600.0 + 60.0
+    assert wait(drain, {"policy": {"generation": {"refit_timeout_s": None}}}) == 1000.0 + 60.0
+    assert wait(validate) == 1000.0 + 60.0  # in-flight weight updates: no drain, and 300 + 600 s is shorter
