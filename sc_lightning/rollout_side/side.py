@@ -194,6 +194,7 @@ class RolloutSide:
                 sock=self._endpoint_socket,
                 rollouts=external,
                 api_key=http_api_key(config),
+                generation_timeout_s=config.async_rl.rollout_failure.generation_timeout_s,
             )
             self.endpoint_url = self.controller.call(self.endpoint.start())  # on the loop that owns the engine
 

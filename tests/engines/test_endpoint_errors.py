@@ -176,6 +176,37 @@ def test_random_chat_sampling_values_are_refused_or_accepted_whole(fields: dict)
     assert type(parsed.sampling.temperature) is float and type(parsed.sampling.max_new_tokens) is int
 
 
+class HungEngine:
+    """FAKE engine whose generation never answers (a wedged engine), for the endpoint's own deadline."""
+
+    name = "hung"
+
+    async def generate(self, prompt_token_ids: tuple[int, ...], sampling: SamplingParams) -> None:
+        await asyncio.Event().wait()
+
+
+def test_a_call_of_no_rollout_that_the_engine_never_answers_is_a_504_at_the_generation_deadline() -> None:
+    """A plain completion is bounded by async_rl.rollout_failure.generation_timeout_s (a rollout's calls are bounded
+    by its rollout_timeout_s): past it the client gets a 504 naming the engine and the knob, not a hung request."""
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    endpoint = OpenAIEndpoint(
+        HungEngine(), TOKENIZER, model_name="m", defaults=DEFAULTS, context_tokens=CONTEXT, generation_timeout_s=0.5
+    )
+    try:
+        url = asyncio.run_coroutine_threadsafe(endpoint.start(), loop).result(timeout=60)
+        status, answer = post(url, "completions", PROMPT)
+    finally:
+        asyncio.run_coroutine_threadsafe(endpoint.stop(), loop).result(timeout=60)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(timeout=30)
+    assert status == 504
+    assert answer["error"]["message"] == (
+        "engine 'hung' did not answer within async_rl.rollout_failure.generation_timeout_s=0.5"
+    )
+
+
 def test_a_port_in_use_is_an_error_naming_the_knob_and_the_port() -> None:
     with socket.create_server(("127.0.0.1", 0)) as taken:
         port = taken.getsockname()[1]

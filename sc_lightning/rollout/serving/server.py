@@ -36,6 +36,7 @@ run starts: :func:`~sc_lightning.rollout.serving.listen.listen_on`) or bound at 
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import hmac
 import itertools
@@ -88,8 +89,10 @@ class OpenAIEndpoint:
         sock: socket.socket | None = None,
         rollouts: ExternalRollouts | None = None,
         api_key: str | None = None,
+        generation_timeout_s: float | None = None,
     ) -> None:
         self.engine, self.tokenizer, self.model_name, self.defaults = engine, tokenizer, model_name, defaults
+        self.generation_timeout_s = generation_timeout_s  # a call of no rollout (whose deadline bounds the others)
         self.context_tokens, self.host, self.port, self.rollouts = context_tokens, host, port, rollouts
         self._bearer = None if api_key is None else f"Bearer {api_key}".encode()
         self._sock = sock
@@ -188,10 +191,15 @@ class OpenAIEndpoint:
     async def _serve(self, parsed: ModelRequest, *, chat: bool) -> Any:
         """Generate for ``parsed`` (attributed to its rollout, if any) and answer in the completions or chat shape."""
         if parsed.rollout_id is None:
+            wait_for = getattr(self.engine, "active_wait_for", asyncio.wait_for)  # stood-down time does not count
             try:
-                generation = await self.engine.generate(parsed.prompt_ids, parsed.sampling)
+                generation = await wait_for(
+                    self.engine.generate(parsed.prompt_ids, parsed.sampling), self.generation_timeout_s
+                )
             except EngineError as err:
                 return _error(503, str(err), "engine_error")
+            except TimeoutError:
+                return _error(504, self._late(), "engine_error")
             return _json(self._response(parsed, generation, chat=chat))
         if self.rollouts is None:
             return _error(
@@ -216,6 +224,13 @@ class OpenAIEndpoint:
         except RolloutStateError as err:
             return _error(err.status, str(err), "rollout_error")
         return _json(self._response(parsed, generation, chat=chat))
+
+    def _late(self) -> str:
+        """Why a call of no rollout went unanswered: the engine passed the generation deadline."""
+        return (
+            f"engine {self.engine.name!r} did not answer within async_rl.rollout_failure.generation_timeout_s="
+            f"{self.generation_timeout_s}"
+        )
 
     def _attribute(self, parsed: ModelRequest, rollouts: ExternalRollouts) -> tuple[ExternalRollout, ModelRequest]:
         """Begin ``parsed``'s call of its rollout: its prompt (a chat call after a chat turn continues that turn's
