@@ -110,8 +110,15 @@ class FollowerSelect:
     def select(
         self, trainer_version: int, min_groups: int, max_groups: int, *, timeout_s: float | None = None
     ) -> list[GroupMeta] | None:
-        """The groups the leader's controller selected for ``trainer_version``; LeaderFailed if its call failed."""
-        answer = self.ranks.broadcast()
+        """The groups the leader's controller selected for ``trainer_version``; LeaderFailed if its call failed, or if
+        no answer came (the group's timeout passed, or the leader's connection broke)."""
+        try:
+            answer = self.ranks.broadcast()
+        except RuntimeError as err:  # gloo's own error says which: a timeout, or a connection closed by the peer
+            raise LeaderFailed(
+                f"rank {self.ranks.rank}: step {trainer_version} cannot go on: no selection came from the leader (rank "
+                f"{LEADER}), which is hung or gone (its output says why): {type(err).__name__}: {err}"
+            ) from err
         if isinstance(answer, _Failure) and answer.kind == WaitInterrupted.__name__:
             raise WaitInterrupted(answer.message)
         if isinstance(answer, _Failure):

@@ -156,3 +156,29 @@ def test_the_ranks_wait_for_the_leader_as_long_as_its_longest_legitimate_wait() 
     assert wait(drain, validate) == 700.0 + 300.0 + 600.0 + 60.0
     assert wait(drain, {"policy": {"generation": {"refit_timeout_s": None}}}) == 1000.0 + 60.0
     assert wait(validate) == 1000.0 + 60.0  # in-flight weight updates: no drain, and 300 + 600 s is shorter
+
+
+def _silent_leader_rank(rank: int, world_size: int, out: Path) -> None:
+    """The leader never broadcasts (a hung leader, alive); the follower waits on a group with a 2-s timeout."""
+    import time
+
+    ranks = RankGroup(timeout_s=2.0)
+    if ranks.leader:
+        time.sleep(6.0)  # alive past the follower's timeout
+        return
+    started = time.monotonic()
+    try:
+        FollowerSelect(ranks).select(3, 1, 1)
+    except LeaderFailed as err:
+        torch.save({"error": str(err), "waited": time.monotonic() - started}, out / "follower.pt")
+
+
+@pytest.mark.slow  # ranks in processes
+@pytest.mark.timeout(300)
+def test_a_follower_whose_leader_never_answers_ends_naming_the_step_and_the_leader(tmp_path: Path) -> None:
+    run_ranks(_silent_leader_rank, 2, tmp_path)
+    seen = torch.load(tmp_path / "follower.pt")
+    assert seen["error"].startswith(
+        "rank 1: step 3 cannot go on: no selection came from the leader (rank 0), which is hung or gone"
+    )
+    assert seen["waited"] < 30  # the group's timeout, not forever
