@@ -209,8 +209,10 @@ class LocalController(ControllerHandle):
         raise ControllerUnresponsive(f"SingleController.{name}", limit)
 
     def _invoke(self, method: str, *args: Any, deadline_s: float | None = None, **kwargs: Any) -> Any:
-        """Run the controller's ``method`` on its loop; ControllerUnresponsive past the deadline."""
-        return self.call(invoke(self.controller, method, args, kwargs), deadline_s, name=method)
+        """Run the controller's ``method`` on its loop; ControllerUnresponsive past the deadline, naming the call with
+        its numbers (the step or weight version first)."""
+        numbers = ", ".join(str(arg) for arg in args if isinstance(arg, int) and not isinstance(arg, bool))
+        return self.call(invoke(self.controller, method, args, kwargs), deadline_s, name=f"{method}({numbers})")
 
     def interrupt_waits(self) -> None:
         """End the trainer's waits for rollouts (a stop signal; see ``SingleController.interrupt_waits``), without

@@ -111,7 +111,7 @@ def test_a_blocked_controller_loop_is_reported_by_the_trainer_side() -> None:
     unblock = threading.Event()
     try:
         client._loop.call_soon_threadsafe(unblock.wait, 60)  # the fault: user code blocking the loop
-        with pytest.raises(ControllerUnresponsive, match=r"did not answer SingleController.evict within 0.5 s"):
+        with pytest.raises(ControllerUnresponsive, match=r"did not answer SingleController.evict\(0\) within 0.5 s"):
             client.evict(0)
         unblock.set()
         assert client.evict(0) == []  # unblocked, it answers again
