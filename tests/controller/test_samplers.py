@@ -74,6 +74,13 @@ def test_same_buffer_four_different_training_batches(make, evicted, chosen) -> N
     assert not set(chosen) & {s.prompt_id for s in buffer.slots}, "selected groups leave the buffer"
 
 
+def test_windowed_select_takes_no_group_older_than_its_window_even_before_an_evict() -> None:
+    """A group may commit between the trainer's evict and its select: select itself keeps to the window [v - S, v]
+    (the straggler B2, start weight 0, is out of [1, 2])."""
+    sampler = WindowedSampler(spec_picture_buffer(), max_staleness_versions=1, sample_freshest_first=False)
+    assert names(select(sampler, 2, min_groups=1, max_groups=2)) == ["C2", "D1"]
+
+
 @pytest.mark.parametrize("window", [0, 1, 3])
 @pytest.mark.parametrize("kind", [InOrderSampler, WeightFifoSampler, ReadyFirstSampler])
 def test_gated_admission_leads_by_the_window(kind, window) -> None:

@@ -31,6 +31,21 @@ def test_chunks_concatenate_right_padded() -> None:
     assert concat_chunks([a], pad_token_id=0) is a
 
 
+def test_concatenation_carries_the_sample_mask_token_versions_and_teacher_fields() -> None:
+    """The fields only some runs fill (per-token versions, a distillation's teacher logprobs) come along when every
+    chunk has them, padded like the tokens (versions with -1); a row masked out stays masked out."""
+    a, b = chunk(2, 3, 1.0, "a"), chunk(1, 5, 2.0, "b")
+    a.sample_mask = torch.tensor([1.0, 0.0])
+    a.token_versions, b.token_versions = torch.full((2, 3), 4), torch.full((1, 5), 5)
+    a.teacher_logprobs, b.teacher_logprobs = torch.full((2, 3), -1.0), torch.full((1, 5), -2.0)
+    both = concat_chunks([a, b], pad_token_id=0)
+    assert both.sample_mask.tolist() == [1.0, 0.0, 1.0]
+    assert both.token_versions.tolist() == [[4, 4, 4, -1, -1], [4, 4, 4, -1, -1], [5, 5, 5, 5, 5]]
+    assert both.teacher_logprobs[:, -1].tolist() == [0.0, 0.0, -2.0] and both.teacher_logprobs[0, 0] == -1.0
+    b.token_versions = None  # one chunk without: none
+    assert concat_chunks([a, b], pad_token_id=0).token_versions is None
+
+
 def test_model_turns_count_the_runs_of_completion_tokens() -> None:
     """A single-turn row is one turn, a conversation one per run of model tokens, an all-masked row none."""
     rows = chunk(4, 9, 0.0, "g")

@@ -32,6 +32,12 @@ def test_every_row_with_a_valid_token_runs_once_within_the_limits(
 def test_a_token_budget_cuts_by_padded_size_and_a_long_row_runs_alone() -> None:
     plans = plan_microbatches([10, 100, 30, 30, 0, 20], max_rows=8, max_tokens=64)
     assert [(p.rows, p.width) for p in plans] == [([1], 100), ([2, 3], 30), ([5, 0], 20)]
+    assert [p.rows for p in plan_microbatches([32, 32], max_rows=8, max_tokens=64)] == [[0, 1]]  # exactly the budget
+
+
+def test_micro_batches_fill_up_to_the_row_limit() -> None:
+    """A micro-batch takes rows until it holds max_rows (with no token budget in the way), not fewer."""
+    assert [p.rows for p in plan_microbatches([5] * 5, max_rows=2)] == [[0, 1], [2, 3], [4]]
 
 
 def test_needed_widths_end_at_the_last_valid_token() -> None:

@@ -43,3 +43,19 @@ def test_install_replaces_megatrons_fallbacks(monkeypatch) -> None:
     assert clip_grads.l2_norm_impl is foreach_l2norm
     assert clip_grads.multi_tensor_scale_impl is foreach_scale
     assert megatron_optimizer.multi_tensor_scale_impl is foreach_scale
+
+
+
+def test_install_keeps_a_fused_kernel_that_is_no_fallback(monkeypatch) -> None:
+    """Apex's or Transformer Engine's fused kernels, where megatron found them, stay: only the fallbacks go."""
+
+    def fused(*args: object) -> None:
+        """Stands in for a fused kernel."""
+
+    monkeypatch.setattr(clip_grads, "l2_norm_impl", fused)
+    monkeypatch.setattr(clip_grads, "multi_tensor_scale_impl", fused)
+    monkeypatch.setattr(megatron_optimizer, "multi_tensor_scale_impl", fused)
+    install_foreach_multi_tensor()
+    assert clip_grads.l2_norm_impl is fused
+    assert clip_grads.multi_tensor_scale_impl is fused
+    assert megatron_optimizer.multi_tensor_scale_impl is fused
