@@ -27,9 +27,9 @@ __all__ = [
 ]
 
 
-def build_data_plane(cfg: DataPlaneConfig, *, read_timeout_s: float = 1200.0) -> DataPlane:
+def build_data_plane(cfg: DataPlaneConfig, *, read_timeout_s: float | None = None) -> DataPlane:
     """The configured backend, bound to ``cfg.partition_id``; the ``simple`` one starts or joins TransferQueue, its
-    reads bounded by ``read_timeout_s`` (the in-process one's cannot hang)."""
+    reads bounded by ``read_timeout_s`` (None: its default; the in-process one's reads cannot hang)."""
     if not cfg.enabled:
         raise DataPlaneError("data_plane.enabled is false, but the Single-Controller path needs a data plane")
     if cfg.backend == "memory":
@@ -43,7 +43,7 @@ def build_data_plane(cfg: DataPlaneConfig, *, read_timeout_s: float = 1200.0) ->
             partition_id=cfg.partition_id,
             storage_capacity=cfg.storage_capacity,
             num_storage_units=cfg.num_storage_units,
-            read_timeout_s=read_timeout_s,
+            **({} if read_timeout_s is None else {"read_timeout_s": read_timeout_s}),
         )
     raise DataPlaneError(f"unknown data_plane.backend {cfg.backend!r}; choose 'simple' or 'memory'")
 
