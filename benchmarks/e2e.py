@@ -218,8 +218,8 @@ def summarise(rows: list[dict[str, float]]) -> dict[str, float]:
     summary |= {f"split_{p}_s": sum(r[f"perf/split_{p}_s"] for r in rows) / len(rows) for p in SPLIT}
     if all("perf/mfu" in r for r in rows):
         summary["train_mfu"] = sum(r["perf/mfu"] for r in rows) / len(rows)
-    if all(r.get("perf/decode_steps") for r in rows):  # the engine's batch: rows decoding together, its KV rows
-        steps = sum(r["perf/decode_steps"] for r in rows)
+    steps = sum(r.get("perf/decode_steps", 0.0) for r in rows)  # async: a step's window may hold no decode step
+    if steps > 0:  # the engine's batch: rows decoding together, against its KV rows
         summary["decode_rows_mean"] = sum(r["perf/decode_rows_mean"] * r["perf/decode_steps"] for r in rows) / steps
         summary["decode_slots"] = rows[-1]["perf/decode_slots"]
     return summary
