@@ -10,7 +10,8 @@ split into
     other           the rest of the window (Lightning's loop, logging, callbacks)
 
 and the engine fleet's accounts (:class:`~sc_lightning.rollout.goodput.EngineTime`, kept by the rollout side) into
-trained, wasted, pending, stood_down and idle. Logged as ``goodput/<fleet>/<part>_s`` (the step) and
+trained, wasted, pending, stood_down and idle. Logged as ``goodput/<fleet>/<part>_s`` (the account's change over the
+step: ``pending`` may fall, its time moving to ``trained``) and
 ``goodput/<fleet>/<part>_total_s`` (since the start; ``goodput/<fleet>/wall_total_s`` their sum), with
 ``goodput/engine/{trained,wasted}_tokens_total``; a distillation run's teachers are a fleet of their own,
 ``goodput/teacher/<alias>/{busy,idle}_total_s`` and ``scored_tokens_total`` (since this process began: a resumed run
