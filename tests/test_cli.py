@@ -192,6 +192,9 @@ def test_colocated_fit_trains_on_policy_with_a_faithful_refit(tmp_path) -> None:
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert "fit stopped after step 2: grpo.max_num_steps (2) reached (checkpointing is off" in result.stderr
+    # the end-of-fit advice knows the run had no lookahead: it suggests one step, without "if not on"
+    assert "take turns on the same devices (colocated)" in result.stderr, result.stderr[-3000:]
+    assert "one step of lookahead (async_rl.sampler.max_lookahead_versions: 1) keeps" in result.stderr
     (metrics,) = tmp_path.glob("lightning_logs/version_*/metrics.csv")
     rows = metrics.read_text().splitlines()
     header = rows[0].split(",")

@@ -52,10 +52,12 @@ from sc_lightning.trainer.perf import StepWork, step_throughput
 class GoodputMonitor(Callback):
     """Logs ``goodput/*`` for both fleets and the step's ``perf/tokens_per_s_per_gpu`` and split each RL step, and
     ``tok_s`` on the progress bar; list it after RefitCallback. ``devices``: (generation, training) device counts of
-    a non-colocated run, for the advice and the GPU count (None: the trainer's world size)."""
+    a non-colocated run, for the advice and the GPU count (None: the trainer's world size); ``off_policy``: whether
+    the run's sampler lets generation run ahead of the trainer, for the advice (None: not said)."""
 
-    def __init__(self, devices: tuple[int, int] | None = None) -> None:
+    def __init__(self, devices: tuple[int, int] | None = None, off_policy: bool | None = None) -> None:
         self.devices = devices
+        self.off_policy = off_policy
         self.trainer_totals = dict.fromkeys(TRAINER_PARTS, 0.0)
         self.engine = EngineTime()  # the run's engine totals as of the last step
         self.steps = 0
@@ -115,7 +117,8 @@ class GoodputMonitor(Callback):
     def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         """Print the run's goodput and the allocation advice (the leader)."""
         if trainer.is_global_zero and self.steps:
-            rank_zero_info(allocation_advice(self.trainer_totals, self.engine, self.steps, self.devices))
+            advice = allocation_advice(self.trainer_totals, self.engine, self.steps, self.devices, self.off_policy)
+            rank_zero_info(advice)
 
     def _trainer_window(self, trainer: Trainer, wall: float, refit_s: float) -> dict[str, float]:
         """The trainer's parts of the step's window, ``wall`` seconds long (added to the totals)."""

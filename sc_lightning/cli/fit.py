@@ -121,7 +121,8 @@ def _train(config: SCConfig, lightning: dict[str, Any], resume: Any, watch: Inte
     ranks = trainer_world_size(lightning.get("trainer")) or 1
     watch.check()  # the imports above run megatron-core's bare `except:` clauses, which swallow a Ctrl-C
     stop = FitStop(config)
-    callbacks: list[Any] = [stop, RefitCallback(), RolloutMonitor(), GoodputMonitor(fleet_devices(config, ranks))]
+    goodput = GoodputMonitor(fleet_devices(config, ranks), off_policy=config.async_rl.sampler.is_off_policy())
+    callbacks: list[Any] = [stop, RefitCallback(), RolloutMonitor(), goodput]
     callbacks.append(InterruptCheck(watch))
     if config.algo.validates():
         from sc_lightning.callbacks.validation import ValidationMonitor

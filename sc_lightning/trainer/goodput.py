@@ -18,10 +18,15 @@ NEGLIGIBLE = 0.05
 
 
 def allocation_advice(
-    trainer: dict[str, float], engine: EngineTime, steps: int, devices: tuple[int, int] | None = None
+    trainer: dict[str, float],
+    engine: EngineTime,
+    steps: int,
+    devices: tuple[int, int] | None = None,
+    off_policy: bool | None = None,
 ) -> str:
     """A few lines on where each fleet's time went over ``steps`` RL steps, and one verdict on what would have
-    balanced the two pumps (``devices``: the (generation, training) device counts of separate fleets)."""
+    balanced the two pumps (``devices``: the (generation, training) device counts of separate fleets;
+    ``off_policy``: whether the sampler let generation run ahead of the trainer, None when unknown)."""
     trainer_wall = sum(trainer.values()) or 1.0
     engine_wall = engine.wall_s or 1.0
     shares = ", ".join(f"{part} {seconds / trainer_wall:.0%}" for part, seconds in trainer.items())
@@ -29,7 +34,7 @@ def allocation_advice(
     generating = (engine.trained_s + engine.wasted_s + engine.pending_s) / steps  # engine-seconds a step needed
     training = (trainer_wall - trainer["wait_rollouts"]) / steps
     waited, idle = trainer["wait_rollouts"] / trainer_wall, engine.idle_s / engine_wall
-    pace = Pace(generating, training, waited, idle, colocated=engine.stood_down_s > 0)
+    pace = Pace(generating, training, waited, idle, colocated=engine.stood_down_s > 0, off_policy=off_policy)
     return "\n".join(
         [
             f"goodput over {steps} steps: trainer {trainer_wall:.1f} s ({shares})",
@@ -46,14 +51,16 @@ def allocation_advice(
 class Pace:
     """Both pumps' pace over a run: per step, the engine-seconds generation needed (``generating``) and the
     trainer's seconds less its wait (``training``); the trainer's share of time spent waiting for rollouts
-    (``waited``), the engines' share spent idle (``idle``), and whether the engines stood down for each train step
-    (``colocated``: both fleets on the same devices)."""
+    (``waited``), the engines' share spent idle (``idle``), whether the engines stood down for each train step
+    (``colocated``: both fleets on the same devices), and whether generation ran ahead of the trainer
+    (``off_policy``: the sampler's lookahead; None when unknown)."""
 
     generating: float
     training: float
     waited: float
     idle: float
     colocated: bool
+    off_policy: bool | None = None
 
     def verdict(self, devices: tuple[int, int] | None = None) -> str:
         """One recommendation, from the first rule that holds: the trainer barely waited (the lookahead suffices);
@@ -64,12 +71,20 @@ class Pace:
             spare = "" if self.colocated else self._devices(devices, more=False)
             return "the trainer barely waited: generation keeps pace and the lookahead in use suffices" + spare
         if self.colocated:
-            return (
+            turns = (
                 f"the trainer waited {self.waited:.0%} of its time: generation and training take turns on the same "
-                "devices (colocated), so each step waits for its generation; one step of lookahead (async_rl."
-                "sampler.max_lookahead_versions: 1, if not on) keeps the engine's batch full through a step's long "
-                "tail with the next step's prompts, and generation on its own devices "
-                "(policy.generation.colocated.enabled: false) would overlap the two"
+                "devices (colocated), so each step waits for its generation; "
+            )
+            separate = "generation on its own devices (policy.generation.colocated.enabled: false) would overlap them"
+            if self.off_policy:
+                return (
+                    turns + "the lookahead in use already lets the next step's prompts fill the engine's batch through "
+                    "a step's long tail, so only " + separate
+                )
+            unknown = ", if not on" if self.off_policy is None else ""
+            return (
+                turns + f"one step of lookahead (async_rl.sampler.max_lookahead_versions: 1{unknown}) keeps the "
+                "engine's batch full through a step's long tail with the next step's prompts, and " + separate
             )
         if self.idle >= NEGLIGIBLE:
             return (

@@ -148,3 +148,25 @@ def test_the_advice_gives_one_verdict(
         assert "its devices" not in advice and "more generation devices" not in advice, advice
     else:
         assert devices_said in line
+
+
+@pytest.mark.parametrize(
+    ("off_policy", "said", "not_said"),
+    [
+        (False, "one step of lookahead (async_rl.sampler.max_lookahead_versions: 1) keeps", "if not on"),
+        (None, "max_lookahead_versions: 1, if not on) keeps", "already"),
+        (True, "the lookahead in use already lets the next step's prompts fill", "max_lookahead_versions"),
+    ],
+)
+def test_the_colocated_advice_suggests_lookahead_only_where_the_run_had_none(
+    off_policy: bool | None, said: str, not_said: str
+) -> None:
+    trainer = {**TRAINER, "wait_rollouts": 30.0}
+    engine = EngineTime(trained_s=50.0, stood_down_s=48.0, idle_s=2.0)
+    (line,) = [
+        line
+        for line in allocation_advice(trainer, engine, steps=10, off_policy=off_policy).splitlines()
+        if "advice:" in line
+    ]
+    assert said in line and not_said not in line, line
+    assert "policy.generation.colocated.enabled: false" in line  # separate devices are the remedy either way
