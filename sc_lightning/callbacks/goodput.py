@@ -42,10 +42,11 @@ from lightning.pytorch.utilities import rank_zero_info
 
 from sc_lightning.callbacks.checkpoint import BundleCheckpoint
 from sc_lightning.config import SCConfig
+from sc_lightning.config.samplers import SamplerConfig
 from sc_lightning.engines.decode_counters import DecodeCounters
 from sc_lightning.lightning.module import GRPOModule
 from sc_lightning.rollout.goodput import EngineTime
-from sc_lightning.trainer.goodput import TRAINER_PARTS, allocation_advice
+from sc_lightning.trainer.goodput import LOOKAHEAD_KNOB, TRAINER_PARTS, allocation_advice
 from sc_lightning.trainer.perf import StepWork, step_throughput
 
 
@@ -53,11 +54,17 @@ class GoodputMonitor(Callback):
     """Logs ``goodput/*`` for both fleets and the step's ``perf/tokens_per_s_per_gpu`` and split each RL step, and
     ``tok_s`` on the progress bar; list it after RefitCallback. ``devices``: (generation, training) device counts of
     a non-colocated run, for the advice and the GPU count (None: the trainer's world size); ``off_policy``: whether
-    the run's sampler lets generation run ahead of the trainer, for the advice (None: not said)."""
+    the run's sampler lets generation run ahead of the trainer, and ``lookahead_knob`` its knob for that, for the
+    advice (None: not said)."""
 
-    def __init__(self, devices: tuple[int, int] | None = None, off_policy: bool | None = None) -> None:
+    def __init__(
+        self,
+        devices: tuple[int, int] | None = None,
+        off_policy: bool | None = None,
+        lookahead_knob: str = LOOKAHEAD_KNOB,
+    ) -> None:
         self.devices = devices
-        self.off_policy = off_policy
+        self.off_policy, self.lookahead_knob = off_policy, lookahead_knob
         self.trainer_totals = dict.fromkeys(TRAINER_PARTS, 0.0)
         self.engine = EngineTime()  # the run's engine totals as of the last step
         self.steps = 0
@@ -117,7 +124,9 @@ class GoodputMonitor(Callback):
     def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         """Print the run's goodput and the allocation advice (the leader)."""
         if trainer.is_global_zero and self.steps:
-            advice = allocation_advice(self.trainer_totals, self.engine, self.steps, self.devices, self.off_policy)
+            advice = allocation_advice(
+                self.trainer_totals, self.engine, self.steps, self.devices, self.off_policy, self.lookahead_knob
+            )
             rank_zero_info(advice)
 
     def _trainer_window(self, trainer: Trainer, wall: float, refit_s: float) -> dict[str, float]:
@@ -144,3 +153,11 @@ def fleet_devices(config: SCConfig, training_devices: int) -> tuple[int, int] | 
     if generation.enabled or generation.resources.gpus_per_node is None:
         return None
     return generation.resources.num_nodes * generation.resources.gpus_per_node, training_devices
+
+
+def lookahead_of(sampler: SamplerConfig) -> tuple[bool | None, str]:
+    """Whether ``sampler`` lets training take groups of older weights, and the dotpath of its knob for that, for the
+    advice (a custom sampler's class decides: unknown, and the default sampler's knob)."""
+    if sampler.lookahead_knob is None:
+        return None, LOOKAHEAD_KNOB
+    return sampler.is_off_policy(), f"async_rl.sampler.{sampler.lookahead_knob}"

@@ -106,7 +106,7 @@ def _train(config: SCConfig, lightning: dict[str, Any], resume: Any, watch: Inte
 
     import_megatron_without_compile()  # before the modules below import it
     from sc_lightning.callbacks.checkpoint import BundleCheckpoint
-    from sc_lightning.callbacks.goodput import GoodputMonitor, fleet_devices
+    from sc_lightning.callbacks.goodput import GoodputMonitor, fleet_devices, lookahead_of
     from sc_lightning.callbacks.interrupt import InterruptCheck
     from sc_lightning.callbacks.monitor import RolloutMonitor
     from sc_lightning.callbacks.refit import RefitCallback
@@ -121,7 +121,7 @@ def _train(config: SCConfig, lightning: dict[str, Any], resume: Any, watch: Inte
     ranks = trainer_world_size(lightning.get("trainer")) or 1
     watch.check()  # the imports above run megatron-core's bare `except:` clauses, which swallow a Ctrl-C
     stop = FitStop(config)
-    goodput = GoodputMonitor(fleet_devices(config, ranks), off_policy=config.async_rl.sampler.is_off_policy())
+    goodput = GoodputMonitor(fleet_devices(config, ranks), *lookahead_of(config.async_rl.sampler))
     callbacks: list[Any] = [stop, RefitCallback(), RolloutMonitor(), goodput]
     callbacks.append(InterruptCheck(watch))
     if config.algo.validates():

@@ -29,7 +29,8 @@ def declared_capability(cls: type, attribute: str) -> bool:
 
 
 class _SamplerMode:
-    """Shared behaviour of the sampler-mode sections."""
+    """Shared behaviour of the sampler-mode sections. ``lookahead_knob`` names each mode's knob that lets training
+    take groups of older weights (None: a custom class decides)."""
 
     @classmethod
     def unknown_key_hint(cls, key: str) -> str | None:
@@ -70,6 +71,7 @@ class InOrderSamplerConfig(_SamplerMode):
     )
 
     gate_knob: ClassVar[str] = "max_lookahead_versions"
+    lookahead_knob: ClassVar[str | None] = "max_lookahead_versions"
 
     def gate_window(self) -> int:
         """The widest dispatch lead this sampler ever uses (warm-up included)."""
@@ -90,6 +92,7 @@ class WeightFifoSamplerConfig(_SamplerMode):
     )
 
     gate_knob: ClassVar[str] = "max_staleness_versions"
+    lookahead_knob: ClassVar[str | None] = "max_staleness_versions"
 
     def gate_window(self) -> int:
         """How far dispatch may lead the trainer."""
@@ -108,6 +111,7 @@ class ReadyFirstSamplerConfig(_SamplerMode):
     max_staleness_versions: int = knob(1, "Dispatch lead over the trainer.", unit="weight versions", ge=0)
 
     gate_knob: ClassVar[str] = "max_staleness_versions"
+    lookahead_knob: ClassVar[str | None] = "max_staleness_versions"
 
     def gate_window(self) -> int:
         """How far dispatch may lead the trainer."""
@@ -136,6 +140,7 @@ class WindowedSamplerConfig(_SamplerMode):
     )
 
     gate_knob: ClassVar[str | None] = None
+    lookahead_knob: ClassVar[str | None] = "max_staleness_versions"
 
     def gate_window(self) -> None:
         """Dispatch is ungated."""
@@ -158,6 +163,7 @@ class CustomSamplerConfig(_SamplerMode):
     )
 
     gate_knob: ClassVar[str | None] = None
+    lookahead_knob: ClassVar[str | None] = None  # the class decides
     extra_keys_field: ClassVar[str] = "init_args"
 
     def gate_window(self) -> None:

@@ -14,6 +14,7 @@ TRAINER_PARTS = ("productive", "wait_rollouts", "refit", "checkpoint", "other")
 """The trainer's time parts, in the order they are logged."""
 
 NEGLIGIBLE = 0.05
+LOOKAHEAD_KNOB = "async_rl.sampler.max_lookahead_versions"  # the default sampler's (in_order)
 """The share of a fleet's time below which the trainer's waiting, or the engines' idling, counts as none."""
 
 
@@ -23,10 +24,12 @@ def allocation_advice(
     steps: int,
     devices: tuple[int, int] | None = None,
     off_policy: bool | None = None,
+    lookahead_knob: str = LOOKAHEAD_KNOB,
 ) -> str:
     """A few lines on where each fleet's time went over ``steps`` RL steps, and one verdict on what would have
     balanced the two pumps (``devices``: the (generation, training) device counts of separate fleets;
-    ``off_policy``: whether the sampler let generation run ahead of the trainer, None when unknown)."""
+    ``off_policy``: whether the sampler let generation run ahead of the trainer, None when unknown;
+    ``lookahead_knob``: the sampler's knob for that, named in the advice)."""
     trainer_wall = sum(trainer.values()) or 1.0
     engine_wall = engine.wall_s or 1.0
     shares = ", ".join(f"{part} {seconds / trainer_wall:.0%}" for part, seconds in trainer.items())
@@ -34,7 +37,8 @@ def allocation_advice(
     generating = (engine.trained_s + engine.wasted_s + engine.pending_s) / steps  # engine-seconds a step needed
     training = (trainer_wall - trainer["wait_rollouts"]) / steps
     waited, idle = trainer["wait_rollouts"] / trainer_wall, engine.idle_s / engine_wall
-    pace = Pace(generating, training, waited, idle, colocated=engine.stood_down_s > 0, off_policy=off_policy)
+    colocated = engine.stood_down_s > 0
+    pace = Pace(generating, training, waited, idle, colocated, off_policy=off_policy, lookahead_knob=lookahead_knob)
     return "\n".join(
         [
             f"goodput over {steps} steps: trainer {trainer_wall:.1f} s ({shares})",
@@ -53,7 +57,7 @@ class Pace:
     trainer's seconds less its wait (``training``); the trainer's share of time spent waiting for rollouts
     (``waited``), the engines' share spent idle (``idle``), whether the engines stood down for each train step
     (``colocated``: both fleets on the same devices), and whether generation ran ahead of the trainer
-    (``off_policy``: the sampler's lookahead; None when unknown)."""
+    (``off_policy``: the sampler's lookahead, set with ``lookahead_knob``; None when unknown)."""
 
     generating: float
     training: float
@@ -61,6 +65,7 @@ class Pace:
     idle: float
     colocated: bool
     off_policy: bool | None = None
+    lookahead_knob: str = LOOKAHEAD_KNOB
 
     def verdict(self, devices: tuple[int, int] | None = None) -> str:
         """One recommendation, from the first rule that holds: the trainer barely waited (the lookahead suffices);
@@ -83,7 +88,7 @@ class Pace:
                 )
             unknown = ", if not on" if self.off_policy is None else ""
             return (
-                turns + f"one step of lookahead (async_rl.sampler.max_lookahead_versions: 1{unknown}) keeps the "
+                turns + f"one step of lookahead ({self.lookahead_knob}: 1{unknown}) keeps the "
                 "engine's batch full through a step's long tail with the next step's prompts, and " + separate
             )
         if self.idle >= NEGLIGIBLE:

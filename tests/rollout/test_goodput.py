@@ -6,6 +6,14 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from sc_lightning.callbacks.goodput import lookahead_of
+from sc_lightning.config.samplers import (
+    CustomSamplerConfig,
+    InOrderSamplerConfig,
+    SamplerConfig,
+    WeightFifoSamplerConfig,
+    WindowedSamplerConfig,
+)
 from sc_lightning.rollout.goodput import EngineGoodput, EngineTime
 from sc_lightning.trainer.goodput import allocation_advice
 
@@ -170,3 +178,28 @@ def test_the_colocated_advice_suggests_lookahead_only_where_the_run_had_none(
     ]
     assert said in line and not_said not in line, line
     assert "policy.generation.colocated.enabled: false" in line  # separate devices are the remedy either way
+
+
+@pytest.mark.parametrize(
+    ("sampler", "expected"),
+    [
+        (InOrderSamplerConfig(max_lookahead_versions=0), (False, "async_rl.sampler.max_lookahead_versions")),
+        (InOrderSamplerConfig(max_lookahead_versions=1), (True, "async_rl.sampler.max_lookahead_versions")),
+        (WeightFifoSamplerConfig(max_staleness_versions=0), (False, "async_rl.sampler.max_staleness_versions")),
+        (WindowedSamplerConfig(max_staleness_versions=2), (True, "async_rl.sampler.max_staleness_versions")),
+        (CustomSamplerConfig(target="my.samplers:Mine"), (None, "async_rl.sampler.max_lookahead_versions")),
+    ],
+    ids=["in_order-0", "in_order-1", "weight_fifo-0", "windowed-2", "custom"],
+)
+def test_the_advice_names_the_run_samplers_own_lookahead_knob(
+    sampler: SamplerConfig, expected: tuple[bool | None, str]
+) -> None:
+    off_policy, knob = lookahead_of(sampler)
+    assert (off_policy, knob) == expected
+    trainer = {**TRAINER, "wait_rollouts": 30.0}
+    engine = EngineTime(trained_s=50.0, stood_down_s=48.0, idle_s=2.0)
+    advice = allocation_advice(trainer, engine, steps=10, off_policy=off_policy, lookahead_knob=knob)
+    if off_policy:
+        assert "lookahead in use already" in advice and knob not in advice
+    else:  # the knob to turn, the run's own: a weight_fifo run is not told of in_order's
+        assert f"({knob}: 1" in advice, advice
