@@ -156,8 +156,10 @@ def fleet_devices(config: SCConfig, training_devices: int) -> tuple[int, int] | 
 
 
 def lookahead_of(sampler: SamplerConfig) -> tuple[bool | None, str]:
-    """Whether ``sampler`` lets training take groups of older weights, and the dotpath of its knob for that, for the
-    advice (a custom sampler's class decides: unknown, and the default sampler's knob)."""
-    if sampler.lookahead_knob is None:
+    """Whether ``sampler`` lets training take groups of older weights, and the dotpath of its knob for that (the
+    mode's ``max_lookahead_versions`` or ``max_staleness_versions``), for the advice; a custom sampler has neither,
+    its class decides: unknown, and the default sampler's knob."""
+    knob = next((k for k in ("max_lookahead_versions", "max_staleness_versions") if hasattr(sampler, k)), None)
+    if knob is None:
         return None, LOOKAHEAD_KNOB
-    return sampler.is_off_policy(), f"async_rl.sampler.{sampler.lookahead_knob}"
+    return sampler.is_off_policy(), f"async_rl.sampler.{knob}"

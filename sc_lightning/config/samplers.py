@@ -29,8 +29,7 @@ def declared_capability(cls: type, attribute: str) -> bool:
 
 
 class _SamplerMode:
-    """Shared behaviour of the sampler-mode sections. ``lookahead_knob`` names each mode's knob that lets training
-    take groups of older weights (None: a custom class decides)."""
+    """Shared behaviour of the sampler-mode sections."""
 
     @classmethod
     def unknown_key_hint(cls, key: str) -> str | None:
@@ -71,7 +70,6 @@ class InOrderSamplerConfig(_SamplerMode):
     )
 
     gate_knob: ClassVar[str] = "max_lookahead_versions"
-    lookahead_knob: ClassVar[str | None] = "max_lookahead_versions"
 
     def gate_window(self) -> int:
         """The widest dispatch lead this sampler ever uses (warm-up included)."""
@@ -92,7 +90,6 @@ class WeightFifoSamplerConfig(_SamplerMode):
     )
 
     gate_knob: ClassVar[str] = "max_staleness_versions"
-    lookahead_knob: ClassVar[str | None] = "max_staleness_versions"
 
     def gate_window(self) -> int:
         """How far dispatch may lead the trainer."""
@@ -111,7 +108,6 @@ class ReadyFirstSamplerConfig(_SamplerMode):
     max_staleness_versions: int = knob(1, "Dispatch lead over the trainer.", unit="weight versions", ge=0)
 
     gate_knob: ClassVar[str] = "max_staleness_versions"
-    lookahead_knob: ClassVar[str | None] = "max_staleness_versions"
 
     def gate_window(self) -> int:
         """How far dispatch may lead the trainer."""
@@ -140,7 +136,6 @@ class WindowedSamplerConfig(_SamplerMode):
     )
 
     gate_knob: ClassVar[str | None] = None
-    lookahead_knob: ClassVar[str | None] = "max_staleness_versions"
 
     def gate_window(self) -> None:
         """Dispatch is ungated."""
@@ -163,7 +158,6 @@ class CustomSamplerConfig(_SamplerMode):
     )
 
     gate_knob: ClassVar[str | None] = None
-    lookahead_knob: ClassVar[str | None] = None  # the class decides
     extra_keys_field: ClassVar[str] = "init_args"
 
     def gate_window(self) -> None:
