@@ -29,7 +29,8 @@ spec, TP=1, no dropout) for ``T`` new tokens per row:
   folded into the RMSNorm that follows it, and RoPE, the query's attention layout and the K/V cache write are one
   kernel (:mod:`~sc_lightning.engines.megatron.decode_kernels`; RoPE from fp32 angles, as the trainer's fused
   RoPE). In a bf16/fp16 model a decode step's attention is its own kernel too: each row reads exactly its ``p + 1``
-  cached positions (no padded span, no mask), a KV group's query heads sharing each read.
+  cached positions (no padded span, no mask), a KV group's query heads sharing each read, a row's positions split
+  into units of 512 read by programs of their own and merged after (flash decoding).
 """
 
 from __future__ import annotations

@@ -3,9 +3,11 @@ larger kernels per layer where a decode step is a few hundred tiny ones.
 
 - :func:`add_rms_norm`: the residual add folded into the next RMSNorm (one kernel instead of two);
 - :func:`rope_write_kv`: RoPE of the query heads and the key, the query laid out for attention and the K/V written
-  into the cache at each token's slot and position (one kernel instead of six).
+  into the cache at each token's slot and position (one kernel instead of six);
+- :func:`decode_attention`: a decode step's attention, each row reading exactly its own cached positions, split
+  into units of :data:`SPLIT_POSITIONS` so a long row does not hold the step up (two kernels).
 
-Imported only where Triton exists (GPU builds of torch ship it). Both compute in fp32 registers and round once on
+Imported only where Triton exists (GPU builds of torch ship it). All compute in fp32 registers and round once on
 the store; RoPE takes its angles in fp32, as :func:`sc_lightning.models.triton_kernels.rope` does in training.
 """
 
@@ -133,69 +135,136 @@ def rope_write_kv(qkv: Tensor, angles: Tensor, positions: Tensor, flat_index: Te
     return query
 
 
+SPLIT_POSITIONS = 512  # a decode step's attention work unit: this many of a row's cached positions
+
+
 @triton.jit
-def _decode_attention_kernel(
+def _decode_attention_split_kernel(
     query_ptr,
     cache_ptr,
     positions_ptr,
-    out_ptr,
+    part_ptr,
+    stats_ptr,
     length,
     groups,
     hpg,
+    splits,
     scale,
     HEADS: tl.constexpr,
     DIM: tl.constexpr,
     BLOCK: tl.constexpr,
+    SPLIT: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
     group = tl.program_id(1).to(tl.int64)
+    split = tl.program_id(2).to(tl.int64)
     seen = tl.load(positions_ptr + row) + 1  # the row's positions 0..p, its own K/V written just before
-    head = tl.arange(0, HEADS)[:, None]
+    first = split * SPLIT
+    if first < seen:  # a split past the row's end has nothing to read
+        last = tl.minimum(first + SPLIT, seen)
+        head = tl.arange(0, HEADS)[:, None]
+        dim = tl.arange(0, DIM)[None, :]
+        heads = (row * groups + group) * hpg + head  # this group's query heads, rows of query
+        query = tl.load(query_ptr + heads * DIM + dim, mask=head < hpg, other=0.0)  # (HEADS, DIM)
+        best = tl.full((HEADS,), float("-inf"), tl.float32)
+        total = tl.zeros((HEADS,), tl.float32)
+        acc = tl.zeros((HEADS, DIM), tl.float32)
+        for start in range(first, last, BLOCK):  # online softmax over this split, BLOCK positions at a time
+            position = start + tl.arange(0, BLOCK)
+            valid = position < last
+            kv = cache_ptr + ((row * length + position[:, None]) * groups + group) * 2 * DIM + dim  # (BLOCK, DIM)
+            key = tl.load(kv, mask=valid[:, None], other=0.0)
+            scores = tl.dot(query, tl.trans(key)).to(tl.float32) * scale  # (HEADS, BLOCK)
+            scores = tl.where(valid[None, :], scores, float("-inf"))
+            new_best = tl.maximum(best, tl.max(scores, axis=1))
+            rescale = tl.exp(best - new_best)
+            weights = tl.exp(scores - new_best[:, None])
+            total = total * rescale + tl.sum(weights, axis=1)
+            value = tl.load(kv + DIM, mask=valid[:, None], other=0.0)
+            acc = acc * rescale[:, None] + tl.dot(weights.to(value.dtype), value).to(tl.float32)
+            best = new_best
+        own = tl.arange(0, HEADS) < hpg
+        unit = ((row * groups + group) * splits + split) * hpg + tl.arange(0, HEADS)  # this split's partials
+        tl.store(part_ptr + unit[:, None] * DIM + dim, acc, mask=own[:, None])
+        tl.store(stats_ptr + unit * 2, best, mask=own)
+        tl.store(stats_ptr + unit * 2 + 1, total, mask=own)
+
+
+@triton.jit
+def _decode_attention_combine_kernel(
+    part_ptr,
+    stats_ptr,
+    positions_ptr,
+    out_ptr,
+    groups,
+    hpg,
+    splits,
+    HEADS: tl.constexpr,
+    DIM: tl.constexpr,
+    SPLIT: tl.constexpr,
+):
+    row = tl.program_id(0).to(tl.int64)
+    group = tl.program_id(1).to(tl.int64)
+    used = tl.cdiv(tl.load(positions_ptr + row) + 1, SPLIT)  # the splits that read something
+    head = tl.arange(0, HEADS)
+    own = head < hpg
     dim = tl.arange(0, DIM)[None, :]
-    heads = (row * groups + group) * hpg + head  # this group's query heads, rows of query and out
-    query = tl.load(query_ptr + heads * DIM + dim, mask=head < hpg, other=0.0)  # (HEADS, DIM)
     best = tl.full((HEADS,), float("-inf"), tl.float32)
     total = tl.zeros((HEADS,), tl.float32)
     acc = tl.zeros((HEADS, DIM), tl.float32)
-    for start in range(0, seen, BLOCK):  # online softmax over the row's cache, BLOCK positions at a time
-        position = start + tl.arange(0, BLOCK)
-        valid = position < seen
-        kv = cache_ptr + ((row * length + position[:, None]) * groups + group) * 2 * DIM + dim  # (BLOCK, DIM)
-        key = tl.load(kv, mask=valid[:, None], other=0.0)
-        scores = tl.dot(query, tl.trans(key)).to(tl.float32) * scale  # (HEADS, BLOCK)
-        scores = tl.where(valid[None, :], scores, float("-inf"))
-        new_best = tl.maximum(best, tl.max(scores, axis=1))
-        rescale = tl.exp(best - new_best)
-        weights = tl.exp(scores - new_best[:, None])
-        total = total * rescale + tl.sum(weights, axis=1)
-        value = tl.load(kv + DIM, mask=valid[:, None], other=0.0)
-        acc = acc * rescale[:, None] + tl.dot(weights.to(value.dtype), value).to(tl.float32)
+    for split in range(0, used):  # the splits' softmaxes merged, each rescaled to the running maximum
+        unit = ((row * groups + group) * splits + split) * hpg + head
+        split_best = tl.load(stats_ptr + unit * 2, mask=own, other=0.0)
+        new_best = tl.maximum(best, split_best)
+        old_scale, split_scale = tl.exp(best - new_best), tl.exp(split_best - new_best)
+        total = total * old_scale + tl.load(stats_ptr + unit * 2 + 1, mask=own, other=1.0) * split_scale
+        part = tl.load(part_ptr + unit[:, None] * DIM + dim, mask=own[:, None], other=0.0)
+        acc = acc * old_scale[:, None] + part * split_scale[:, None]
         best = new_best
-    out = acc / total[:, None]
-    tl.store(out_ptr + heads * DIM + dim, out.to(out_ptr.dtype.element_ty), mask=head < hpg)
+    heads = (row * groups + group) * hpg + head[:, None]  # rows of out, heads in megatron's order
+    tl.store(out_ptr + heads * DIM + dim, (acc / total[:, None]).to(out_ptr.dtype.element_ty), mask=own[:, None])
 
 
-def decode_attention(query: Tensor, cache: Tensor, positions: Tensor, scale: float) -> Tensor:
+def decode_attention(
+    query: Tensor, cache: Tensor, positions: Tensor, scale: float, split: int = SPLIT_POSITIONS, block: int = 64
+) -> Tensor:
     """Attention of one new token per row over its own cached positions ``0..p``, read exactly (no padded span).
 
     ``query`` ``(R, G, hpg, D)`` (row ``r`` in cache slot ``r``), ``cache`` the layer's ``(slots, length, G, 2, D)``,
     ``positions`` ``(R,)`` each row's position ``p``. Returns ``(R, 1, G * hpg * D)``, heads in megatron's order.
-    A group's query heads share each K/V read (one program per row and group, tensor cores for both products).
+    A group's query heads share each K/V read (tensor cores for both products). The work is split by ``split``
+    positions of a row (flash decoding): one program per row, group and split, then one per row and group merging
+    the splits' softmaxes, so a long row's positions spread over many programs instead of one program per row
+    reading a long tail's thousands of positions while the short rows' programs have long finished. The grid
+    covers the cache's whole length, so it is the same for every step (CUDA graphs); splits past a row's end return
+    at once. ``block`` is the positions one loop iteration reads.
     """
     rows, groups, hpg, dim = query.shape
     out = torch.empty((rows, 1, groups * hpg * dim), dtype=query.dtype, device=query.device)
     if rows:
-        _decode_attention_kernel[(rows, groups)](
+        length = cache.size(1)
+        heads = max(16, triton.next_power_of_2(hpg))  # tl.dot's smallest tile
+        splits = triton.cdiv(length, split)
+        part = torch.empty((rows, groups, splits, hpg, dim), dtype=torch.float32, device=query.device)
+        stats = torch.empty((rows, groups, splits, hpg, 2), dtype=torch.float32, device=query.device)
+        positions = positions.contiguous()
+        _decode_attention_split_kernel[(rows, groups, splits)](
             query.contiguous(),
             cache,
-            positions.contiguous(),
-            out,
-            cache.size(1),
+            positions,
+            part,
+            stats,
+            length,
             groups,
             hpg,
+            splits,
             scale,
-            HEADS=max(16, triton.next_power_of_2(hpg)),  # tl.dot's smallest tile
+            HEADS=heads,
             DIM=dim,
-            BLOCK=64,
+            BLOCK=min(block, split),
+            SPLIT=split,
+        )
+        _decode_attention_combine_kernel[(rows, groups)](
+            part, stats, positions, out, groups, hpg, splits, HEADS=heads, DIM=dim, SPLIT=split
         )
     return out

@@ -1,0 +1,61 @@
+"""The engine's split decode-attention kernel on the CPU, through Triton's interpreter (``TRITON_INTERPRET=1``).
+
+The interpreter runs the very kernel source with numpy, so its arithmetic and indexing (which positions a split
+reads, how the splits' softmaxes merge) are checked here; its speed is measured on a GPU
+(``benchmarks/decode_attention.py``) and its bf16 path by ``tests/gpu/test_engine_gpu.py``. The interpreter has no
+bf16, so these cases run in fp16. It is chosen when Triton is imported, hence a child process.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+CHILD = """
+import json, sys
+import torch
+from sc_lightning.engines.megatron import decode_kernels
+
+errors = []
+for hpg, dim, split, block in json.loads(sys.argv[1]):
+    g = torch.Generator().manual_seed(hpg * 1000 + split)
+    rows, groups, length = 5, 2, 150
+    cache = torch.randn(6, length, groups, 2, dim, generator=g).half()
+    query = torch.randn(rows, groups, hpg, dim, generator=g).half()
+    positions = torch.tensor([0, 31, 32, 100, 149])
+    beyond = positions[:, None] < torch.arange(1, length)
+    cache[:rows, 1:][beyond] = float("nan")  # positions past a row's own are never read
+    cache[rows:] = float("nan")  # nor are other slots
+    got = decode_kernels.decode_attention(query, cache, positions, dim**-0.5, split=split, block=block)
+    worst = 0.0
+    for r, p in enumerate(positions.tolist()):
+        seen = cache[r, : p + 1].float()
+        scores = torch.einsum("ghd,ngd->ghn", query[r].float(), seen[:, :, 0]) * dim**-0.5
+        expected = torch.einsum("ghn,ngd->ghd", scores.softmax(-1), seen[:, :, 1]).reshape(-1)
+        worst = max(worst, (got[r, 0].float() - expected).abs().max().item())
+    errors.append(worst)
+print(json.dumps(errors))
+"""
+
+
+def test_split_decode_attention_equals_softmax_attention_over_each_rows_own_positions() -> None:
+    """At the 1.26B shape's groups (2 query heads of 128) and Llama-3.2-1B's (4 of 64): splits of 16 and 32
+    positions (several per row, a row ending mid-split and on a split's edge) and one split longer than the cache
+    (the unsplit kernel) all equal attention computed in fp32 over positions ``0..p`` of the row's own slot;
+    positions beyond ``p`` and other slots hold NaN, so reading one would show."""
+    cases = [(hpg, dim, split, 16) for hpg, dim in [(2, 128), (4, 64)] for split in (16, 32)] + [(2, 128, 256, 64)]
+    child = subprocess.run(
+        [sys.executable, "-c", CHILD, json.dumps(cases)],
+        env={**os.environ, "TRITON_INTERPRET": "1"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert child.returncode == 0, child.stderr[-3000:]
+    errors = json.loads(child.stdout.strip().splitlines()[-1])
+    assert len(errors) == len(cases)
+    for case, error in zip(cases, errors, strict=True):
+        assert error < 2e-3, (case, error)  # fp16 inputs, fp32 accumulation
