@@ -42,6 +42,7 @@ figure. ``--no-parts`` skips the parts' benchmarks: to compare modes on the same
     python benchmarks/e2e.py --shape 1.26b --out /tmp/e2e           # one GPU: 512 completions, 256 + ~1K tokens
     python benchmarks/e2e.py --shape llama1b --mode colocated --steps 3
     python benchmarks/e2e.py --shape llama1b --mode colocated-async --steps 4 --no-parts
+    python benchmarks/e2e.py --shape 1.26b --kv-cache-dtype fp8 --engine-batch 256   # half the K/V bytes
 """
 
 from __future__ import annotations
@@ -156,7 +157,10 @@ def fit_config(shape: Shape, args: argparse.Namespace, prompts_file: Path, root:
                 "max_new_tokens": shape.new_tokens,
                 "temperature": 1.0,
                 "colocated": placement,
-                "mcore_generation_config": {"max_batch_size": shape.engine_batch},
+                "mcore_generation_config": {
+                    "max_batch_size": shape.engine_batch,
+                    "kv_cache_dtype": args.kv_cache_dtype,
+                },
             },
             "megatron_cfg": {"enabled": True},
         },
@@ -218,6 +222,8 @@ def summarise(rows: list[dict[str, float]]) -> dict[str, float]:
     summary |= {f"split_{p}_s": sum(r[f"perf/split_{p}_s"] for r in rows) / len(rows) for p in SPLIT}
     if all("perf/mfu" in r for r in rows):
         summary["train_mfu"] = sum(r["perf/mfu"] for r in rows) / len(rows)
+    if all("train/token_mult_prob_error" in r for r in rows):  # the engine's logprobs against the trainer's
+        summary["token_mult_prob_error"] = sum(r["train/token_mult_prob_error"] for r in rows) / len(rows)
     steps = sum(r.get("perf/decode_steps", 0.0) for r in rows)  # async: a step's window may hold no decode step
     if steps > 0:  # the engine's batch: rows decoding together, against its KV rows
         summary["decode_rows_mean"] = sum(r["perf/decode_rows_mean"] * r["perf/decode_steps"] for r in rows) / steps
@@ -270,6 +276,7 @@ async def _generation_and_refit(
         device=shape.device,
         max_seq_len=policy.max_total_sequence_length,
         max_batch_size=policy.generation.mcore_generation_config.max_batch_size,
+        kv_cache_dtype=policy.generation.mcore_generation_config.kv_cache_dtype,
         stop_on_eos=False,  # the fit's requests ignore eos (fixed_length)
     )
     try:
@@ -335,7 +342,8 @@ def report_throughput(args: argparse.Namespace, shape: Shape, summary: dict[str,
     """Print the measured steps' throughput table and their mean split."""
     wall = summary["step_s"]
     print(
-        f"\ne2e {args.shape} ({shape.model}, {shape.precision} on {shape.device}), mode {args.mode}: "
+        f"\ne2e {args.shape} ({shape.model}, {shape.precision} on {shape.device}, KV cache {args.kv_cache_dtype}), "
+        f"mode {args.mode}: "
         f"{shape.completions} completions a step ({shape.completions // shape.generations} prompts x "
         f"{shape.generations}), prompt {shape.prompt_len} + answers of mean ~{shape.new_tokens // 4} "
         f"(max {shape.new_tokens}); {summary['steps']:.0f} measured steps after {args.warmup} warm-up"
@@ -356,6 +364,9 @@ def report_throughput(args: argparse.Namespace, shape: Shape, summary: dict[str,
         rows, slots = summary["decode_rows_mean"], summary["decode_slots"]
         fill = f" ({rows / slots:.0%} of its {slots:.0f} KV rows)" if slots else ""
         print(f"the engine decoded {rows:.1f} rows at a time on average{fill} (perf/decode_rows_mean)", flush=True)
+    if "token_mult_prob_error" in summary:
+        error = summary["token_mult_prob_error"]
+        print(f"engine vs trainer logprobs: train/token_mult_prob_error {error:.4f} (1 = the same)", flush=True)
 
 
 def report_efficiency(last: dict[str, float], parts: dict[str, float]) -> float:
@@ -389,6 +400,9 @@ def main() -> None:
     parser.add_argument("--max-new-tokens", type=int, help="the answer lengths' cap; their mean is a quarter")
     parser.add_argument("--engine-batch", type=int, help="rows the engine decodes at once (default: the shape's)")
     parser.add_argument("--device", help="cpu or cuda (default: the shape's)")
+    parser.add_argument(
+        "--kv-cache-dtype", choices=["auto", "fp8"], default="auto", help="the engine's KV cache (auto: the model's)"
+    )
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--fit-timeout", type=float, default=480.0, help="seconds the fit may take")
     parser.add_argument("--out", type=Path, help="keep the run, its log and results.json here (default: a temp dir)")

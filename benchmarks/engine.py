@@ -8,11 +8,12 @@ until the last one finishes gives the engine's generated tokens/s (prefill inclu
 **HBM bound** (decode is memory-bound): a decode step of ``B`` rows must read the weights once and each row's K/V,
 
     bytes/step = (parameter bytes - input-embedding table + B x hidden x dtype bytes)      weights read
-               + B x (prompt + (new - 1) / 2) x (layers x 2 x kv_groups x head_dim x dtype bytes)   K/V read
+               + B x (prompt + (new - 1) / 2) x (layers x 2 x kv_groups x head_dim x cache bytes)   K/V read
     bound tokens/s = B / (bytes/step / --hbm-tbps)            (H200: 4.8 TB/s)
 
-(a tied embedding is read whole by the output layer and counted once; the mean context over the ``new`` steps is
-``prompt + (new - 1) / 2``). "of bound" = generated tokens/s / bound tokens/s.
+(cache bytes: the model's dtype's, or 1 with ``--kv-cache-dtype fp8``; a tied embedding is read whole by the output
+layer and counted once; the mean context over the ``new`` steps is ``prompt + (new - 1) / 2``). "of bound" =
+generated tokens/s / bound tokens/s.
 
 **Trainer forward**: ``token_logprobs`` (forward only, no grad) of the same model over the very same ``B``
 finished sequences (``B x (prompt + new)`` tokens), in micro-batches of at most ``--trainer-micro-tokens`` tokens as
@@ -97,11 +98,12 @@ def build(args: argparse.Namespace) -> tuple[torch.nn.Module, ModelSpec]:
 def hbm_bound(model: torch.nn.Module, spec: ModelSpec, batch: int, args: argparse.Namespace) -> dict[str, float]:
     """Bytes one decode step of ``batch`` rows must read (weights, K/V) and the tokens/s that allows."""
     size = next(model.parameters()).element_size()
+    kv_size = 1 if args.kv_cache_dtype == "fp8" else size
     weights = sum(p.numel() * p.element_size() for p in model.parameters())
     if not spec.tie_word_embeddings:
         weights -= spec.padded_vocab_size() * spec.hidden_size * size  # only B rows of the table are looked up
     weights += batch * spec.hidden_size * size
-    per_position = spec.num_layers * 2 * spec.num_query_groups * spec.kv_channels * size
+    per_position = spec.num_layers * 2 * spec.num_query_groups * spec.kv_channels * kv_size
     kv = batch * (args.prompt_len + (args.new_tokens - 1) / 2) * per_position
     step_s = (weights + kv) / (args.hbm_tbps * 1e12)
     return {"weights_gb": weights / 1e9, "kv_gb": kv / 1e9, "bound_ms": step_s * 1e3, "bound_tps": batch / step_s}
@@ -160,6 +162,7 @@ async def measure(args: argparse.Namespace) -> list[dict[str, Any]]:
         max_seq_len=args.prompt_len + args.new_tokens,
         flash_decode=args.flash,
         fused_decode=args.fused,
+        kv_cache_dtype=args.kv_cache_dtype,
     )
     try:
         rows = [await measure_batch(engine, model, spec, b, args) for b in args.batches]
@@ -190,6 +193,9 @@ def main() -> None:
         "--trainer-micro-tokens", type=int, default=16384, help="tokens of one trainer forward (a row at least)"
     )
     parser.add_argument("--profile", action="store_true", help="then profile one run at the largest batch")
+    parser.add_argument(
+        "--kv-cache-dtype", choices=["auto", "fp8"], default="auto", help="the KV cache's dtype (auto: the model's)"
+    )
     parser.add_argument("--flash-decode", dest="flash", action="store_true", help="decode on flash attention")
     parser.add_argument(
         "--unfused-decode", dest="fused", action="store_false", help="decode without the fused Triton kernels"

@@ -118,6 +118,12 @@ class McoreGenerationConfig:
         gt=0,
         le=1,
     )
+    kv_cache_dtype: Literal["auto", "fp8"] = knob(
+        "auto",
+        "What the KV cache holds: auto = the model's dtype; fp8 = e4m3, half the bytes: twice the rows in the same "
+        "memory and half the K/V each decode step reads (long answers decode faster), for K and V rounded to 3 "
+        "mantissa bits, so the engine's logprobs drift further from the trainer's (train/token_mult_prob_error).",
+    )
 
 
 @section

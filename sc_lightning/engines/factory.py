@@ -56,6 +56,7 @@ def default_engine_factory(
         "max_seq_len": context_tokens(config),
         "max_batch_size": policy.generation.mcore_generation_config.max_batch_size,
         "kv_cache_memory_fraction": policy.generation.mcore_generation_config.kv_cache_memory_fraction,
+        "kv_cache_dtype": policy.generation.mcore_generation_config.kv_cache_dtype,
     }
     if policy.generation.colocated.enabled:
         from sc_lightning.engines.megatron.engine import MegatronEngine

@@ -45,7 +45,7 @@ import torch.nn.functional as F
 from megatron.core import parallel_state
 from torch import Tensor
 
-from sc_lightning.engines.megatron.kv_cache import SlotKVCache, slot_bytes
+from sc_lightning.engines.megatron.kv_cache import FP8, FP8_MAX, SlotKVCache, slot_bytes
 from sc_lightning.models.fused import triton_module
 
 
@@ -120,6 +120,16 @@ def _fused_kernels(model: torch.nn.Module, on_gpu: bool, fused: bool | None, fla
     return triton_module("sc_lightning.engines.megatron.decode_kernels")  # None on a torch without Triton
 
 
+def write_kv(flat: Tensor, index: Tensor, kv: Tensor) -> None:
+    """Write ``kv`` ``(N, G, 2, D)`` into rows ``index`` of a layer's ``flat`` cache; into an fp8 cache saturated at
+    fp8's largest value (as bytes: torch's CPU ``index_copy_`` has no fp8)."""
+    if flat.dtype != FP8:
+        flat.index_copy_(0, index, kv)
+        return
+    fp8 = kv.clamp(-FP8_MAX, FP8_MAX).to(FP8)
+    flat.view(torch.uint8).index_copy_(0, index, fp8.view(torch.uint8))
+
+
 def _eps(norm: torch.nn.RMSNorm, dtype: torch.dtype) -> float:
     """The epsilon ``norm`` adds to the mean square (torch's default: the dtype's machine epsilon)."""
     return norm.eps if norm.eps is not None else torch.finfo(dtype).eps
@@ -135,6 +145,7 @@ class CachedForward:
         *,
         flash_decode: bool = False,
         fused_decode: bool | None = None,
+        kv_cache_dtype: torch.dtype | None = None,
     ) -> None:
         _check_supported(model)
         self.embedding = model.embedding.word_embeddings
@@ -153,7 +164,11 @@ class CachedForward:
         param = next(model.parameters())
         self.dtype, self.device = param.dtype, param.device
         on_gpu = self.device.type == "cuda"
-        self.flash = flash_decode and on_gpu and self.dtype in (torch.bfloat16, torch.float16)  # False once refused
+        self.cache_dtype = kv_cache_dtype or self.dtype
+        if self.cache_dtype not in (self.dtype, FP8):
+            raise ValueError(f"the Megatron engine's KV cache holds the model's dtype or fp8, not {self.cache_dtype}")
+        sixteen_bit = self.dtype in (torch.bfloat16, torch.float16)
+        self.flash = flash_decode and on_gpu and sixteen_bit and self.cache_dtype == self.dtype  # False once refused
         self.efficient = on_gpu  # likewise
         with torch.cuda.device(self.device) if on_gpu else contextlib.nullcontext():  # where megatron puts RoPE
             freqs = model.rotary_pos_emb(max_seq_len)  # (L, 1, 1, D) fp32, the trainer's table
@@ -164,9 +179,7 @@ class CachedForward:
         self.angles = freqs.float().contiguous() if self.kernels is not None else None
         # decode steps on its attention kernel: tensor cores want 16-bit inputs and a power-of-two head of >= 16
         power_of_two = self.head_dim >= 16 and self.head_dim & (self.head_dim - 1) == 0
-        self.kernel_decode_attention = (
-            self.kernels is not None and self.dtype in (torch.bfloat16, torch.float16) and power_of_two
-        )
+        self.kernel_decode_attention = self.kernels is not None and sixteen_bit and power_of_two
         half = self.head_dim // 2
         self.cos = torch.cos(freqs).to(self.dtype)  # (L, D), as megatron: cos in fp32, then the model dtype
         sin = torch.sin(freqs).to(self.dtype)
@@ -175,7 +188,7 @@ class CachedForward:
     def slot_bytes(self, length: int) -> int:
         """Bytes one slot of :meth:`new_cache` takes for sequences of up to ``length`` positions."""
         return slot_bytes(
-            layers=len(self.layers), groups=self.groups, length=length, head_dim=self.head_dim, dtype=self.dtype
+            layers=len(self.layers), groups=self.groups, length=length, head_dim=self.head_dim, dtype=self.cache_dtype
         )
 
     def new_cache(self, slots: int, length: int) -> SlotKVCache:
@@ -186,7 +199,7 @@ class CachedForward:
             groups=self.groups,
             length=length,
             head_dim=self.head_dim,
-            dtype=self.dtype,
+            dtype=self.cache_dtype,
             device=self.device,
         )
 
@@ -303,7 +316,7 @@ class CachedForward:
         cos, sin = call.rope
         qk.mul_(cos).addcmul_(halves_swapped, sin)
         flat = cache.flat(index)  # (slots * length, G, 2, D)
-        flat.index_copy_(0, call.flat_index, qkv[:, :, :, hpg:].reshape(rows * width, groups, 2, dim))
+        write_kv(flat, call.flat_index, qkv[:, :, :, hpg:].reshape(rows * width, groups, 2, dim))
         if cache_only:
             return x
         context = self._decode_flash(qkv, flat, cache.length, call) if call.flash and self.flash else None
@@ -359,6 +372,7 @@ class CachedForward:
         groups, hpg, dim = self.groups, self.heads_per_group, self.head_dim
         reach = slice(None, call.kv_len)
         seen = kv[:rows, reach] if call.slots is None else kv[call.slots, reach]  # (R, Lk, G, 2, D)
+        seen = seen.to(self.dtype)  # an fp8 cache is read in the model's dtype (a no-op otherwise)
         key, value = seen[..., 0, :].transpose(1, 2), seen[..., 1, :].transpose(1, 2)  # (R, G, Lk, D)
         bias = call.bias(self.dtype, hpg)
         context = None

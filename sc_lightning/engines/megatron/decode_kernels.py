@@ -73,6 +73,7 @@ def _rope_write_kv_kernel(
     half,
     HEADS: tl.constexpr,
     HALF: tl.constexpr,
+    KV_MAX: tl.constexpr,
 ):
     token = tl.program_id(0).to(tl.int64)  # row * width + t
     group = tl.program_id(1).to(tl.int64)
@@ -95,15 +96,22 @@ def _rope_write_kv_kernel(
     dtype = query_ptr.dtype.element_ty
     tl.store(target, (first * cos_first[None, :] - second * sin_first[None, :]).to(dtype), mask=mask)
     tl.store(target + half, (second * cos_second[None, :] + first * sin_second[None, :]).to(dtype), mask=mask)
-    # the key (rotated) and the value, into the cache row slot * length + position
+    # the key (rotated) and the value, into the cache row slot * length + position (an fp8 cache saturated)
     cache = cache_ptr + (tl.load(index_ptr + token) * groups + group) * 2 * head_dim
+    kv_dtype = cache_ptr.dtype.element_ty
     key_first = tl.load(source + hpg * head_dim + dim, mask=dim_mask).to(tl.float32)
     key_second = tl.load(source + hpg * head_dim + half + dim, mask=dim_mask).to(tl.float32)
-    tl.store(cache + dim, (key_first * cos_first - key_second * sin_first).to(dtype), mask=dim_mask)
-    tl.store(cache + half + dim, (key_second * cos_second + key_first * sin_second).to(dtype), mask=dim_mask)
+    key_first, key_second = (
+        key_first * cos_first - key_second * sin_first,
+        key_second * cos_second + key_first * sin_second,
+    )
+    tl.store(cache + dim, tl.clamp(key_first, -KV_MAX, KV_MAX).to(kv_dtype), mask=dim_mask)
+    tl.store(cache + half + dim, tl.clamp(key_second, -KV_MAX, KV_MAX).to(kv_dtype), mask=dim_mask)
     value = source + (hpg + 1) * head_dim
-    tl.store(cache + head_dim + dim, tl.load(value + dim, mask=dim_mask), mask=dim_mask)
-    tl.store(cache + head_dim + half + dim, tl.load(value + half + dim, mask=dim_mask), mask=dim_mask)
+    value_first = tl.load(value + dim, mask=dim_mask).to(tl.float32)
+    value_second = tl.load(value + half + dim, mask=dim_mask).to(tl.float32)
+    tl.store(cache + head_dim + dim, tl.clamp(value_first, -KV_MAX, KV_MAX).to(kv_dtype), mask=dim_mask)
+    tl.store(cache + head_dim + half + dim, tl.clamp(value_second, -KV_MAX, KV_MAX).to(kv_dtype), mask=dim_mask)
 
 
 def rope_write_kv(qkv: Tensor, angles: Tensor, positions: Tensor, flat_index: Tensor, cache: Tensor) -> Tensor:
@@ -111,7 +119,8 @@ def rope_write_kv(qkv: Tensor, angles: Tensor, positions: Tensor, flat_index: Te
 
     ``angles`` ``(L, D)`` fp32 are RoPE's angles by position, ``positions`` ``(R, T)`` each token's position,
     ``flat_index`` ``(R * T,)`` its cache row ``slot * length + position`` in ``cache`` ``(slots * length, G, 2, D)``
-    (K then V). Returns the rotated query ``(R, G, T * hpg, D)``, query row ``t * hpg + j`` for head ``j`` of a group.
+    (K then V), in the model's dtype or fp8 (values past fp8's range saturate). Returns the rotated query
+    ``(R, G, T * hpg, D)``, query row ``t * hpg + j`` for head ``j`` of a group.
     """
     rows, width, groups, heads_and_kv, head_dim = qkv.shape
     hpg = heads_and_kv - 2
@@ -131,6 +140,7 @@ def rope_write_kv(qkv: Tensor, angles: Tensor, positions: Tensor, flat_index: Te
             head_dim // 2,
             HEADS=triton.next_power_of_2(hpg),
             HALF=triton.next_power_of_2(head_dim // 2),
+            KV_MAX=torch.finfo(cache.dtype).max,
         )
     return query
 
@@ -173,14 +183,14 @@ def _decode_attention_split_kernel(
             position = start + tl.arange(0, BLOCK)
             valid = position < last
             kv = cache_ptr + ((row * length + position[:, None]) * groups + group) * 2 * DIM + dim  # (BLOCK, DIM)
-            key = tl.load(kv, mask=valid[:, None], other=0.0)
+            key = tl.load(kv, mask=valid[:, None], other=0.0).to(query.dtype)  # an fp8 cache read in 16 bits
             scores = tl.dot(query, tl.trans(key)).to(tl.float32) * scale  # (HEADS, BLOCK)
             scores = tl.where(valid[None, :], scores, float("-inf"))
             new_best = tl.maximum(best, tl.max(scores, axis=1))
             rescale = tl.exp(best - new_best)
             weights = tl.exp(scores - new_best[:, None])
             total = total * rescale + tl.sum(weights, axis=1)
-            value = tl.load(kv + DIM, mask=valid[:, None], other=0.0)
+            value = tl.load(kv + DIM, mask=valid[:, None], other=0.0).to(query.dtype)
             acc = acc * rescale[:, None] + tl.dot(weights.to(value.dtype), value).to(tl.float32)
             best = new_best
         own = tl.arange(0, HEADS) < hpg

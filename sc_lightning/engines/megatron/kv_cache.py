@@ -1,12 +1,13 @@
 """The Megatron engine's KV cache: one preallocated slot per running request, and the shape buckets it is read in.
 
-:class:`SlotKVCache` holds K and V of every layer as one tensor ``(layers, slots, length, groups, 2, head_dim)`` in
-the model's dtype on its device, allocated once (zeros, so a masked-out position never holds a NaN that
-``0 * NaN`` would spread). Each running request owns a slot; the model writes the K/V of the positions it is fed in
-place (``index_copy_`` at ``slot * length + position``). Seen from a layer, the cache is a varlen K/V store
-``(slots * length, groups, head_dim)`` for K and for V (:meth:`SlotKVCache.flat`: slot ``s`` is the sequence
-starting at row ``s * length``, which flash attention reads up to each row's own length), or per slot
-``(length, groups, head_dim)`` strided views for the generic attention path.
+:class:`SlotKVCache` holds K and V of every layer as one tensor ``(layers, slots, length, groups, 2, head_dim)`` in the
+model's dtype or in fp8 (:data:`FP8`, ``kv_cache_dtype: fp8``: half the bytes to hold and to read a decode step, values
+rounded to 3 mantissa bits and saturated at 448) on its device, allocated once (zeros, so a masked-out position never
+holds a NaN that ``0 * NaN`` would spread). Each running request owns a slot; the model writes the K/V of the positions
+it is fed in place (``index_copy_`` at ``slot * length + position``). Seen from a layer, the cache is a varlen K/V store
+``(slots * length, groups, head_dim)`` for K and for V (:meth:`SlotKVCache.flat`: slot ``s`` is the sequence starting at
+row ``s * length``, which flash attention reads up to each row's own length), or per slot ``(length, groups, head_dim)``
+strided views for the generic attention path.
 
 On a GPU the cache is sized from a memory budget when it is allocated (:func:`rows_within_budget`): a fraction of
 the device memory free at that moment, so a colocated engine waking beside the trainer's weights and optimizer state
@@ -23,6 +24,8 @@ import torch
 from torch import Tensor
 
 KV_ALIGN = 64  # positions: a kv_bucket is a multiple of this, and so is the cache length
+FP8 = torch.float8_e4m3fn  # an fp8 cache's dtype (``kv_cache_dtype: fp8``): half a 16-bit cache's bytes
+FP8_MAX = torch.finfo(FP8).max  # what an fp8 cache saturates at (448)
 
 
 def batch_bucket(rows: int, limit: int) -> int:
