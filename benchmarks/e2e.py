@@ -22,7 +22,11 @@ this process after the fit, over the very same work, divided by the step's wall 
     refit        ``benchmarks/refit.py``'s ``refit_s``: the colocated refit of the trainer's live parameters
 
 Colocated, generation and training run one after the other, so efficiency = parts / step is the share of the step
-the parts explain (the rest: orchestration). The modes:
+the parts explain (the rest: orchestration). On a GPU it then prints the **generation's memory floor**: the bytes
+the step's generation must read at least (the weights once per decode step of the parts' engine, and for every new
+token its row's K/V up to its position, in the cache's dtype) over this GPU's copy bandwidth measured in the same run
+(``benchmarks/decode_attention.py``'s ``copy_bandwidth``), the fraction of it the generation reached, and the
+tokens/s/GPU the step would reach with its generation at that floor. The modes:
 
     colocated        one process, on-policy (lookahead 0): a step's generation, then its training
     colocated-async  one process, one step of lookahead: the next step's prompts decode beside this step's long tail,
@@ -67,7 +71,8 @@ from typing import Any
 
 import torch
 import yaml
-from engine import engine_run, prompts  # benchmarks/*.py (the script's folder is on sys.path)
+from decode_attention import copy_bandwidth  # benchmarks/*.py (the script's folder is on sys.path)
+from engine import cache_value_bytes, decode_weight_bytes, engine_run, kv_bytes_per_position, prompts
 from refit import refit_s
 from train_step import median_ms
 
@@ -253,18 +258,27 @@ def components(config: SCConfig, shape: Shape, lengths: list[int]) -> dict[str, 
     policy = config.policy
     device = torch.device(shape.device)
     model, spec, _ = load_policy(policy.model_name, precision=policy.precision, seed=config.algo.seed, device=device)
-    generation_s, refit = asyncio.run(_generation_and_refit(config, shape, model, spec.vocab_size, lengths))
+    generation_s, decode_steps, refit = asyncio.run(
+        _generation_and_refit(config, shape, model, spec.vocab_size, lengths)
+    )
+    floor = {}
+    if device.type == "cuda":  # the generation's memory traffic against this GPU's own copy bandwidth
+        kv_dtype = policy.generation.mcore_generation_config.kv_cache_dtype
+        floor["generation_bytes"] = generation_bytes(model, spec, shape.prompt_len, lengths, decode_steps, kv_dtype)
+        floor["copy_bytes_per_s"] = copy_bandwidth(reps=5)
+        floor["generation_floor_s"] = floor["generation_bytes"] / floor["copy_bytes_per_s"]
     if device.type == "cuda":
         gc.collect()  # the engine's replica (its worker thread and the engine refer to each other)
         torch.cuda.empty_cache()  # the engine's replica and KV cache are gone: the trainer takes the memory
     train_s, train_cold_s = _train_s(config, model, spec, lengths)
-    return {"generation_s": generation_s, "refit_s": refit, "train_s": train_s, "train_cold_s": train_cold_s}
+    return {"generation_s": generation_s, "refit_s": refit, "train_s": train_s, "train_cold_s": train_cold_s} | floor
 
 
 async def _generation_and_refit(
     config: SCConfig, shape: Shape, model: torch.nn.Module, vocab: int, lengths: list[int]
-) -> tuple[float, float]:
-    """A colocated engine as the fit's answers the step's prompts with its lengths; then the refit's seconds."""
+) -> tuple[float, int, float]:
+    """A colocated engine as the fit's answers the step's prompts with its lengths: its seconds and decode steps;
+    then the refit's seconds."""
     from sc_lightning.engines.megatron.engine import MegatronEngine
     from sc_lightning.models.megatron import megatron_weights
 
@@ -282,12 +296,25 @@ async def _generation_and_refit(
     try:
         batch = prompts(len(lengths), shape.prompt_len, vocab)
         await engine_run(engine, batch, lengths)  # warm-up, as the fit's first step: CUDA graphs, Triton kernels
+        before = engine.stats.decode_steps
         seconds, generations = await engine_run(engine, batch, lengths)
+        decode_steps = engine.stats.decode_steps - before
         assert [len(g.token_ids) for g in generations] == lengths
         refit = await refit_s(engine, functools.partial(megatron_weights, model), reps=3)
     finally:
         await engine.shutdown()
-    return seconds, refit
+    return seconds, decode_steps, refit
+
+
+def generation_bytes(
+    model: torch.nn.Module, spec: Any, prompt: int, lengths: list[int], decode_steps: int, kv_cache_dtype: str
+) -> float:
+    """What generating ``lengths`` after ``prompt``-token prompts must read from memory at least: the weights once
+    per decode step, and for each new token its row's K/V up to its own position."""
+    rows = round(sum(lengths) / max(decode_steps, 1))  # the mean batch: its embedding rows are read too
+    weights = decode_steps * decode_weight_bytes(model, spec, rows)
+    per_position = kv_bytes_per_position(spec, cache_value_bytes(model, kv_cache_dtype))
+    return weights + sum(n * prompt + n * (n + 1) / 2 for n in lengths) * per_position
 
 
 def _train_s(config: SCConfig, model: torch.nn.Module, spec: Any, lengths: list[int]) -> tuple[float, float]:
@@ -381,6 +408,16 @@ def report_efficiency(last: dict[str, float], parts: dict[str, float]) -> float:
     print(f"| step | {step:.3f} | {explained:.3f} |")
     print(f"(train with a cold allocator, after torch.cuda.empty_cache(): {parts['train_cold_s']:.3f} s)")
     print(f"orchestration efficiency = {explained:.3f} / {step:.3f} = {explained / step:.1%}")
+    if "generation_floor_s" in parts:
+        floor, generation = parts["generation_floor_s"], last["perf/split_generation_s"]
+        ceiling = last["perf/step_tokens"] / (step - generation + floor)
+        print(
+            f"generation's memory floor: {parts['generation_bytes'] / 1e12:.2f} TB (weights once a decode step, each "
+            f"token's K/V up to its position) at this GPU's copy bandwidth "
+            f"({parts['copy_bytes_per_s'] / 1e12:.2f} TB/s) = {floor:.2f} s: the fit's generation ran at "
+            f"{floor / generation:.0%} of it, its own benchmark at {floor / parts['generation_s']:.0%}; with "
+            f"generation at the floor and the rest of the step as it ran, {ceiling:,.0f} tokens/s/GPU"
+        )
     return explained / step
 
 

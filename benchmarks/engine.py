@@ -95,15 +95,30 @@ def build(args: argparse.Namespace) -> tuple[torch.nn.Module, ModelSpec]:
     return model, spec
 
 
-def hbm_bound(model: torch.nn.Module, spec: ModelSpec, batch: int, args: argparse.Namespace) -> dict[str, float]:
-    """Bytes one decode step of ``batch`` rows must read (weights, K/V) and the tokens/s that allows."""
+def decode_weight_bytes(model: torch.nn.Module, spec: ModelSpec, batch: int) -> int:
+    """Bytes of weights one decode step of ``batch`` rows reads: every parameter once, of an untied input-embedding
+    table only the ``batch`` rows looked up."""
     size = next(model.parameters()).element_size()
-    kv_size = 1 if args.kv_cache_dtype == "fp8" else size
     weights = sum(p.numel() * p.element_size() for p in model.parameters())
     if not spec.tie_word_embeddings:
-        weights -= spec.padded_vocab_size() * spec.hidden_size * size  # only B rows of the table are looked up
-    weights += batch * spec.hidden_size * size
-    per_position = spec.num_layers * 2 * spec.num_query_groups * spec.kv_channels * kv_size
+        weights -= spec.padded_vocab_size() * spec.hidden_size * size
+    return weights + batch * spec.hidden_size * size
+
+
+def kv_bytes_per_position(spec: ModelSpec, cache_bytes: int) -> int:
+    """Bytes of K and V one cached position holds over all layers (``cache_bytes`` a value)."""
+    return spec.num_layers * 2 * spec.num_query_groups * spec.kv_channels * cache_bytes
+
+
+def cache_value_bytes(model: torch.nn.Module, kv_cache_dtype: str) -> int:
+    """Bytes of one cached K/V value: 1 in an fp8 cache, else the model's dtype's."""
+    return 1 if kv_cache_dtype == "fp8" else next(model.parameters()).element_size()
+
+
+def hbm_bound(model: torch.nn.Module, spec: ModelSpec, batch: int, args: argparse.Namespace) -> dict[str, float]:
+    """Bytes one decode step of ``batch`` rows must read (weights, K/V) and the tokens/s that allows."""
+    weights = decode_weight_bytes(model, spec, batch)
+    per_position = kv_bytes_per_position(spec, cache_value_bytes(model, args.kv_cache_dtype))
     kv = batch * (args.prompt_len + (args.new_tokens - 1) / 2) * per_position
     step_s = (weights + kv) / (args.hbm_tbps * 1e12)
     return {"weights_gb": weights / 1e9, "kv_gb": kv / 1e9, "bound_ms": step_s * 1e3, "bound_tps": batch / step_s}
