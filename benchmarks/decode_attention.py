@@ -18,6 +18,7 @@ length) against splits of ``--splits`` positions, at ``--blocks`` positions per 
 
     python benchmarks/decode_attention.py                          # 1.26b and llama1b shapes, 128 and 256 rows
     python benchmarks/decode_attention.py --shapes 1.26b --rows 256 --splits 128 256 512 --blocks 32 64 128
+    python benchmarks/decode_attention.py --kv-cache-dtype fp8      # an fp8 cache: half the bytes to read
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from typing import Any
 import torch
 
 SHAPES = {"1.26b": (8, 2, 128), "llama1b": (8, 4, 64)}  # (KV groups, query heads per group, head_dim)
+CACHE_DTYPES = {"bf16": torch.bfloat16, "fp8": torch.float8_e4m3fn}  # the engine's kv_cache_dtype auto (bf16), fp8
 
 
 def copy_bandwidth(reps: int) -> float:
@@ -79,11 +81,12 @@ def measure(args: argparse.Namespace) -> list[dict[str, Any]]:
         groups, hpg, dim = SHAPES[shape]
         for rows in args.rows:
             cache = torch.randn(rows, args.length, groups, 2, dim, device="cuda", dtype=torch.bfloat16)
+            cache = cache.to(CACHE_DTYPES[args.kv_cache_dtype])
             query = torch.randn(rows, groups, hpg, dim, device="cuda", dtype=torch.bfloat16)
             for kind in ("full", "longtail", "tail"):
                 seen = contexts(kind, rows, args).cuda()
                 positions, used = seen - 1, query[: seen.numel()]
-                bytes_read = int(seen.sum()) * groups * 2 * dim * 2
+                bytes_read = int(seen.sum()) * groups * 2 * dim * cache.element_size()
                 settings = [(args.length, 64)] + [(s, b) for s in args.splits for b in args.blocks if b <= s]
                 base = None
                 for split, block in settings:
@@ -125,6 +128,7 @@ def main() -> None:
     parser.add_argument("--tail-rows", type=int, default=8)
     parser.add_argument("--splits", type=int, nargs="+", default=[128, 256, 512])
     parser.add_argument("--blocks", type=int, nargs="+", default=[32, 64, 128])
+    parser.add_argument("--kv-cache-dtype", choices=sorted(CACHE_DTYPES), default="bf16", help="the cache's dtype")
     parser.add_argument("--reps", type=int, default=20)
     args = parser.parse_args()
     if not torch.cuda.is_available():

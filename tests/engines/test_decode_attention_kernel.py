@@ -19,15 +19,17 @@ import torch
 from sc_lightning.engines.megatron import decode_kernels
 
 errors = []
-for hpg, dim, split, block in json.loads(sys.argv[1]):
+for hpg, dim, split, block, cache_dtype in json.loads(sys.argv[1]):
     g = torch.Generator().manual_seed(hpg * 1000 + split)
     rows, groups, length = 5, 2, 150
-    cache = torch.randn(6, length, groups, 2, dim, generator=g).half()
+    cache = torch.randn(6, length, groups, 2, dim, generator=g).to(getattr(torch, cache_dtype))
     query = torch.randn(rows, groups, hpg, dim, generator=g).half()
     positions = torch.tensor([0, 31, 32, 100, 149])
     beyond = positions[:, None] < torch.arange(1, length)
+    cache = cache.float()
     cache[:rows, 1:][beyond] = float("nan")  # positions past a row's own are never read
     cache[rows:] = float("nan")  # nor are other slots
+    cache = cache.to(getattr(torch, cache_dtype))
     got = decode_kernels.decode_attention(query, cache, positions, dim**-0.5, split=split, block=block)
     worst = 0.0
     for r, p in enumerate(positions.tolist()):
@@ -43,9 +45,11 @@ print(json.dumps(errors))
 def test_split_decode_attention_equals_softmax_attention_over_each_rows_own_positions() -> None:
     """At the 1.26B shape's groups (2 query heads of 128) and Llama-3.2-1B's (4 of 64): splits of 16 and 32
     positions (several per row, a row ending mid-split and on a split's edge) and one split longer than the cache
-    (the unsplit kernel) all equal attention computed in fp32 over positions ``0..p`` of the row's own slot;
-    positions beyond ``p`` and other slots hold NaN, so reading one would show."""
-    cases = [(hpg, dim, split, 16) for hpg, dim in [(2, 128), (4, 64)] for split in (16, 32)] + [(2, 128, 256, 64)]
+    (the unsplit kernel) all equal attention computed in fp32 over positions ``0..p`` of the row's own slot, and so
+    does an fp8 cache (its values, converted for the products); positions beyond ``p`` and other slots hold NaN, so
+    reading one would show."""
+    cases = [(hpg, dim, split, 16, "float16") for hpg, dim in [(2, 128), (4, 64)] for split in (16, 32)]
+    cases += [(2, 128, 256, 64, "float16"), (2, 128, 32, 16, "float8_e4m3fn")]  # unsplit; an fp8 cache
     child = subprocess.run(
         [sys.executable, "-c", CHILD, json.dumps(cases)],
         env={**os.environ, "TRITON_INTERPRET": "1"},

@@ -164,6 +164,7 @@ def _decode_attention_split_kernel(
     DIM: tl.constexpr,
     BLOCK: tl.constexpr,
     SPLIT: tl.constexpr,
+    FP16_PRODUCTS: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
     group = tl.program_id(1).to(tl.int64)
@@ -176,6 +177,8 @@ def _decode_attention_split_kernel(
         dim = tl.arange(0, DIM)[None, :]
         heads = (row * groups + group) * hpg + head  # this group's query heads, rows of query
         query = tl.load(query_ptr + heads * DIM + dim, mask=head < hpg, other=0.0)  # (HEADS, DIM)
+        if FP16_PRODUCTS:  # an fp8 cache: fp8 -> fp16 is one instruction a pair on Hopper, fp8 -> bf16 is not
+            query = query.to(tl.float16)
         best = tl.full((HEADS,), float("-inf"), tl.float32)
         total = tl.zeros((HEADS,), tl.float32)
         acc = tl.zeros((HEADS, DIM), tl.float32)
@@ -247,7 +250,8 @@ def decode_attention(
     the splits' softmaxes, so a long row's positions spread over many programs instead of one program per row
     reading a long tail's thousands of positions while the short rows' programs have long finished. The grid
     covers the cache's whole length, so it is the same for every step (CUDA graphs); splits past a row's end return
-    at once. ``block`` is the positions one loop iteration reads.
+    at once. ``block`` is the positions one loop iteration reads. On an fp8 cache both products run in fp16 (the
+    query converted: a bf16 query past fp16's 65,504 would overflow, far beyond what attention queries hold).
     """
     rows, groups, hpg, dim = query.shape
     out = torch.empty((rows, 1, groups * hpg * dim), dtype=query.dtype, device=query.device)
@@ -273,6 +277,7 @@ def decode_attention(
             DIM=dim,
             BLOCK=min(block, split),
             SPLIT=split,
+            FP16_PRODUCTS=cache.element_size() == 1,
         )
         _decode_attention_combine_kernel[(rows, groups)](
             part, stats, positions, out, groups, hpg, splits, HEADS=heads, DIM=dim, SPLIT=split
