@@ -72,6 +72,7 @@ from e2e_parts import components, report_efficiency, step_lengths  # benchmarks/
 
 from sc_lightning.config import load_config
 from sc_lightning.config.yaml_io import load_yaml_layers
+from sc_lightning.engines.megatron.engine import KV_CACHE_DTYPES
 from sc_lightning.trainer.perf import SPLIT
 
 REPO = Path(__file__).resolve().parents[1]
@@ -273,7 +274,10 @@ def main() -> None:
     parser.add_argument("--engine-batch", type=int, help="rows the engine decodes at once (default: the shape's)")
     parser.add_argument("--device", help="cpu or cuda (default: the shape's)")
     parser.add_argument(
-        "--kv-cache-dtype", choices=["auto", "fp8"], default="auto", help="the engine's KV cache (auto: the model's)"
+        "--kv-cache-dtype",
+        choices=sorted(KV_CACHE_DTYPES),
+        default="auto",
+        help="the engine's KV cache (auto: the model's)",
     )
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--fit-timeout", type=float, default=480.0, help="seconds the fit may take")

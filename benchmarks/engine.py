@@ -38,7 +38,7 @@ from typing import Any
 
 import torch
 
-from sc_lightning.engines.megatron.engine import MegatronEngine
+from sc_lightning.engines.megatron.engine import KV_CACHE_DTYPES, MegatronEngine
 from sc_lightning.models import build_gpt_model, load_policy, token_logprobs
 from sc_lightning.models.spec import ModelSpec, builtin_spec
 from sc_lightning.types import Generation, SamplingParams
@@ -111,8 +111,8 @@ def kv_bytes_per_position(spec: ModelSpec, cache_bytes: int) -> int:
 
 
 def cache_value_bytes(model: torch.nn.Module, kv_cache_dtype: str) -> int:
-    """Bytes of one cached K/V value: 1 in an fp8 cache, else the model's dtype's."""
-    return 1 if kv_cache_dtype == "fp8" else next(model.parameters()).element_size()
+    """Bytes of one cached K/V value in the engine's ``kv_cache_dtype`` cache (auto: the model's dtype's)."""
+    return (KV_CACHE_DTYPES[kv_cache_dtype] or next(model.parameters()).dtype).itemsize
 
 
 def hbm_bound(model: torch.nn.Module, spec: ModelSpec, batch: int, args: argparse.Namespace) -> dict[str, float]:
@@ -209,7 +209,10 @@ def main() -> None:
     )
     parser.add_argument("--profile", action="store_true", help="then profile one run at the largest batch")
     parser.add_argument(
-        "--kv-cache-dtype", choices=["auto", "fp8"], default="auto", help="the KV cache's dtype (auto: the model's)"
+        "--kv-cache-dtype",
+        choices=sorted(KV_CACHE_DTYPES),
+        default="auto",
+        help="the KV cache's dtype (auto: the model's)",
     )
     parser.add_argument("--flash-decode", dest="flash", action="store_true", help="decode on flash attention")
     parser.add_argument(
