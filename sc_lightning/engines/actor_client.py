@@ -188,7 +188,10 @@ class ActorEngineClient:
         )
 
     async def stats(self) -> dict[str, int]:
-        """The actor engine's counters."""
+        """The actor engine's counters, read once the cancels this client sent have reached the actor (so a
+        request its caller stopped waiting for is not counted as served after the caller moved on)."""
+        if self._cancels:
+            await asyncio.gather(*self._cancels)
         return await self._call("stats", "stats", timeout_s=self.control_timeout_s)
 
     async def shutdown(self) -> None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import re
 import sys
 import time
 
@@ -73,20 +72,24 @@ def test_ray_engine_end_to_end(ray_cluster: None, tiny_dirs: dict) -> None:
         with pytest.raises(EngineError, match=r"engine 'ray-gen', request req-\d+"):
             await engine.generate(tuple([3] * 300), SamplingParams(4))
 
-        # the requests of one loop turn travel in one actor call, yet each keeps its own outcome and cancellation
-        finished = (await engine.stats())["finished_requests"]
+        # the requests of one loop turn travel in one actor call, yet each keeps its own outcome and cancellation;
+        # decoding holds (stood down) until the cancel has reached the actor, so the long request cannot finish first
+        before = await engine.stats()
+        await engine.stand_down()
         long = asyncio.create_task(engine.generate(PROMPT, SamplingParams(200, temperature=0.0)))
-        good, bad = await asyncio.gather(
-            engine.generate(PROMPT, SamplingParams(2)),
-            engine.generate(tuple([3] * 300), SamplingParams(2)),
-            return_exceptions=True,
-        )
-        assert len(good.token_ids) == 2
-        assert isinstance(bad, EngineError) and re.search(r"engine 'ray-gen', request req-\d+: prompt of 300", str(bad))
-        long.cancel()  # its 200 tokens are dropped in the actor, not generated to the end
+        good = asyncio.create_task(engine.generate(PROMPT, SamplingParams(2)))
+        bad = asyncio.create_task(engine.generate(tuple([3] * 300), SamplingParams(2)))
+        with pytest.raises(EngineError, match=r"engine 'ray-gen', request req-\d+: prompt of 300"):
+            await bad  # refused at once, its batch-mates still held
+        long.cancel()
         with pytest.raises(asyncio.CancelledError):
             await long
-        assert (await engine.stats())["finished_requests"] == finished + 1
+        await engine.stats()  # returns once the cancel has landed
+        await engine.wake()
+        assert len((await good).token_ids) == 2
+        after_cancel = await engine.stats()
+        assert after_cancel["finished_requests"] == before["finished_requests"] + 1
+        assert after_cancel["generated_tokens"] == before["generated_tokens"] + 2  # none of the long request's 200
         assert len((await engine.generate(PROMPT, SamplingParams(3))).token_ids) == 3
 
         assert actor_alive("ray-gen-actor")
