@@ -42,12 +42,16 @@ tokens/s/GPU the step would reach with its generation at that floor. The modes:
 
 "engine tok/s" (response tokens over the generation split: the engine's rate while the trainer waits) is a colocated
 figure. ``--no-parts`` skips the parts' benchmarks: to compare modes on the same work in less time.
+``--profile-train`` profiles the fit's last training step and the parts' training benchmark on the same rows
+(``benchmarks/step_profile.py``) and prints where each one's time went: the device's busy and idle time, the kernels,
+the host's calls (the fit's figures then carry the profiler's overhead).
 
     python benchmarks/e2e.py --shape tiny                           # builtin:tiny on the CPU, about a minute
     python benchmarks/e2e.py --shape 1.26b --out /tmp/e2e           # one GPU: 512 completions, 256 + ~1K tokens
     python benchmarks/e2e.py --shape llama1b --mode colocated --steps 3
     python benchmarks/e2e.py --shape llama1b --mode colocated-async --steps 4 --no-parts
     python benchmarks/e2e.py --shape 1.26b --kv-cache-dtype fp8 --engine-batch 256   # half the K/V bytes
+    python benchmarks/e2e.py --shape 1.26b --steps 2 --profile-train   # why the fit trains slower than its benchmark
 """
 
 from __future__ import annotations
@@ -69,6 +73,7 @@ from typing import Any
 
 import yaml
 from e2e_parts import components, report_efficiency, step_lengths  # benchmarks/*.py: the script's folder is on sys.path
+from step_profile import format_summary
 
 from sc_lightning.config import load_config
 from sc_lightning.config.yaml_io import load_yaml_layers
@@ -76,6 +81,7 @@ from sc_lightning.engines.megatron.engine import KV_CACHE_DTYPES
 from sc_lightning.trainer.perf import SPLIT
 
 REPO = Path(__file__).resolve().parents[1]
+FIT_PROFILE = "fit_train_profile.json"  # --profile-train: the fit's last training step's summary, in --out
 
 
 @dataclass(frozen=True)
@@ -125,14 +131,18 @@ def fit_config(shape: Shape, args: argparse.Namespace, prompts_file: Path, root:
     placement: dict[str, Any] = {"enabled": colocated}
     if not colocated and shape.device == "cuda":
         placement["resources"] = {"num_nodes": 1, "gpus_per_node": 1}  # the engine actor on a GPU of its own
+    trainer: dict[str, Any] = {
+        "accelerator": "gpu" if shape.device == "cuda" else "cpu",
+        "devices": 1,
+        "log_every_n_steps": 1,
+        "default_root_dir": str(root),
+        "enable_progress_bar": False,
+    }
+    if args.profile_train:  # the benchmarks folder is on the fit's PYTHONPATH (run_fit)
+        profile = {"path": str(root.parent / FIT_PROFILE), "step": args.steps - 1}
+        trainer["callbacks"] = [{"class_path": "step_profile.StepProfile", "init_args": profile}]
     return {
-        "trainer": {
-            "accelerator": "gpu" if shape.device == "cuda" else "cpu",
-            "devices": 1,
-            "log_every_n_steps": 1,
-            "default_root_dir": str(root),
-            "enable_progress_bar": False,
-        },
+        "trainer": trainer,
         "grpo": {
             "num_prompts_per_step": groups,
             "num_generations_per_prompt": shape.generations,
@@ -181,7 +191,8 @@ def run_fit(config_file: Path, log: Path, timeout_s: float) -> float:
     """Run ``python -m sc_lightning fit`` on ``config_file`` (output to ``log``); its seconds. Exits on failure."""
     command = [sys.executable, "-m", "sc_lightning", "fit", "--config", str(config_file)]
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))  # this checkout first
+    paths = [str(REPO), str(REPO / "benchmarks"), env.get("PYTHONPATH")]  # this checkout first; step_profile
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, paths))
     started = time.perf_counter()
     with log.open("w") as out:
         try:
@@ -279,6 +290,9 @@ def main() -> None:
         default="auto",
         help="the engine's KV cache (auto: the model's)",
     )
+    parser.add_argument(
+        "--profile-train", action="store_true", help="profile the fit's last training step and the parts' one"
+    )
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--fit-timeout", type=float, default=480.0, help="seconds the fit may take")
     parser.add_argument("--out", type=Path, help="keep the run, its log and results.json here (default: a temp dir)")
@@ -313,11 +327,16 @@ def main() -> None:
     last, summary = rows[-1], summarise(rows[args.warmup :])
     report_throughput(args, shape, summary)  # first: the fit's figures stand even if the parts' benchmarks fail
     results: dict[str, Any] = {"summary": summary, "last_step": last}
+    if args.profile_train:
+        results["fit_train_profile"] = json.loads((out / FIT_PROFILE).read_text())
+        print(format_summary(f"the fit's training step {last['step']:.0f}, profiled", results["fit_train_profile"]))
     (out / "results.json").write_text(json.dumps(results, indent=2))
     if not args.parts:
         return
     lengths = step_lengths(config, int(last["step"]))
-    parts = components(config, shape.device, lengths)
+    parts = components(config, shape.device, lengths, profile_train=args.profile_train)
+    if "train_profile" in parts:
+        print(format_summary("the parts' training step on the same rows, profiled", parts["train_profile"]))
     results |= {"components": parts, "efficiency": report_efficiency(last, parts), "answer_lengths": lengths}
     (out / "results.json").write_text(json.dumps(results, indent=2))
     print(f"results: {out / 'results.json'}")

@@ -19,6 +19,7 @@ import torch
 from decode_attention import copy_bandwidth  # benchmarks/*.py (the script's folder is on sys.path)
 from engine import cache_value_bytes, decode_weight_bytes, engine_run, kv_bytes_per_position, prompts
 from refit import refit_s
+from step_profile import profiled
 from train_step import median_ms
 
 from sc_lightning.config import SCConfig
@@ -44,9 +45,10 @@ def step_lengths(config: SCConfig, step: int) -> list[int]:
     ]
 
 
-def components(config: SCConfig, device: str, lengths: list[int]) -> dict[str, float]:
+def components(config: SCConfig, device: str, lengths: list[int], *, profile_train: bool = False) -> dict[str, Any]:
     """Seconds of the step's parts in their own benchmarks on ``device``: generation of ``lengths``, the refit, one
-    GRPO step; on a GPU also the generation's memory floor (module docstring)."""
+    GRPO step; on a GPU also the generation's memory floor (module docstring); with ``profile_train`` the training
+    step once more under the profiler (``train_profile``: ``step_profile.profile_summary``)."""
     from sc_lightning.models import load_policy
 
     policy, on = config.policy, torch.device(device)
@@ -61,8 +63,8 @@ def components(config: SCConfig, device: str, lengths: list[int]) -> dict[str, f
         floor["generation_floor_s"] = floor["generation_bytes"] / floor["copy_bytes_per_s"]
         gc.collect()  # the engine's replica (its worker thread and the engine refer to each other)
         torch.cuda.empty_cache()  # the engine's replica and KV cache are gone: the trainer takes the memory
-    train_s, train_cold_s = _train_s(config, model, spec, lengths)
-    return {"generation_s": generation_s, "refit_s": refit, "train_s": train_s, "train_cold_s": train_cold_s} | floor
+    train = _train_s(config, model, spec, lengths, profile_train)
+    return {"generation_s": generation_s, "refit_s": refit} | train | floor
 
 
 async def _generation_and_refit(
@@ -108,10 +110,11 @@ def generation_bytes(
     return weights + sum(n * prompt + n * (n + 1) / 2 for n in lengths) * per_position
 
 
-def _train_s(config: SCConfig, model: torch.nn.Module, spec: Any, lengths: list[int]) -> tuple[float, float]:
-    """Seconds of one GRPO step over rows of prompt + ``lengths`` tokens, as the fit's module trains them: warm (the
-    allocator holding the memory of the step before), and right after ``torch.cuda.empty_cache()`` (cold: as in the
-    colocated fit, where the engine's stand-down hands the memory back before every training step)."""
+def _train_s(config: SCConfig, model: torch.nn.Module, spec: Any, lengths: list[int], profile: bool) -> dict[str, Any]:
+    """Seconds of one GRPO step over rows of prompt + ``lengths`` tokens, as the fit's module trains them: warm
+    (``train_s``: the allocator holding the memory of the step before), and right after ``torch.cuda.empty_cache()``
+    (``train_cold_s``: as in the colocated fit, where the engine's stand-down hands the memory back before every
+    training step); with ``profile`` one more step under the profiler (``train_profile``)."""
     from sc_lightning.algorithms import ClippedPGLoss
     from sc_lightning.trainer.chunks import TrainChunk
     from sc_lightning.trainer.optim import adamw
@@ -150,10 +153,15 @@ def _train_s(config: SCConfig, model: torch.nn.Module, spec: Any, lengths: list[
         update.train_chunk(chunk)
         update.finish()
 
-    warm = median_ms(step, device, reps=1, warmups=1) / 1e3
+    times = {"train_s": median_ms(step, device, reps=1, warmups=1) / 1e3}
     if device.type == "cuda":
         torch.cuda.empty_cache()
-    return warm, median_ms(step, device, reps=1, warmups=0) / 1e3
+    times["train_cold_s"] = median_ms(step, device, reps=1, warmups=0) / 1e3
+    if not profile:
+        return times
+    with profiled(device) as summary:
+        step()
+    return times | {"train_profile": summary()}
 
 
 def report_efficiency(last: dict[str, float], parts: dict[str, float]) -> float:

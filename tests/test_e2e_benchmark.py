@@ -21,6 +21,7 @@ pytestmark = pytest.mark.slow  # two fits and their parts' benchmarks on the CPU
 @pytest.mark.parametrize("mode", ["colocated", "async"])
 def test_the_e2e_benchmark_reports_the_fits_throughput_and_times_the_same_work(tmp_path: Path, mode: str) -> None:
     command = [sys.executable, "benchmarks/e2e.py", "--shape", "tiny", "--mode", mode, "--out", str(tmp_path)]
+    command += ["--profile-train"] if mode == "colocated" else []
     result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=400, env=user_environment())
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
     assert "orchestration efficiency =" in result.stdout and "tokens/s/GPU" in result.stdout
@@ -44,6 +45,13 @@ def test_the_e2e_benchmark_reports_the_fits_throughput_and_times_the_same_work(t
     if mode == "colocated":  # on-policy: every token it sampled in the step's window was trained
         sampled = last["perf/decode_rows_mean"] * last["perf/decode_steps"]
         assert sampled == pytest.approx(last["perf/step_generated_tokens"])
+        # --profile-train: the fit's last training step (a callback in the fit's process) and the parts' one, the
+        # same micro-batches of the same rows: the model's matrix products ran as often in both
+        fit, own = results["fit_train_profile"], parts["train_profile"]
+        assert 0 < fit["wall_s"] < last["timing/train/total_step_time"] and own["wall_s"] > 0
+        calls = [{name: count for name, _, count in profile["host"]} for profile in (fit, own)]
+        assert calls[0]["aten::mm"] == calls[1]["aten::mm"] > 0
+        assert "the fit's training step 2, profiled" in result.stdout
 
 
 def test_colocated_async_decodes_the_next_steps_prompts_across_the_refit(tmp_path: Path) -> None:
