@@ -228,6 +228,8 @@ def summarise(rows: list[dict[str, float]]) -> dict[str, float]:
     summary |= {f"split_{p}_s": sum(r[f"perf/split_{p}_s"] for r in rows) / len(rows) for p in SPLIT}
     if all("perf/mfu" in r for r in rows):
         summary["train_mfu"] = sum(r["perf/mfu"] for r in rows) / len(rows)
+    if all("perf/alloc_retries" in r for r in rows):  # on a GPU: the caching allocator ran short of memory
+        summary["alloc_retries"] = sum(r["perf/alloc_retries"] for r in rows)
     if all("train/token_mult_prob_error" in r for r in rows):  # the engine's logprobs against the trainer's
         summary["token_mult_prob_error"] = sum(r["train/token_mult_prob_error"] for r in rows) / len(rows)
     steps = sum(r.get("perf/decode_steps", 0.0) for r in rows)  # async: a step's window may hold no decode step
@@ -263,6 +265,12 @@ def report_throughput(args: argparse.Namespace, shape: Shape, summary: dict[str,
         rows, slots = summary["decode_rows_mean"], summary["decode_slots"]
         fill = f" ({rows / slots:.0%} of its {slots:.0f} KV rows)" if slots else ""
         print(f"the engine decoded {rows:.1f} rows at a time on average{fill} (perf/decode_rows_mean)", flush=True)
+    if "alloc_retries" in summary:
+        print(
+            f"the allocator retried {summary['alloc_retries']:.0f} times in the measured training steps (0: memory "
+            "never ran short; perf/alloc_retries)",
+            flush=True,
+        )
     if "token_mult_prob_error" in summary:
         error = summary["token_mult_prob_error"]
         print(f"engine vs trainer logprobs: train/token_mult_prob_error {error:.4f} (1 = the same)", flush=True)

@@ -1,5 +1,6 @@
-"""Throughput of each RL step: the training step's ``perf/tokens_per_s``, ``perf/mfu`` and ``perf/peak_memory_gib``,
-and the whole step's ``perf/tokens_per_s_per_gpu`` with the split of its wall time (:func:`step_throughput`).
+"""Throughput of each RL step: the training step's ``perf/tokens_per_s``, ``perf/mfu``, ``perf/peak_memory_gib`` and
+``perf/alloc_retries``, and the whole step's ``perf/tokens_per_s_per_gpu`` with the split of its wall time
+(:func:`step_throughput`).
 
 Model FLOPs of one trained row of ``L`` tokens (forward + backward, the usual dense-transformer count)::
 
@@ -76,12 +77,14 @@ class StepPerf:
         self.device = next(model.parameters()).device
         self.peak = peak_tflops(self.device)
         self.logprob_s = 0.0  # seconds of this step's frozen logprob passes (logprob_pass)
+        self._alloc_retries = 0  # the caching allocator's retries before the step (a cumulative counter)
 
     def start(self) -> None:
         """Open a step: reset the device's peak-memory counter and the step's logprob-pass time."""
         self.logprob_s = 0.0
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)
+            self._alloc_retries = torch.cuda.memory_stats(self.device).get("num_alloc_retries", 0)
 
     @contextlib.contextmanager
     def logprob_pass(self) -> Iterator[None]:
@@ -100,10 +103,14 @@ class StepPerf:
             torch.cuda.synchronize(self.device)
 
     def finish(self, lengths: list[int], seconds: float) -> dict[str, float]:
-        """``tokens_per_s``, and on a GPU ``peak_memory_gib`` and (for a known device) ``mfu``, of the step."""
+        """``tokens_per_s``, and on a GPU ``peak_memory_gib``, ``alloc_retries`` (the caching allocator's retries in
+        the step: a failed allocation made it free its cached blocks and try again, stalling the device each time; 0
+        unless memory is short) and (for a known device) ``mfu``, of the step."""
         metrics = {"tokens_per_s": sum(lengths) / seconds if seconds > 0 else 0.0}
         if self.device.type == "cuda":
             metrics["peak_memory_gib"] = torch.cuda.max_memory_allocated(self.device) / 2**30
+            retries = torch.cuda.memory_stats(self.device).get("num_alloc_retries", 0)
+            metrics["alloc_retries"] = float(retries - self._alloc_retries)
         if self.peak is not None and seconds > 0:
             flops = rank_training_flops(self.spec, lengths, self.model_parallel)
             metrics["mfu"] = flops / seconds / (self.peak * 1e12)

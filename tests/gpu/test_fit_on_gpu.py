@@ -59,5 +59,6 @@ def test_the_tiny_example_trains_on_the_gpu_with_its_engine_agreeing(precision: 
     assert all(check.greedy_equals_argmax), check.greedy_equals_argmax
     assert check.max_logprob_error < (1e-3 if precision == "fp32" else BF16_LOGPROB_TOLERANCE)
     perf = {k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("perf/")}
-    assert set(perf) == {"perf/tokens_per_s", "perf/peak_memory_gib", "perf/mfu"}, perf  # an H200 has a known peak
-    assert all(value > 0 for value in perf.values()) and perf["perf/mfu"] < 1, perf
+    assert set(perf) == {"perf/tokens_per_s", "perf/peak_memory_gib", "perf/alloc_retries", "perf/mfu"}, perf
+    assert perf.pop("perf/alloc_retries") == 0, perf  # a tiny model never runs the allocator short
+    assert all(value > 0 for value in perf.values()) and perf["perf/mfu"] < 1, perf  # the GPU's peak is known

@@ -45,7 +45,6 @@ def test_install_replaces_megatrons_fallbacks(monkeypatch) -> None:
     assert megatron_optimizer.multi_tensor_scale_impl is foreach_scale
 
 
-
 def test_install_keeps_a_fused_kernel_that_is_no_fallback(monkeypatch) -> None:
     """Apex's or Transformer Engine's fused kernels, where megatron found them, stay: only the fallbacks go."""
 
