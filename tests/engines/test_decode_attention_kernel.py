@@ -36,7 +36,8 @@ for hpg, dim, split, block, cache_dtype in json.loads(sys.argv[1]):
         seen = cache[r, : p + 1].float()
         scores = torch.einsum("ghd,ngd->ghn", query[r].float(), seen[:, :, 0]) * dim**-0.5
         expected = torch.einsum("ghn,ngd->ghd", scores.softmax(-1), seen[:, :, 1]).reshape(-1)
-        worst = max(worst, (got[r, 0].float() - expected).abs().max().item())
+        error = (got[r, 0].float() - expected).abs().max().item()
+        worst = max(worst, error if error == error else float("inf"))  # a NaN read is the worst error
     errors.append(worst)
 print(json.dumps(errors))
 """
