@@ -90,7 +90,7 @@ def test_invalid_config_fails_fast_with_every_error_and_no_traceback() -> None:
     )
     elapsed = time.monotonic() - started
     assert result.returncode == 2
-    assert elapsed < 15
+    assert elapsed < 30  # before Ray, the engines or a model start (a fit's start-up takes minutes)
     assert "Traceback" not in result.stderr
     assert "async_rl.max_bufered_rollouts: unknown key; did you mean async_rl.max_buffered_rollouts?" in result.stderr
     assert "trainer.max_step: unknown Trainer argument; did you mean trainer.max_steps?" in result.stderr

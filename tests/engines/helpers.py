@@ -1,8 +1,17 @@
-"""Reference computations for the engine tests: full forward passes without a KV cache."""
+"""Helpers of the engine tests: reference computations (full forward passes without a KV cache), and a gate
+holding the engine's worker thread where a test sends something mid-generation."""
 
 from __future__ import annotations
 
+import asyncio
+import threading
+from collections.abc import Awaitable
+from typing import Any, TypeVar
+
 import torch
+
+T = TypeVar("T")
+HOLD_S = 120.0  # the longest a WorkerGate waits for the worker, or holds it
 
 
 def full_logits(model: torch.nn.Module, ids: tuple[int, ...]) -> torch.Tensor:
@@ -26,3 +35,31 @@ def follows_argmax(model: torch.nn.Module, prompt: tuple[int, ...], tokens: tupl
     logits = full_logits(model, tuple(prompt) + tuple(tokens))
     argmax = logits[len(prompt) - 1 : -1].argmax(-1).tolist()
     return [a == t for a, t in zip(argmax, tokens, strict=True)]
+
+
+class WorkerGate:
+    """Holds a MegatronEngine's worker thread before the first step it starts once ``tokens`` tokens have been
+    sampled, so that what a test sends there (a command, a request) lands mid-generation however slow the machine:
+    counted in steps, not raced against them."""
+
+    def __init__(self, engine: Any, tokens: int) -> None:
+        batch, step = engine._batch, engine._batch.step
+        self._held, self._go = threading.Event(), threading.Event()
+
+        def gated(version: int) -> Any:
+            """The batch's own step, once the gate has opened (the worker reads ``batch.step`` at every step)."""
+            if batch.sampled_tokens >= tokens and not self._go.is_set():
+                self._held.set()
+                self._go.wait(HOLD_S)
+            return step(version)
+
+        batch.step = gated
+
+    async def during(self, call: Awaitable[T]) -> asyncio.Task[T]:
+        """Wait until the worker is held, start ``call`` (an engine call sends its command or request before its
+        first await), then let the worker go on; returns ``call``'s task."""
+        assert await asyncio.to_thread(self._held.wait, HOLD_S), "the engine never sampled the gate's tokens"
+        task = asyncio.ensure_future(call)
+        await asyncio.sleep(0)  # the task runs up to its first await: what it sends is queued
+        self._go.set()
+        return task

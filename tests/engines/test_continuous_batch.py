@@ -12,7 +12,7 @@ from sc_lightning.engines.megatron.cached_forward import CachedForward, _fused_k
 from sc_lightning.engines.megatron.engine import MegatronEngine
 from sc_lightning.models import load_policy
 from sc_lightning.types import SamplingParams
-from tests.engines.helpers import follows_argmax
+from tests.engines.helpers import WorkerGate, follows_argmax
 
 pytestmark = [
     pytest.mark.usefixtures("model_parallel"),
@@ -46,19 +46,18 @@ def batch_on(
 def test_a_request_arriving_mid_run_finishes_before_the_long_one_it_joined(tiny_dirs: dict) -> None:
     async def scenario() -> tuple:
         engine = MegatronEngine.from_pretrained(str(tiny_dirs["a"]), stop_on_eos=False)
+        gate = WorkerGate(engine, 5)  # the short request joins after the long one's fifth token
         long = asyncio.create_task(engine.generate((4, 5, 6), SamplingParams(200, temperature=0.0)))
-        while engine.stats.generated_tokens < 5:
-            await asyncio.sleep(0.0005)
-        short = await engine.generate((7, 8), SamplingParams(4, temperature=0.0))
-        long_done_then = long.done()
+        short = await (await gate.during(engine.generate((7, 8), SamplingParams(4, temperature=0.0))))
         result = await long
         stats = engine.stats
         await engine.shutdown()
-        return short, long_done_then, result, stats
+        return short, result, stats
 
-    short, long_done_then, result, stats = asyncio.run(scenario())
-    assert len(short.token_ids) == 4 and not long_done_then  # it started and ended while the long one ran
-    assert stats.batches == 1 and stats.decode_steps == 200  # one run: the short request rode the long one's steps
+    short, result, stats = asyncio.run(scenario())
+    assert len(short.token_ids) == 4
+    # one run of 200 decode steps: the short request's 4 tokens rode the long one's steps, started and ended within
+    assert stats.batches == 1 and stats.decode_steps == 200
     model = load_policy(str(tiny_dirs["a"]))[0].eval()
     assert all(follows_argmax(model, (7, 8), short.token_ids))
     assert all(follows_argmax(model, (4, 5, 6), result.token_ids)) and len(result.token_ids) == 200

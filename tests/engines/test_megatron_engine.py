@@ -13,7 +13,7 @@ from sc_lightning.engines.megatron.engine import MegatronEngine
 from sc_lightning.engines.sampling import scoring_temperature
 from sc_lightning.models import load_policy, token_logprobs
 from sc_lightning.types import SamplingParams
-from tests.engines.helpers import follows_argmax
+from tests.engines.helpers import WorkerGate, follows_argmax
 
 pytestmark = [
     pytest.mark.usefixtures("model_parallel"),
@@ -175,10 +175,9 @@ def test_errors_name_the_engine_and_the_request(tiny_dirs: dict) -> None:
         assert engine.weight_version == 0
         ok = await engine.generate((3, 4), SamplingParams(3))  # still serving
         assert len(ok.token_ids) == 3
+        gate = WorkerGate(engine, engine.stats.generated_tokens + 5)
         long = asyncio.create_task(engine.generate((3, 4), SamplingParams(200, temperature=0.0)))
-        while engine.stats.generated_tokens < 5:
-            await asyncio.sleep(0.001)
-        await engine.shutdown()
+        await (await gate.during(engine.shutdown()))
         aborted = await long
         assert aborted.finish_reason == "abort" and 0 < len(aborted.token_ids) < 200
         await engine.shutdown()  # idempotent

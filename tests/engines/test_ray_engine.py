@@ -61,12 +61,15 @@ def test_ray_engine_end_to_end(ray_cluster: None, tiny_dirs: dict) -> None:
         assert after.weight_version == 4 and all(follows_argmax(model_b, PROMPT, after.token_ids))
         assert (greedy.token_versions, after.token_versions) == ((0,) * 10, (4,) * 10)  # across the Ray transport
 
-        await engine.stand_down()
-        task = asyncio.create_task(engine.active_wait_for(engine.generate(PROMPT, SamplingParams(3)), 0.2))
+        await engine.stand_down()  # decoding holds, and so does the clock of the engine's deadlines
+        expiring = asyncio.create_task(engine.active_wait_for(asyncio.Event().wait(), 0.2))
+        queued = asyncio.create_task(engine.generate(PROMPT, SamplingParams(3)))
         await asyncio.sleep(0.4)
-        assert not task.done()
+        assert not expiring.done() and not queued.done()
         await engine.wake()
-        assert len((await task).token_ids) == 3
+        assert len((await queued).token_ids) == 3
+        with pytest.raises(TimeoutError):
+            await expiring  # awake, its 0.2 s run out
         assert (await engine.stats())["batches"] >= 3
 
         with pytest.raises(EngineError, match=r"engine 'ray-gen', request req-\d+"):
@@ -156,7 +159,7 @@ def test_a_refit_by_broadcast_to_a_dead_actor_is_an_engine_error_naming_it(ray_c
     async def scenario() -> None:
         engine = RayMegatronEngine(str(tiny_dirs["a"]), name="ray-dead", stop_on_eos=False)
         await engine.ready()
-        await engine.open_weight_group("cpu", timeout_s=5)
+        await engine.open_weight_group("cpu", timeout_s=30)  # its setup under a loaded machine; the dead actor ends it
         ray.kill(engine.actor, no_restart=True)
         started = time.monotonic()
         with pytest.raises(EngineError, match=r"engine 'ray-dead', refit to version 2"):

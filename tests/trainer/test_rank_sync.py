@@ -162,6 +162,7 @@ def _silent_leader_rank(rank: int, world_size: int, out: Path) -> None:
     """The leader never broadcasts (a hung leader, alive); the follower waits on a group with a 2-s timeout."""
     import time
 
+    torch.distributed.barrier()  # both ranks create the 2-s group together, whichever started faster
     ranks = RankGroup(timeout_s=2.0)
     if ranks.leader:
         time.sleep(6.0)  # alive past the follower's timeout
