@@ -5,13 +5,17 @@ host calls that took the longest (``torch.profiler`` with CPU and, on a GPU, CUD
 config names) and, in its own process, the parts' training benchmark on the same rows (:func:`profiled`), then prints
 both summaries (:func:`format_summary`). A fit whose training step is slower than its own benchmark then shows which
 it is: kernels that ran longer (different work), or a device left idle while the host did something else (which, the
-host table says). The callback's window runs from the step's ``on_train_batch_start`` to its ``on_train_batch_end``:
+host table says), or a host stalled by Python's garbage collector (its collections in the window are timed: the
+fit's process holds a far larger heap than the benchmark's, and a full collection walks all of it). The callback's
+window runs from the step's ``on_train_batch_start`` to its ``on_train_batch_end``:
 the colocated engine's stand-down is inside it, the refit after it is not.
 """
 
 from __future__ import annotations
 
+import gc
 import json
+import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -83,6 +87,25 @@ def profile_summary(profile: torch.profiler.profile, top: int = 12) -> dict[str,
     return summary
 
 
+class GcPauses:
+    """Times Python's garbage collections while installed (``gc.callbacks``): count and seconds by generation."""
+
+    def __init__(self) -> None:
+        self.count, self.seconds = [0, 0, 0], [0.0, 0.0, 0.0]
+        self._started = 0.0
+
+    def __call__(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._started = time.perf_counter()
+        else:
+            self.count[info["generation"]] += 1
+            self.seconds[info["generation"]] += time.perf_counter() - self._started
+
+    def summary(self) -> dict[str, Any]:
+        """The collections by generation (0, 1, 2), their seconds, and the objects the collector tracks now."""
+        return {"collections": self.count, "seconds": self.seconds, "tracked_objects": len(gc.get_objects())}
+
+
 def format_summary(title: str, summary: dict[str, Any]) -> str:
     """``summary`` (:func:`profile_summary`) as Markdown under ``title``."""
     lines = [f"\n{title}: wall {summary['wall_s']:.3f} s"]
@@ -93,6 +116,12 @@ def format_summary(title: str, summary: dict[str, Any]) -> str:
         lines.append("idle gaps: " + ", ".join(f"{k}: {v['count']} ({v['s']:.3f} s)" for k, v in buckets))
         lines += ["| kernel | device s |", "|---|---:|"]
         lines += [f"| {name[:90]} | {seconds:.3f} |" for name, seconds in summary["kernels"]]
+    collections = summary["gc"]
+    lines.append(
+        f"garbage collections by generation 0/1/2: {'/'.join(map(str, collections['collections']))}, "
+        f"{sum(collections['seconds']):.3f} s ({collections['seconds'][2]:.3f} s in full ones); "
+        f"{collections['tracked_objects']:,} objects tracked"
+    )
     lines += ["| host call | self CPU s | calls |", "|---|---:|---:|"]
     lines += [f"| {name[:90]} | {seconds:.3f} | {count} |" for name, seconds, count in summary["host"]]
     return "\n".join(lines)
@@ -100,15 +129,21 @@ def format_summary(title: str, summary: dict[str, Any]) -> str:
 
 @contextmanager
 def profiled(device: torch.device) -> Iterator[Callable[[], dict[str, Any]]]:
-    """Profile the block (the device synchronised at both ends); yields a function giving its summary afterwards."""
+    """Profile the block (the device synchronised at both ends) and time its garbage collections; yields a function
+    giving its summary afterwards."""
     activities = [torch.profiler.ProfilerActivity.CPU]
     if device.type == "cuda":
         activities.append(torch.profiler.ProfilerActivity.CUDA)
         torch.cuda.synchronize(device)
-    with torch.profiler.profile(activities=activities) as profile:
-        yield lambda: profile_summary(profile)
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
+    pauses = GcPauses()
+    gc.callbacks.append(pauses)
+    try:
+        with torch.profiler.profile(activities=activities) as profile:
+            yield lambda: profile_summary(profile) | {"gc": pauses.summary()}
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+    finally:
+        gc.callbacks.remove(pauses)
 
 
 class StepProfile(Callback):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import gc
+
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
@@ -37,13 +39,17 @@ def test_overlapping_kernels_count_once_and_gaps_fall_in_their_buckets() -> None
     assert buckets[">=0.1 ms"]["count"] == buckets[">=10 ms"]["count"] == 0
 
 
-def test_a_profiled_block_reports_its_wall_time_and_host_calls() -> None:
+def test_a_profiled_block_reports_its_wall_time_host_calls_and_garbage_collections() -> None:
     with profiled(torch.device("cpu")) as summary:
         a = torch.randn(64, 64)
         for _ in range(5):
             a = a @ a.T / 64
+        gc.collect()  # a full collection, as the collector may run one in the middle of a training step
     result = summary()
     assert result["wall_s"] > 0 and "device_busy_s" not in result  # no device activity on the CPU
     calls = {name: count for name, _, count in result["host"]}
     assert calls["aten::mm"] == 5
-    assert "aten::mm" in format_summary("block", result)
+    assert result["gc"]["collections"][2] >= 1 and result["gc"]["seconds"][2] > 0
+    assert result["gc"]["tracked_objects"] > 1000
+    text = format_summary("block", result)
+    assert "aten::mm" in text and "garbage collections by generation 0/1/2" in text
