@@ -87,7 +87,8 @@ async def _generation_and_refit(
         stop_on_eos=False,  # the fit's requests ignore eos (fixed_length)
     )
     try:
-        batch = prompts(len(lengths), config.data.max_prompt_length, vocab)
+        group = config.algo.num_generations_per_prompt  # the fit's prompt groups: its engine shares their prompts
+        batch = prompts(len(lengths), config.data.max_prompt_length, vocab, group)
         await engine_run(engine, batch, lengths)  # warm-up, as the fit's first step: CUDA graphs, Triton kernels
         before = engine.stats.decode_steps
         seconds, generations = await engine_run(engine, batch, lengths)

@@ -13,7 +13,8 @@ until the last one finishes gives the engine's generated tokens/s (prefill inclu
 
 (cache bytes: the model's dtype's, or 1 with ``--kv-cache-dtype fp8``; a tied embedding is read whole by the output
 layer and counted once; the mean context over the ``new`` steps is ``prompt + (new - 1) / 2``). "of bound" =
-generated tokens/s / bound tokens/s.
+generated tokens/s / bound tokens/s. With ``--group G`` every prompt is asked by ``G`` requests (a GRPO group): the
+engine prefills each prompt once and copies its K/V to the group's other rows.
 
 **Trainer forward**: ``token_logprobs`` (forward only, no grad) of the same model over the very same ``B``
 finished sequences (``B x (prompt + new)`` tokens), in micro-batches of at most ``--trainer-micro-tokens`` tokens as
@@ -24,6 +25,7 @@ trainer's forward tokens/s.
     python benchmarks/engine.py                      # builtin:tiny, B = 1 16 64, about 20 s on 2 CPU cores
     python benchmarks/engine.py --model /tmp/tiny-qwen2 --batches 1 16 --threads 1
     python benchmarks/engine.py --model 1.26b --device cuda --precision bf16   # issue 16's shape on one H200
+    python benchmarks/engine.py --model 1.26b --device cuda --precision bf16 --batches 128 --prompt-len 256 --group 16
 """
 
 from __future__ import annotations
@@ -49,10 +51,12 @@ SHAPES = {  # the benchmark shapes (seeded random weights): issue 16's 1.26B Lla
 }
 
 
-def prompts(batch: int, length: int, vocab: int) -> list[tuple[int, ...]]:
-    """``batch`` distinct seeded prompts of ``length`` tokens (ids 3.., past the char tokenizer's specials)."""
+def prompts(batch: int, length: int, vocab: int, group: int = 1) -> list[tuple[int, ...]]:
+    """``batch`` seeded prompts of ``length`` tokens (ids 3.., past the char tokenizer's specials), each distinct
+    one asked by ``group`` consecutive requests (a GRPO prompt group's completions)."""
     gen = torch.Generator().manual_seed(batch)
-    return [tuple(torch.randint(3, vocab, (length,), generator=gen).tolist()) for _ in range(batch)]
+    distinct = [tuple(torch.randint(3, vocab, (length,), generator=gen).tolist()) for _ in range(-(-batch // group))]
+    return [distinct[i // group] for i in range(batch)]
 
 
 async def engine_run(
@@ -128,7 +132,7 @@ async def measure_batch(
     engine: MegatronEngine, model: torch.nn.Module, spec: ModelSpec, batch_size: int, args: argparse.Namespace
 ) -> dict[str, Any]:
     """One row of figures for ``batch_size`` concurrent requests."""
-    batch = prompts(batch_size, args.prompt_len, spec.vocab_size)
+    batch = prompts(batch_size, args.prompt_len, spec.vocab_size, args.group)
     await engine_run(engine, batch, args.new_tokens)  # warm-up (captures this size's CUDA graphs)
     before = engine.stats
     engine_s, trainer_s = [], []
@@ -156,7 +160,7 @@ async def profile(engine: MegatronEngine, spec: ModelSpec, batch_size: int, args
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as torch_profile
 
-    batch = prompts(batch_size, args.prompt_len, spec.vocab_size)
+    batch = prompts(batch_size, args.prompt_len, spec.vocab_size, args.group)
     with torch_profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         seconds, _ = await engine_run(engine, batch, args.new_tokens)
     events = prof.key_averages()
@@ -199,6 +203,7 @@ def main() -> None:
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 16, 64])
     parser.add_argument("--prompt-len", type=int, default=16)
     parser.add_argument("--new-tokens", type=int, default=128)
+    parser.add_argument("--group", type=int, default=1, help="requests asking each prompt (a GRPO group: 16)")
     parser.add_argument("--reps", type=int, default=7)
     parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
     parser.add_argument("--device", default="cpu", help="where the engine and the trainer run (e.g. cuda)")

@@ -11,7 +11,9 @@ torch). Every running request owns one slot of a preallocated
    first: one forward that only fills the cache. A long prompt takes several steps, and decoding goes on in
    between, so it never starves the running rows. A prompt with images (a VLM) is fed its merged embeddings (its
    ``<image>`` positions are its images' projected patches), computed once per weight version and sliced per chunk;
-   decoding never meets an image (a prompt's last token is text).
+   decoding never meets an image (a prompt's last token is text). Rows of one text prompt (a prompt group's
+   completions) prefill it once: the others copy its K/V from the row that wrote them
+   (:mod:`~sc_lightning.engines.megatron.prompt_copies`).
 2. **Decode.** Every row whose prefix is cached up to its last token feeds that token at its own position (a device
    tensor), all rows in one forward; each samples its next token
    (:func:`~sc_lightning.engines.megatron.decode_sampling.sample_next`, its own noise stream) and reads it back with
@@ -45,6 +47,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -58,6 +61,7 @@ from sc_lightning.engines.megatron.cached_forward import CachedForward
 from sc_lightning.engines.megatron.cuda_graphs import DecodeGraphs
 from sc_lightning.engines.megatron.decode_sampling import NoiseStream, sample_next, to_device
 from sc_lightning.engines.megatron.kv_cache import SlotKVCache, batch_bucket, kv_bucket, rows_within_budget
+from sc_lightning.engines.megatron.prompt_copies import prompt_copies
 from sc_lightning.types import FinishReason, Generation, SamplingParams
 
 Outcome = Generation | BaseException
@@ -141,6 +145,12 @@ class _Row:
         """Prefix positions still to prefill before the row can decode (its last token is fed by a decode step)."""
         return self.request.length - 1 - self.cached
 
+    @functools.cached_property
+    def prompt_key(self) -> tuple[tuple[int, int], int] | None:
+        """``((hash, length) of the prompt, positions another row may copy)``, or None for a prompt with images."""
+        prompt = self.request.prompt
+        return None if self.request.images is not None else ((hash(prompt), len(prompt)), len(prompt) - 1)
+
 
 @dataclass(eq=False)
 class _Launched:
@@ -192,6 +202,7 @@ class ContinuousBatch:
         self.decode_steps = 0
         self.prefill_calls = 0
         self.sampled_tokens = 0
+        self.copied_positions = 0  # prompt positions rows took by copy instead of prefilling them
 
     @property
     def capacity(self) -> int:
@@ -256,7 +267,7 @@ class ContinuousBatch:
         if self.cache is None:
             self._allocate()
         self._joined = False
-        waiting = [i for i, row in enumerate(self.rows) if row.waiting > 0]
+        waiting = self._copy_prompts([i for i, row in enumerate(self.rows) if row.waiting > 0])
         if waiting:
             self._prefill(waiting)
         ready = [i for i, row in enumerate(self.rows) if row.waiting == 0]
@@ -296,6 +307,19 @@ class ContinuousBatch:
         """How many cache positions a call reads when its furthest token sits at ``positions - 1``."""
         assert self.cache is not None
         return kv_bucket(positions, self.cache.length) if self.buckets else positions
+
+    def _copy_prompts(self, waiting: list[int]) -> list[int]:
+        """Give rows of ``waiting`` the K/V of their prompt that another row has written, by copy; returns the rows to
+        prefill now (not the fresh rows whose prompt another row prefills now: they copy it at the next step)."""
+        assert self.cache is not None
+        rows = self.rows
+        copies, prefill = prompt_copies([row.prompt_key for row in rows], [row.cached for row in rows], waiting)
+        for source, target, positions in copies:
+            if rows[source].request.prompt == rows[target].request.prompt:  # not merely the same hash
+                self.cache.move(source, target, positions)
+                rows[target].cached = positions
+                self.copied_positions += positions
+        return [i for i in prefill if rows[i].waiting > 0]
 
     def _plan_prefill(self, waiting: list[int]) -> tuple[list[int], int]:
         """Rows (oldest first) and a chunk width such that rows x width stays within ``prefill_tokens``."""

@@ -40,7 +40,9 @@ class EngineStats:
     ``batches`` counts runs of the continuous batch (from no running request to some); ``forward_calls`` is
     ``decode_steps`` + ``prefill_chunks``; every token is sampled by a decode step, so ``generated_tokens`` /
     ``decode_steps`` is the mean rows decoding together, against the ``kv_slots`` rows of the last KV-cache
-    allocation (:mod:`sc_lightning.engines.decode_counters`).
+    allocation (:mod:`sc_lightning.engines.decode_counters`). ``copied_positions`` counts the prompt positions rows
+    took by copy from another row of the same prompt instead of prefilling them
+    (:mod:`~sc_lightning.engines.megatron.prompt_copies`).
     """
 
     batches: int = 0
@@ -50,6 +52,7 @@ class EngineStats:
     generated_tokens: int = 0
     finished_requests: int = 0
     kv_slots: int = 0
+    copied_positions: int = 0
 
 
 @dataclass
@@ -243,7 +246,7 @@ class DecodeWorker:
             stats = self.stats
             stats.decode_steps, stats.prefill_chunks = batch.decode_steps, batch.prefill_calls
             stats.forward_calls = batch.decode_steps + batch.prefill_calls
-            stats.generated_tokens = batch.sampled_tokens
+            stats.generated_tokens, stats.copied_positions = batch.sampled_tokens, batch.copied_positions
             if batch.cache is not None:  # freed at a stand-down: the last allocation's rows stand
                 stats.kv_slots = batch.cache.slots
         for request, reason in finished:
