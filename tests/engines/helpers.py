@@ -1,5 +1,5 @@
-"""Helpers of the engine tests: reference computations (full forward passes without a KV cache), and a gate
-holding the engine's worker thread where a test sends something mid-generation."""
+"""Helpers of the engine tests: reference computations (full forward passes without a KV cache), a gate holding the
+engine's worker thread where a test sends something mid-generation, and a continuous batch a test steps by hand."""
 
 from __future__ import annotations
 
@@ -10,8 +10,14 @@ from typing import Any, TypeVar
 
 import torch
 
+from sc_lightning.engines.megatron.batch import ContinuousBatch
+from sc_lightning.engines.megatron.cached_forward import CachedForward
+from sc_lightning.engines.megatron.request import Request
+from sc_lightning.types import SamplingParams
+
 T = TypeVar("T")
 HOLD_S = 120.0  # the longest a WorkerGate waits for the worker, or holds it
+GREEDY = SamplingParams(12, temperature=0.0)  # a hand-driven batch's default request: 12 greedy tokens
 
 
 def full_logits(model: torch.nn.Module, ids: tuple[int, ...]) -> torch.Tensor:
@@ -63,3 +69,25 @@ class WorkerGate:
         await asyncio.sleep(0)  # the task runs up to its first await: what it sends is queued
         self._go.set()
         return task
+
+
+def request(prompt: tuple[int, ...], sampling: SamplingParams = GREEDY) -> Request:
+    """A request for a batch driven by hand (its reply is never called: the test reads the request itself)."""
+    return Request(f"req-{prompt[:3]}", prompt, sampling, frozenset(), None, lambda outcome: None)
+
+
+def batch_on(
+    model: torch.nn.Module, *, max_rows: int = 8, prefill_tokens: int = 64, buckets: bool, overlap: bool = False
+) -> ContinuousBatch:
+    """A batch over ``model`` (vocabulary 18, context 256) stepped by the test on this thread."""
+    return ContinuousBatch(
+        CachedForward(model, 256),
+        list(model.parameters()),
+        max_rows=max_rows,
+        max_seq_len=256,
+        vocab_size=18,
+        prefill_tokens=prefill_tokens,
+        cuda_graphs=False,
+        buckets=buckets,
+        overlap=overlap,
+    )

@@ -7,40 +7,17 @@ import asyncio
 import pytest
 import torch
 
-from sc_lightning.engines.megatron.batch import ContinuousBatch, Request
 from sc_lightning.engines.megatron.cached_forward import CachedForward, _fused_kernels
 from sc_lightning.engines.megatron.engine import MegatronEngine
+from sc_lightning.engines.megatron.request import Request
 from sc_lightning.models import load_policy
 from sc_lightning.types import SamplingParams
-from tests.engines.helpers import WorkerGate, follows_argmax
+from tests.engines.helpers import GREEDY, WorkerGate, batch_on, follows_argmax, request
 
 pytestmark = [
     pytest.mark.usefixtures("model_parallel"),
     pytest.mark.filterwarnings("ignore:Warning. tp_group is None:DeprecationWarning"),
 ]
-GREEDY = SamplingParams(12, temperature=0.0)
-
-
-def request(prompt: tuple[int, ...], sampling: SamplingParams = GREEDY) -> Request:
-    """A request for a batch driven by hand (its reply is never called: the test reads the request itself)."""
-    return Request(f"req-{prompt[:3]}", prompt, sampling, frozenset(), None, lambda outcome: None)
-
-
-def batch_on(
-    model: torch.nn.Module, *, max_rows: int = 8, prefill_tokens: int = 64, buckets: bool, overlap: bool = False
-) -> ContinuousBatch:
-    """A batch over ``model`` (vocabulary 18, context 256) stepped by the test on this thread."""
-    return ContinuousBatch(
-        CachedForward(model, 256),
-        list(model.parameters()),
-        max_rows=max_rows,
-        max_seq_len=256,
-        vocab_size=18,
-        prefill_tokens=prefill_tokens,
-        cuda_graphs=False,
-        buckets=buckets,
-        overlap=overlap,
-    )
 
 
 def test_a_request_arriving_mid_run_finishes_before_the_long_one_it_joined(tiny_dirs: dict) -> None:

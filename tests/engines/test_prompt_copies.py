@@ -13,8 +13,7 @@ from sc_lightning.engines.megatron.decode_sampling import noise_stream
 from sc_lightning.engines.megatron.prompt_copies import prompt_copies
 from sc_lightning.models import load_policy, token_logprobs
 from sc_lightning.types import SamplingParams
-from tests.engines.helpers import follows_argmax
-from tests.engines.test_continuous_batch import batch_on, request
+from tests.engines.helpers import batch_on, follows_argmax, request
 
 pytestmark = [
     pytest.mark.usefixtures("model_parallel"),

@@ -45,13 +45,9 @@ exactly at the step boundary where the new weights came in.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import functools
-import threading
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
@@ -59,75 +55,11 @@ from torch import Tensor
 from sc_lightning.engines.megatron import kv_cache
 from sc_lightning.engines.megatron.cached_forward import CachedForward
 from sc_lightning.engines.megatron.cuda_graphs import DecodeGraphs
-from sc_lightning.engines.megatron.decode_sampling import NoiseStream, sample_next, to_device
+from sc_lightning.engines.megatron.decode_sampling import sample_next, to_device
 from sc_lightning.engines.megatron.kv_cache import SlotKVCache, batch_bucket, kv_bucket, rows_within_budget
 from sc_lightning.engines.megatron.prompt_copies import prompt_copies
-from sc_lightning.types import FinishReason, Generation, SamplingParams
-
-Outcome = Generation | BaseException
-
-
-@dataclass(eq=False)
-class Request:
-    """One ``generate`` call as the worker thread sees it: the prompt, what was sampled so far, how to reply."""
-
-    rid: str
-    prompt: tuple[int, ...]
-    sampling: SamplingParams
-    stop_ids: frozenset[int]
-    noise: NoiseStream | None  # None when greedy
-    reply: Callable[[Outcome], None]
-    images: Tensor | None = None  # uint8 (N, H, W, 3): the images of the prompt's <image> runs (a VLM), on the device
-    tokens: list[int] = field(default_factory=list)
-    logprobs: list[float] = field(default_factory=list)
-    versions: list[int] = field(default_factory=list)  # the weight version that sampled each token
-    start_version: int | None = None
-    cancelled: threading.Event = field(default_factory=threading.Event)
-
-    @property
-    def length(self) -> int:
-        """Tokens the model must have seen before the next sample: the prompt, then what was sampled."""
-        return len(self.prompt) + len(self.tokens)
-
-    @property
-    def last_token(self) -> int:
-        """The last token of the prefix (the one a decode step feeds)."""
-        return self.tokens[-1] if self.tokens else self.prompt[-1]
-
-    def tokens_between(self, start: int, stop: int) -> list[int]:
-        """The prefix tokens at positions ``start..stop-1`` (``stop <= self.length``)."""
-        n = len(self.prompt)
-        return list(self.prompt[start:stop]) + self.tokens[max(0, start - n) : max(0, stop - n)]
-
-    def total_limit(self, max_seq_len: int) -> int:
-        """The longest this sequence may grow (prompt + completion), capped by the context."""
-        return min(len(self.prompt) + self.sampling.max_new_tokens, max_seq_len)
-
-    def result(self, reason: FinishReason, version: int) -> Generation:
-        """The :class:`Generation` of what was sampled so far, ended for ``reason``."""
-        start = self.start_version if self.start_version is not None else version
-        return Generation(tuple(self.tokens), tuple(self.logprobs), reason, start, tuple(self.versions))
-
-
-def _settle(future: asyncio.Future, outcome: Any) -> None:
-    """Resolve ``future`` with ``outcome`` (an exception is raised to the awaiting coroutine) unless it is done."""
-    if future.done():
-        return
-    if isinstance(outcome, BaseException):
-        future.set_exception(outcome)
-    else:
-        future.set_result(outcome)
-
-
-def replier(loop: asyncio.AbstractEventLoop, future: asyncio.Future) -> Callable[[Any], None]:
-    """A thread-safe callback that resolves ``future`` on ``loop`` (silently dropped when the loop is closed)."""
-
-    def reply(outcome: Any) -> None:
-        """Schedule ``future``'s resolution with ``outcome`` on ``loop`` (callable from any thread)."""
-        with contextlib.suppress(RuntimeError):
-            loop.call_soon_threadsafe(_settle, future, outcome)
-
-    return reply
+from sc_lightning.engines.megatron.request import Request
+from sc_lightning.types import FinishReason
 
 
 @dataclass(eq=False)

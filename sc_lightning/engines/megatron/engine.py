@@ -70,11 +70,12 @@ import torch
 from megatron.core import parallel_state
 
 from sc_lightning.engines.base import EngineError
-from sc_lightning.engines.megatron.batch import ContinuousBatch, Request, replier
+from sc_lightning.engines.megatron.batch import ContinuousBatch
 from sc_lightning.engines.megatron.cached_forward import CachedForward
 from sc_lightning.engines.megatron.clock import ActiveClock
 from sc_lightning.engines.megatron.decode_sampling import noise_stream
 from sc_lightning.engines.megatron.kv_cache import FP8
+from sc_lightning.engines.megatron.request import Request, replier
 from sc_lightning.engines.megatron.worker import Command, CommandKind, DecodeWorker, EngineStats, request_error
 from sc_lightning.models.megatron import build_policy, load_policy
 from sc_lightning.models.spec import ModelSpec

@@ -24,7 +24,8 @@ from typing import Literal
 import torch
 
 from sc_lightning.engines.base import EngineError
-from sc_lightning.engines.megatron.batch import ContinuousBatch, Outcome, Request
+from sc_lightning.engines.megatron.batch import ContinuousBatch
+from sc_lightning.engines.megatron.request import Outcome, Request
 from sc_lightning.models.convert import hf_to_megatron_state
 from sc_lightning.models.megatron import copy_megatron_weights, load_hf_weights, megatron_weights
 from sc_lightning.models.spec import ModelSpec
