@@ -1,0 +1,118 @@
+"""The paged KV cache's block pool and tables: every block held by the rows that count it, tables mirrored on the
+device, positions mapped into their rows' own blocks, shared blocks returned with their last holder."""
+
+from __future__ import annotations
+
+import torch
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+from sc_lightning.engines.megatron.paged_kv import PAGE, SCRATCH, PagedKVCache, blocks_for
+
+ROWS, BLOCKS, MAX_POSITIONS = 4, 9, 5 * PAGE
+
+
+def cache() -> PagedKVCache:
+    """A small paged cache on the CPU: 4 rows of up to 320 positions over 8 usable blocks."""
+    return PagedKVCache(
+        layers=1,
+        blocks=BLOCKS,
+        groups=1,
+        head_dim=2,
+        max_rows=ROWS,
+        max_positions=MAX_POSITIONS,
+        dtype=torch.float32,
+        device=torch.device("cpu"),
+    )
+
+
+class PoolMachine(RuleBasedStateMachine):
+    """Random reserves, shares, releases and moves against a model of who holds what."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.cache = cache()
+        self.positions = [0] * ROWS  # what each row reserved (its own or shared)
+
+    @rule(row=st.integers(0, ROWS - 1), positions=st.integers(1, MAX_POSITIONS))
+    def reserve(self, row: int, positions: int) -> None:
+        before = self.cache.blocks_of(row)
+        free = self.cache.free_blocks
+        ok = self.cache.reserve(row, positions)
+        need = max(0, blocks_for(positions) - len(before))
+        assert ok == (need <= free)
+        if ok:
+            assert self.cache.blocks_of(row)[: len(before)] == before  # growing keeps what the row had
+            self.positions[row] = max(self.positions[row], positions)
+        else:
+            assert self.cache.blocks_of(row) == before and self.cache.free_blocks == free  # all or nothing
+
+    @precondition(lambda self: any(self.positions))
+    @rule(data=st.data())
+    def share(self, data: st.DataObject) -> None:
+        sources = [r for r in range(ROWS) if self.positions[r]]
+        targets = [r for r in range(ROWS) if not self.cache.blocks_of(r)]
+        if not targets:
+            return
+        source, target = data.draw(st.sampled_from(sources)), data.draw(st.sampled_from(targets))
+        positions = data.draw(st.integers(0, self.positions[source]))
+        shared = self.cache.share(source, target, positions)
+        assert shared == positions // PAGE * PAGE
+        assert self.cache.blocks_of(target) == self.cache.blocks_of(source)[: shared // PAGE]
+        self.positions[target] = shared
+
+    @rule(row=st.integers(0, ROWS - 1))
+    def release(self, row: int) -> None:
+        self.cache.release(row)
+        self.positions[row] = 0
+
+    @rule(source=st.integers(0, ROWS - 1), to=st.integers(0, ROWS - 1))
+    def move(self, source: int, to: int) -> None:
+        if self.cache.blocks_of(to) and source != to:
+            return
+        blocks = self.cache.blocks_of(source)
+        self.cache.move(source, to)
+        assert self.cache.blocks_of(to) == blocks
+        if source != to:
+            assert self.cache.blocks_of(source) == []
+            self.positions[to], self.positions[source] = self.positions[source], 0
+
+    @invariant()
+    def every_block_is_free_or_held_and_tables_mirror_the_rows(self) -> None:
+        held = [block for row in range(ROWS) for block in self.cache.blocks_of(row)]
+        assert SCRATCH not in held
+        distinct = set(held)
+        assert len(distinct) + self.cache.free_blocks == BLOCKS - 1  # nothing lost, nothing handed out twice
+        for row in range(ROWS):
+            blocks = self.cache.blocks_of(row)
+            expected = blocks + [SCRATCH] * (self.cache.max_blocks - len(blocks))
+            assert self.cache.tables[row].tolist() == expected
+
+
+TestPool = PoolMachine.TestCase
+TestPool.settings = settings(max_examples=60, stateful_step_count=30, deadline=None)
+
+
+def test_positions_map_into_their_rows_blocks_and_a_shared_prompt_is_read_not_rewritten() -> None:
+    """Two rows of one prompt: the second shares the first's full prompt blocks and writes only past them; what each
+    wrote through flat_index reads back through its own table; unreserved positions land in the scratch block."""
+    kv = cache()
+    assert kv.reserve(0, 150)  # a 150-token prompt: blocks for 0..149
+    positions = torch.arange(150)[None]
+    kv.flat(0)[kv.flat_index(torch.tensor([0]), positions)] = positions.flatten().float()[:, None, None, None]
+    assert kv.share(0, 1, 149) == 128  # the two full blocks; positions 128.. the second row writes itself
+    assert kv.reserve(1, 200)
+    mine = torch.arange(128, 200)[None]
+    kv.flat(0)[kv.flat_index(torch.tensor([1]), mine)] = -mine.flatten().float()[:, None, None, None]
+    first = kv.flat(0)[kv.flat_index(torch.tensor([0]), positions)][:, 0, 0, 0]
+    second = kv.flat(0)[kv.flat_index(torch.tensor([1]), torch.arange(200)[None])][:, 0, 0, 0]
+    assert torch.equal(first, torch.arange(150).float())  # the first row's K/V, untouched by the second
+    assert torch.equal(second[:128], torch.arange(128).float()) and torch.equal(
+        second[128:], -torch.arange(128, 200).float()
+    )
+    assert set(kv.flat_index(torch.tensor([2]), torch.arange(3)[None]).tolist()) <= set(range(PAGE))  # scratch
+    kv.release(0)
+    assert kv.free_blocks == BLOCKS - 1 - 4  # the shared blocks stay with the second row: 2 shared + 2 of its own
+    kv.release(1)
+    assert kv.free_blocks == BLOCKS - 1
