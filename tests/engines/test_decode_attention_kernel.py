@@ -64,3 +64,59 @@ def test_split_decode_attention_equals_softmax_attention_over_each_rows_own_posi
     assert len(errors) == len(cases)
     for case, error in zip(cases, errors, strict=True):
         assert error < 2e-3, (case, error)  # fp16 inputs, fp32 accumulation
+
+
+PAGED_CHILD = """
+import json, sys
+import torch
+from sc_lightning.engines.megatron import decode_kernels
+
+errors = []
+for hpg, dim, split, cache_dtype in json.loads(sys.argv[1]):
+    g = torch.Generator().manual_seed(hpg * 1000 + split)
+    rows, groups, block, max_blocks = 4, 2, 16, 6
+    positions = torch.tensor([0, 15, 40, 95])  # within a block, on a block's edge, several blocks, the last
+    held = [(p.item() + 1 + block - 1) // block for p in positions]
+    order = torch.randperm(1 + sum(held), generator=g).tolist()
+    order.remove(0)  # block 0 is scratch: never a row's
+    blocks = torch.randn(1 + sum(held), block, groups, 2, dim, generator=g)
+    blocks[0] = float("nan")  # read only through a table entry a row has not filled: never
+    tables = torch.zeros(rows, max_blocks, dtype=torch.int32)
+    for r, n in enumerate(held):
+        tables[r, :n] = torch.tensor([order.pop() for _ in range(n)], dtype=torch.int32)
+        seen = positions[r] + 1
+        last = tables[r, n - 1]
+        blocks[last, seen - (n - 1) * block :] = float("nan")  # past the row's own position: never read
+    cache = blocks.to(getattr(torch, cache_dtype))
+    query = torch.randn(rows, groups, hpg, dim, generator=g).half()
+    got = decode_kernels.decode_attention(query, cache, positions, dim**-0.5, split=split, block=block, tables=tables)
+    worst = 0.0
+    for r, p in enumerate(positions.tolist()):
+        seen = torch.cat([cache[b] for b in tables[r, : held[r]].tolist()])[: p + 1].float()
+        scores = torch.einsum("ghd,ngd->ghn", query[r].float(), seen[:, :, 0]) * dim**-0.5
+        expected = torch.einsum("ghn,ngd->ghd", scores.softmax(-1), seen[:, :, 1]).reshape(-1)
+        error = (got[r, 0].float() - expected).abs().max().item()
+        worst = max(worst, error if error == error else float("inf"))
+    errors.append(worst)
+print(json.dumps(errors))
+"""
+
+
+def test_a_paged_cache_is_read_through_each_rows_block_table() -> None:
+    """Rows whose positions lie in scattered blocks of a pool (a paged cache): each row's attention equals softmax
+    attention over its own positions gathered through its table; the scratch block and positions past a row's own
+    hold NaN, so reading one would show. Splits of one block and of two."""
+    cases = [(2, 128, 16, "float16"), (4, 64, 32, "float16"), (2, 128, 32, "float8_e4m3fn")]
+    child = subprocess.run(
+        [sys.executable, "-c", PAGED_CHILD, json.dumps(cases)],
+        env={**os.environ, "TRITON_INTERPRET": "1"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert child.returncode == 0, child.stderr[-3000:]
+    errors = json.loads(child.stdout.strip().splitlines()[-1])
+    assert len(errors) == len(cases)
+    for case, error in zip(cases, errors, strict=True):
+        assert error < 2e-3, (case, error)

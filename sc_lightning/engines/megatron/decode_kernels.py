@@ -153,9 +153,11 @@ def _decode_attention_split_kernel(
     query_ptr,
     cache_ptr,
     positions_ptr,
+    table_ptr,
     part_ptr,
     stats_ptr,
     length,
+    max_blocks,
     groups,
     hpg,
     splits,
@@ -165,6 +167,7 @@ def _decode_attention_split_kernel(
     BLOCK: tl.constexpr,
     SPLIT: tl.constexpr,
     FP16_PRODUCTS: tl.constexpr,
+    PAGED: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
     group = tl.program_id(1).to(tl.int64)
@@ -185,7 +188,12 @@ def _decode_attention_split_kernel(
         for start in range(first, last, BLOCK):  # online softmax over this split, BLOCK positions at a time
             position = start + tl.arange(0, BLOCK)
             valid = position < last
-            kv = cache_ptr + ((row * length + position[:, None]) * groups + group) * 2 * DIM + dim  # (BLOCK, DIM)
+            if PAGED:  # BLOCK positions are one block of the row's table
+                block = tl.load(table_ptr + row * max_blocks + start // BLOCK).to(tl.int64)
+                flat = block * BLOCK + tl.arange(0, BLOCK)
+            else:
+                flat = row * length + position
+            kv = cache_ptr + (flat[:, None] * groups + group) * 2 * DIM + dim  # (BLOCK, DIM)
             key = tl.load(kv, mask=valid[:, None], other=0.0).to(query.dtype)  # an fp8 cache read in 16 bits
             scores = tl.dot(query, tl.trans(key)).to(tl.float32) * scale  # (HEADS, BLOCK)
             scores = tl.where(valid[None, :], scores, float("-inf"))
@@ -239,7 +247,13 @@ def _decode_attention_combine_kernel(
 
 
 def decode_attention(
-    query: Tensor, cache: Tensor, positions: Tensor, scale: float, split: int = SPLIT_POSITIONS, block: int = 64
+    query: Tensor,
+    cache: Tensor,
+    positions: Tensor,
+    scale: float,
+    split: int = SPLIT_POSITIONS,
+    block: int = 64,
+    tables: Tensor | None = None,
 ) -> Tensor:
     """Attention of one new token per row over its own cached positions ``0..p``, read exactly (no padded span).
 
@@ -252,11 +266,20 @@ def decode_attention(
     covers the cache's whole length, so it is the same for every step (CUDA graphs); splits past a row's end return
     at once. ``block`` is the positions one loop iteration reads. On an fp8 cache both products run in fp16 (the
     query converted: a bf16 query past fp16's 65,504 would overflow, far beyond what attention queries hold).
+
+    A paged cache (:mod:`~sc_lightning.engines.megatron.paged_kv`): ``cache`` is the layer's ``(blocks, block, G, 2,
+    D)`` and ``tables`` ``(R', max_blocks)`` int32 each row's blocks (``block`` positions each, the loop's step);
+    ``split`` must be a multiple of ``block``.
     """
     rows, groups, hpg, dim = query.shape
     out = torch.empty((rows, 1, groups * hpg * dim), dtype=query.dtype, device=query.device)
+    if tables is not None and (cache.size(1) != block or split % block):
+        raise ValueError(
+            f"a paged cache's blocks ({cache.size(1)}) must be the kernel's block ({block}) and divide "
+            f"its split ({split})"
+        )
     if rows:
-        length = cache.size(1)
+        length = cache.size(1) if tables is None else tables.size(1) * block  # positions a row can hold
         heads = max(16, triton.next_power_of_2(hpg))  # tl.dot's smallest tile
         splits = triton.cdiv(length, split)
         part = torch.empty((rows, groups, splits, hpg, dim), dtype=torch.float32, device=query.device)
@@ -266,9 +289,11 @@ def decode_attention(
             query.contiguous(),
             cache,
             positions,
+            tables if tables is not None else positions,  # unread unless paged
             part,
             stats,
             length,
+            tables.size(1) if tables is not None else 0,
             groups,
             hpg,
             splits,
@@ -278,6 +303,7 @@ def decode_attention(
             BLOCK=min(block, split),
             SPLIT=split,
             FP16_PRODUCTS=cache.element_size() == 1,
+            PAGED=tables is not None,
         )
         _decode_attention_combine_kernel[(rows, groups)](
             part, stats, positions, out, groups, hpg, splits, HEADS=heads, DIM=dim, SPLIT=split
