@@ -67,7 +67,7 @@ def gap_buckets(gaps_us: list[float]) -> dict[str, dict[str, float]]:
 
 def profile_summary(profile: torch.profiler.profile, top: int = 12) -> dict[str, Any]:
     """The profiled window's wall time, the device's busy and idle time in it with the idle gaps by length (on a
-    GPU), and the ``top`` kernels by device time and host calls by self CPU time."""
+    GPU), the ``top`` kernels by device time and host calls by self CPU time, and every host call's count."""
     events = profile.events()
     host = [e for e in events if e.device_type == DeviceType.CPU and e.time_range.end > e.time_range.start]
     device = [e for e in events if e.device_type == DeviceType.CUDA]
@@ -82,8 +82,10 @@ def profile_summary(profile: torch.profiler.profile, top: int = 12) -> dict[str,
         for event in device:
             kernels[event.name] += event.time_range.end - event.time_range.start
         summary["kernels"] = [(name, us / 1e6) for name, us in kernels.most_common(top)]
-    by_self_cpu = sorted(profile.key_averages(), key=lambda a: a.self_cpu_time_total, reverse=True)[:top]
+    averages = profile.key_averages()
+    by_self_cpu = sorted(averages, key=lambda a: a.self_cpu_time_total, reverse=True)[:top]
     summary["host"] = [(a.key, a.self_cpu_time_total / 1e6, a.count) for a in by_self_cpu]
+    summary["calls"] = {a.key: a.count for a in averages}  # every host call's count, not only the top ones
     return summary
 
 
