@@ -244,6 +244,8 @@ class ContinuousBatch:
         """Give rows of ``waiting`` the K/V of their prompt that another row has written, by copy; returns the rows to
         prefill now (not the fresh rows whose prompt another row prefills now: they copy it at the next step)."""
         assert self.cache is not None
+        if not waiting:
+            return waiting
         rows = self.rows
         copies, prefill = prompt_copies([row.prompt_key for row in rows], [row.cached for row in rows], waiting)
         for source, target, positions in copies:
