@@ -116,3 +116,44 @@ def test_positions_map_into_their_rows_blocks_and_a_shared_prompt_is_read_not_re
     assert kv.free_blocks == BLOCKS - 1 - 4  # the shared blocks stay with the second row: 2 shared + 2 of its own
     kv.release(1)
     assert kv.free_blocks == BLOCKS - 1
+
+
+def test_the_forward_on_a_paged_cache_equals_the_forward_on_slots(model_parallel: None) -> None:
+    """Two rows prefilled in chunks (one sharing the other's prompt blocks), then decoding together: the logits on a
+    paged cache (blocks taken as the rows grow, scattered over the pool) equal those on the slot cache."""
+    from sc_lightning.engines.megatron.cached_forward import CachedForward
+    from sc_lightning.models import load_policy
+
+    model = load_policy("builtin:tiny")[0].eval()
+    forward = CachedForward(model, 256)
+    slots, paged = forward.new_cache(2, 256), forward.new_paged_cache(blocks=12, max_rows=2, max_positions=256)
+    assert paged.reserve(1, 1) and paged.reserve(0, 1)  # row 1 takes the lowest block first: row 0's are scattered
+    prompt = [3 + i % 11 for i in range(140)]
+    feeds = [  # (rows' slots, tokens, positions) of each call, as the batch feeds them
+        ([0], [prompt[:70]], [list(range(70))]),
+        ([0], [prompt[70:139]], [list(range(70, 139))]),
+    ]
+    outputs = {}
+    with torch.inference_mode():
+        for name, kv in (("slots", slots), ("paged", paged)):
+            logits = []
+            for rows, tokens, positions in feeds:
+                if kv is paged:
+                    assert kv.reserve(rows[0], positions[0][-1] + 1)
+                ids, where = torch.tensor(tokens), torch.tensor(positions)
+                forward(kv, ids, where, kv_len=where.max().item() + 1, slots=torch.tensor(rows), logits=False)
+            # row 1 has the same prompt: the slot cache copies it; the paged one shares the two full blocks and row 1
+            # prefills the last 11 prompt positions into a block of its own
+            if kv is paged:
+                kv.release(1)
+                assert kv.share(0, 1, 139) == 128 and kv.reserve(1, 141) and kv.reserve(0, 141)
+                tail = torch.tensor([prompt[128:139]])
+                forward(kv, tail, torch.arange(128, 139)[None], kv_len=139, slots=torch.tensor([1]), logits=False)
+            else:
+                kv.move(0, 1, 139)
+            for step in range(2):  # both rows decode: the prompt's last token, then one more
+                ids = torch.tensor([[prompt[139] if step == 0 else 5], [prompt[139] if step == 0 else 7]])
+                where = torch.full((2, 1), 139 + step)
+                logits.append(forward(kv, ids, where, kv_len=140 + step))
+            outputs[name] = torch.stack(logits)
+    torch.testing.assert_close(outputs["paged"], outputs["slots"], rtol=1e-5, atol=1e-5)

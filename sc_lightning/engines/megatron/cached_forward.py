@@ -46,6 +46,7 @@ from megatron.core import parallel_state
 from torch import Tensor
 
 from sc_lightning.engines.megatron.kv_cache import FP8, FP8_MAX, SlotKVCache, slot_bytes
+from sc_lightning.engines.megatron.paged_kv import KVCache, PagedKVCache
 from sc_lightning.models.fused import triton_module
 
 
@@ -203,9 +204,22 @@ class CachedForward:
             device=self.device,
         )
 
+    def new_paged_cache(self, blocks: int, max_rows: int, max_positions: int) -> PagedKVCache:
+        """A zeroed paged KV cache of ``blocks`` blocks for ``max_rows`` rows of up to ``max_positions`` positions."""
+        return PagedKVCache(
+            layers=len(self.layers),
+            blocks=blocks,
+            groups=self.groups,
+            head_dim=self.head_dim,
+            max_rows=max_rows,
+            max_positions=max_positions,
+            dtype=self.cache_dtype,
+            device=self.device,
+        )
+
     def __call__(
         self,
-        cache: SlotKVCache,
+        cache: KVCache,
         tokens: Tensor,
         positions: Tensor,
         *,
@@ -231,10 +245,10 @@ class CachedForward:
             width=width,
             positions=positions,
             rope_tables=(self.cos, self.sin_signed),
-            flat_index=(slot_of_row[:, None] * cache.length + positions).flatten(),
+            flat_index=cache.flat_index(slot_of_row, positions),
             slots=slots,
             kv_len=kv_len,
-            flash=self.flash and slots is None and width == 1,
+            flash=self.flash and slots is None and width == 1 and cache.contiguous_rows,
         )
         last = len(self.layers) - 1
         if self.kernels is not None:
@@ -250,7 +264,7 @@ class CachedForward:
         out, _ = self.output_layer(hidden, weight=self.output_weight)
         return out[:, 0]
 
-    def _fused_call(self, cache: SlotKVCache, x: Tensor, call: _Call, *, logits: bool) -> Tensor | None:
+    def _fused_call(self, cache: KVCache, x: Tensor, call: _Call, *, logits: bool) -> Tensor | None:
         """The forward on the fused kernels: a layer's output is carried as (residual stream, pending delta)."""
         last = len(self.layers) - 1
         delta = None
@@ -265,7 +279,7 @@ class CachedForward:
     def _fused_layer(
         self,
         layer: torch.nn.Module,
-        cache: SlotKVCache,
+        cache: KVCache,
         index: int,
         x: Tensor,
         delta: Tensor | None,
@@ -288,9 +302,12 @@ class CachedForward:
             return x, None
         if self.kernel_decode_attention and call.slots is None and width == 1:  # a decode step
             shape = (rows, self.groups, self.heads_per_group, self.head_dim)
-            context = kernels.decode_attention(query.view(shape), cache.layer(index), call.positions[:, 0], self.scale)
+            layer_cache, tables = cache.decode_inputs(index)
+            context = kernels.decode_attention(
+                query.view(shape), layer_cache, call.positions[:, 0], self.scale, tables=tables
+            )
         else:
-            context = self._attend(query, cache.layer(index), call)
+            context = self._attend(query, cache.read(index, call.slots, rows, call.kv_len), call)
         out, out_bias = attention.linear_proj(context)
         norm = layer.pre_mlp_layernorm
         x, hidden = kernels.add_rms_norm(
@@ -300,7 +317,7 @@ class CachedForward:
         return x, (out if out_bias is None else out + out_bias)
 
     def _layer(
-        self, layer: torch.nn.Module, cache: SlotKVCache, index: int, x: Tensor, call: _Call, *, cache_only: bool
+        self, layer: torch.nn.Module, cache: KVCache, index: int, x: Tensor, call: _Call, *, cache_only: bool
     ) -> Tensor:
         """One transformer layer on ``x`` ``(R, T, h)``; the new tokens' K/V go into layer ``index`` of ``cache``."""
         attention = layer.self_attention
@@ -322,7 +339,7 @@ class CachedForward:
         context = self._decode_flash(qkv, flat, cache.length, call) if call.flash and self.flash else None
         if context is None:
             query = qkv[:, :, :, :hpg].permute(0, 2, 1, 3, 4).reshape(rows, groups, width * hpg, dim)
-            context = self._attend(query, cache.layer(index), call)
+            context = self._attend(query, cache.read(index, call.slots, rows, call.kv_len), call)
         out, out_bias = attention.linear_proj(context)
         x = x + (out if out_bias is None else out + out_bias)
         out, out_bias = layer.mlp(layer.pre_mlp_layernorm(x))
@@ -365,13 +382,11 @@ class CachedForward:
             return None
         return out.view(rows, 1, groups * hpg * dim)
 
-    def _attend(self, query: Tensor, kv: Tensor, call: _Call) -> Tensor:
-        """Attention of ``query`` ``(R, G, T * hpg, D)`` over the first ``kv_len`` positions of the rows' slots in
-        ``kv``."""
+    def _attend(self, query: Tensor, seen: Tensor, call: _Call) -> Tensor:
+        """Attention of ``query`` ``(R, G, T * hpg, D)`` over ``seen`` ``(R, kv_len, G, 2, D)``, the first ``kv_len``
+        cached positions of the rows."""
         rows, width = call.rows, call.width
         groups, hpg, dim = self.groups, self.heads_per_group, self.head_dim
-        reach = slice(None, call.kv_len)
-        seen = kv[:rows, reach] if call.slots is None else kv[call.slots, reach]  # (R, Lk, G, 2, D)
         seen = seen.to(self.dtype)  # an fp8 cache is read in the model's dtype (a no-op otherwise)
         key, value = seen[..., 0, :].transpose(1, 2), seen[..., 1, :].transpose(1, 2)  # (R, G, Lk, D)
         bias = call.bias(self.dtype, hpg)

@@ -111,6 +111,22 @@ class SlotKVCache:
         layer = self.tensor[index]
         return layer.view(-1, *layer.shape[2:])
 
+    contiguous_rows = True  # a row's positions are one run of flat rows (what flash attention's varlen reads)
+
+    def flat_index(self, rows: Tensor, positions: Tensor) -> Tensor:
+        """Where positions ``positions`` ``(R, T)`` of slots ``rows`` ``(R,)`` live in :meth:`flat`: ``(R * T,)``."""
+        return (rows[:, None] * self.length + positions).flatten()
+
+    def read(self, index: int, slots: Tensor | None, count: int, kv_len: int) -> Tensor:
+        """The first ``kv_len`` positions of layer ``index`` of slots ``slots`` (None: the first ``count``, a view):
+        ``(R, kv_len, groups, 2, head_dim)``."""
+        layer = self.tensor[index]
+        return layer[:count, :kv_len] if slots is None else layer[slots, :kv_len]
+
+    def decode_inputs(self, index: int) -> tuple[Tensor, Tensor | None]:
+        """What the decode attention kernel reads for layer ``index``: the layer, and no block tables."""
+        return self.tensor[index], None
+
     def move(self, source: int, target: int, positions: int) -> None:
         """Copy the first ``positions`` positions of slot ``source`` into slot ``target`` (every layer, K and V)."""
         if positions > 0 and source != target:

@@ -26,6 +26,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from sc_lightning.engines.megatron.kv_cache import SlotKVCache
+
 PAGE = 64  # positions per block: the decode attention kernel's loop block
 SCRATCH = 0  # the block unused table entries point at
 
@@ -124,6 +126,19 @@ class PagedKVCache:
         blocks = self.tables[rows[:, None], positions // PAGE].long()
         return (blocks * PAGE + positions % PAGE).flatten()
 
+    contiguous_rows = False  # a row's positions are scattered over blocks
+
+    def read(self, index: int, rows: Tensor | None, count: int, kv_len: int) -> Tensor:
+        """The first ``kv_len`` positions of layer ``index`` of rows ``rows`` (None: the first ``count``), gathered
+        through their tables: ``(R, kv_len, groups, 2, head_dim)`` (unreserved positions read the scratch block)."""
+        tables = self.tables[:count] if rows is None else self.tables[rows]
+        blocks = self.tensor[index][tables[:, : blocks_for(kv_len)].long()]  # (R, n, PAGE, groups, 2, head_dim)
+        return blocks.flatten(1, 2)[:, :kv_len]
+
+    def decode_inputs(self, index: int) -> tuple[Tensor, Tensor | None]:
+        """What the decode attention kernel reads for layer ``index``: its blocks and the rows' block tables."""
+        return self.tensor[index], self.tables
+
     def flat(self, layer: int) -> Tensor:
         """Layer ``layer`` as flat rows ``block * PAGE + offset``: ``(blocks * PAGE, groups, 2, head_dim)``."""
         return self.tensor[layer].flatten(0, 1)
@@ -133,3 +148,7 @@ class PagedKVCache:
         if blocks:
             values = torch.tensor(blocks, dtype=torch.int32)
             self.tables[row, start : start + len(blocks)].copy_(values, non_blocking=True)
+
+
+KVCache = SlotKVCache | PagedKVCache
+"""Either KV cache: both give a forward :meth:`~PagedKVCache.flat`, ``flat_index``, ``read`` and ``decode_inputs``."""
