@@ -3,6 +3,7 @@ device, positions mapped into their rows' own blocks, shared blocks returned wit
 
 from __future__ import annotations
 
+import pytest
 import torch
 from hypothesis import settings
 from hypothesis import strategies as st
@@ -10,6 +11,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 from sc_lightning.engines.megatron.paged_kv import PAGE, SCRATCH, PagedKVCache, blocks_for
 
+pytestmark = pytest.mark.filterwarnings("ignore:Warning. tp_group is None:DeprecationWarning")
 ROWS, BLOCKS, MAX_POSITIONS = 4, 9, 5 * PAGE
 
 
@@ -157,3 +159,38 @@ def test_the_forward_on_a_paged_cache_equals_the_forward_on_slots(model_parallel
                 logits.append(forward(kv, ids, where, kv_len=140 + step))
             outputs[name] = torch.stack(logits)
     torch.testing.assert_close(outputs["paged"], outputs["slots"], rtol=1e-5, atol=1e-5)
+
+
+def test_an_engine_on_a_paged_cache_samples_as_on_slots_and_a_short_pool_preempts(model_parallel: None) -> None:
+    """Prompt groups and lone prompts, greedy and seeded: a paged engine gives the very tokens and logprobs of a slot
+    engine; with a pool far smaller than its rows need, it preempts rows (they prefill again later) and still gives
+    them."""
+    import asyncio
+
+    from sc_lightning.engines.megatron.engine import MegatronEngine
+    from sc_lightning.types import SamplingParams
+
+    prompts = [tuple(3 + (i * 7 + j) % 13 for j in range(10 + 40 * (i % 3))) for i in range(3)]
+    calls = [(p, SamplingParams(90, temperature=0.0)) for p in prompts]
+    calls += [(prompts[2], SamplingParams(90, temperature=0.9, seed=s)) for s in range(4)]  # a 90-token group
+
+    def run(**layout: object) -> tuple[list, dict]:
+        engine = MegatronEngine.from_pretrained("builtin:tiny", stop_on_eos=False, max_batch_size=8, **layout)
+
+        async def scenario() -> list:
+            try:
+                return list(await asyncio.gather(*(engine.generate(p, s) for p, s in calls)))
+            finally:
+                await engine.shutdown()
+
+        return asyncio.run(scenario()), vars(engine.stats)
+
+    slots, _ = run()
+    paged, paged_stats = run(kv_cache_layout="paged")
+    short, short_stats = run(kv_cache_layout="paged", kv_cache_blocks=1 + 8)  # 512 positions for 7 rows of ~150
+    for a, b, c in zip(slots, paged, short, strict=True):
+        assert a.token_ids == b.token_ids == c.token_ids and len(a.token_ids) == 90
+        assert torch.allclose(torch.tensor(a.logprobs), torch.tensor(b.logprobs), atol=1e-5)
+        assert torch.allclose(torch.tensor(a.logprobs), torch.tensor(c.logprobs), atol=1e-5)
+    assert paged_stats["copied_positions"] > 0  # the group shared its prompt's full blocks
+    assert short_stats["decode_steps"] > paged_stats["decode_steps"]  # preempted rows decoded again later

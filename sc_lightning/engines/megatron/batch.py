@@ -46,17 +46,19 @@ exactly at the step boundary where the new weights came in.
 from __future__ import annotations
 
 import functools
+import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
-from sc_lightning.engines.megatron import kv_cache
 from sc_lightning.engines.megatron.cached_forward import CachedForward
 from sc_lightning.engines.megatron.cuda_graphs import DecodeGraphs
 from sc_lightning.engines.megatron.decode_sampling import sample_next, to_device
-from sc_lightning.engines.megatron.kv_cache import SlotKVCache, batch_bucket, kv_bucket, rows_within_budget
+from sc_lightning.engines.megatron.kv_cache import batch_bucket, kv_bucket
+from sc_lightning.engines.megatron.kv_rows import KVLayout, KVRows
+from sc_lightning.engines.megatron.paged_kv import KVCache
 from sc_lightning.engines.megatron.prompt_copies import prompt_copies
 from sc_lightning.engines.megatron.request import Request
 from sc_lightning.types import FinishReason
@@ -67,6 +69,7 @@ class _Row:
     """A running request, how many positions of its prefix are in its slot, and how many more are being written."""
 
     request: Request
+    admitted: int = 0  # the order rows joined in: a paged cache short of blocks preempts the newest
     cached: int = 0
     in_flight: int = 0  # positions written by a decode step the host has not read yet
     left: bool = False  # finished or cancelled: a decode step still in flight ignores its result
@@ -110,6 +113,8 @@ class ContinuousBatch:
         buckets: bool | None = None,
         overlap: bool | None = None,
         memory_fraction: float | None = None,
+        kv_layout: KVLayout = "slots",
+        kv_blocks: int | None = None,
         embed_prompt: Callable[[Request], Tensor] | None = None,
         mask_logits: Callable[[Tensor], None] | None = None,
     ) -> None:
@@ -127,7 +132,15 @@ class ContinuousBatch:
         self.buckets = cuda_graphs or on_gpu if buckets is None else buckets
         self.overlap = on_gpu if overlap is None else overlap
         self.rows: list[_Row] = []  # rows[i] owns slot i of the cache
-        self.cache: SlotKVCache | None = None
+        self.kv = KVRows(
+            forward,
+            layout=kv_layout,
+            max_rows=max_rows,
+            max_seq_len=max_seq_len,
+            memory_fraction=memory_fraction,
+            blocks=kv_blocks,
+        )
+        self._admissions = itertools.count()
         self.returned: list[Request] = []  # rows the cache had no slot for at its allocation: to join again
         self._launched: _Launched | None = None
         self._joined = False
@@ -137,13 +150,18 @@ class ContinuousBatch:
         self.copied_positions = 0  # prompt positions rows took by copy instead of prefilling them
 
     @property
+    def cache(self) -> KVCache | None:
+        """The KV cache (None until the first request, and after :meth:`release`)."""
+        return self.kv.cache
+
+    @property
     def capacity(self) -> int:
         """Rows the batch may hold: the cache's slots once allocated, else ``max_rows``."""
         return self.cache.slots if self.cache is not None else self.max_rows
 
     def add(self, request: Request) -> None:
         """Let ``request`` join at the next step (the caller keeps at most :attr:`capacity` rows)."""
-        self.rows.append(_Row(request))
+        self.rows.append(_Row(request, next(self._admissions)))
         self._joined = True
 
     def requests(self) -> list[Request]:
@@ -163,6 +181,7 @@ class ContinuousBatch:
     def weights_changed(self) -> None:
         """Recompute every row's K/V with the new weights (call :meth:`drain` first; graphs stay valid while the
         parameters do)."""
+        self.kv.forget(len(self.rows))
         for row in self.rows:
             row.cached = 0
             row.prompt_embeddings = None  # the vision tower may have changed too
@@ -173,7 +192,7 @@ class ContinuousBatch:
         """Free the KV cache and the CUDA graphs (call :meth:`drain` first); rows stay and are prefilled again."""
         if self.graphs is not None:
             self.graphs.clear()
-        self.cache = None
+        self.kv.cache = None
         for row in self.rows:
             row.cached = 0
 
@@ -202,6 +221,7 @@ class ContinuousBatch:
         waiting = self._copy_prompts([i for i, row in enumerate(self.rows) if row.waiting > 0])
         if waiting:
             self._prefill(waiting)
+        self._make_room()
         ready = [i for i, row in enumerate(self.rows) if row.waiting == 0]
         if ready:
             launched = self._launch(ready)
@@ -212,17 +232,9 @@ class ContinuousBatch:
         return finished
 
     def _allocate(self) -> None:
-        """Allocate the KV cache: ``max_rows`` slots, or on a GPU with a ``memory_fraction`` as many as that fraction
-        of the device memory free now holds; rows beyond its slots (nothing cached yet) move to :attr:`returned`."""
-        slots, free = self.max_rows, kv_cache.free_device_bytes(self.device)
-        if free is not None and self.memory_fraction is not None:
-            slots = rows_within_budget(
-                free_bytes=free,
-                fraction=self.memory_fraction,
-                row_bytes=self.forward.slot_bytes(self.max_seq_len),
-                max_rows=self.max_rows,
-            )
-        self.cache = self.forward.new_cache(slots, self.max_seq_len)
+        """Allocate the KV cache (:class:`~sc_lightning.engines.megatron.kv_rows.KVRows`); rows beyond the rows it
+        holds (nothing cached yet) move to :attr:`returned`."""
+        slots = self.kv.allocate()
         self.returned += [row.request for row in self.rows[slots:]]
         del self.rows[slots:]
 
@@ -233,7 +245,19 @@ class ContinuousBatch:
             and launched.rows == self.rows
             and all(p + 1 < self.max_seq_len for p in launched.positions)
             and not any(row.request.cancelled.is_set() for row in self.rows)
+            and all(self.kv.reserve(i, p + 2) for i, p in enumerate(launched.positions))  # the next position's room
         )
+
+    def _make_room(self) -> None:
+        """Every decoding row can write its next position: a paged cache short of blocks preempts the newest rows
+        (their requests return to the queue, to prefill again later) until it is not."""
+        while True:
+            rows = self.rows
+            if all(row.waiting > 0 or self.kv.reserve(i, row.cached + 1) for i, row in enumerate(rows)):
+                return
+            newest = max(range(len(rows)), key=lambda i: rows[i].admitted)
+            self.returned.append(rows[newest].request)
+            self._remove([newest])
 
     def _kv_len(self, positions: int) -> int:
         """How many cache positions a call reads when its furthest token sits at ``positions - 1``."""
@@ -250,9 +274,9 @@ class ContinuousBatch:
         copies, prefill = prompt_copies([row.prompt_key for row in rows], [row.cached for row in rows], waiting)
         for source, target, positions in copies:
             if rows[source].request.prompt == rows[target].request.prompt:  # not merely the same hash
-                self.cache.move(source, target, positions)
-                rows[target].cached = positions
-                self.copied_positions += positions
+                taken = self.kv.take_prompt(source, target, positions)
+                rows[target].cached = taken
+                self.copied_positions += taken
         return [i for i in prefill if rows[i].waiting > 0]
 
     def _plan_prefill(self, waiting: list[int]) -> tuple[list[int], int]:
@@ -271,6 +295,9 @@ class ContinuousBatch:
         """Cache the next chunk of the prefixes of some ``waiting`` rows (short rows padded with scratch tokens)."""
         assert self.cache is not None
         chosen, width = self._plan_prefill(waiting)
+        chosen = [i for i in chosen if self.kv.reserve(i, self.rows[i].cached + min(self.rows[i].waiting, width))]
+        if not chosen:  # a paged cache has no block for any of them: decoding rows finish and free some
+            return
         tokens, positions, spans = [], [], []
         last = self.max_seq_len - 1
         for i in chosen:
@@ -395,9 +422,8 @@ class ContinuousBatch:
         for i in sorted(indices, reverse=True):
             self.rows[i].left = True
             last = len(self.rows) - 1
+            moved = self.rows[last]
+            self.kv.remove(i, last, moved.cached + moved.in_flight)
             if i != last:
-                moved = self.rows[last]
-                if self.cache is not None:
-                    self.cache.move(last, i, moved.cached + moved.in_flight)
                 self.rows[i] = moved
             self.rows.pop()

@@ -75,6 +75,7 @@ from sc_lightning.engines.megatron.cached_forward import CachedForward
 from sc_lightning.engines.megatron.clock import ActiveClock
 from sc_lightning.engines.megatron.decode_sampling import noise_stream
 from sc_lightning.engines.megatron.kv_cache import FP8
+from sc_lightning.engines.megatron.kv_rows import KVLayout
 from sc_lightning.engines.megatron.request import Request, replier
 from sc_lightning.engines.megatron.worker import Command, CommandKind, DecodeWorker, EngineStats, request_error
 from sc_lightning.models.megatron import build_policy, load_policy
@@ -100,7 +101,10 @@ class MegatronEngine:
     cache is allocated (at the first request and at each wake) holds; requests beyond its rows wait.
     ``kv_cache_dtype`` "auto" keeps K/V in the model's dtype, "fp8" in fp8 (e4m3): half the bytes, so twice the rows
     in the same memory and half the K/V a decode step reads, for K/V rounded to 3 mantissa bits (see
-    :mod:`~sc_lightning.engines.megatron.kv_cache`).
+    :mod:`~sc_lightning.engines.megatron.kv_cache`). ``kv_cache_layout`` "slots" gives each row the whole context,
+    "paged" blocks of 64 positions as it grows (:mod:`~sc_lightning.engines.megatron.kv_rows`; ``kv_cache_blocks``
+    fixes the pool's size, else the memory budget or every row's whole context decides): more rows in the same
+    memory, the newest preempted when the blocks run out.
     ``prefill_chunk_tokens`` bounds the prompt positions prefilled per step.
     ``cuda_graphs`` (default: on a GPU) replays the decode step as CUDA graphs; ``flash_decode`` decodes on flash
     attention's varlen kernel (bf16/fp16 on a GPU; see :mod:`~sc_lightning.engines.megatron.cached_forward`);
@@ -124,6 +128,8 @@ class MegatronEngine:
         prefill_chunk_tokens: int = 1024,
         kv_cache_memory_fraction: float = 0.9,
         kv_cache_dtype: str = "auto",
+        kv_cache_layout: KVLayout = "slots",
+        kv_cache_blocks: int | None = None,
         cuda_graphs: bool | None = None,
         flash_decode: bool = False,
         fused_decode: bool | None = None,
@@ -171,6 +177,8 @@ class MegatronEngine:
             prefill_tokens=prefill_chunk_tokens,
             cuda_graphs=graphs,
             memory_fraction=kv_cache_memory_fraction,
+            kv_layout=kv_cache_layout,
+            kv_blocks=kv_cache_blocks,
             embed_prompt=self._prompt_embeddings if self._vision is not None else None,
             mask_logits=None if self._vision is None else partial(never_predict, token_id=self._vision.image_token_id),
         )

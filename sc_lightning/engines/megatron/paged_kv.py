@@ -63,6 +63,16 @@ class PagedKVCache:
         self._free = list(range(blocks - 1, SCRATCH, -1))  # a stack: the lowest block is handed out first
 
     @property
+    def slots(self) -> int:
+        """How many rows the cache holds at once (its tables' rows)."""
+        return self.tables.size(0)
+
+    @property
+    def length(self) -> int:
+        """Positions a row can hold (a multiple of :data:`PAGE`)."""
+        return self.max_blocks * PAGE
+
+    @property
     def free_blocks(self) -> int:
         """Blocks the pool can still hand out."""
         return len(self._free)
