@@ -51,6 +51,7 @@ the host's calls (the fit's figures then carry the profiler's overhead).
     python benchmarks/e2e.py --shape llama1b --mode colocated --steps 3
     python benchmarks/e2e.py --shape llama1b --mode colocated-async --steps 4 --no-parts
     python benchmarks/e2e.py --shape 1.26b --kv-cache-dtype fp8 --engine-batch 256   # half the K/V bytes
+    python benchmarks/e2e.py --shape 1.26b --kv-cache-layout paged --engine-batch 512  # every request at once
     python benchmarks/e2e.py --shape 1.26b --steps 2 --profile-train   # why the fit trains slower than its benchmark
 """
 
@@ -165,6 +166,7 @@ def fit_config(shape: Shape, args: argparse.Namespace, prompts_file: Path, root:
                 "mcore_generation_config": {
                     "max_batch_size": shape.engine_batch,
                     "kv_cache_dtype": args.kv_cache_dtype,
+                    "kv_cache_layout": args.kv_cache_layout,
                 },
             },
             "megatron_cfg": {"enabled": True},
@@ -243,7 +245,8 @@ def report_throughput(args: argparse.Namespace, shape: Shape, summary: dict[str,
     """Print the measured steps' throughput table and their mean split."""
     wall = summary["step_s"]
     print(
-        f"\ne2e {args.shape} ({shape.model}, {shape.precision} on {shape.device}, KV cache {args.kv_cache_dtype}), "
+        f"\ne2e {args.shape} ({shape.model}, {shape.precision} on {shape.device}, KV cache {args.kv_cache_dtype} "
+        f"{args.kv_cache_layout}), "
         f"mode {args.mode}: "
         f"{shape.completions} completions a step ({shape.completions // shape.generations} prompts x "
         f"{shape.generations}), prompt {shape.prompt_len} + answers of mean ~{shape.new_tokens // 4} "
@@ -297,6 +300,9 @@ def main() -> None:
         choices=sorted(KV_CACHE_DTYPES),
         default="auto",
         help="the engine's KV cache (auto: the model's)",
+    )
+    parser.add_argument(
+        "--kv-cache-layout", choices=["slots", "paged"], default="slots", help="the engine's KV cache: slots or blocks"
     )
     parser.add_argument(
         "--profile-train", action="store_true", help="profile the fit's last training step and the parts' one"

@@ -84,6 +84,7 @@ async def _generation_and_refit(
         max_seq_len=policy.max_total_sequence_length,
         max_batch_size=policy.generation.mcore_generation_config.max_batch_size,
         kv_cache_dtype=policy.generation.mcore_generation_config.kv_cache_dtype,
+        kv_cache_layout=policy.generation.mcore_generation_config.kv_cache_layout,
         stop_on_eos=False,  # the fit's requests ignore eos (fixed_length)
     )
     try:

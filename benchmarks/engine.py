@@ -182,6 +182,7 @@ async def measure(args: argparse.Namespace) -> list[dict[str, Any]]:
         flash_decode=args.flash,
         fused_decode=args.fused,
         kv_cache_dtype=args.kv_cache_dtype,
+        kv_cache_layout=args.kv_cache_layout,
     )
     try:
         rows = [await measure_batch(engine, model, spec, b, args) for b in args.batches]
@@ -218,6 +219,9 @@ def main() -> None:
         choices=sorted(KV_CACHE_DTYPES),
         default="auto",
         help="the KV cache's dtype (auto: the model's)",
+    )
+    parser.add_argument(
+        "--kv-cache-layout", choices=["slots", "paged"], default="slots", help="the KV cache: slots or paged blocks"
     )
     parser.add_argument("--flash-decode", dest="flash", action="store_true", help="decode on flash attention")
     parser.add_argument(

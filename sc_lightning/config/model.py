@@ -124,6 +124,12 @@ class McoreGenerationConfig:
         "memory and half the K/V each decode step reads (long answers decode faster), for K and V rounded to 3 "
         "mantissa bits, so the engine's logprobs drift further from the trainer's (train/token_mult_prob_error).",
     )
+    kv_cache_layout: Literal["slots", "paged"] = knob(
+        "slots",
+        "How the KV cache holds rows: slots = each row the whole context from its start; paged = blocks of 64 "
+        "positions taken as a row grows, so long-tailed answers fit several times the rows in the same memory (the "
+        "newest row waits again when the blocks run out) and a prompt group's rows share the prompt's blocks.",
+    )
 
 
 @section

@@ -57,6 +57,7 @@ def default_engine_factory(
         "max_batch_size": policy.generation.mcore_generation_config.max_batch_size,
         "kv_cache_memory_fraction": policy.generation.mcore_generation_config.kv_cache_memory_fraction,
         "kv_cache_dtype": policy.generation.mcore_generation_config.kv_cache_dtype,
+        "kv_cache_layout": policy.generation.mcore_generation_config.kv_cache_layout,
     }
     if policy.generation.colocated.enabled:
         from sc_lightning.engines.megatron.engine import MegatronEngine

@@ -148,6 +148,44 @@ def test_graphed_and_eager_decoding_agree() -> None:
         assert torch.allclose(torch.tensor(graphed.logprobs), torch.tensor(eager.logprobs), atol=1e-4)
 
 
+@pytest.mark.parametrize("fused", [False, True], ids=["unfused", "fused"])
+def test_a_paged_engine_matches_full_forwards_and_preempts_when_its_blocks_run_out(fused: bool) -> None:
+    """bf16, CUDA-graphed, on a paged KV cache: a prompt group and lone prompts, first with blocks to spare, then
+    with a pool a third of what the rows need (the newest rows are preempted and prefill again); every completion's
+    greedy tokens follow the reference and sampled ones score as the trainer does."""
+    ref = replica(0, "bf16")
+    group = [(PROMPTS[5], SamplingParams(40, temperature=1.0, seed=s)) for s in range(4)]
+    calls = [(p, SamplingParams(40, temperature=0.0)) for p in PROMPTS] + group
+    for blocks in (None, 1 + 6):
+        engine = MegatronEngine(
+            replica(0, "bf16"),
+            SPEC,
+            eos_token_id=None,
+            stop_on_eos=False,
+            max_batch_size=16,
+            fused_decode=fused,
+            kv_cache_layout="paged",
+            kv_cache_blocks=blocks,
+        )
+
+        async def scenario(engine: MegatronEngine = engine) -> list[Generation]:
+            try:
+                return list(await asyncio.gather(*(engine.generate(p, s) for p, s in calls)))
+            finally:
+                await engine.shutdown()
+
+        generations = asyncio.run(scenario())
+        for (prompt, sampling), generation in zip(calls, generations, strict=True):
+            assert len(generation.token_ids) == 40
+            if sampling.temperature == 0.0:
+                check(ref, prompt, generation, "bf16")
+            else:
+                ids = torch.tensor([prompt + generation.token_ids], device="cuda")
+                with torch.no_grad():
+                    trainer = token_logprobs(ref, ids)[0, len(prompt) :].float().cpu()
+                assert float((trainer - torch.tensor(generation.logprobs)).abs().max()) < TOLERANCE["bf16"]
+
+
 @pytest.mark.parametrize("cache_dtype", [torch.bfloat16, torch.float8_e4m3fn], ids=["bf16", "fp8"])
 def test_the_decode_attention_kernel_reads_each_row_exactly(cache_dtype: torch.dtype) -> None:
     """Rows ending before, on and after a 256-position split's edge, on a bf16 cache and an fp8 one (read in
