@@ -194,3 +194,66 @@ def test_an_engine_on_a_paged_cache_samples_as_on_slots_and_a_short_pool_preempt
         assert torch.allclose(torch.tensor(a.logprobs), torch.tensor(c.logprobs), atol=1e-5)
     assert paged_stats["copied_positions"] > 0  # the group shared its prompt's full blocks
     assert short_stats["decode_steps"] > paged_stats["decode_steps"]  # preempted rows decoded again later
+
+
+def test_rows_prefilling_in_chunks_through_a_small_pool_give_the_slot_engines_tokens(model_parallel: None) -> None:
+    """Six 100-token prompts prefilled 32 tokens a step through a pool of four blocks (two rows' worth): rows take
+    turns, the newest stepping aside, and every completion is the slot engine's."""
+    import asyncio
+
+    from sc_lightning.engines.megatron.engine import MegatronEngine
+    from sc_lightning.types import SamplingParams
+
+    prompts = [tuple(3 + (i + j) % 13 for j in range(100)) for i in range(6)]
+
+    def run(**layout: object) -> list:
+        engine = MegatronEngine.from_pretrained(
+            "builtin:tiny", stop_on_eos=False, max_batch_size=6, prefill_chunk_tokens=32, **layout
+        )
+
+        async def scenario() -> list:
+            try:
+                calls = [engine.generate(p, SamplingParams(20, temperature=0.0)) for p in prompts]
+                return list(await asyncio.wait_for(asyncio.gather(*calls), 120))
+            finally:
+                await engine.shutdown()
+
+        return asyncio.run(scenario())
+
+    slots, paged = run(), run(kv_cache_layout="paged", kv_cache_blocks=1 + 4)
+    assert [g.token_ids for g in paged] == [g.token_ids for g in slots]
+    assert all(len(g.token_ids) == 20 for g in paged)
+
+
+def test_when_no_row_decodes_and_none_can_prefill_the_newest_row_makes_room(model_parallel: None) -> None:
+    """A dry pool held by rows that all still wait for their prompts (none decodes, so none will free a block): the
+    newest row leaves for the queue, and the oldest goes on."""
+    from sc_lightning.engines.megatron.batch import ContinuousBatch
+    from sc_lightning.engines.megatron.cached_forward import CachedForward
+    from sc_lightning.models import load_policy
+    from tests.engines.helpers import request
+
+    model = load_policy("builtin:tiny")[0].eval()
+    batch = ContinuousBatch(
+        CachedForward(model, 256),
+        list(model.parameters()),
+        max_rows=3,
+        max_seq_len=256,
+        vocab_size=18,
+        prefill_tokens=64,
+        cuda_graphs=False,
+        buckets=False,
+        kv_layout="paged",
+        kv_blocks=1 + 2,
+    )
+    first, second = request(tuple(3 + j % 13 for j in range(100))), request(tuple(4 + j % 11 for j in range(100)))
+    batch.add(first)
+    batch.add(second)
+    with torch.inference_mode():
+        batch.step(0)  # the first row prefills 64 positions: its first block
+        assert batch.kv.reserve(1, 1)  # the second takes the last block (as a chunk of its own would have)
+        batch.step(0)  # the first row needs a second block: none is free, and no row decodes
+        assert batch.returned == [second] and [row.request for row in batch.rows] == [first]
+        while batch.rows:
+            batch.step(0)
+    assert len(first.tokens) == 12

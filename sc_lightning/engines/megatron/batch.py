@@ -252,12 +252,16 @@ class ContinuousBatch:
         """Every decoding row can write its next position: a paged cache short of blocks preempts the newest rows
         (their requests return to the queue, to prefill again later) until it is not."""
         while True:
-            rows = self.rows
-            if all(row.waiting > 0 or self.kv.reserve(i, row.cached + 1) for i, row in enumerate(rows)):
+            if all(row.waiting > 0 or self.kv.reserve(i, row.cached + 1) for i, row in enumerate(self.rows)):
                 return
-            newest = max(range(len(rows)), key=lambda i: rows[i].admitted)
-            self.returned.append(rows[newest].request)
-            self._remove([newest])
+            self._preempt_newest()
+
+    def _preempt_newest(self) -> None:
+        """Take the newest row out (its blocks back to the pool); its request returns to the queue, to join and
+        prefill again later (what it sampled so far stays with it)."""
+        newest = max(range(len(self.rows)), key=lambda i: self.rows[i].admitted)
+        self.returned.append(self.rows[newest].request)
+        self._remove([newest])
 
     def _kv_len(self, positions: int) -> int:
         """How many cache positions a call reads when its furthest token sits at ``positions - 1``."""
@@ -296,7 +300,9 @@ class ContinuousBatch:
         assert self.cache is not None
         chosen, width = self._plan_prefill(waiting)
         chosen = [i for i in chosen if self.kv.reserve(i, self.rows[i].cached + min(self.rows[i].waiting, width))]
-        if not chosen:  # a paged cache has no block for any of them: decoding rows finish and free some
+        if not chosen:  # a paged cache has no block for any of them: decoding rows free some as they finish,
+            if all(row.waiting > 0 for row in self.rows):  # and when none decodes, the newest row makes room
+                self._preempt_newest()
             return
         tokens, positions, spans = [], [], []
         last = self.max_seq_len - 1
