@@ -157,6 +157,8 @@ class PagedKVCache:
         """Set entries ``start..`` of row ``row``'s device table to ``blocks``."""
         if blocks:
             values = torch.tensor(blocks, dtype=torch.int32)
+            if self.tables.is_cuda:  # pinned: the copy queues behind a decode step in flight instead of waiting for it
+                values = values.pin_memory()
             self.tables[row, start : start + len(blocks)].copy_(values, non_blocking=True)
 
 
