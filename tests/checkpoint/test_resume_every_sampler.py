@@ -64,12 +64,15 @@ def resumed_from(stderr: str) -> str:
     return lines[0]
 
 
-def assert_one_version_of_lag_at_most(tmp_path: Path) -> None:
-    """Every logged step trained groups at most one version behind the trainer (each mode's bound)."""
+def assert_lag_within_the_modes_bound(tmp_path: Path, sampler: str) -> None:
+    """Every logged step trained groups no newer than the trainer and at most one version behind it (each mode's
+    bound), but with ready_first: it trains a straggler however late it comes (nothing is evicted, docs/samplers.md),
+    so a group in flight across two refits is trained two versions behind."""
     for log in tmp_path.glob("lightning_logs/version_*/metrics.csv"):
         with log.open() as handle:
             lags = [float(row["train/staleness_max"]) for row in csv.DictReader(handle) if row["train/reward"]]
-        assert lags and max(lags) <= 1, (log, lags)
+        assert lags and min(lags) >= 0, (log, lags)
+        assert sampler == "ready_first" or max(lags) <= 1, (log, lags)
 
 
 def newest_snapshot_anchor(checkpoints: Path) -> int:
@@ -87,7 +90,7 @@ def test_every_sampler_resumes_from_its_bundle_and_from_a_rollout_snapshot(tmp_p
         shutil.rmtree(bundle / SNAPSHOTS_DIR, ignore_errors=True)
     assert resumed_from(fit(tmp_path, sampler, steps=6)).endswith(f"{checkpoints / 'step_2'}")
     assert_history_exactly_once(tmp_path, steps=6)
-    assert_one_version_of_lag_at_most(tmp_path)
+    assert_lag_within_the_modes_bound(tmp_path, sampler)
 
     anchor = newest_snapshot_anchor(checkpoints)
     for step, bundle in complete_bundles(checkpoints):

@@ -43,16 +43,10 @@ print(json.dumps(errors))
 """
 
 
-def test_split_decode_attention_equals_softmax_attention_over_each_rows_own_positions() -> None:
-    """At the 1.26B shape's groups (2 query heads of 128) and Llama-3.2-1B's (4 of 64): splits of 16 and 32
-    positions (several per row, a row ending mid-split and on a split's edge) and one split longer than the cache
-    (the unsplit kernel) all equal attention computed in fp32 over positions ``0..p`` of the row's own slot, and so
-    does an fp8 cache (its values, converted for the products); positions beyond ``p`` and other slots hold NaN, so
-    reading one would show."""
-    cases = [(hpg, dim, split, 16, "float16") for hpg, dim in [(2, 128), (4, 64)] for split in (16, 32)]
-    cases += [(2, 128, 256, 64, "float16"), (2, 128, 32, 16, "float8_e4m3fn")]  # unsplit; an fp8 cache
+def interpreted_errors(script: str, cases: list) -> list[float]:
+    """Run ``script`` on ``cases`` in a child process under Triton's interpreter: each case's worst error."""
     child = subprocess.run(
-        [sys.executable, "-c", CHILD, json.dumps(cases)],
+        [sys.executable, "-c", script, json.dumps(cases)],
         env={**os.environ, "TRITON_INTERPRET": "1"},
         capture_output=True,
         text=True,
@@ -62,7 +56,18 @@ def test_split_decode_attention_equals_softmax_attention_over_each_rows_own_posi
     assert child.returncode == 0, child.stderr[-3000:]
     errors = json.loads(child.stdout.strip().splitlines()[-1])
     assert len(errors) == len(cases)
-    for case, error in zip(cases, errors, strict=True):
+    return errors
+
+
+def test_split_decode_attention_equals_softmax_attention_over_each_rows_own_positions() -> None:
+    """At the 1.26B shape's groups (2 query heads of 128) and Llama-3.2-1B's (4 of 64): splits of 16 and 32
+    positions (several per row, a row ending mid-split and on a split's edge) and one split longer than the cache
+    (the unsplit kernel) all equal attention computed in fp32 over positions ``0..p`` of the row's own slot, and so
+    does an fp8 cache (its values, converted for the products); positions beyond ``p`` and other slots hold NaN, so
+    reading one would show."""
+    cases = [(hpg, dim, split, 16, "float16") for hpg, dim in [(2, 128), (4, 64)] for split in (16, 32)]
+    cases += [(2, 128, 256, 64, "float16"), (2, 128, 32, 16, "float8_e4m3fn")]  # unsplit; an fp8 cache
+    for case, error in zip(cases, interpreted_errors(CHILD, cases), strict=True):
         assert error < 2e-3, (case, error)  # fp16 inputs, fp32 accumulation
 
 
@@ -107,16 +112,5 @@ def test_a_paged_cache_is_read_through_each_rows_block_table() -> None:
     attention over its own positions gathered through its table; the scratch block and positions past a row's own
     hold NaN, so reading one would show. Splits of one block and of two."""
     cases = [(2, 128, 16, "float16"), (4, 64, 32, "float16"), (2, 128, 32, "float8_e4m3fn")]
-    child = subprocess.run(
-        [sys.executable, "-c", PAGED_CHILD, json.dumps(cases)],
-        env={**os.environ, "TRITON_INTERPRET": "1"},
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-    assert child.returncode == 0, child.stderr[-3000:]
-    errors = json.loads(child.stdout.strip().splitlines()[-1])
-    assert len(errors) == len(cases)
-    for case, error in zip(cases, errors, strict=True):
+    for case, error in zip(cases, interpreted_errors(PAGED_CHILD, cases), strict=True):
         assert error < 2e-3, (case, error)
