@@ -257,3 +257,26 @@ def test_when_no_row_decodes_and_none_can_prefill_the_newest_row_makes_room(mode
         while batch.rows:
             batch.step(0)
     assert len(first.tokens) == 12
+
+
+def test_a_request_a_paged_pool_cannot_hold_even_alone_fails_naming_the_knobs(model_parallel: None) -> None:
+    """One block (64 positions) for a 100-token prompt: the request fails with an error saying what to change,
+    instead of stepping aside and coming back forever."""
+    import asyncio
+
+    from sc_lightning.engines.base import EngineError
+    from sc_lightning.engines.megatron.engine import MegatronEngine
+    from sc_lightning.types import SamplingParams
+
+    engine = MegatronEngine.from_pretrained(
+        "builtin:tiny", stop_on_eos=False, kv_cache_layout="paged", kv_cache_blocks=1 + 1, prefill_chunk_tokens=32
+    )
+
+    async def scenario() -> None:
+        try:
+            with pytest.raises(EngineError, match=r"request req-\d+: .*cannot hold .*kv_cache_memory_fraction"):
+                await asyncio.wait_for(engine.generate(tuple([3] * 100), SamplingParams(4)), 60)
+        finally:
+            await engine.shutdown()
+
+    asyncio.run(scenario())

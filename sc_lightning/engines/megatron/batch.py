@@ -259,6 +259,12 @@ class ContinuousBatch:
     def _preempt_newest(self) -> None:
         """Take the newest row out (its blocks back to the pool); its request returns to the queue, to join and
         prefill again later (what it sampled so far stays with it)."""
+        if len(self.rows) == 1:  # alone and still short: it would step aside and come back forever
+            raise RuntimeError(
+                "the paged KV cache cannot hold this request's next positions even alone: give the engine more memory "
+                "(policy.generation.mcore_generation_config.kv_cache_memory_fraction) or lower "
+                "policy.max_total_sequence_length"
+            )
         newest = max(range(len(self.rows)), key=lambda i: self.rows[i].admitted)
         self.returned.append(self.rows[newest].request)
         self._remove([newest])
