@@ -74,11 +74,11 @@ from typing import Any
 
 import yaml
 from e2e_parts import components, report_efficiency, step_lengths  # benchmarks/*.py: the script's folder is on sys.path
+from engine import add_kv_cache_options
 from step_profile import format_summary
 
 from sc_lightning.config import load_config
 from sc_lightning.config.yaml_io import load_yaml_layers
-from sc_lightning.engines.megatron.engine import KV_CACHE_DTYPES
 from sc_lightning.trainer.perf import SPLIT
 
 REPO = Path(__file__).resolve().parents[1]
@@ -295,15 +295,7 @@ def main() -> None:
     parser.add_argument("--max-new-tokens", type=int, help="the answer lengths' cap; their mean is a quarter")
     parser.add_argument("--engine-batch", type=int, help="rows the engine decodes at once (default: the shape's)")
     parser.add_argument("--device", help="cpu or cuda (default: the shape's)")
-    parser.add_argument(
-        "--kv-cache-dtype",
-        choices=sorted(KV_CACHE_DTYPES),
-        default="auto",
-        help="the engine's KV cache (auto: the model's)",
-    )
-    parser.add_argument(
-        "--kv-cache-layout", choices=["slots", "paged"], default="slots", help="the engine's KV cache: slots or blocks"
-    )
+    add_kv_cache_options(parser)
     parser.add_argument(
         "--profile-train", action="store_true", help="profile the fit's last training step and the parts' one"
     )

@@ -36,11 +36,12 @@ import statistics
 import time
 import warnings
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, get_args
 
 import torch
 
 from sc_lightning.engines.megatron.engine import KV_CACHE_DTYPES, MegatronEngine
+from sc_lightning.engines.megatron.kv_rows import KVLayout
 from sc_lightning.models import build_gpt_model, load_policy, token_logprobs
 from sc_lightning.models.spec import ModelSpec, builtin_spec
 from sc_lightning.types import Generation, SamplingParams
@@ -112,6 +113,14 @@ def decode_weight_bytes(model: torch.nn.Module, spec: ModelSpec, batch: int) -> 
 def kv_bytes_per_position(spec: ModelSpec, cache_bytes: int) -> int:
     """Bytes of K and V one cached position holds over all layers (``cache_bytes`` a value)."""
     return spec.num_layers * 2 * spec.num_query_groups * spec.kv_channels * cache_bytes
+
+
+def add_kv_cache_options(parser: argparse.ArgumentParser) -> None:
+    """``--kv-cache-dtype`` and ``--kv-cache-layout``: the engine's KV cache, as the config's knobs set it."""
+    parser.add_argument(
+        "--kv-cache-dtype", choices=sorted(KV_CACHE_DTYPES), default="auto", help="its dtype (auto: the model's)"
+    )
+    parser.add_argument("--kv-cache-layout", choices=get_args(KVLayout), default="slots", help="slots or paged blocks")
 
 
 def cache_value_bytes(model: torch.nn.Module, kv_cache_dtype: str) -> int:
@@ -214,15 +223,7 @@ def main() -> None:
         "--trainer-micro-tokens", type=int, default=16384, help="tokens of one trainer forward (a row at least)"
     )
     parser.add_argument("--profile", action="store_true", help="then profile one run at the largest batch")
-    parser.add_argument(
-        "--kv-cache-dtype",
-        choices=sorted(KV_CACHE_DTYPES),
-        default="auto",
-        help="the KV cache's dtype (auto: the model's)",
-    )
-    parser.add_argument(
-        "--kv-cache-layout", choices=["slots", "paged"], default="slots", help="the KV cache: slots or paged blocks"
-    )
+    add_kv_cache_options(parser)
     parser.add_argument("--flash-decode", dest="flash", action="store_true", help="decode on flash attention")
     parser.add_argument(
         "--unfused-decode", dest="fused", action="store_false", help="decode without the fused Triton kernels"
