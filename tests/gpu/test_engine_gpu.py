@@ -52,6 +52,11 @@ def replica(seed: int, precision: str) -> torch.nn.Module:
     return build_gpt_model(SPEC, precision=precision, hf_state=weights(seed), device="cuda").eval()
 
 
+def engine_on_bf16(**kwargs: object) -> MegatronEngine:
+    """An engine on a bf16 replica of seed 0's weights, eos ignored, with ``kwargs``."""
+    return MegatronEngine(replica(0, "bf16"), SPEC, eos_token_id=None, stop_on_eos=False, **kwargs)
+
+
 def check(ref: torch.nn.Module, prompt: tuple[int, ...], generation: Generation, precision: str) -> None:
     """Greedy tokens are the reference's argmax (up to near-ties) and logprobs its token_logprobs."""
     ids = torch.tensor([prompt + generation.token_ids], device="cuda")
@@ -157,16 +162,7 @@ def test_a_paged_engine_matches_full_forwards_and_preempts_when_its_blocks_run_o
     group = [(PROMPTS[5], SamplingParams(40, temperature=1.0, seed=s)) for s in range(4)]
     calls = [(p, SamplingParams(40, temperature=0.0)) for p in PROMPTS] + group
     for blocks in (None, 1 + 6):
-        engine = MegatronEngine(
-            replica(0, "bf16"),
-            SPEC,
-            eos_token_id=None,
-            stop_on_eos=False,
-            max_batch_size=16,
-            fused_decode=fused,
-            kv_cache_layout="paged",
-            kv_cache_blocks=blocks,
-        )
+        engine = engine_on_bf16(max_batch_size=16, fused_decode=fused, kv_cache_layout="paged", kv_cache_blocks=blocks)
 
         async def scenario(engine: MegatronEngine = engine) -> list[Generation]:
             try:
@@ -212,16 +208,7 @@ def test_an_fp8_kv_cache_samples_close_to_the_trainer(fused: bool) -> None:
     """bf16 on an fp8 cache, CUDA-graphed, requests joining mid-run and prompts prefilled in chunks: each sampled
     token's logprob is the trainer's up to fp8's rounding of K and V (0.1 nats on average, 0.5 at worst)."""
     ref = replica(0, "bf16")
-    engine = MegatronEngine(
-        replica(0, "bf16"),
-        SPEC,
-        eos_token_id=None,
-        stop_on_eos=False,
-        max_batch_size=8,
-        prefill_chunk_tokens=32,
-        fused_decode=fused,
-        kv_cache_dtype="fp8",
-    )
+    engine = engine_on_bf16(max_batch_size=8, prefill_chunk_tokens=32, fused_decode=fused, kv_cache_dtype="fp8")
 
     async def scenario() -> list[Generation]:
         try:
