@@ -13,12 +13,14 @@ Rows' contexts (``p + 1``) come from three distributions, over one layer's cache
   tail       ``--tail-rows`` rows of ``--length`` each: the step's last long answers decoding alone
 
 For each, the unsplit kernel (one program per row and group reading its whole context: ``split`` = the cache's
-length) against splits of ``--splits`` positions, at ``--blocks`` positions per loop iteration. Medians of
-``--reps`` timed launches (CUDA events) after a warm-up. Needs a GPU.
+length) against splits of ``--splits`` positions, at ``--blocks`` positions per loop iteration; with ``--paged``,
+also the paged kernel on the same K/V in shuffled 64-position blocks (the engine's ``kv_cache_layout: paged``).
+Medians of ``--reps`` timed launches (CUDA events) after a warm-up. Needs a GPU.
 
     python benchmarks/decode_attention.py                          # 1.26b and llama1b shapes, 128 and 256 rows
     python benchmarks/decode_attention.py --shapes 1.26b --rows 256 --splits 128 256 512 --blocks 32 64 128
     python benchmarks/decode_attention.py --kv-cache-dtype fp8      # an fp8 cache: half the bytes to read
+    python benchmarks/decode_attention.py --paged --splits 512 --blocks 64   # slots vs the same K/V paged
 """
 
 from __future__ import annotations
@@ -57,6 +59,21 @@ def timed(launch: Any, reps: int) -> float:
     return statistics.median(times)
 
 
+PAGE = 64  # positions of a paged cache's block (the engine's)
+
+
+def scattered_blocks(cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The slot ``cache`` ``(rows, length, ...)`` as a paged pool of :data:`PAGE`-position blocks in shuffled order
+    (a long-running engine's blocks are anywhere in its pool) and the rows' block tables reading the same values."""
+    rows, length = cache.shape[:2]
+    per_row = length // PAGE
+    order = torch.randperm(rows * per_row, generator=torch.Generator().manual_seed(0)).to(cache.device)
+    blocks = cache[:, : per_row * PAGE].reshape(rows * per_row, PAGE, *cache.shape[2:])
+    pool = torch.empty_like(blocks)
+    pool[order] = blocks  # block i of the slots lands at pool[order[i]]
+    return pool, order.view(rows, per_row).to(torch.int32)
+
+
 def contexts(kind: str, rows: int, args: argparse.Namespace) -> torch.Tensor:
     """Each row's context ``p + 1`` under distribution ``kind`` (seeded)."""
     gen = torch.Generator().manual_seed(rows)
@@ -83,15 +100,21 @@ def measure(args: argparse.Namespace) -> list[dict[str, Any]]:
             cache = torch.randn(rows, args.length, groups, 2, dim, device="cuda", dtype=torch.bfloat16)
             cache = cache.to(CACHE_DTYPES[args.kv_cache_dtype])
             query = torch.randn(rows, groups, hpg, dim, device="cuda", dtype=torch.bfloat16)
+            if args.paged:
+                paged_cache, paged_tables = scattered_blocks(cache)
             for kind in ("full", "longtail", "tail"):
                 seen = contexts(kind, rows, args).cuda()
                 positions, used = seen - 1, query[: seen.numel()]
                 bytes_read = int(seen.sum()) * groups * 2 * dim * cache.element_size()
-                settings = [(args.length, 64)] + [(s, b) for s in args.splits for b in args.blocks if b <= s]
+                settings = [(args.length, 64, None)]
+                settings += [(s, b, None) for s in args.splits for b in args.blocks if b <= s]
+                if args.paged:
+                    settings += [(s, PAGE, paged_tables) for s in args.splits if s % PAGE == 0]
                 base = None
-                for split, block in settings:
+                for split, block, tables in settings:
+                    source = cache if tables is None else paged_cache
                     launch = functools.partial(
-                        decode_attention, used, cache, positions, dim**-0.5, split=split, block=block
+                        decode_attention, used, source, positions, dim**-0.5, split=split, block=block, tables=tables
                     )
                     seconds = timed(launch, args.reps)
                     base = base or seconds
@@ -103,6 +126,7 @@ def measure(args: argparse.Namespace) -> list[dict[str, Any]]:
                             "mean_context": float(seen.float().mean()),
                             "split": "none" if split == args.length else split,
                             "block": block,
+                            "layout": "slots" if tables is None else "paged",
                             "us": seconds * 1e6,
                             "of_copy": bytes_read / seconds / copy_bps,
                             "speedup": base / seconds,
@@ -110,7 +134,8 @@ def measure(args: argparse.Namespace) -> list[dict[str, Any]]:
                     )
                     print(
                         f"{shape:8} rows {seen.numel():4} {kind:8} mean ctx {results[-1]['mean_context']:6.0f}  "
-                        f"split {results[-1]['split']!s:>5} block {block:3}  {seconds * 1e6:8.1f} us  "
+                        f"{results[-1]['layout']:5} split {results[-1]['split']!s:>5} block {block:3}  "
+                        f"{seconds * 1e6:8.1f} us  "
                         f"{bytes_read / seconds / 1e12:5.2f} TB/s  {results[-1]['of_copy']:6.1%} of copy  "
                         f"{results[-1]['speedup']:5.2f}x unsplit",
                         flush=True,
@@ -130,6 +155,7 @@ def main() -> None:
     parser.add_argument("--blocks", type=int, nargs="+", default=[32, 64, 128])
     parser.add_argument("--kv-cache-dtype", choices=sorted(CACHE_DTYPES), default="bf16", help="the cache's dtype")
     parser.add_argument("--reps", type=int, default=20)
+    parser.add_argument("--paged", action="store_true", help="also time a paged cache (shuffled 64-position blocks)")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("benchmarks/decode_attention.py needs a GPU")
