@@ -238,6 +238,7 @@ def summarise(rows: list[dict[str, float]]) -> dict[str, float]:
     if steps > 0:  # the engine's batch: rows decoding together, against its KV rows
         summary["decode_rows_mean"] = sum(r["perf/decode_rows_mean"] * r["perf/decode_steps"] for r in rows) / steps
         summary["decode_slots"] = rows[-1]["perf/decode_slots"]
+        summary["decode_preemptions"] = sum(r.get("perf/decode_preemptions", 0.0) for r in rows)
     return summary
 
 
@@ -268,6 +269,12 @@ def report_throughput(args: argparse.Namespace, shape: Shape, summary: dict[str,
         rows, slots = summary["decode_rows_mean"], summary["decode_slots"]
         fill = f" ({rows / slots:.0%} of its {slots:.0f} KV rows)" if slots else ""
         print(f"the engine decoded {rows:.1f} rows at a time on average{fill} (perf/decode_rows_mean)", flush=True)
+        if args.kv_cache_layout == "paged":
+            print(
+                f"{summary['decode_preemptions']:.0f} rows preempted for want of KV blocks in the measured steps "
+                "(perf/decode_preemptions)",
+                flush=True,
+            )
     if "alloc_retries" in summary:
         print(
             f"the allocator retried {summary['alloc_retries']:.0f} times in the measured training steps (0: memory "

@@ -24,8 +24,9 @@ From the same window, the step's throughput (:func:`~sc_lightning.trainer.perf.s
 ``perf/generated_tokens_per_s``, ``perf/step_tokens``, ``perf/step_generated_tokens`` and the split
 ``perf/split_{generation,logprob,train,refit,other}_s``, which adds up to the wall time. Where the engines count
 their decode steps (the Megatron engine: :mod:`~sc_lightning.engines.decode_counters`), how full their batch was:
-``perf/decode_steps`` of the window, ``perf/decode_rows_mean`` (rows decoding together, on average) and
-``perf/decode_slots`` (the rows their KV caches hold).
+``perf/decode_steps`` of the window, ``perf/decode_rows_mean`` (rows decoding together, on average),
+``perf/decode_slots`` (the rows their KV caches hold) and ``perf/decode_preemptions`` (rows a paged KV cache short
+of blocks sent back to compute their prefix again).
 
 The totals are the run's, not the process's: they are the callback's state, which Lightning saves in every bundle's
 ``trainer.ckpt``, so a resumed run continues them from the bundle's step (the engines' accounts restart with the

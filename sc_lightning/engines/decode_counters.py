@@ -27,6 +27,7 @@ class DecodeCounters:
     decode_steps: int = 0
     sampled_tokens: int = 0
     kv_slots: int = 0  # each engine's last KV-cache allocation (0 before its first)
+    preemptions: int = 0  # rows a paged KV cache short of blocks sent back to the queue
 
     def __add__(self, other: DecodeCounters) -> DecodeCounters:
         """Two engines' counters together (a router's replicas)."""
@@ -34,17 +35,20 @@ class DecodeCounters:
             self.decode_steps + other.decode_steps,
             self.sampled_tokens + other.sampled_tokens,
             self.kv_slots + other.kv_slots,
+            self.preemptions + other.preemptions,
         )
 
     def since(self, earlier: DecodeCounters) -> dict[str, float]:
         """The work between ``earlier`` and these counters: ``decode_steps``, ``decode_rows_mean`` (tokens sampled
-        per decode step; 0 without a step) and ``decode_slots`` (the KV rows now)."""
+        per decode step; 0 without a step), ``decode_slots`` (the KV rows now) and ``decode_preemptions`` (rows sent
+        back to the queue for want of KV blocks: each computes its prefix again)."""
         steps = self.decode_steps - earlier.decode_steps
         tokens = self.sampled_tokens - earlier.sampled_tokens
         return {
             "decode_steps": float(steps),
             "decode_rows_mean": tokens / steps if steps > 0 else 0.0,
             "decode_slots": float(self.kv_slots),
+            "decode_preemptions": float(self.preemptions - earlier.preemptions),
         }
 
 
@@ -69,4 +73,9 @@ async def _read_one(engine: Any) -> DecodeCounters | None:
     values = dataclasses.asdict(stats) if dataclasses.is_dataclass(stats) else stats
     if not isinstance(values, dict) or "decode_steps" not in values:
         return None
-    return DecodeCounters(int(values["decode_steps"]), int(values["generated_tokens"]), int(values.get("kv_slots", 0)))
+    return DecodeCounters(
+        int(values["decode_steps"]),
+        int(values["generated_tokens"]),
+        int(values.get("kv_slots", 0)),
+        int(values.get("preemptions", 0)),
+    )

@@ -42,8 +42,8 @@ def read(engine: Any) -> DecodeCounters | None:
 def test_an_engine_in_this_process_and_an_actor_engine_report_their_counters() -> None:
     stats = EngineStats(decode_steps=10, generated_tokens=640, kv_slots=128, prefill_chunks=3)
     assert read(InProcess("e0", stats)) == DecodeCounters(10, 640, 128)
-    actor = {"decode_steps": 4, "generated_tokens": 200, "kv_slots": 64, "finished_requests": 2}
-    assert read(ByCall("e1", actor)) == DecodeCounters(4, 200, 64)
+    actor = {"decode_steps": 4, "generated_tokens": 200, "kv_slots": 64, "finished_requests": 2, "preemptions": 3}
+    assert read(ByCall("e1", actor)) == DecodeCounters(4, 200, 64, 3)
     assert read(ByCall("vllm", {"requests": 3, "generated_tokens": 90})) is None  # vLLM counts no decode steps
 
 
@@ -60,7 +60,8 @@ def test_a_router_sums_its_live_replicas_and_leaves_out_the_dead_and_the_failing
 
 
 def test_a_steps_figures_are_the_difference_of_two_readings() -> None:
-    before, after = DecodeCounters(10, 600, 64), DecodeCounters(30, 1400, 64)
-    assert after.since(before) == {"decode_steps": 20.0, "decode_rows_mean": 40.0, "decode_slots": 64.0}
+    before, after = DecodeCounters(10, 600, 64, 2), DecodeCounters(30, 1400, 64, 5)
+    figures = {"decode_steps": 20.0, "decode_rows_mean": 40.0, "decode_slots": 64.0, "decode_preemptions": 3.0}
+    assert after.since(before) == figures
     assert before.since(before)["decode_rows_mean"] == 0.0  # no decode step in the window
-    assert DecodeCounters(1, 2, 3) + DecodeCounters(10, 20, 30) == DecodeCounters(11, 22, 33)
+    assert DecodeCounters(1, 2, 3, 4) + DecodeCounters(10, 20, 30, 40) == DecodeCounters(11, 22, 33, 44)

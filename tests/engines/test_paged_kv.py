@@ -185,7 +185,7 @@ def test_an_engine_on_a_paged_cache_samples_as_on_slots_and_a_short_pool_preempt
 
         return asyncio.run(scenario()), vars(engine.stats)
 
-    slots, _ = run()
+    slots, slot_stats = run()
     paged, paged_stats = run(kv_cache_layout="paged")
     short, short_stats = run(kv_cache_layout="paged", kv_cache_blocks=1 + 8)  # 512 positions for 7 rows of ~150
     for a, b, c in zip(slots, paged, short, strict=True):
@@ -194,6 +194,7 @@ def test_an_engine_on_a_paged_cache_samples_as_on_slots_and_a_short_pool_preempt
         assert torch.allclose(torch.tensor(a.logprobs), torch.tensor(c.logprobs), atol=1e-5)
     assert paged_stats["copied_positions"] > 0  # the group shared its prompt's full blocks
     assert short_stats["decode_steps"] > paged_stats["decode_steps"]  # preempted rows decoded again later
+    assert short_stats["preemptions"] > 0 == paged_stats["preemptions"] == slot_stats["preemptions"]
 
 
 def test_rows_prefilling_in_chunks_through_a_small_pool_give_the_slot_engines_tokens(model_parallel: None) -> None:

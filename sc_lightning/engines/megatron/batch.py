@@ -148,6 +148,7 @@ class ContinuousBatch:
         self.prefill_calls = 0
         self.sampled_tokens = 0
         self.copied_positions = 0  # prompt positions rows took by copy instead of prefilling them
+        self.preemptions = 0  # rows a dry paged pool sent back to the queue
 
     @property
     def cache(self) -> KVCache | None:
@@ -267,6 +268,7 @@ class ContinuousBatch:
             )
         newest = max(range(len(self.rows)), key=lambda i: self.rows[i].admitted)
         self.returned.append(self.rows[newest].request)
+        self.preemptions += 1
         self._remove([newest])
 
     def _kv_len(self, positions: int) -> int:

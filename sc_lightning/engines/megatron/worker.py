@@ -43,7 +43,8 @@ class EngineStats:
     ``decode_steps`` is the mean rows decoding together, against the ``kv_slots`` rows of the last KV-cache
     allocation (:mod:`sc_lightning.engines.decode_counters`). ``copied_positions`` counts the prompt positions rows
     took by copy from another row of the same prompt instead of prefilling them
-    (:mod:`~sc_lightning.engines.megatron.prompt_copies`).
+    (:mod:`~sc_lightning.engines.megatron.prompt_copies`). ``preemptions`` counts the rows a paged KV cache short
+    of blocks sent back to the queue (each prefills its prompt and what it sampled again).
     """
 
     batches: int = 0
@@ -54,6 +55,7 @@ class EngineStats:
     finished_requests: int = 0
     kv_slots: int = 0
     copied_positions: int = 0
+    preemptions: int = 0
 
 
 @dataclass
@@ -248,6 +250,7 @@ class DecodeWorker:
             stats.decode_steps, stats.prefill_chunks = batch.decode_steps, batch.prefill_calls
             stats.forward_calls = batch.decode_steps + batch.prefill_calls
             stats.generated_tokens, stats.copied_positions = batch.sampled_tokens, batch.copied_positions
+            stats.preemptions = batch.preemptions
             if batch.cache is not None:  # freed at a stand-down: the last allocation's rows stand
                 stats.kv_slots = batch.cache.slots
         for request, reason in finished:
