@@ -65,13 +65,21 @@ def test_update_weights_switches_outputs_and_version(tiny_dirs: dict, layout: st
     assert before.token_ids != after.token_ids
 
 
-@pytest.mark.parametrize("overlap", [False, True])
-def test_a_request_in_flight_across_an_update_finishes_on_the_new_weights(tiny_dirs: dict, overlap: bool) -> None:
+@pytest.mark.parametrize(
+    ("overlap", "kv_cache_layout"),
+    [(False, "slots"), (True, "slots"), (True, "paged")],
+    ids=["eager", "overlap", "paged"],
+)
+def test_a_request_in_flight_across_an_update_finishes_on_the_new_weights(
+    tiny_dirs: dict, overlap: bool, kv_cache_layout: str
+) -> None:
+    """The request's rows recompute their K/V on the new weights (a paged cache gives its blocks back and takes new
+    ones, outside the decode loop's inference mode)."""
     model_b, spec_b, _ = load_policy(str(tiny_dirs["b"]))
     model_a = load_policy(str(tiny_dirs["a"]))[0].eval()
 
     async def scenario() -> object:
-        engine = engine_on(tiny_dirs["a"], overlap=overlap)
+        engine = engine_on(tiny_dirs["a"], overlap=overlap, kv_cache_layout=kv_cache_layout)
         gate = WorkerGate(engine, 5)
         task = asyncio.create_task(engine.generate(PROMPT, SamplingParams(200, temperature=0.0)))
         await (await gate.during(engine.update_weights(export_hf_weights(model_b, spec_b), version=1)))

@@ -57,7 +57,8 @@ class PagedKVCache:
             raise ValueError(f"a paged KV cache needs the scratch block and one more, got {blocks} blocks")
         self.tensor = torch.zeros((layers, blocks, PAGE, groups, 2, head_dim), dtype=dtype, device=device)
         self.max_blocks = blocks_for(max_positions)
-        self.tables = torch.full((max_rows, self.max_blocks), SCRATCH, dtype=torch.int32, device=device)
+        with torch.inference_mode(False):  # a normal tensor: the engine also rewrites tables outside inference mode
+            self.tables = torch.full((max_rows, self.max_blocks), SCRATCH, dtype=torch.int32, device=device)
         self._held: list[list[int]] = [[] for _ in range(max_rows)]  # each row's blocks, in position order
         self._holders = [0] * blocks  # how many rows hold each block
         self._free = list(range(blocks - 1, SCRATCH, -1))  # a stack: the lowest block is handed out first
