@@ -59,10 +59,14 @@ class PoolMachine(RuleBasedStateMachine):
             return
         source, target = data.draw(st.sampled_from(sources)), data.draw(st.sampled_from(targets))
         positions = data.draw(st.integers(0, self.positions[source]))
-        shared = self.cache.share(source, target, positions)
-        assert shared == positions // PAGE * PAGE
-        assert self.cache.blocks_of(target) == self.cache.blocks_of(source)[: shared // PAGE]
-        self.positions[target] = shared
+        free = self.cache.free_blocks
+        held = self.cache.share(source, target, positions)
+        full = positions // PAGE
+        copied = positions % PAGE > 0 and free > 0  # the partial block copied into one of the target's own
+        assert held == (positions if copied else full * PAGE)
+        assert self.cache.blocks_of(target)[:full] == self.cache.blocks_of(source)[:full]
+        assert len(self.cache.blocks_of(target)) == full + copied and self.cache.free_blocks == free - copied
+        self.positions[target] = held
 
     @rule(row=st.integers(0, ROWS - 1))
     def release(self, row: int) -> None:
@@ -97,27 +101,31 @@ TestPool.settings = settings(max_examples=60, stateful_step_count=30, deadline=N
 
 
 def test_positions_map_into_their_rows_blocks_and_a_shared_prompt_is_read_not_rewritten() -> None:
-    """Two rows of one prompt: the second shares the first's full prompt blocks and writes only past them; what each
-    wrote through flat_index reads back through its own table; unreserved positions land in the scratch block."""
+    """Two rows of one prompt: the second shares the first's full prompt blocks, takes a copy of its partial one and
+    writes only past the prompt; what each wrote through flat_index reads back through its own table; unreserved
+    positions land in the scratch block."""
     kv = cache()
     assert kv.reserve(0, 150)  # a 150-token prompt: blocks for 0..149
     positions = torch.arange(150)[None]
     kv.flat(0)[kv.flat_index(torch.tensor([0]), positions)] = positions.flatten().float()[:, None, None, None]
-    assert kv.share(0, 1, 149) == 128  # the two full blocks; positions 128.. the second row writes itself
+    assert kv.share(0, 1, 149) == 149  # the two full blocks shared, positions 128..148 copied into its own block
+    assert kv.blocks_of(1)[:2] == kv.blocks_of(0)[:2] and kv.blocks_of(1)[2] != kv.blocks_of(0)[2]
     assert kv.reserve(1, 200)
-    mine = torch.arange(128, 200)[None]
+    mine = torch.arange(149, 200)[None]
     kv.flat(0)[kv.flat_index(torch.tensor([1]), mine)] = -mine.flatten().float()[:, None, None, None]
     first = kv.flat(0)[kv.flat_index(torch.tensor([0]), positions)][:, 0, 0, 0]
     second = kv.flat(0)[kv.flat_index(torch.tensor([1]), torch.arange(200)[None])][:, 0, 0, 0]
     assert torch.equal(first, torch.arange(150).float())  # the first row's K/V, untouched by the second
-    assert torch.equal(second[:128], torch.arange(128).float()) and torch.equal(
-        second[128:], -torch.arange(128, 200).float()
+    assert torch.equal(second[:149], torch.arange(149).float()) and torch.equal(
+        second[149:], -torch.arange(149, 200).float()
     )
     assert set(kv.flat_index(torch.tensor([2]), torch.arange(3)[None]).tolist()) <= set(range(PAGE))  # scratch
     kv.release(0)
     assert kv.free_blocks == BLOCKS - 1 - 4  # the shared blocks stay with the second row: 2 shared + 2 of its own
     kv.release(1)
     assert kv.free_blocks == BLOCKS - 1
+    assert kv.reserve(0, MAX_POSITIONS) and kv.reserve(2, 3 * PAGE) and kv.free_blocks == 0  # a dry pool
+    assert kv.share(0, 1, 100) == PAGE  # the full block shared, the partial one left to prefill
 
 
 def test_the_forward_on_a_paged_cache_equals_the_forward_on_slots(model_parallel: None) -> None:
@@ -144,13 +152,11 @@ def test_the_forward_on_a_paged_cache_equals_the_forward_on_slots(model_parallel
                     assert kv.reserve(rows[0], positions[0][-1] + 1)
                 ids, where = torch.tensor(tokens), torch.tensor(positions)
                 forward(kv, ids, where, kv_len=where.max().item() + 1, slots=torch.tensor(rows), logits=False)
-            # row 1 has the same prompt: the slot cache copies it; the paged one shares the two full blocks and row 1
-            # prefills the last 11 prompt positions into a block of its own
+            # row 1 has the same prompt: the slot cache copies it; the paged one shares the two full blocks and
+            # copies the last 11 prompt positions into a block of its own
             if kv is paged:
                 kv.release(1)
-                assert kv.share(0, 1, 139) == 128 and kv.reserve(1, 141) and kv.reserve(0, 141)
-                tail = torch.tensor([prompt[128:139]])
-                forward(kv, tail, torch.arange(128, 139)[None], kv_len=139, slots=torch.tensor([1]), logits=False)
+                assert kv.share(0, 1, 139) == 139 and kv.reserve(1, 141) and kv.reserve(0, 141)
             else:
                 kv.move(0, 1, 139)
             for step in range(2):  # both rows decode: the prompt's last token, then one more

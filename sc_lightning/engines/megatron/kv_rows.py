@@ -7,7 +7,7 @@
   from another row by copying its positions.
 - **paged** (:class:`~sc_lightning.engines.megatron.paged_kv.PagedKVCache`): a row holds the blocks its positions
   need, taken as it grows (:meth:`KVRows.reserve` may fail: the pool is dry, and the batch preempts a row); a move
-  hands over the row's block table; a prompt is taken by sharing the other row's full blocks.
+  hands over the row's block table; a prompt is taken by sharing the other row's full blocks (its partial one copied).
 
 On a GPU both are sized from the memory budget when allocated (``memory_fraction`` of the memory free then): slots
 of the whole context, or blocks of :data:`~sc_lightning.engines.megatron.paged_kv.PAGE` positions.
@@ -72,7 +72,7 @@ class KVRows:
 
     def take_prompt(self, source: int, target: int, positions: int) -> int:
         """Give fresh row ``target`` row ``source``'s first ``positions`` positions; returns how many it now holds
-        (paged: the full blocks among them)."""
+        (paged: all of them, or only the full blocks' when no block is free for the partial one's copy)."""
         assert self.cache is not None
         if isinstance(self.cache, PagedKVCache):
             self.cache.release(target)  # blocks it took for scratch positions before its prompt came

@@ -13,9 +13,9 @@ that kernels read (a CUDA graph's static input). Position ``p`` of row ``r`` liv
 
 - **Block 0 is scratch**, never handed out: a table entry a row has not filled reads 0, so a padding row of a graph
   batch, or a placeholder row writing scratch K/V, writes there and nowhere that matters.
-- **Sharing.** A prompt group's rows share the prompt's full blocks (:meth:`PagedKVCache.share`): the blocks are
-  counted per holder and return to the pool with their last one. A shared block is never written again: the rows
-  that share it only write positions past it.
+- **Sharing.** A prompt group's rows share the prompt's full blocks (:meth:`PagedKVCache.share`; the prompt's last,
+  partial block is copied): the blocks are counted per holder and return to the pool with their last one. A shared
+  block is never written again: the rows that share it only write positions past it.
 - **Growing** (:meth:`PagedKVCache.reserve`) takes blocks for a row's next positions, all or none: when the pool
   runs dry the engine frees a row (preemption) and reserves again.
 - **Moving** a row to another row's place (the batch keeps rows in ``0..n-1``) moves its table, not its K/V.
@@ -99,16 +99,23 @@ class PagedKVCache:
         return True
 
     def share(self, source: int, target: int, positions: int) -> int:
-        """Make empty row ``target`` hold row ``source``'s blocks that lie wholly within its first ``positions``
-        positions (a prompt both rows have); returns the positions shared (a multiple of :data:`PAGE`)."""
+        """Make empty row ``target`` hold row ``source``'s first ``positions`` positions (a prompt both rows have):
+        the blocks wholly within them shared, the rest copied into a block of its own (the source goes on writing
+        its partial block). Returns the positions ``target`` now holds: all of them, or the shared ones when the
+        pool has no block for the copy."""
         if self._held[target]:
             raise ValueError(f"row {target} already holds blocks: only an empty row takes shared ones")
-        shared = self._held[source][: positions // PAGE]
+        full, rest = divmod(positions, PAGE)
+        shared = self._held[source][:full]
         for block in shared:
             self._holders[block] += 1
         self._write_table(target, 0, shared)
         self._held[target] = list(shared)
-        return len(shared) * PAGE
+        if rest and self.reserve(target, positions):
+            partial, own = self._held[source][full], self._held[target][full]
+            self.tensor[:, own, :rest].copy_(self.tensor[:, partial, :rest])
+            return positions
+        return full * PAGE
 
     def release(self, row: int) -> None:
         """Let go of row ``row``'s blocks (each returns to the pool with its last holder); its table points at
