@@ -78,7 +78,12 @@ def test_an_engine_whose_budget_holds_two_rows_runs_six_requests_two_at_a_time(m
 
     async def scenario() -> tuple:
         engine = MegatronEngine.from_pretrained(
-            "builtin:tiny", stop_on_eos=False, max_batch_size=4, max_seq_len=256, kv_cache_memory_fraction=0.5
+            "builtin:tiny",
+            stop_on_eos=False,
+            max_batch_size=4,
+            max_seq_len=256,
+            kv_cache_memory_fraction=0.5,
+            kv_cache_layout="slots",  # the budget counted in whole-context rows
         )
         try:
             await engine.stand_down()  # all six wait, so that four join at once when it wakes
