@@ -65,10 +65,14 @@ def _free_for(rows: int, fraction: float, model_name: str, length: int):  # noqa
     return lambda device: needed
 
 
-def test_an_engine_whose_budget_holds_two_rows_runs_six_requests_two_at_a_time(monkeypatch) -> None:
-    """max_batch_size 4 admits four requests before the cache exists; it then has two slots, and the other two go
-    back to the head of the queue with nothing lost: all six come back whole and exact, in two-row batches; the
-    shutdown frees the cache."""
+@pytest.mark.parametrize(("layout", "rows", "blocks"), [("slots", 2, None), ("paged", 4, 1 + 8)], ids=str)
+def test_an_engine_whose_budget_holds_two_whole_contexts_runs_six_requests_exactly(
+    monkeypatch, layout: str, rows: int, blocks: int | None
+) -> None:
+    """max_batch_size 4 admits four requests before the cache exists. Slots: the budget holds two rows, and the
+    other two go back to the head of the queue with nothing lost. Paged: the same bytes are eight blocks of 64
+    positions (plus the scratch block), and all four rows' short contexts fit at once. Either way all six come back
+    whole and exact, and the shutdown frees the cache."""
     monkeypatch.setattr(kv_cache, "free_device_bytes", _free_for(2, 0.5, "builtin:tiny", 256))
     prompts = [tuple(3 + (i + j) % 15 for j in range(2 + 3 * i)) for i in range(6)]
 
@@ -83,7 +87,7 @@ def test_an_engine_whose_budget_holds_two_rows_runs_six_requests_two_at_a_time(m
             max_batch_size=4,
             max_seq_len=256,
             kv_cache_memory_fraction=0.5,
-            kv_cache_layout="slots",  # the budget counted in whole-context rows
+            kv_cache_layout=layout,
         )
         try:
             await engine.stand_down()  # all six wait, so that four join at once when it wakes
@@ -92,12 +96,12 @@ def test_an_engine_whose_budget_holds_two_rows_runs_six_requests_two_at_a_time(m
             await asyncio.wait_for(queued(engine, 6), 30)
             await engine.wake()
             results = await asyncio.gather(*tasks)
-            return results, engine._batch.cache.slots, engine.stats, engine
+            return results, engine._batch.cache, engine.stats, engine
         finally:
             await engine.shutdown()
 
-    results, slots, stats, engine = asyncio.run(scenario())
-    assert slots == 2
+    results, cache, stats, engine = asyncio.run(scenario())
+    assert cache.slots == rows and (blocks is None or cache.tensor.size(1) == blocks)
     assert engine._batch.cache is None  # shut down: its memory is handed back at once, not when it is collected
     assert stats.finished_requests == 6 and stats.generated_tokens == 36
     model = load_policy("builtin:tiny")[0].eval()
