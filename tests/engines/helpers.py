@@ -12,6 +12,7 @@ import torch
 
 from sc_lightning.engines.megatron.batch import ContinuousBatch
 from sc_lightning.engines.megatron.cached_forward import CachedForward
+from sc_lightning.engines.megatron.kv_rows import KVLayout
 from sc_lightning.engines.megatron.request import Request
 from sc_lightning.types import SamplingParams
 
@@ -77,7 +78,14 @@ def request(prompt: tuple[int, ...], sampling: SamplingParams = GREEDY) -> Reque
 
 
 def batch_on(
-    model: torch.nn.Module, *, max_rows: int = 8, prefill_tokens: int = 64, buckets: bool, overlap: bool = False
+    model: torch.nn.Module,
+    *,
+    max_rows: int = 8,
+    prefill_tokens: int = 64,
+    buckets: bool,
+    overlap: bool = False,
+    kv_layout: KVLayout = "slots",
+    kv_blocks: int | None = None,
 ) -> ContinuousBatch:
     """A batch over ``model`` (vocabulary 18, context 256) stepped by the test on this thread."""
     return ContinuousBatch(
@@ -90,4 +98,6 @@ def batch_on(
         cuda_graphs=False,
         buckets=buckets,
         overlap=overlap,
+        kv_layout=kv_layout,
+        kv_blocks=kv_blocks,
     )

@@ -235,24 +235,11 @@ def test_rows_prefilling_in_chunks_through_a_small_pool_give_the_slot_engines_to
 def test_when_no_row_decodes_and_none_can_prefill_the_newest_row_makes_room(model_parallel: None) -> None:
     """A dry pool held by rows that all still wait for their prompts (none decodes, so none will free a block): the
     newest row leaves for the queue, and the oldest goes on."""
-    from sc_lightning.engines.megatron.batch import ContinuousBatch
-    from sc_lightning.engines.megatron.cached_forward import CachedForward
     from sc_lightning.models import load_policy
-    from tests.engines.helpers import request
+    from tests.engines.helpers import batch_on, request
 
     model = load_policy("builtin:tiny")[0].eval()
-    batch = ContinuousBatch(
-        CachedForward(model, 256),
-        list(model.parameters()),
-        max_rows=3,
-        max_seq_len=256,
-        vocab_size=18,
-        prefill_tokens=64,
-        cuda_graphs=False,
-        buckets=False,
-        kv_layout="paged",
-        kv_blocks=1 + 2,
-    )
+    batch = batch_on(model, max_rows=3, buckets=False, kv_layout="paged", kv_blocks=1 + 2)
     first, second = request(tuple(3 + j % 13 for j in range(100))), request(tuple(4 + j % 11 for j in range(100)))
     batch.add(first)
     batch.add(second)

@@ -16,11 +16,10 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sc_lightning.engines.megatron.batch import ContinuousBatch
-from sc_lightning.engines.megatron.cached_forward import CachedForward
+from sc_lightning.engines.megatron.kv_rows import KVLayout
 from sc_lightning.engines.megatron.request import Request
 from sc_lightning.types import SamplingParams
-from tests.engines.helpers import follows_argmax, request
+from tests.engines.helpers import batch_on, follows_argmax, request
 
 pytestmark = [
     pytest.mark.usefixtures("model_parallel"),
@@ -42,19 +41,14 @@ class Worker:
     """Drives a batch as the engine's worker thread does: fills it from a queue, steps it, requeues what it returned,
     and applies refits and stand-downs between steps (after reading a step in flight)."""
 
-    def __init__(self, layout: str, overlap: bool) -> None:
-        model = tiny_model()
-        self.batch = ContinuousBatch(
-            CachedForward(model, 256),
-            list(model.parameters()),
+    def __init__(self, layout: KVLayout, overlap: bool) -> None:
+        self.batch = batch_on(
+            tiny_model(),
             max_rows=4,
-            max_seq_len=256,
-            vocab_size=18,
             prefill_tokens=48,
-            cuda_graphs=False,
             buckets=False,
             overlap=overlap,
-            kv_layout=layout,  # type: ignore[arg-type]
+            kv_layout=layout,
             kv_blocks=1 + 5 if layout == "paged" else None,  # 320 positions for 4 rows of up to 146
         )
         self.pending: deque[Request] = deque()
@@ -89,7 +83,8 @@ operation = st.one_of(
 @settings(max_examples=12, deadline=None)
 @given(schedule=st.lists(operation, min_size=1, max_size=24), overlap=st.booleans())
 def test_a_paged_batch_gives_the_slot_batchs_tokens_under_any_schedule(schedule: list, overlap: bool) -> None:
-    workers = {layout: Worker(layout, overlap) for layout in ("slots", "paged")}
+    layouts: tuple[KVLayout, ...] = ("slots", "paged")
+    workers = {layout: Worker(layout, overlap) for layout in layouts}
     joined: dict[str, list[Request]] = {layout: [] for layout in workers}
     for op in schedule:
         for layout, worker in workers.items():
