@@ -67,7 +67,10 @@ class Worker:
         """A refit (same weights: every row recomputes its K/V) or a stand-down (the cache freed)."""
         with torch.inference_mode():
             self.batch.drain(0)
-        self.batch.weights_changed() if kind == "refit" else self.batch.release()
+        if kind == "refit":
+            self.batch.weights_changed()
+        else:
+            self.batch.release()
 
     def busy(self) -> bool:
         return bool(self.pending or self.batch.rows)
