@@ -147,21 +147,19 @@ def test_two_ranks_per_node_write_a_bundle_together_and_resume_every_prompt_once
 def test_a_node_that_dies_ends_the_other_within_seconds(tmp_path: Path) -> None:
     """SIGKILL of node 1's process mid-run: node 0's next collective with it fails and node 0 ends by itself within
     seconds (the script stops nothing), and the script names the node that died."""
-    process = start_two_nodes(
-        tmp_path, *_fit(tmp_path, "grpo", 40, "1"), launcher="lightning", head_cpus=0, node1_cpus=4
-    )
+    run = start_two_nodes(tmp_path, *_fit(tmp_path, "grpo", 40, "1"), launcher="lightning", head_cpus=0, node1_cpus=4)
     trained = tmp_path / "train_data.jsonl"
     try:
-        reached = wait_for(lambda: trained.exists() and trained.stat().st_size > 0, process, "a trained step")
-        node1 = child_pid(process.pid, "NODE_RANK=1") if reached else None
+        reached = wait_for(lambda: trained.exists() and trained.stat().st_size > 0, run.process, "a trained step")
+        node1 = child_pid(run.process.pid, "NODE_RANK=1") if reached else None
         if node1 is not None:
             os.kill(node1, signal.SIGKILL)
         killed = time.monotonic()
     finally:
-        stderr = finish(process, 120)
+        stderr = finish(run, 120)
     assert node1 is not None, f"the run ended before node 1 trained a step:\n{stderr[-5000:]}"
     took = time.monotonic() - killed
-    assert process.returncode == 128 + signal.SIGKILL, stderr[-3000:]
+    assert run.process.returncode == 128 + signal.SIGKILL, stderr[-3000:]
     assert took < 30, f"the run outlived its dead node by {took:.0f} s"
     assert "error: node 1 exited with code 137" in stderr
     # node 0's own error, saying where to look

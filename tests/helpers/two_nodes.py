@@ -1,6 +1,6 @@
 """Two trainer nodes on one box: ``scripts/two_nodes_local.sh`` (a two-node Ray cluster on 127.0.0.1 and the two
-node processes) started, run to its end, and its node processes found; and a two-node Ray cluster that several runs
-of the script join (``RAY_CLUSTER``) instead of each starting its own."""
+node processes) started and run to its end, or its stacks taken when it hangs; and a two-node Ray cluster that
+several runs of the script join (``RAY_CLUSTER``) instead of each starting its own."""
 
 from __future__ import annotations
 
@@ -12,9 +12,10 @@ import subprocess
 import sys
 import tempfile
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
-from tests.helpers.cli import child_pid, user_environment
+from tests.helpers.cli import user_environment
 from tests.helpers.configs import REPO
 from tests.helpers.ray_head import RayHead
 
@@ -42,6 +43,18 @@ def two_node_cluster(*, head_cpus: int, node1_cpus: int) -> Iterator[dict[str, s
             node.stop()
 
 
+@dataclass
+class TwoNodes:
+    """A started run of the script: its process (a session of its own) and the file its stderr goes to."""
+
+    process: subprocess.Popen
+    stderr_path: Path
+
+    def stderr(self) -> str:
+        """What the script and its node processes printed to stderr so far."""
+        return self.stderr_path.read_text(errors="replace")
+
+
 def start_two_nodes(
     tmp_path: Path,
     *fit_args: str,
@@ -50,11 +63,11 @@ def start_two_nodes(
     node1_cpus: int,
     ranks_per_node: int = 1,
     cluster: dict[str, str] | None = None,
-) -> subprocess.Popen:
+) -> TwoNodes:
     """Start the script with ``fit_args``, each node's ``ranks_per_node`` ranks started by ``launcher`` (``lightning``
     or ``torchrun``), on a cluster of its own (Ray nodes of ``head_cpus`` and ``node1_cpus`` CPUs, its own auth token,
     the Ray nodes' output under ``tmp_path / "nodes"``) or, with ``cluster``, on :func:`two_node_cluster`'s, in a
-    session of its own; its stderr is piped (text)."""
+    session of its own; its stderr goes to a new file in ``tmp_path``, read whole even when the run is stopped."""
     env = user_environment(without=("RAY_ADDRESS", "RAY_AUTH_TOKEN")) | {
         "LAUNCHER": launcher,
         "PYTHON": sys.executable,
@@ -66,45 +79,69 @@ def start_two_nodes(
         "TWO_NODES_DIR": str(tmp_path / "nodes"),
         **(cluster or {}),
     }
-    return subprocess.Popen(
-        [str(SCRIPT), *fit_args],
-        cwd=REPO,
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,  # every process it starts is in its session
-    )
+    stderr_path = tmp_path / f"two_nodes.{len(list(tmp_path.glob('two_nodes.*.stderr')))}.stderr"
+    with stderr_path.open("w") as stderr:
+        process = subprocess.Popen(
+            [str(SCRIPT), *fit_args],
+            cwd=REPO,
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=stderr,
+            start_new_session=True,  # every process it starts is in its session
+        )
+    return TwoNodes(process, stderr_path)
 
 
-def finish(process: subprocess.Popen, timeout_s: float) -> str:
-    """Wait for the script to end; its stderr. Past ``timeout_s`` it is stopped as Ctrl-C stops it (it ends its node
-    processes and Ray nodes) and the call fails with its output; either way its whole session is killed after."""
+def finish(run: TwoNodes, timeout_s: float) -> str:
+    """Wait for the script to end; its stderr. Past ``timeout_s`` the Python stacks of every process of its session
+    are taken (where it hangs), it is stopped as Ctrl-C stops it (it ends its node processes and Ray nodes) and the call
+    fails with its output and the stacks; either way its whole session is killed after."""
+    process = run.process
     try:
-        return process.communicate(timeout=timeout_s)[1]
+        process.wait(timeout=timeout_s)
+        return run.stderr()
     except subprocess.TimeoutExpired:
+        stacks = session_stacks(process.pid)
         process.send_signal(signal.SIGINT)
-        try:
-            stderr = process.communicate(timeout=STOP_GRACE_S)[1]
-        except subprocess.TimeoutExpired:
-            stderr = "(the script did not stop within its grace either)"
-        raise AssertionError(f"the two-node run outlived {timeout_s:.0f} s:\n{stderr[-3000:]}") from None
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            process.wait(timeout=STOP_GRACE_S)
+        stopped = "" if process.poll() is not None else "\n(the script did not stop within its grace either)"
+        message = f"the two-node run outlived {timeout_s:.0f} s{stopped}:\n{run.stderr()[-6000:]}\n{stacks}"
+        raise AssertionError(message) from None
     finally:
         with contextlib.suppress(ProcessLookupError):  # whatever of its session is left (nothing, normally)
             os.killpg(process.pid, signal.SIGKILL)
         process.wait()
 
 
+def session_stacks(session: int) -> str:
+    """The Python stacks of every process in ``session`` (``py-spy dump``, which Ray installs), each headed by its
+    command line: where a run that outlived its deadline waits."""
+    py_spy = Path(sys.executable).parent / "py-spy"
+    dumps = []
+    for entry in Path("/proc").iterdir():
+        try:
+            stat = (entry / "stat").read_text().rsplit(")", 1)[1].split()  # after the command: state, ppid, pgrp, sid
+            in_session = entry.name.isdigit() and int(stat[3]) == session
+            command = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")[:200]
+        except (OSError, IndexError, ValueError):
+            continue  # gone meanwhile
+        if not in_session or "python" not in command:
+            continue
+        try:
+            dump = subprocess.run(
+                [str(py_spy), "dump", "--pid", entry.name], capture_output=True, text=True, timeout=30
+            )
+            dumps.append(f"--- {entry.name}: {command}\n{dump.stdout}{dump.stderr}")
+        except (OSError, subprocess.TimeoutExpired) as error:
+            dumps.append(f"--- {entry.name}: {command}\n(no stack: {error})")
+    return "\n".join(dumps) or "(no Python process left in the run's session)"
+
+
 def two_node_run(tmp_path: Path, *fit_args: str, timeout_s: float, **cluster: object) -> str:
     """Run the script (:func:`start_two_nodes` with ``cluster``'s keywords) to its end within ``timeout_s``; its
     stderr once it succeeded."""
-    process = start_two_nodes(tmp_path, *fit_args, **cluster)  # type: ignore[arg-type]
-    stderr = finish(process, timeout_s)
-    assert process.returncode == 0, stderr[-5000:]
+    run = start_two_nodes(tmp_path, *fit_args, **cluster)  # type: ignore[arg-type]
+    stderr = finish(run, timeout_s)
+    assert run.process.returncode == 0, stderr[-5000:]
     return stderr
-
-
-def node_pid(script: subprocess.Popen, node: int) -> int | None:
-    """The pid of the script's node process ``node`` (Lightning's launcher: its child with ``NODE_RANK=node``), or
-    None while there is none."""
-    return child_pid(script.pid, f"NODE_RANK={node}")
