@@ -56,8 +56,9 @@ def test_every_copy_comes_from_a_row_holding_the_positions_and_each_prompt_prefi
 
 
 def test_a_prompt_groups_rows_prefill_it_once_and_sample_as_the_trainer_scores() -> None:
-    """Four completions of a 30-token prompt beside another prompt: one row prefills it, three copy it a step later,
-    and every token of every row is the model's (greedy: its argmax; sampled: the trainer's logprob)."""
+    """Four completions of a 30-token prompt beside another prompt: one row prefills it, three copy it right after and
+    decode in the same step, and every token of every row is the model's (greedy: its argmax; sampled: the trainer's
+    logprob)."""
     model, cpu = load_policy("builtin:tiny")[0].eval(), torch.device("cpu")
     batch = batch_on(model, prefill_tokens=64, buckets=False)
     prompt, other = tuple(3 + i % 13 for i in range(30)), (5, 6, 7)
@@ -69,11 +70,11 @@ def test_a_prompt_groups_rows_prefill_it_once_and_sample_as_the_trainer_scores()
         batch.add(row)
     with torch.inference_mode():
         batch.step(0)
-        # one of the group prefilled (29 positions) and decoded (the 30th), the other prompt too; three wait
-        assert [row.cached for row in batch.rows] == [30, 0, 0, 0, 3]
-        assert batch.copied_positions == 0 and len(group[0].tokens) == 1
-        batch.step(0)
+        # one of the group prefilled (29 positions), three copied them, and all four decoded (the 30th), the other
+        # prompt too: one prefill forward, every row's first token
+        assert [row.cached for row in batch.rows] == [30, 30, 30, 30, 3]
         assert batch.copied_positions == 3 * 29 and batch.prefill_calls == 1  # copied, not prefilled
+        assert [len(row.tokens) for row in group] == [1, 1, 1, 1]
         while batch.rows:
             batch.step(0)
     assert all(follows_argmax(model, prompt, tuple(group[0].tokens))) and len(group[0].tokens) == 12

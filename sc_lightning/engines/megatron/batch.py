@@ -12,8 +12,8 @@ torch). Every running request owns one slot of a preallocated
    between, so it never starves the running rows. A prompt with images (a VLM) is fed its merged embeddings (its
    ``<image>`` positions are its images' projected patches), computed once per weight version and sliced per chunk;
    decoding never meets an image (a prompt's last token is text). Rows of one text prompt (a prompt group's
-   completions) prefill it once: the others copy its K/V from the row that wrote them
-   (:mod:`~sc_lightning.engines.megatron.prompt_copies`).
+   completions) prefill it once: the others copy its K/V from the row that wrote them, right after the chunk that
+   ends it, and decode in the same step (:mod:`~sc_lightning.engines.megatron.prompt_copies`).
 2. **Decode.** Every row whose prefix is cached up to its last token feeds that token at its own position (a device
    tensor), all rows in one forward; each samples its next token
    (:func:`~sc_lightning.engines.megatron.decode_sampling.sample_next`, its own noise stream) and reads it back with
@@ -219,9 +219,10 @@ class ContinuousBatch:
         if self.cache is None:
             self._allocate()
         self._joined = False
-        waiting = self._copy_prompts([i for i, row in enumerate(self.rows) if row.waiting > 0])
+        waiting = self._copy_prompts(self._waiting())
         if waiting:
             self._prefill(waiting)
+            self._copy_prompts(self._waiting())  # the siblings of a prompt just prefilled decode beside it
         self._make_room()
         ready = [i for i, row in enumerate(self.rows) if row.waiting == 0]
         if ready:
@@ -276,9 +277,14 @@ class ContinuousBatch:
         assert self.cache is not None
         return kv_bucket(positions, self.cache.length) if self.buckets else positions
 
+    def _waiting(self) -> list[int]:
+        """The rows whose prefix is not yet cached up to its last token, oldest first."""
+        return [i for i, row in enumerate(self.rows) if row.waiting > 0]
+
     def _copy_prompts(self, waiting: list[int]) -> list[int]:
         """Give rows of ``waiting`` the K/V of their prompt that another row has written, by copy; returns the rows to
-        prefill now (not the fresh rows whose prompt another row prefills now: they copy it at the next step)."""
+        prefill now (not the fresh rows whose prompt another row prefills now: they copy it once it is written, in
+        the same step when its prefill ends there)."""
         assert self.cache is not None
         if not waiting:
             return waiting

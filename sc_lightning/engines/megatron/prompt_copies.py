@@ -8,8 +8,10 @@ instead of a forward over the prompt, which grows with the prompt: a 2K-token pr
 
 :func:`prompt_copies` plans a step's prefill: a waiting row whose prompt another row has written copies it (the
 positions ``0 .. len(prompt) - 2``: a decode step feeds the prompt's last token, as for any row); a fresh row whose
-prompt another waiting row is prefilling waits one step, then copies; the rest prefill. A prompt with images never
-takes a copy (the same ids stand for other pictures), and the engine checks each copy's prompts are the same.
+prompt another waiting row is prefilling waits for it, then copies (the batch plans again right after a prefill
+chunk, so the rows of a prompt that one chunk prefills whole all decode in that step); the rest prefill. A prompt
+with images never takes a copy (the same ids stand for other pictures), and the engine checks each copy's prompts
+are the same.
 """
 
 from __future__ import annotations
