@@ -40,12 +40,16 @@ NODE_PIDS=()
 stop_all() {
   # The node processes first (their Ray drivers leave the cluster), then the second Ray node, then the head (a
   # Ray node whose head is gone waits half a minute for it), each within a deadline; `ray start --block` stops its
-  # processes on SIGTERM.
-  local pid
+  # processes on SIGTERM. Each is then killed with the children it had: a node's other ranks (Lightning's launcher
+  # and torchrun start them as its children) would otherwise outlive a node killed past its deadline, still waiting
+  # for their peers and holding the script's output open.
+  local pid children
   for pid in "${NODE_PIDS[@]}" $(printf '%s\n' "${RAY_PIDS[@]}" | tac); do
+    children=$(pgrep -P "$pid" || true)
     kill -TERM "$pid" 2>/dev/null || true
     for _ in $(seq 300); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
-    kill -KILL "$pid" 2>/dev/null || true
+    # shellcheck disable=SC2086  # one pid a word
+    kill -KILL "$pid" $children 2>/dev/null || true
   done
 }
 trap 'stop_all; rm -rf "$RAY_DIR"; [[ -n "${TWO_NODES_DIR:-}" ]] || rm -rf "$DIR"' EXIT
