@@ -1,9 +1,9 @@
 """A machine-wide readers-writer lock for the test workers: ``exclusive`` tests run with no other test beside them.
 
-scripts/test.sh runs the suite on two pytest-xdist workers. A learning test whose climb is measured with the box to
-itself (tests/test_learning.py) takes the lock exclusively, every other test takes it shared. The lock is two
-``flock``-ed files in the directory the workers of one run share; the kernel frees them if a worker dies, and
-pytest-timeout bounds any wait.
+scripts/test.sh runs the suite on two pytest-xdist workers. A learning test checks a wall-clock bar (the shipped
+example learns within 10 minutes on the 2-core box), which holds only if the test has both cores: it takes the lock
+exclusively, every other test takes it shared. The lock is two ``flock``-ed files in the directory the workers of
+one run share; the kernel frees them if a worker dies, and pytest-timeout bounds any wait.
 
 A waiting exclusive test closes a turnstile that every test passes on its way in, so tests of the other worker
 cannot keep the lock shared forever: they finish the test they are in, then wait for the exclusive one.
