@@ -77,6 +77,12 @@ def wait_for(
     return True
 
 
+def proc_stat(pid: int | str) -> list[str]:
+    """The fields of ``/proc/<pid>/stat`` after the command's name: state, ppid, pgrp, session, ... (``proc(5)``);
+    OSError once the process is gone."""
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+
+
 def child_pid(parent: int, assignment: str) -> int | None:
     """The pid of a child process of ``parent`` whose environment holds ``assignment`` (e.g. ``LOCAL_RANK=1``, a
     trainer rank that Lightning's launcher started); None while there is none."""
@@ -84,7 +90,7 @@ def child_pid(parent: int, assignment: str) -> int | None:
         if not entry.name.isdigit():
             continue
         try:
-            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            ppid = int(proc_stat(entry.name)[1])
             env = (entry / "environ").read_bytes().split(b"\0")
         except (OSError, IndexError, ValueError):
             continue  # gone meanwhile

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from tests.helpers.cli import user_environment
+from tests.helpers.cli import proc_stat, user_environment
 from tests.helpers.configs import REPO
 from tests.helpers.ray_head import RayHead
 
@@ -121,8 +121,7 @@ def session_stacks(session: int) -> str:
     dumps = []
     for entry in Path("/proc").iterdir():
         try:
-            stat = (entry / "stat").read_text().rsplit(")", 1)[1].split()  # after the command: state, ppid, pgrp, sid
-            in_session = entry.name.isdigit() and int(stat[3]) == session
+            in_session = entry.name.isdigit() and int(proc_stat(entry.name)[3]) == session
             command = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")[:200]
         except (OSError, IndexError, ValueError):
             continue  # gone meanwhile

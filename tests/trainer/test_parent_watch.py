@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 from sc_lightning.trainer.parent_watch import CHECK_EVERY_S, EXIT_PARENT_GONE
+from tests.helpers.cli import proc_stat
 
 RANK = textwrap.dedent(
     """
@@ -54,7 +55,7 @@ def test_a_rank_whose_parent_is_killed_ends_within_seconds_naming_it(tmp_path: P
 def _alive(pid: int) -> bool:
     """Whether ``pid`` still runs (a zombie of an exited orphan counts as ended)."""
     try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        state = proc_stat(pid)[0]
     except OSError:
         return False
     return state != "Z"
