@@ -16,6 +16,7 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -27,7 +28,7 @@ from tests.helpers.cli import child_pid, step_metrics, user_environment, wait_fo
 from tests.helpers.configs import REPO
 from tests.helpers.recovery import assert_trained_once, write_dataset
 from tests.helpers.shims import install_shims
-from tests.helpers.two_nodes import finish, start_two_nodes, two_node_cluster, two_node_run
+from tests.helpers.two_nodes import TwoNodes, finish, start_two_nodes, two_node_cluster, two_node_run
 
 STEPS = 4
 ROWS_PER_STEP = 16  # 4 groups x 4 generations (tests/small_steps.yaml, tests/small_ppo_steps.yaml)
@@ -205,3 +206,24 @@ def test_the_slurm_recipe_starts_ray_on_every_node_and_the_trainer_on_the_first_
         fit,
     ]
     assert sorted(log.read_text().splitlines()) == sorted(expected)  # the Ray nodes start in the background
+
+
+def test_a_run_past_its_deadline_fails_with_what_it_printed_and_where_it_waits(tmp_path: Path) -> None:
+    """The helper's own failure path: a run that hangs (a Python process in its own session, waiting in a function)
+    is stopped at its deadline, and the failure carries its stderr so far and its stack (py-spy), naming the
+    function it waits in."""
+    hang = "import sys, time\nprint('node 0 started', file=sys.stderr, flush=True)\n"
+    hang += "def waits_for_its_peer():\n    time.sleep(600)\nwaits_for_its_peer()\n"
+    stderr_path = tmp_path / "hung.stderr"
+    with stderr_path.open("w") as stderr:
+        process = subprocess.Popen([sys.executable, "-c", hang], stderr=stderr, start_new_session=True)
+    run = TwoNodes(process, stderr_path)
+    assert wait_for(lambda: "started" in run.stderr(), process, "the hung run's first line", timeout_s=60)
+    with pytest.raises(AssertionError) as failure:
+        finish(run, 1)
+    message = str(failure.value)
+    assert "the two-node run outlived 1 s:" in message and "node 0 started" in message
+    # its stack, taken before it was stopped (the traceback that SIGINT printed is part of the stderr above it)
+    assert f"--- {process.pid}: " in message, message
+    assert "waits_for_its_peer (<string>:4)" in message.split(f"--- {process.pid}: ")[1]
+    assert process.returncode is not None
