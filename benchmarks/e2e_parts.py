@@ -146,6 +146,7 @@ def _train_s(config: SCConfig, model: torch.nn.Module, spec: Any, lengths: list[
         ClippedPGLoss.from_config(config.loss_fn),
         micro_batch_size=policy.train_micro_batch_size,
         micro_batch_tokens=policy.train_micro_batch_tokens,
+        micro_batch_width_multiple=policy.train_micro_batch_width_multiple,
         clip_grad=policy.optimizer.clip_grad,
         vocab_size=spec.vocab_size,
     )

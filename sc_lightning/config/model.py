@@ -197,6 +197,14 @@ class PolicyConfig:
         unit="tokens",
         ge=1,
     )
+    train_micro_batch_width_multiple: int = knob(
+        64,
+        "A micro-batch's columns (its longest row's length) round up to a multiple of this, within the chunk's "
+        "longest row, so micro-batches recur in a few shapes: kernels that plan each new shape (cuDNN attention) plan "
+        "once per shape instead of once per micro-batch; 1 = no rounding (the budget counts the rounded width).",
+        unit="tokens",
+        ge=1,
+    )
     max_total_sequence_length: int = knob(1024, "Prompt + completion length limit.", unit="tokens", ge=2)
     precision: Literal["bf16", "fp32"] = knob("bf16", "Parameter and compute precision (fp32 on CPU).")
     megatron_cfg: MegatronConfig = knob(doc="megatron-core settings.", factory=MegatronConfig)

@@ -135,6 +135,7 @@ class GRPOModule(LightningModule):
             self.loss_fn,
             micro_batch_size=self.config.policy.train_micro_batch_size,
             micro_batch_tokens=self.config.policy.train_micro_batch_tokens,
+            micro_batch_width_multiple=self.config.policy.train_micro_batch_width_multiple,
             trained_lengths=self._trained_lengths,
             clip_grad=self.config.policy.optimizer.clip_grad,
             backward=self.manual_backward,

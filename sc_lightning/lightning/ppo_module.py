@@ -185,6 +185,7 @@ class PPOModule(GRPOModule):
                     batch,
                     micro_batch_size=self.config.policy.train_micro_batch_size,
                     micro_batch_tokens=self.config.policy.train_micro_batch_tokens,
+                    micro_batch_width_multiple=self.config.policy.train_micro_batch_width_multiple,
                     vocab_size=self.spec.vocab_size,
                     temperature=scoring_temperature(self.config.policy.generation.temperature),
                 )

@@ -24,7 +24,7 @@ GRPO's, the teacher's part being the loss's reverse-KL term).
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
 
 import torch
@@ -107,15 +107,17 @@ class TrainChunk:
 
         return TrainChunk(**{f.name: take(getattr(self, f.name)) for f in fields(self)})
 
-    def plan(self, max_rows: int, max_tokens: int | None = None) -> list[MicroBatchPlan]:
-        """The chunk's micro-batches: rows with a valid token, longest first, within both limits (one host read)."""
+    def plan(self, max_rows: int, max_tokens: int | None = None, width_multiple: int = 1) -> list[MicroBatchPlan]:
+        """The chunk's micro-batches: rows with a valid token, longest first, within both limits, each one's width
+        rounded up to ``width_multiple`` within the chunk's (one host read)."""
         widths = needed_widths(loss_mask(self.token_mask, self.sample_mask))
-        return plan_microbatches(widths, max_rows=max_rows, max_tokens=max_tokens)
-
-    def microbatches(self, max_rows: int, max_tokens: int | None = None) -> Iterator[tuple[MicroBatchPlan, TrainChunk]]:
-        """Each planned micro-batch (:meth:`plan`) with its rows, trimmed to its longest row."""
-        for plan in self.plan(max_rows, max_tokens):
-            yield plan, self.select(plan)
+        return plan_microbatches(
+            widths,
+            max_rows=max_rows,
+            max_tokens=max_tokens,
+            width_multiple=width_multiple,
+            max_width=self.input_ids.shape[1],
+        )
 
 
 def concat_chunks(chunks: Sequence[TrainChunk], pad_token_id: int) -> TrainChunk:

@@ -140,6 +140,7 @@ def frozen_logprobs(
     vocab_size: int | None,
     temperature: float,
     micro_batch_tokens: int | None = None,
+    micro_batch_width_multiple: int = 1,
 ) -> torch.Tensor:
     """``model``'s (B, T) logprobs of ``chunk``'s tokens, without gradient, by micro-batch: PPO's fixed pi_old, or a
     reference policy's logprobs for the KL term (through the pipeline schedule with pipeline stages).
@@ -154,7 +155,8 @@ def frozen_logprobs(
         input_ids = rows.input_ids.to(logits.device)
         return logprobs_from_logits(logits, input_ids, vocab_size=vocab, temperature=temperature)
 
-    return per_token_forward(model, chunk, chunk.plan(micro_batch_size, micro_batch_tokens), logprobs)
+    plans = chunk.plan(micro_batch_size, micro_batch_tokens, micro_batch_width_multiple)
+    return per_token_forward(model, chunk, plans, logprobs)
 
 
 class PolicyUpdate:
@@ -169,6 +171,7 @@ class PolicyUpdate:
         micro_batch_size: int,
         clip_grad: float,
         micro_batch_tokens: int | None = None,
+        micro_batch_width_multiple: int = 1,
         trained_lengths: list[int] | None = None,
         backward: Callable[[torch.Tensor], None] | None = None,
         scheduler: torch.optim.lr_scheduler.LRScheduler | None = None,
@@ -194,6 +197,7 @@ class PolicyUpdate:
         self.seq_logprob_error_knob = seq_logprob_error_knob  # the threshold's config dotpath, named in errors
         self.max_token_staleness = max_token_staleness  # older tokens leave the loss; None: measure only
         self.micro_batch_tokens = micro_batch_tokens  # padded-token budget of a micro-batch; None: rows only
+        self.micro_batch_width_multiple = micro_batch_width_multiple  # a micro-batch's width rounds up to it
         self.trained_lengths = [] if trained_lengths is None else trained_lengths  # each run row's length (perf)
         self.frozen_pass = frozen_pass  # wraps each frozen logprob pass (the step's perf times them)
         self.teachers = teachers  # on-policy distillation: the aliases rows' teacher_ids index (metrics per teacher)
@@ -226,7 +230,7 @@ class PolicyUpdate:
             check_images_out_of_loss(chunk.input_ids, chunk.token_mask, vision)
         totals.rows += len(chunk)
         totals.group_ids.update(dict.fromkeys(chunk.group_ids))
-        plans = chunk.plan(self.micro_batch_size, self.micro_batch_tokens)
+        plans = chunk.plan(self.micro_batch_size, self.micro_batch_tokens, self.micro_batch_width_multiple)
         for plan in plans:
             self.trained_lengths.extend(plan.lengths)
         if self.reference_model is not None:  # read first: with pipeline stages it runs through its own schedule
@@ -301,6 +305,7 @@ class PolicyUpdate:
             chunk,
             micro_batch_size=self.micro_batch_size,
             micro_batch_tokens=self.micro_batch_tokens,
+            micro_batch_width_multiple=self.micro_batch_width_multiple,
             vocab_size=self.vocab_size,
             temperature=self.temperature,
         )

@@ -52,6 +52,21 @@ def test_micro_batches_run_longest_rows_first_trimmed_and_within_the_token_budge
     assert all(b * t <= 24 for b, t in shapes)  # the padded-token budget of each micro-batch
 
 
+def test_rounded_micro_batch_widths_give_the_same_update_in_recurring_shapes() -> None:
+    """``micro_batch_width_multiple``: each micro-batch runs at its longest row rounded up (within the chunk), the
+    extra columns past every row's last valid token; the update is the unrounded one's."""
+    rows = step_rows(5)  # 5 prompt tokens + 2..7 completion tokens, padded to 12 columns
+    model, shapes = fresh(), []
+    model.register_forward_pre_hook(lambda module, args: shapes.append(tuple(args[0].shape)))
+    rounded = run_step(model, [rows], micro_batch_size=3, micro_batch_width_multiple=8)
+    plain = run_step(fresh(), [rows], micro_batch_size=3)
+    assert rounded["grad_norm"] == pytest.approx(plain["grad_norm"], rel=1e-5)
+    assert rounded["loss"] == pytest.approx(plain["loss"], rel=1e-5, abs=1e-7)
+    assert rounded["global_valid_toks"] == plain["global_valid_toks"]
+    assert {t for _, t in shapes} <= {8, rows.input_ids.shape[1]}  # 8, or the chunk's 12 columns for longer rows
+    assert 8 in {t for _, t in shapes}
+
+
 def test_a_fully_filtered_step_is_an_error_naming_the_step_and_groups_not_a_silent_skip() -> None:
     rows = step_rows(2)
     rows.sample_mask = torch.zeros(len(rows))
