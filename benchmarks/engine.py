@@ -120,7 +120,7 @@ def add_kv_cache_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--kv-cache-dtype", choices=sorted(KV_CACHE_DTYPES), default="auto", help="its dtype (auto: the model's)"
     )
-    parser.add_argument("--kv-cache-layout", choices=get_args(KVLayout), default="slots", help="slots or paged blocks")
+    parser.add_argument("--kv-cache-layout", choices=get_args(KVLayout), default="paged", help="paged blocks or slots")
 
 
 def cache_value_bytes(model: torch.nn.Module, kv_cache_dtype: str) -> int:

@@ -125,7 +125,7 @@ class McoreGenerationConfig:
         "mantissa bits, so the engine's logprobs drift further from the trainer's (train/token_mult_prob_error).",
     )
     kv_cache_layout: Literal["slots", "paged"] = knob(
-        "slots",
+        "paged",
         "How the KV cache holds rows: slots = each row the whole context from its start; paged = blocks of 64 "
         "positions taken as a row grows, so long-tailed answers fit several times the rows in the same memory (the "
         "newest row waits again when the blocks run out) and a prompt group's rows share the prompt's blocks.",

@@ -113,7 +113,7 @@ class ContinuousBatch:
         buckets: bool | None = None,
         overlap: bool | None = None,
         memory_fraction: float | None = None,
-        kv_layout: KVLayout = "slots",
+        kv_layout: KVLayout = "paged",
         kv_blocks: int | None = None,
         embed_prompt: Callable[[Request], Tensor] | None = None,
         mask_logits: Callable[[Tensor], None] | None = None,

@@ -128,7 +128,7 @@ class MegatronEngine:
         prefill_chunk_tokens: int = 1024,
         kv_cache_memory_fraction: float = 0.9,
         kv_cache_dtype: str = "auto",
-        kv_cache_layout: KVLayout = "slots",
+        kv_cache_layout: KVLayout = "paged",
         kv_cache_blocks: int | None = None,
         cuda_graphs: bool | None = None,
         flash_decode: bool = False,
