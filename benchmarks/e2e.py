@@ -50,8 +50,8 @@ the host's calls (the fit's figures then carry the profiler's overhead).
     python benchmarks/e2e.py --shape 1.26b --out /tmp/e2e           # one GPU: 512 completions, 256 + ~1K tokens
     python benchmarks/e2e.py --shape llama1b --mode colocated --steps 3
     python benchmarks/e2e.py --shape llama1b --mode colocated-async --steps 4 --no-parts
-    python benchmarks/e2e.py --shape 1.26b --kv-cache-dtype fp8 --engine-batch 256   # half the K/V bytes
-    python benchmarks/e2e.py --shape 1.26b --kv-cache-layout paged --engine-batch 512  # every request at once
+    python benchmarks/e2e.py --shape 1.26b --kv-cache-dtype fp8                 # half the K/V bytes
+    python benchmarks/e2e.py --shape 1.26b --kv-cache-layout slots --engine-batch 128  # whole-context rows
     python benchmarks/e2e.py --shape 1.26b --steps 2 --profile-train   # why the fit trains slower than its benchmark
 """
 
@@ -94,7 +94,7 @@ class Shape:
     new_tokens: int  # the cap of the answer lengths (their mean is a quarter of it)
     completions: int  # per step
     generations: int  # per prompt
-    engine_batch: int  # rows the engine decodes at once (its KV cache holds this many full contexts)
+    engine_batch: int  # rows the engine decodes at once (with --kv-cache-layout slots, this many full contexts)
     micro_batch: int  # policy.train_micro_batch_size
     micro_batch_tokens: int | None  # policy.train_micro_batch_tokens
     device: str
@@ -103,12 +103,12 @@ class Shape:
 
 SHAPES = {
     "tiny": Shape("builtin:tiny", 16, 32, 16, 4, 16, 16, None, "cpu", "fp32"),
-    # colocated on one H200 (141 GB): the KV cache, 24 layers x 2 x 8 groups x 128 x 2 bytes x 4,352 positions =
-    # 428 MB a row, 55 GB for 128 rows; training 16K-token micro-batches (~28 GB of activations at this shape) beside
-    # ~25 GB of bf16 weights, fp32 masters and AdamW state, and the engine's 2.5 GB replica
-    "1.26b": Shape("builtin:bench-1.26b", 256, 4096, 512, 16, 128, 64, 16384, "cuda", "bf16"),
-    # the KV cache: 16 layers x 2 x 8 groups x 64 x 2 bytes x 4,352 positions = 143 MB a row, 37 GB for 256 rows
-    "llama1b": Shape("builtin:bench-llama1b", 256, 4096, 512, 16, 256, 64, 16384, "cuda", "bf16"),
+    # colocated on one GPU: the paged KV cache takes 64-position blocks as rows grow (98 KB a position in bf16: 24
+    # layers x 2 x 8 groups x 128 x 2 bytes), so all 512 rows decode at once in the memory left beside ~25 GB of bf16
+    # weights, fp32 masters and AdamW state, and the engine's 2.5 GB replica (a slot row would hold 428 MB)
+    "1.26b": Shape("builtin:bench-1.26b", 256, 4096, 512, 16, 512, 64, 16384, "cuda", "bf16"),
+    # 32 KB a position (16 layers x 2 x 8 groups x 64 x 2 bytes)
+    "llama1b": Shape("builtin:bench-llama1b", 256, 4096, 512, 16, 512, 64, 16384, "cuda", "bf16"),
 }
 MODES = ("colocated", "colocated-async", "async", "actor-sync")
 COLOCATED_MODES = MODES[:2]  # the engine in the trainer's process
