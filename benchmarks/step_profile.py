@@ -165,9 +165,14 @@ class StepProfile(Callback):
     def on_train_batch_end(
         self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
-        """Stop profiling after the step and write the summary."""
-        if self._profile is None or self._summary is None:
-            return
-        self._profile.__exit__(None, None, None)
-        self.path.write_text(json.dumps(self._summary(), indent=2))
-        self._profile = self._summary = None
+        """Stop profiling after the step (its summary waits for the end of training: summarising a step's trace
+        takes seconds that would count in the step's own time)."""
+        if self._profile is not None:
+            self._profile.__exit__(None, None, None)
+            self._profile = None
+
+    def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        """Write the profiled step's summary."""
+        if self._summary is not None:
+            self.path.write_text(json.dumps(self._summary(), indent=2))
+            self._summary = None
