@@ -145,8 +145,9 @@ def frozen_logprobs(
     """``model``'s (B, T) logprobs of ``chunk``'s tokens, without gradient, by micro-batch: PPO's fixed pi_old, or a
     reference policy's logprobs for the KL term (through the pipeline schedule with pipeline stages).
 
-    Positions no loss term reads (past a row's last valid token, rows without one) are 0, and so is every position on
-    a pipeline stage before the last (only the last computes the loss).
+    Positions no micro-batch ran (rows without a valid token, columns past a row's micro-batch width) are 0, and so is
+    every position on a pipeline stage before the last (only the last computes the loss); no loss term reads a
+    position past a row's last valid token, whatever it holds.
     """
     vocab = vocab_size if vocab_size is not None else real_vocab_size(model)
 
