@@ -21,6 +21,7 @@ from sc_lightning.config import SCConfig
 from sc_lightning.controller.buffer import TQReplayBuffer
 from sc_lightning.controller.build import rollout_settings
 from sc_lightning.data_plane.memory import MemoryDataPlane
+from sc_lightning.lightning.module import GRPOModule
 from sc_lightning.models import load_policy
 from sc_lightning.models.warm_start import resolve_model_name
 from sc_lightning.rollout.datasets import build_dataset
@@ -208,3 +209,13 @@ def test_train_data_log_records_every_trained_row(tmp_path) -> None:
     assert len(groups) == 12 and set(groups.values()) == {4}
     assert sorted({r["generation_index"] for r in rows}) == [0, 1, 2, 3]
     assert {r["reward"] for r in rows} == {0.0, 1.0}  # the script alternates right and wrong answers
+
+
+def test_the_module_trains_with_the_configured_micro_batching() -> None:
+    """policy.train_micro_batch_* reach the step's PolicyUpdate (rows, token budget, width multiple)."""
+    knobs = {"size": 3, "tokens": 96, "width_multiple": 16}
+    config = tiny_config(*(f"policy.train_micro_batch_{name}={value}" for name, value in knobs.items()))
+    module = GRPOModule(config)
+    module.configure_model()
+    update = module.policy_update(optimizer=torch.optim.SGD(module.policy.parameters(), lr=0.1), step_scheduler=False)
+    assert (update.micro_batch_size, update.micro_batch_tokens, update.micro_batch_width_multiple) == (3, 96, 16)
