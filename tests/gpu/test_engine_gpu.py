@@ -13,6 +13,7 @@ token may differ from the reference argmax only where the reference's own top tw
 from __future__ import annotations
 
 import asyncio
+import time
 from functools import partial
 
 import pytest
@@ -73,12 +74,24 @@ def check(ref: torch.nn.Module, prompt: tuple[int, ...], generation: Generation,
     assert float(error) < tol, (prompt, float(error))
 
 
+async def sampled(engine: MegatronEngine, tokens: int, requests: list[asyncio.Task], within_s: float = 120) -> None:
+    """Wait until ``engine`` has sampled ``tokens`` tokens in all; a request of ``requests`` that fails raises its
+    error at once (it would never sample them), and so does a wait past ``within_s``."""
+    deadline = time.monotonic() + within_s
+    while engine.stats.generated_tokens < tokens:
+        for request in requests:
+            if request.done() and request.exception() is not None:
+                raise request.exception()
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"engine {engine.name!r} sampled {engine.stats.generated_tokens} of {tokens} tokens")
+        await asyncio.sleep(0.001)
+
+
 async def generate_all(engine: MegatronEngine, new: int) -> list[Generation]:
     """Greedy completions of PROMPTS, the last two joining while the first ones decode."""
     greedy = SamplingParams(new, temperature=0.0)
     first = [asyncio.create_task(engine.generate(p, greedy)) for p in PROMPTS[:-2]]
-    while engine.stats.generated_tokens < 8:
-        await asyncio.sleep(0.001)
+    await sampled(engine, 8, first)
     late = [asyncio.create_task(engine.generate(p, greedy)) for p in PROMPTS[-2:]]
     return list(await asyncio.gather(*first, *late))
 
@@ -110,8 +123,7 @@ def test_engine_matches_full_forwards_through_a_refit_and_a_stand_down(
         await engine.update_weights(export_hf_weights(ref_b, SPEC), version=1)
         on_b = await generate_all(engine, 24)
         long = asyncio.create_task(engine.generate(PROMPTS[3], SamplingParams(300, temperature=0.0)))
-        while engine.stats.generated_tokens < sum(len(g.token_ids) for g in on_a + on_b) + 25 + 20:
-            await asyncio.sleep(0.001)
+        await sampled(engine, sum(len(g.token_ids) for g in on_a + on_b) + 25 + 20, [long])
         await engine.stand_down()
         await engine.wake()
         resumed = await long
@@ -253,8 +265,7 @@ def test_a_request_spanning_a_refit_records_both_versions_where_the_weights_chan
 
     async def scenario() -> Generation:
         request = asyncio.create_task(engine.generate(prompt, SamplingParams(new, temperature=0.0)))
-        while engine.stats.generated_tokens < 10:
-            await asyncio.sleep(0.001)
+        await sampled(engine, 10, [request])
         await engine.update_weights(export_hf_weights(ref_b, SPEC), version=1)
         result = await request
         await engine.shutdown()
