@@ -74,7 +74,9 @@ def check(ref: torch.nn.Module, prompt: tuple[int, ...], generation: Generation,
     assert float(error) < tol, (prompt, float(error))
 
 
-async def sampled(engine: MegatronEngine, tokens: int, requests: list[asyncio.Task], within_s: float = 120) -> None:
+async def until_sampled(
+    engine: MegatronEngine, tokens: int, requests: list[asyncio.Task], within_s: float = 120
+) -> None:
     """Wait until ``engine`` has sampled ``tokens`` tokens in all; a request of ``requests`` that fails raises its
     error at once (it would never sample them), and so does a wait past ``within_s``."""
     deadline = time.monotonic() + within_s
@@ -90,8 +92,9 @@ async def sampled(engine: MegatronEngine, tokens: int, requests: list[asyncio.Ta
 async def generate_all(engine: MegatronEngine, new: int) -> list[Generation]:
     """Greedy completions of PROMPTS, the last two joining while the first ones decode."""
     greedy = SamplingParams(new, temperature=0.0)
+    before = engine.stats.generated_tokens
     first = [asyncio.create_task(engine.generate(p, greedy)) for p in PROMPTS[:-2]]
-    await sampled(engine, 8, first)
+    await until_sampled(engine, before + 8, first)
     late = [asyncio.create_task(engine.generate(p, greedy)) for p in PROMPTS[-2:]]
     return list(await asyncio.gather(*first, *late))
 
@@ -123,7 +126,7 @@ def test_engine_matches_full_forwards_through_a_refit_and_a_stand_down(
         await engine.update_weights(export_hf_weights(ref_b, SPEC), version=1)
         on_b = await generate_all(engine, 24)
         long = asyncio.create_task(engine.generate(PROMPTS[3], SamplingParams(300, temperature=0.0)))
-        await sampled(engine, sum(len(g.token_ids) for g in on_a + on_b) + 25 + 20, [long])
+        await until_sampled(engine, sum(len(g.token_ids) for g in on_a + on_b) + 25 + 20, [long])
         await engine.stand_down()
         await engine.wake()
         resumed = await long
@@ -265,7 +268,7 @@ def test_a_request_spanning_a_refit_records_both_versions_where_the_weights_chan
 
     async def scenario() -> Generation:
         request = asyncio.create_task(engine.generate(prompt, SamplingParams(new, temperature=0.0)))
-        await sampled(engine, 10, [request])
+        await until_sampled(engine, 10, [request])
         await engine.update_weights(export_hf_weights(ref_b, SPEC), version=1)
         result = await request
         await engine.shutdown()
@@ -282,9 +285,11 @@ def test_a_request_spanning_a_refit_records_both_versions_where_the_weights_chan
 
 @pytest.mark.parametrize("layout", ["slots", "paged"])
 def test_an_engine_on_a_nearly_full_gpu_runs_fewer_rows_and_every_request_exactly(layout: str) -> None:
-    """The KV cache is sized from the memory free when it is allocated: with the GPU filled but for ~140 MB, a small
-    fraction of it holds 3 slot rows of max_batch_size 16 (slots), or 5 blocks of 64 positions where the 6 rows need
-    7 at once (paged); requests beyond them wait, and every one is exact (no OOM)."""
+    """The KV cache is sized from the memory free when it is allocated, at each wake: an engine that stood down (as
+    for a colocated trainer's step) wakes on a GPU filled but for ~140 MB, where a small fraction of it holds 3 slot
+    rows of max_batch_size 16 (slots), or 5 blocks of 64 positions where the 6 rows need 7 at once (paged); requests
+    beyond them wait, and every one is exact (no OOM). Its kernels first ran with memory to spare, as they do in a
+    run before the trainer's first step."""
     model = replica(0, "bf16")
     kv_bytes = partial(
         slot_bytes,
@@ -304,10 +309,15 @@ def test_an_engine_on_a_nearly_full_gpu_runs_fewer_rows_and_every_request_exactl
         kv_cache_memory_fraction=fraction,
         kv_cache_layout=layout,
     )
-    blocker = torch.empty(free_device_bytes(torch.device("cuda")) - left, dtype=torch.uint8, device="cuda")
+    blockers: list[torch.Tensor] = []
 
     async def scenario() -> tuple[list[Generation], KVCache]:
         try:
+            await engine.generate(PROMPTS[2], SamplingParams(8, temperature=0.0))
+            await engine.stand_down()  # the cache and the graphs go back to the device
+            free = free_device_bytes(torch.device("cuda"))
+            blockers.append(torch.empty(free - left, dtype=torch.uint8, device="cuda"))
+            await engine.wake()
             generations = await generate_all(engine, 24)
             assert engine._batch.cache is not None
             return generations, engine._batch.cache
@@ -315,7 +325,7 @@ def test_an_engine_on_a_nearly_full_gpu_runs_fewer_rows_and_every_request_exactl
             await engine.shutdown()
 
     generations, cache = asyncio.run(scenario())
-    del blocker
+    blockers.clear()
     if layout == "slots":
         assert 1 <= cache.slots < 16, cache.slots
     else:
