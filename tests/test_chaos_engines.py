@@ -49,6 +49,7 @@ from sc_lightning.rollout.datasets import build_dataset
 from sc_lightning.rollout.envs import build_environment
 from sc_lightning.tokenizer import CharTokenizer
 from sc_lightning.types import SamplingParams
+from tests.helpers.actors import kill_and_wait
 from tests.helpers.configs import TEST_BASE
 from tests.helpers.fits import tiny_trainer
 
@@ -162,21 +163,6 @@ def kill_frozen(router: FreezingRouter) -> None:
         thaw(router.frozen_pids)
 
 
-def wait_gone(actor: Any) -> None:
-    """Block until a ``ray.kill``-ed actor has ended (under load it may still answer a call for a while: a refit
-    could then land on it, and a later request find it dead instead)."""
-
-    def gone() -> bool:
-        """Whether a call to the actor fails because it died."""
-        try:
-            ray.get(actor.__ray_call__.remote(lambda _: None), timeout=30)
-        except ray.exceptions.RayActorError:
-            return True
-        return False
-
-    wait_until(gone, "the killed actor's end")
-
-
 def finished_requests(trainer: Trainer, engine: RayMegatronEngine) -> int:
     """How many requests ``engine`` has finished (asked on the controller's loop, which owns the client)."""
     return trainer.strategy.rollout_side.controller.call(engine.stats())["finished_requests"]
@@ -231,8 +217,7 @@ class KillOneBusyOneIdle(Callback):
             router = self.engines.router
             self.idle_at_kill = list(router.outstanding)
             self.served.append(finished_requests(trainer, router.replicas[2]))
-            ray.kill(router.replicas[1].actor, no_restart=True)
-            wait_gone(router.replicas[1].actor)  # before the refit: ray.kill returns before the actor ends
+            kill_and_wait(router.replicas[1].actor)  # before the refit: ray.kill returns before the actor ends
 
 
 def test_killed_replicas_busy_or_idle_leave_the_run_to_the_survivor(ray_cluster: None, tmp_path: Path) -> None:

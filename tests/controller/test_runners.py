@@ -19,6 +19,7 @@ from sc_lightning.rollout.datasets import ArithmeticDataset
 from sc_lightning.rollout.envs.arithmetic import ArithmeticEnvironment
 from sc_lightning.testing.scripted_engine import ScriptedEngine
 from sc_lightning.types import Prompt
+from tests.helpers.actors import kill_and_wait
 from tests.helpers.controllers import config
 from tests.helpers.scripts import TOKENIZER, answer_correctly
 
@@ -123,7 +124,7 @@ def test_a_blocked_controller_loop_is_reported_by_the_trainer_side() -> None:
 @pytest.mark.slow
 def test_a_dead_controller_actor_is_reported_by_the_trainer_side(ray_cluster) -> None:
     client = RayController(build)
-    ray_cluster.kill(client.actor)
+    kill_and_wait(client.actor)
     with pytest.raises(ControllerDied, match=r"Ray actor died; SingleController.select got no answer"):
         client.select(0, 2, 2, timeout_s=60)
     client.shutdown()  # a dead controller shuts down quietly

@@ -26,6 +26,7 @@ from sc_lightning.rollout.teachers import TeacherError, TeacherScoring
 from sc_lightning.rollout_side.teachers import build_teacher_scoring
 from sc_lightning.testing.scripted_engine import ScriptedEngine
 from sc_lightning.types import Generation, ScoredGroup
+from tests.helpers.actors import kill_and_wait
 from tests.helpers.scripts import TOKENIZER, answer_correctly
 
 ray = pytest.importorskip("ray")
@@ -71,19 +72,6 @@ def scored_group(dataset: ArithmeticDataset) -> ScoredGroup:
         Generation(tuple(second), (-0.4,), "stop", 0),
     )
     return ScoredGroup(dataset[0], generations, (0.0, 1.0))
-
-
-def kill_and_wait(actor: object) -> None:
-    """Kill ``actor`` and return once Ray answers its calls with its death (``ray.kill`` only asks: a call made
-    right after it may still be served)."""
-    ray.kill(actor)
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        try:
-            ray.get(actor.__ray_ready__.remote(), timeout=10)  # type: ignore[attr-defined]
-        except ray.exceptions.RayActorError:
-            return
-    raise AssertionError("the killed actor still answered after 60 s")
 
 
 def test_the_actor_teacher_scores_as_the_in_process_one_and_its_death_is_retried_then_named(
