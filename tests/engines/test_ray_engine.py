@@ -7,14 +7,14 @@ import sys
 import time
 
 import pytest
+import ray
 import torch
 
 from sc_lightning.engines.base import EngineError, GenerationEngine
 from sc_lightning.models import export_hf_weights, load_policy, token_logprobs
 from sc_lightning.types import SamplingParams
 from tests.engines.helpers import follows_argmax
-
-ray = pytest.importorskip("ray")
+from tests.helpers.actors import kill_and_wait
 
 pytestmark = [
     pytest.mark.slow,
@@ -160,7 +160,7 @@ def test_a_refit_by_broadcast_to_a_dead_actor_is_an_engine_error_naming_it(ray_c
         engine = RayMegatronEngine(str(tiny_dirs["a"]), name="ray-dead", stop_on_eos=False)
         await engine.ready()
         await engine.open_weight_group("cpu", timeout_s=30)  # its setup under a loaded machine; the dead actor ends it
-        ray.kill(engine.actor, no_restart=True)
+        kill_and_wait(engine.actor)  # dead before the refit: a kill under way may still take it
         started = time.monotonic()
         with pytest.raises(EngineError, match=r"engine 'ray-dead', refit to version 2"):
             await engine.update_weights(weights, version=2)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-import ray
 
 from sc_lightning.engines.base import EngineError, GenerationEngine
 from sc_lightning.engines.megatron.ray_engine import RayMegatronEngine
@@ -14,6 +13,7 @@ from sc_lightning.models import export_hf_weights, load_policy
 from sc_lightning.models.convert import export_hf_units
 from sc_lightning.types import SamplingParams
 from tests.engines.helpers import follows_argmax
+from tests.helpers.actors import kill_and_wait
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("model_parallel")]
 PROMPT = (4, 5, 6, 7)
@@ -43,7 +43,7 @@ def test_router_spreads_requests_refits_all_and_survives_a_dead_replica(ray_clus
             greedy = await asyncio.gather(*(router.generate(PROMPT, SamplingParams(6, temperature=0.0)) for _ in "ab"))
             assert all(all(follows_argmax(model_b, PROMPT, g.token_ids)) for g in greedy)
 
-            ray.kill(replicas[0].actor, no_restart=True)
+            kill_and_wait(replicas[0].actor)  # dead before the request: a kill under way may still serve it
             with pytest.raises(EngineError, match="engine 'r0'.*actor died"):
                 await router.generate(PROMPT, SamplingParams(2))  # least loaded is r0: its death is attributed
             assert list(router.dead) == ["r0"]
@@ -52,7 +52,7 @@ def test_router_spreads_requests_refits_all_and_survives_a_dead_replica(ray_clus
             await router.update_weights([(n, t.clone()) for n, t in export_hf_weights(model_b, spec_b)], version=2)
             assert replicas[1].weight_version == 2 and router.weight_version == 2
 
-            ray.kill(replicas[1].actor, no_restart=True)  # while idle: the next refit finds it dead, the last one
+            kill_and_wait(replicas[1].actor)  # while idle: the next refit finds it dead, the last one
             weights = [(n, t.clone()) for n, t in export_hf_weights(model_b, spec_b)]
             with pytest.raises(EngineError, match=r"(?s)no healthy replica left \(r0: .*; r1: engine 'r1', refit to"):
                 await router.update_weights(weights, version=3)

@@ -29,8 +29,6 @@ from sc_lightning.types import Generation, ScoredGroup
 from tests.helpers.actors import kill_and_wait
 from tests.helpers.scripts import TOKENIZER, answer_correctly
 
-ray = pytest.importorskip("ray")
-
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("model_parallel")]
 
 SEED = 5
