@@ -3,8 +3,9 @@
 - megatron, colocated: a :class:`MegatronEngine` in the training process (its own model replica, a decode thread),
   on the trainer's device (that of ``initial_weights``);
 - megatron, not colocated: a :class:`RayMegatronEngine` — the same engine in a Ray actor, its own process; on a GPU
-  box with ``colocated.resources.gpus_per_node`` set, on a GPU of its own (the node's last: the trainer's ranks take
-  the first ones), refit from the trainer's GPU by broadcast over NCCL (:mod:`~sc_lightning.engines.weight_group`);
+  box with ``colocated.resources.gpus_per_node`` set, one replica on each of those GPUs (the node's last: the
+  trainer's ranks take the first ones), behind an :class:`EngineRouter` when there are several, each refit from the
+  trainer's GPU by broadcast over NCCL (:mod:`~sc_lightning.engines.weight_group`);
 - vllm (never colocated): :class:`VLLMEngine` replicas — vLLM's async engine, one Ray actor each — behind an
   :class:`EngineRouter`; ``colocated.resources`` GPUs / ``vllm_cfg.tensor_parallel_size`` replicas on a GPU box,
   one on a CPU box.
@@ -65,15 +66,35 @@ def default_engine_factory(
         # beside the trainer, on its device: where the policy's weights (handed over here) live
         device = initial_weights[0][1].device if initial_weights else torch.device("cpu")
         return MegatronEngine.from_pretrained(model_name, device=device, **kwargs)
-    from sc_lightning.engines.megatron.ray_engine import RayMegatronEngine
-
     trainer = initial_weights[0][1].device if initial_weights else torch.device("cpu")
-    gpus = _engine_gpus(config) if trainer.type == "cuda" else 0  # a CPU run's engine stays on the CPU
+    return _megatron_actor_engine(model_name, kwargs, trainer, megatron_engine_gpus(config, trainer))
+
+
+def megatron_engine_gpus(config: SCConfig, trainer: torch.device) -> int:
+    """The GPUs a non-colocated Megatron engine fleet takes, one replica each: ``colocated.resources``' GPUs when
+    the trainer is on a GPU, else none (a CPU run's one engine stays on the CPU)."""
+    return _engine_gpus(config) if trainer.type == "cuda" else 0
+
+
+def _megatron_actor_engine(
+    model_name: str, kwargs: dict[str, Any], trainer: torch.device, gpus: int
+) -> GenerationEngine:
+    """The Megatron engine in a Ray actor, on the CPU (``gpus`` 0); or one replica per engine GPU, each refit from
+    the trainer's GPU through a weight group of its own, behind an :class:`EngineRouter` when there are several."""
+    from sc_lightning.engines.megatron.ray_engine import RayMegatronEngine
+    from sc_lightning.engines.router import EngineRouter
+
     start_ray(engine_gpus=gpus)
-    engine = RayMegatronEngine(model_name, num_gpus=1 if gpus else 0, device="cuda" if gpus else "cpu", **kwargs)
-    if gpus:
-        asyncio.run(engine.open_weight_group(trainer))  # refits GPU to GPU from now on
-    return engine
+    if not gpus:
+        return RayMegatronEngine(model_name, num_gpus=0, device="cpu", **kwargs)
+    names = ["megatron-ray"] if gpus == 1 else [f"megatron-{i}" for i in range(gpus)]
+    replicas = [RayMegatronEngine(model_name, name=name, num_gpus=1, device="cuda", **kwargs) for name in names]
+
+    async def open_weight_groups() -> None:  # refits GPU to GPU from now on
+        await asyncio.gather(*(replica.open_weight_group(trainer) for replica in replicas))
+
+    asyncio.run(open_weight_groups())
+    return replicas[0] if gpus == 1 else EngineRouter(replicas, name="megatron")
 
 
 def start_ray(engine_gpus: int = 0) -> None:
@@ -180,9 +201,10 @@ def _engine_gpus(config: SCConfig) -> int:
 
 
 def engine_actor_count(config: SCConfig) -> int:
-    """How many Ray actors the default engine of ``config`` starts, each reserving one CPU: none for a colocated
-    Megatron engine, one for the Megatron engine in an actor, one vLLM replica per ``tensor_parallel_size`` GPUs
-    (one on a CPU box)."""
+    """How many Ray actors the default engine of ``config`` starts on a CPU box, each reserving one CPU: none for a
+    colocated Megatron engine, one for the Megatron engine in an actor, one vLLM replica per
+    ``tensor_parallel_size`` GPUs (one on a CPU box). On a GPU box the Megatron engine has a replica per engine GPU
+    (:func:`megatron_engine_gpus`)."""
     generation = config.policy.generation
     if generation.backend == "vllm":
         return max(1, _engine_gpus(config) // generation.vllm_cfg.tensor_parallel_size)

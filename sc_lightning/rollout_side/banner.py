@@ -32,6 +32,7 @@ from typing import Any
 import torch
 
 from sc_lightning.config import SCConfig, resolve
+from sc_lightning.engines.factory import megatron_engine_gpus
 from sc_lightning.models.hf_config import architecture_name
 from sc_lightning.models.spec import ModelSpec
 
@@ -99,7 +100,10 @@ def _placement(config: SCConfig, device: str) -> str:
         return f"vllm engines in Ray actors ({where}, TP {generation.vllm_cfg.tensor_parallel_size} each)"
     if generation.colocated.enabled:
         return f"megatron engine in the trainer process (colocated, on {device})"
-    return "megatron engine in its own Ray actor"
+    gpus = megatron_engine_gpus(config, torch.device(device))
+    if gpus > 1:
+        return f"megatron engines in Ray actors ({gpus} GPUs, a replica on each, requests routed to the least busy)"
+    return "megatron engine in its own Ray actor" + (" (a GPU of its own)" if gpus else "")
 
 
 def _sampler(config: SCConfig) -> str:

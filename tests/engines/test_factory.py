@@ -82,6 +82,33 @@ def test_the_engine_actor_count_is_the_number_of_actors_the_factory_starts(overr
     assert engine_actor_count(tiny_config(*overrides)) == actors
 
 
+@pytest.mark.parametrize(
+    ("device", "gpus_per_node", "replicas", "placement"),
+    [
+        ("cpu", 4, 0, "megatron engine in its own Ray actor"),  # a CPU run's one engine stays on the CPU
+        ("cuda", None, 0, "megatron engine in its own Ray actor"),  # no engine GPUs: the actor on the CPU
+        ("cuda", 1, 1, "megatron engine in its own Ray actor (a GPU of its own)"),
+        ("cuda", 4, 4, "megatron engines in Ray actors (4 GPUs, a replica on each, requests routed to the least busy)"),
+    ],
+)
+def test_a_non_colocated_megatron_engine_has_a_replica_on_each_engine_gpu(
+    device: str, gpus_per_node: int | None, replicas: int, placement: str
+) -> None:
+    """The GPUs ``colocated.resources`` gives the Megatron engine each get a replica (the factory routes between
+    several; tests/engines/test_router.py refits such a fleet through its weight groups), and the banner says so."""
+    import torch
+
+    from sc_lightning.engines.factory import megatron_engine_gpus
+    from sc_lightning.rollout_side.banner import _placement
+
+    config = tiny_config(
+        "policy.generation.colocated.enabled=false",
+        f"policy.generation.colocated.resources.gpus_per_node={gpus_per_node or 'null'}",
+    )
+    assert megatron_engine_gpus(config, torch.device(device)) == replicas
+    assert _placement(config, device) == placement
+
+
 def test_engine_gpus_are_the_nodes_last_and_a_local_ray_sees_only_them(monkeypatch: pytest.MonkeyPatch) -> None:
     """Split placement on one node: the trainer's ranks take the first GPUs, the engines the last; the local Ray
     instance is started seeing only the engines' (it hands its actors the GPUs it sees), and this process's view

@@ -73,3 +73,31 @@ def test_router_needs_distinct_replica_names() -> None:
         EngineRouter([Named("x"), Named("x")])  # type: ignore[list-item]
     with pytest.raises(ValueError, match="at least one"):
         EngineRouter([])
+
+
+def test_replicas_refit_through_weight_groups_of_their_own_all_load_the_weights(
+    ray_cluster: None, tiny_dirs: dict
+) -> None:
+    """A Megatron engine fleet on a GPU box (engines/factory.py: a replica per engine GPU, each with its weight group):
+    here on gloo, the router's refit broadcasts to both replicas at once, in buckets too, and each holds the weights."""
+    model_b, spec_b, _ = load_policy(str(tiny_dirs["b"]))
+    model_b.eval()
+    units = list(export_hf_units(model_b, spec_b))
+
+    async def scenario() -> None:
+        replicas = [RayMegatronEngine(str(tiny_dirs["a"]), name=f"g{i}", stop_on_eos=False) for i in range(2)]
+        router = EngineRouter(replicas, name="grouped")
+        try:
+            await asyncio.gather(*(replica.ready() for replica in replicas))
+            await asyncio.gather(*(replica.open_weight_group("cpu", timeout_s=60) for replica in replicas))
+            for unit in units[:-1]:
+                await router.stage_weights(unit, version=2)
+            await router.update_weights(units[-1], version=2)
+            assert [replica.weight_version for replica in replicas] == [2, 2]
+            for replica in replicas:  # each replica answers on its own weights: model b's
+                greedy = await replica.generate(PROMPT, SamplingParams(8, temperature=0.0))
+                assert greedy.weight_version == 2 and all(follows_argmax(model_b, PROMPT, greedy.token_ids))
+        finally:
+            await router.shutdown()
+
+    asyncio.run(scenario())
