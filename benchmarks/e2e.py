@@ -36,7 +36,9 @@ tokens/s/GPU the step would reach with its generation at that floor. The modes:
     async            the engine in a Ray actor, one step of lookahead: generation overlaps training, the figure can
                      pass 100%; at a GPU shape the actor runs on the node's last GPU and is refit over NCCL (split
                      placement: two GPUs at least), on the CPU it is refit by value; the refit benchmarked here is
-                     the colocated one
+                     the colocated one. ``--engine-gpus N`` puts a replica on each of the node's last N GPUs and
+                     ``--trainer-devices M`` trains on M data-parallel ranks (the first GPUs; with ``--no-parts``):
+                     tokens/s/GPU then counts all M + N
     actor-sync       the same actor on-policy (lookahead 0): the split placement's sync baseline, whose split gives
                      async's ideal overlap bound, (generation + training) / max(generation, training)
 
@@ -53,6 +55,8 @@ the host's calls (the fit's figures then carry the profiler's overhead).
     python benchmarks/e2e.py --shape 1.26b --kv-cache-dtype fp8                 # half the K/V bytes
     python benchmarks/e2e.py --shape 1.26b --kv-cache-layout slots --engine-batch 128  # whole-context rows
     python benchmarks/e2e.py --shape 1.26b --steps 2 --profile-train   # why the fit trains slower than its benchmark
+    python benchmarks/e2e.py --shape llama1b --mode async --trainer-devices 4 --engine-gpus 4 --no-parts  # 8 GPUs
+    python benchmarks/e2e.py --shape 1.26b --mode async --config-only    # the fit's config, validated, nothing run
 """
 
 from __future__ import annotations
@@ -77,7 +81,7 @@ from e2e_parts import components, report_efficiency, step_lengths  # benchmarks/
 from engine import add_kv_cache_options
 from step_profile import format_summary
 
-from sc_lightning.config import load_config
+from sc_lightning.config import ConfigError, load_config
 from sc_lightning.config.yaml_io import load_yaml_layers
 from sc_lightning.trainer.perf import SPLIT
 
@@ -130,11 +134,11 @@ def fit_config(shape: Shape, args: argparse.Namespace, prompts_file: Path, root:
     lookahead = 0 if args.mode in ("colocated", "actor-sync") else 1
     colocated = args.mode in COLOCATED_MODES
     placement: dict[str, Any] = {"enabled": colocated}
-    if not colocated and shape.device == "cuda":
-        placement["resources"] = {"num_nodes": 1, "gpus_per_node": 1}  # the engine actor on a GPU of its own
+    if not colocated and shape.device == "cuda":  # an engine replica on each of the node's last --engine-gpus GPUs
+        placement["resources"] = {"num_nodes": 1, "gpus_per_node": args.engine_gpus}
     trainer: dict[str, Any] = {
         "accelerator": "gpu" if shape.device == "cuda" else "cpu",
-        "devices": 1,
+        "devices": args.trainer_devices,
         "log_every_n_steps": 1,
         "default_root_dir": str(root),
         "enable_progress_bar": False,
@@ -178,7 +182,11 @@ def fit_config(shape: Shape, args: argparse.Namespace, prompts_file: Path, root:
             "min_groups_for_streaming_train": groups,
             "max_inflight_prompts": groups * (lookahead + 1),
         },
-        "data_plane": {"enabled": True, "backend": "memory", "storage_capacity": 4 * shape.completions},
+        "data_plane": {  # several ranks read TransferQueue; one reads the memory plane in its process
+            "enabled": True,
+            "backend": "memory" if args.trainer_devices == 1 else "simple",
+            "storage_capacity": 4 * shape.completions,
+        },
         "checkpointing": {"enabled": False},
         "data": {
             "dataset_name": str(prompts_file),
@@ -302,16 +310,23 @@ def main() -> None:
     parser.add_argument("--max-new-tokens", type=int, help="the answer lengths' cap; their mean is a quarter")
     parser.add_argument("--engine-batch", type=int, help="rows the engine decodes at once (default: the shape's)")
     parser.add_argument("--device", help="cpu or cuda (default: the shape's)")
+    parser.add_argument("--trainer-devices", type=int, default=1, help="the trainer's ranks (data-parallel)")
+    parser.add_argument(
+        "--engine-gpus", type=int, default=1, help="async / actor-sync on a GPU: engine replicas, one GPU each"
+    )
     add_kv_cache_options(parser)
     parser.add_argument(
         "--profile-train", action="store_true", help="profile the fit's last training step and the parts' one"
     )
     parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--config-only", action="store_true", help="validate and print the fit's config; run nothing")
     parser.add_argument("--fit-timeout", type=float, default=480.0, help="seconds the fit may take")
     parser.add_argument("--out", type=Path, help="keep the run, its log and results.json here (default: a temp dir)")
     args = parser.parse_args()
     if args.steps <= args.warmup:
         parser.error(f"--steps ({args.steps}) must exceed --warmup ({args.warmup}): no step would be measured")
+    if args.parts and (args.trainer_devices > 1 or args.engine_gpus > 1):
+        parser.error("--trainer-devices / --engine-gpus above 1 need --no-parts: the parts' benchmarks are one GPU's")
     warnings.filterwarnings("ignore")
     shape = SHAPES[args.shape]
     overrides = {
@@ -332,11 +347,17 @@ def main() -> None:
     shutil.rmtree(out / "run", ignore_errors=True)  # a fresh run directory: one metrics.csv to read
     config_file = out / "e2e.yaml"
     config_file.write_text(yaml.safe_dump(fit_config(shape, args, prompts_file, out / "run"), sort_keys=False))
+    try:  # before anything starts: a shape or option the product refuses is named now, not minutes into a fit
+        config = load_config(load_yaml_layers([config_file]), extra_top_level=("trainer", "seed_everything"))
+    except ConfigError as err:
+        sys.exit(f"error: the fit's config ({config_file}) is invalid: {err}")
+    if args.config_only:
+        print(config_file.read_text(), end="")
+        return
     print(f"fit: {config_file} (log {out / 'fit.log'})", flush=True)
     fit_s = run_fit(config_file, out / "fit.log", args.fit_timeout)
     rows = read_steps(out / "run")
     print(f"fit: {len(rows)} steps in {fit_s:.0f} s (start-up included)", flush=True)
-    config = load_config(load_yaml_layers([config_file]), extra_top_level=("trainer", "seed_everything"))
     last, summary = rows[-1], summarise(rows[args.warmup :])
     report_throughput(args, shape, summary)  # first: the fit's figures stand even if the parts' benchmarks fail
     results: dict[str, Any] = {"summary": summary, "last_step": last}

@@ -12,12 +12,17 @@
 #   4. (MULTI_PARTS=kill) the fault drill on two GPUs: configs/grpo_1gpu.yaml at DP = 2 over NCCL (its warm start
 #      built first), rank 1 SIGKILLed after two bundles, the run must end naming it and the same command resume with
 #      every prompt trained once (scripts/kill_drill.py; needs Ray: two ranks read TransferQueue).
+#   5. (MULTI_PARTS=fleet, a call of its own, 4 or 8 GPUs) the 1B recipe's shape end to end: the llama1b shape
+#      (512 completions a step, long-tailed answers), async with one step of lookahead, half the GPUs training
+#      data-parallel and an engine replica on each of the others, FLEET_STEPS (50) steps; tokens/s/GPU over all
+#      of them, MFU and the split (benchmarks/e2e.py --trainer-devices --engine-gpus; needs Ray).
 # Each part has a deadline and prints its table; the outputs go to $OUT (train-*.txt, refit.txt, e2e-*.txt,
-# kill.txt).
+# kill.txt, e2e-fleet.txt).
 #   OUT=/tmp/multi scripts/gpu_multi.sh
 #   MULTI_PARTS=train OUT=/tmp/multi scripts/gpu_multi.sh     # the training step only (no Ray needed)
 #   MULTI_PARTS=split OUT=/tmp/multi scripts/gpu_multi.sh     # async vs sync with the engine on its own GPU
 #   MULTI_PARTS=kill OUT=/tmp/multi scripts/gpu_multi.sh      # kill -9 of one of two ranks, and the resume
+#   MULTI_PARTS=fleet OUT=/tmp/multi scripts/gpu_multi.sh     # N/2 trainer ranks, N/2 engine replicas, 50 steps
 set -uo pipefail  # one part failing does not stop the others
 out=${OUT:?set OUT to the folder the results go to}
 mkdir -p "$out"
@@ -57,4 +62,12 @@ if [[ " $parts " == *" kill "* ]]; then
     --grpo.max_num_steps 24 >> "$out/kill.txt" 2>&1
   echo "rc $?" >> "$out/kill.txt"
   echo "== kill.txt"; grep -E "^(warm start|killed|the run|it named|the same|trained|every|PASSED|FAILED)|^rc " "$out/kill.txt"
+fi
+if [[ " $parts " == *" fleet "* ]]; then
+  half=$((gpus / 2))
+  timeout -k 10 560 python3 benchmarks/e2e.py --shape llama1b --mode async --trainer-devices "$half" \
+    --engine-gpus "$half" --steps "${FLEET_STEPS:-50}" --no-parts --out /tmp/sc_e2e_fleet --fit-timeout 540 \
+    > "$out/e2e-fleet.txt" 2>&1
+  echo "rc $?" >> "$out/e2e-fleet.txt"
+  echo "== e2e-fleet.txt"; grep -v -i warn "$out/e2e-fleet.txt" | tail -14
 fi

@@ -71,3 +71,26 @@ def test_colocated_async_decodes_the_next_steps_prompts_across_the_refit(tmp_pat
     steps = [row for row in csv.DictReader(metrics.open()) if row.get("train/staleness_mean")]
     assert [float(row["train/staleness_mean"]) for row in steps] == [0.0, 1.0, 1.0, 1.0]
     assert any(0.0 < float(row["train/token_staleness_mean"]) < 1.0 for row in steps[1:])
+
+
+def test_a_multi_gpu_split_run_puts_a_replica_on_each_engine_gpu_and_trainer_ranks_on_transferqueue(
+    tmp_path: Path,
+) -> None:
+    """--config-only validates and prints the fit's config: M data-parallel trainer ranks (reading the TransferQueue
+    data plane) and an engine replica on each of N GPUs, the split run issue 41 measures on 4-8 GPUs; the parts'
+    benchmarks, one GPU's, refuse to come along."""
+    base = [sys.executable, "benchmarks/e2e.py", "--shape", "llama1b", "--mode", "async", "--out", str(tmp_path)]
+    split = ["--trainer-devices", "4", "--engine-gpus", "4"]
+    result = subprocess.run(
+        [*base, *split, "--no-parts", "--config-only"], cwd=REPO, capture_output=True, text=True, timeout=120,
+        env=user_environment(),
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    config = yaml.safe_load(result.stdout)
+    assert config["trainer"]["devices"] == 4 and config["data_plane"]["backend"] == "simple"
+    assert config["policy"]["generation"]["colocated"] == {
+        "enabled": False,
+        "resources": {"num_nodes": 1, "gpus_per_node": 4},
+    }
+    refused = subprocess.run([*base, *split], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert refused.returncode == 2 and "need --no-parts" in refused.stderr
