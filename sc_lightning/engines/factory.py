@@ -60,13 +60,11 @@ def default_engine_factory(
         "kv_cache_dtype": policy.generation.mcore_generation_config.kv_cache_dtype,
         "kv_cache_layout": policy.generation.mcore_generation_config.kv_cache_layout,
     }
+    trainer = initial_weights[0][1].device if initial_weights else torch.device("cpu")  # where the policy lives
     if policy.generation.colocated.enabled:
         from sc_lightning.engines.megatron.engine import MegatronEngine
 
-        # beside the trainer, on its device: where the policy's weights (handed over here) live
-        device = initial_weights[0][1].device if initial_weights else torch.device("cpu")
-        return MegatronEngine.from_pretrained(model_name, device=device, **kwargs)
-    trainer = initial_weights[0][1].device if initial_weights else torch.device("cpu")
+        return MegatronEngine.from_pretrained(model_name, device=trainer, **kwargs)  # beside the trainer
     return _megatron_actor_engine(model_name, kwargs, trainer, megatron_engine_gpus(config, trainer))
 
 
@@ -201,10 +199,10 @@ def _engine_gpus(config: SCConfig) -> int:
 
 
 def engine_actor_count(config: SCConfig) -> int:
-    """How many Ray actors the default engine of ``config`` starts on a CPU box, each reserving one CPU: none for a
-    colocated Megatron engine, one for the Megatron engine in an actor, one vLLM replica per
-    ``tensor_parallel_size`` GPUs (one on a CPU box). On a GPU box the Megatron engine has a replica per engine GPU
-    (:func:`megatron_engine_gpus`)."""
+    """How many Ray actors the default engine of ``config`` starts beside a CPU trainer, each reserving one CPU: none
+    for a colocated Megatron engine, one for the Megatron engine in an actor, one vLLM replica per
+    ``tensor_parallel_size`` GPUs of ``colocated.resources`` (at least one). Beside a GPU trainer the Megatron
+    engine has a replica per engine GPU (:func:`megatron_engine_gpus`)."""
     generation = config.policy.generation
     if generation.backend == "vllm":
         return max(1, _engine_gpus(config) // generation.vllm_cfg.tensor_parallel_size)
