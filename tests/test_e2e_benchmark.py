@@ -78,7 +78,7 @@ def test_a_multi_gpu_split_run_puts_a_replica_on_each_engine_gpu_and_trainer_ran
 ) -> None:
     """--config-only validates and prints the fit's config: M data-parallel trainer ranks (reading the TransferQueue
     data plane) and an engine replica on each of N GPUs, the split run issue 41 measures on 4-8 GPUs; the parts'
-    benchmarks, one GPU's, refuse to come along."""
+    benchmarks, one GPU's, refuse to come along; an invalid config ends the benchmark before its fit."""
     base = [sys.executable, "benchmarks/e2e.py", "--shape", "llama1b", "--mode", "async", "--out", str(tmp_path)]
     split = ["--trainer-devices", "4", "--engine-gpus", "4"]
     result = subprocess.run(
@@ -94,3 +94,8 @@ def test_a_multi_gpu_split_run_puts_a_replica_on_each_engine_gpu_and_trainer_ran
     }
     refused = subprocess.run([*base, *split], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert refused.returncode == 2 and "need --no-parts" in refused.stderr
+    invalid = subprocess.run(  # a config the product refuses fails before any fit starts, naming the knob
+        [*base, "--engine-batch", "0", "--no-parts", "--config-only"], cwd=REPO, capture_output=True, text=True,
+        timeout=120, env=user_environment(),
+    )  # fmt: skip
+    assert invalid.returncode == 1 and "mcore_generation_config.max_batch_size: must be >= 1" in invalid.stderr
