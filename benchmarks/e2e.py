@@ -247,6 +247,8 @@ def summarise(rows: list[dict[str, float]]) -> dict[str, float]:
         summary["decode_rows_mean"] = sum(r["perf/decode_rows_mean"] * r["perf/decode_steps"] for r in rows) / steps
         summary["decode_slots"] = rows[-1]["perf/decode_slots"]
         summary["decode_preemptions"] = sum(r.get("perf/decode_preemptions", 0.0) for r in rows)
+        summary["decode_graph_captures"] = sum(r.get("perf/decode_graph_captures", 0.0) for r in rows)
+        summary["decode_graph_capture_s"] = sum(r.get("perf/decode_graph_capture_s", 0.0) for r in rows)
     return summary
 
 
@@ -281,6 +283,14 @@ def report_throughput(args: argparse.Namespace, shape: Shape, summary: dict[str,
             print(
                 f"{summary['decode_preemptions']:.0f} rows preempted for want of KV blocks in the measured steps "
                 "(perf/decode_preemptions)",
+                flush=True,
+            )
+        if summary["decode_graph_captures"]:  # on a GPU: a stand-down frees the graphs, a wake captures them again
+            steps = summary["steps"]
+            print(
+                f"the engine captured {summary['decode_graph_captures'] / steps:.0f} decode shapes as CUDA graphs a "
+                f"step, {summary['decode_graph_capture_s'] / steps:.2f} s of host time a step "
+                "(perf/decode_graph_captures, perf/decode_graph_capture_s)",
                 flush=True,
             )
     if "alloc_retries" in summary:

@@ -43,6 +43,9 @@ def test_the_e2e_benchmark_reports_the_fits_throughput_and_times_the_same_work(t
     # the measured steps (async: the last step's window may hold no decode step, its groups sampled a step ahead)
     assert 0 < summary["decode_rows_mean"] <= summary["decode_slots"] == 16
     assert "rows at a time on average" in result.stdout
+    # no CUDA graph on the CPU: the captures are logged every step, and none happened (nothing printed of them)
+    assert summary["decode_graph_captures"] == last["perf/decode_graph_captures"] == 0
+    assert "as CUDA graphs" not in result.stdout
     if mode == "colocated":  # on-policy: every token it sampled in the step's window was trained
         sampled = last["perf/decode_rows_mean"] * last["perf/decode_steps"]
         assert sampled == pytest.approx(last["perf/step_generated_tokens"])

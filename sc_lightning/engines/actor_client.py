@@ -187,7 +187,7 @@ class ActorEngineClient:
             f"refit to version {version} (a bucket)", "stage_weights", ship_by_value(named_tensors), version
         )
 
-    async def stats(self) -> dict[str, int]:
+    async def stats(self) -> dict[str, float]:
         """The actor engine's counters, read once the cancels this client sent have reached the actor (so a
         request its caller stopped waiting for is not counted as served after the caller moved on)."""
         if self._cancels:

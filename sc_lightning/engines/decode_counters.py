@@ -7,7 +7,9 @@ cache sits empty (the step's weights and KV are read all the same). One step of 
 next step's prompts ([engines](../../docs/engines.md#one-gpu-asynchronous-colocated-with-lookahead)).
 
 The Megatron engine counts them, in this process or in its actor, and a router sums its live replicas'; an engine
-that does not count decode steps (vLLM) has none to report.
+that does not count decode steps (vLLM) has none to report. On a GPU they also count the decode shapes the engine
+captured as CUDA graphs and the host's seconds on them: a stand-down frees the graphs with the KV cache, so a
+colocated engine captures its shapes again every step, time its own warm benchmark never spends.
 """
 
 from __future__ import annotations
@@ -28,20 +30,19 @@ class DecodeCounters:
     sampled_tokens: int = 0
     kv_slots: int = 0  # each engine's last KV-cache allocation (0 before its first)
     preemptions: int = 0  # rows a paged KV cache short of blocks sent back to the queue
+    graph_captures: int = 0  # decode shapes captured as CUDA graphs (0 off a GPU)
+    graph_capture_s: float = 0.0  # the host's seconds on those captures
 
     def __add__(self, other: DecodeCounters) -> DecodeCounters:
         """Two engines' counters together (a router's replicas)."""
-        return DecodeCounters(
-            self.decode_steps + other.decode_steps,
-            self.sampled_tokens + other.sampled_tokens,
-            self.kv_slots + other.kv_slots,
-            self.preemptions + other.preemptions,
-        )
+        mine, theirs = dataclasses.astuple(self), dataclasses.astuple(other)
+        return DecodeCounters(*(a + b for a, b in zip(mine, theirs, strict=True)))
 
     def since(self, earlier: DecodeCounters) -> dict[str, float]:
         """The work between ``earlier`` and these counters: ``decode_steps``, ``decode_rows_mean`` (tokens sampled
-        per decode step; 0 without a step), ``decode_slots`` (the KV rows now) and ``decode_preemptions`` (rows sent
-        back to the queue for want of KV blocks: each computes its prefix again)."""
+        per decode step; 0 without a step), ``decode_slots`` (the KV rows now), ``decode_preemptions`` (rows sent
+        back to the queue for want of KV blocks: each computes its prefix again), ``decode_graph_captures`` and
+        ``decode_graph_capture_s`` (decode shapes captured as CUDA graphs, and the host's seconds on them)."""
         steps = self.decode_steps - earlier.decode_steps
         tokens = self.sampled_tokens - earlier.sampled_tokens
         return {
@@ -49,6 +50,8 @@ class DecodeCounters:
             "decode_rows_mean": tokens / steps if steps > 0 else 0.0,
             "decode_slots": float(self.kv_slots),
             "decode_preemptions": float(self.preemptions - earlier.preemptions),
+            "decode_graph_captures": float(self.graph_captures - earlier.graph_captures),
+            "decode_graph_capture_s": self.graph_capture_s - earlier.graph_capture_s,
         }
 
 
@@ -78,4 +81,6 @@ async def _read_one(engine: Any) -> DecodeCounters | None:
         int(values["generated_tokens"]),
         int(values.get("kv_slots", 0)),
         int(values.get("preemptions", 0)),
+        int(values.get("graph_captures", 0)),
+        float(values.get("graph_capture_s", 0.0)),
     )

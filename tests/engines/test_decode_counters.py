@@ -60,8 +60,23 @@ def test_a_router_sums_its_live_replicas_and_leaves_out_the_dead_and_the_failing
 
 
 def test_a_steps_figures_are_the_difference_of_two_readings() -> None:
-    before, after = DecodeCounters(10, 600, 64, 2), DecodeCounters(30, 1400, 64, 5)
-    figures = {"decode_steps": 20.0, "decode_rows_mean": 40.0, "decode_slots": 64.0, "decode_preemptions": 3.0}
+    before, after = DecodeCounters(10, 600, 64, 2, 5, 0.25), DecodeCounters(30, 1400, 64, 5, 12, 1.0)
+    figures = {
+        "decode_steps": 20.0,
+        "decode_rows_mean": 40.0,
+        "decode_slots": 64.0,
+        "decode_preemptions": 3.0,
+        "decode_graph_captures": 7.0,
+        "decode_graph_capture_s": 0.75,
+    }
     assert after.since(before) == figures
     assert before.since(before)["decode_rows_mean"] == 0.0  # no decode step in the window
-    assert DecodeCounters(1, 2, 3, 4) + DecodeCounters(10, 20, 30, 40) == DecodeCounters(11, 22, 33, 44)
+    total = DecodeCounters(1, 2, 3, 4, 5, 0.5) + DecodeCounters(10, 20, 30, 40, 50, 1.0)
+    assert total == DecodeCounters(11, 22, 33, 44, 55, 1.5)
+
+
+def test_an_actor_engines_graph_captures_are_read_with_its_other_counters() -> None:
+    actor = {"decode_steps": 4, "generated_tokens": 200, "kv_slots": 64, "graph_captures": 9, "graph_capture_s": 0.5}
+    assert read(ByCall("e1", actor)) == DecodeCounters(4, 200, 64, 0, 9, 0.5)
+    stats = EngineStats(decode_steps=3, generated_tokens=30, graph_captures=2, graph_capture_s=0.125)
+    assert read(InProcess("e0", stats)) == DecodeCounters(3, 30, 0, 0, 2, 0.125)

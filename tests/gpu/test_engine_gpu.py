@@ -127,15 +127,19 @@ def test_engine_matches_full_forwards_through_a_refit_and_a_stand_down(
         long = asyncio.create_task(engine.generate(PROMPTS[3], SamplingParams(300, temperature=0.0)))
         await until_sampled(engine, sum(len(g.token_ids) for g in on_a + on_b) + 25 + 20, [long])
         await engine.stand_down()
+        captured_before = engine.stats.graph_captures
         await engine.wake()
         resumed = await long
         graphs = len(engine._batch.graphs)
         await engine.shutdown()
-        return on_a, drawn, on_b, resumed, graphs
+        return on_a, drawn, on_b, resumed, graphs, captured_before
 
-    on_a, drawn, on_b, resumed, graphs = asyncio.run(scenario())
+    on_a, drawn, on_b, resumed, graphs, captured_before = asyncio.run(scenario())
     forward = engine._batch.forward  # graphed decode on flash attention or on the memory-efficient kernel
     assert graphs > 0 and forward.efficient and forward.flash == flash and (forward.kernels is not None) == fused
+    # the stand-down freed the graphs: every graph held now was captured again after the wake, and counted
+    assert captured_before > 0 and engine.stats.graph_captures == captured_before + graphs
+    assert engine.stats.graph_capture_s > 0
     for prompt, generation in zip(PROMPTS, on_a, strict=True):
         assert generation.weight_version == 0 and len(generation.token_ids) == 24
         check(ref_a, prompt, generation, precision)

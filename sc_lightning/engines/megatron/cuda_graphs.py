@@ -10,6 +10,9 @@ any graph (the engine samples them right away, on the same stream).
 allocator; its logits are this step's result), then captures it without running it. The eager run and every
 later replay write the same K/V at the same positions, so running it twice is harmless. Capture is
 ``thread_local``: a trainer in another thread of the process (colocated placement) may use the GPU meanwhile.
+:attr:`DecodeGraphs.captures` and :attr:`DecodeGraphs.capture_s` count the shapes captured and the host's seconds
+for them (eager run and capture), over every :meth:`DecodeGraphs.clear`: a stand-down frees the graphs, so each
+wake captures its shapes again.
 
 **Validity.** A graph holds raw pointers: to the model's parameters (a weight update copies into them in place,
 :meth:`DecodeGraphs.still_valid` checks it), to the KV cache and to the RoPE tables. Whoever frees the cache must
@@ -18,6 +21,7 @@ later replay write the same K/V at the same positions, so running it twice is ha
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -46,6 +50,8 @@ class DecodeGraphs:
         self._graphs: dict[tuple[int, int], _Captured] = {}
         self._pool: tuple[int, int] | None = None
         self._stream: torch.cuda.Stream | None = None
+        self.captures = 0  # shapes captured since the engine started, across clears
+        self.capture_s = 0.0  # the host's seconds on them: each shape's eager first run and its capture
 
     def __len__(self) -> int:
         return len(self._graphs)
@@ -71,6 +77,7 @@ class DecodeGraphs:
 
     def _capture(self, key: tuple[int, int], static: Tensor) -> Tensor:
         """Run the step for ``static`` eagerly on a side stream, then capture it for ``key``; returns the logits."""
+        start = time.perf_counter()
         main = torch.cuda.current_stream()
         if self._stream is None:
             self._stream = torch.cuda.Stream()
@@ -87,6 +94,8 @@ class DecodeGraphs:
                 graph.capture_end()
         main.wait_stream(self._stream)
         self._graphs[key] = _Captured(static, graph, out)
+        self.captures += 1
+        self.capture_s += time.perf_counter() - start
         return logits
 
     def still_valid(self) -> bool:

@@ -132,7 +132,7 @@ class MegatronEngineActor(BatchedGenerateActor):
         """``MegatronEngine.shutdown`` in the actor (the client kills the actor afterwards)."""
         await self.engine.shutdown()
 
-    async def stats(self) -> dict[str, int]:
+    async def stats(self) -> dict[str, float]:
         """The engine's counters as a dict."""
         return dict(vars(self.engine.stats))
 

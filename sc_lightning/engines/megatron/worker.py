@@ -44,7 +44,9 @@ class EngineStats:
     allocation (:mod:`sc_lightning.engines.decode_counters`). ``copied_positions`` counts the prompt positions rows
     took by copy from another row of the same prompt instead of prefilling them
     (:mod:`~sc_lightning.engines.megatron.prompt_copies`). ``preemptions`` counts the rows a paged KV cache short
-    of blocks sent back to the queue (each prefills its prompt and what it sampled again).
+    of blocks sent back to the queue (each prefills its prompt and what it sampled again). ``graph_captures`` counts
+    the decode shapes captured as CUDA graphs (again after each stand-down, which frees them) and ``graph_capture_s``
+    the host's seconds on them (:mod:`~sc_lightning.engines.megatron.cuda_graphs`); both 0 without graphs.
     """
 
     batches: int = 0
@@ -56,6 +58,8 @@ class EngineStats:
     kv_slots: int = 0
     copied_positions: int = 0
     preemptions: int = 0
+    graph_captures: int = 0
+    graph_capture_s: float = 0.0
 
 
 @dataclass
@@ -251,6 +255,8 @@ class DecodeWorker:
             stats.forward_calls = batch.decode_steps + batch.prefill_calls
             stats.generated_tokens, stats.copied_positions = batch.sampled_tokens, batch.copied_positions
             stats.preemptions = batch.preemptions
+            if batch.graphs is not None:
+                stats.graph_captures, stats.graph_capture_s = batch.graphs.captures, batch.graphs.capture_s
             if batch.cache is not None:  # freed at a stand-down: the last allocation's rows stand
                 stats.kv_slots = batch.cache.slots
         for request, reason in finished:
