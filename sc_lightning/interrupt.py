@@ -53,3 +53,16 @@ def lightning_interrupt(trainer: Any) -> Iterator[None]:
         if getattr(trainer, "interrupted", False):
             raise KeyboardInterrupt from None
         raise
+
+
+def clear_unhandled_interrupt_mark() -> None:
+    """Undo CPython's mark of an unhandled Ctrl-C once the command has handled it, so it exits with its own code.
+
+    CPython (3.11) marks a KeyboardInterrupt as unhandled whenever one leaves an ``eval`` or ``exec`` of a string,
+    even if a caller catches it later, and the interpreter may then end the process by SIGINT at exit instead of
+    with its exit code. Importing the libraries evaluates such strings (every ``namedtuple`` and ``dataclass``), so a
+    Ctrl-C landing in one turned ``python -m sc_lightning``'s exit code 130 into death by SIGINT (about half the
+    time on a loaded box). Each evaluation of a string clears the mark before it runs: a constant one does just
+    that.
+    """
+    eval("None")  # a constant: evaluating it is what clears the mark

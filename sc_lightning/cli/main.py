@@ -15,7 +15,7 @@ from sc_lightning.cli.args import KNOBS_USAGE, usage
 from sc_lightning.cli.exits import EXIT_INVALID_CONFIG, usage_error
 from sc_lightning.cli.fit import fit_command
 from sc_lightning.cli.load import LIGHTNING_KEYS
-from sc_lightning.interrupt import EXIT_INTERRUPTED
+from sc_lightning.interrupt import EXIT_INTERRUPTED, clear_unhandled_interrupt_mark
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -30,6 +30,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return command(args[1:])
     except KeyboardInterrupt:  # Ctrl-C: whatever had started has been stopped on the way here
+        clear_unhandled_interrupt_mark()
         print("interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
 
